@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# test.sh runs every check and test Governor has, on a fresh machine.
+#
+# It installs and starts what the tests need by itself (a throwaway PostgreSQL
+# in a temporary folder), then runs gofmt, go vet and go test. Extra arguments
+# are passed to go test, e.g. ./test.sh -run TestRandomized -v.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files -co --exclude-standard '*.go') 2>/dev/null || true)
+if [ -n "$unformatted" ]; then
+	echo "gofmt: these files need formatting:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go vet"
+go vet ./...
+
+if [ -x scripts/testpg.sh ]; then
+	echo "== postgres"
+	# testpg.sh prints the DSN of a fresh server and stops it when this shell exits.
+	source scripts/testpg.sh
+fi
+
+echo "== go test"
+go test -count=1 -timeout 20m "$@" ./...
