@@ -1,0 +1,232 @@
+package engine
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// NodeID names a node. The root is RootID; ids are never reused.
+type NodeID int64
+
+// SessionID names a session. System is the engine's own, scoped to the root.
+type SessionID int64
+
+// LeaseID is both a lease's name and its fencing token: ids come from one
+// counter that only grows, so a larger id is always a later grant.
+type LeaseID int64
+
+const (
+	// RootID is the id of the root node, which every engine starts with.
+	RootID NodeID = 1
+	// System is the session of the operator's configuration. It may edit any
+	// node, including the root. A server must never let a remote caller act
+	// as System; remote callers always hold a real session.
+	System SessionID = 0
+	// NoCap, given as a quota or limit in an edit or spec, removes that cap.
+	NoCap int64 = -1
+	// TombstoneTTL is how long an ended lease is remembered.
+	TombstoneTTL = time.Minute
+	// RequestMemory is how many request ids a session remembers.
+	RequestMemory = 1024
+	// MaxDepth bounds the tree's depth so every chain walk stays short.
+	MaxDepth = 16
+	// MaxNameLen bounds node names, resources and classes.
+	MaxNameLen = 256
+)
+
+// Clock tells the engine the time. Tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+}
+
+// Sink receives every event, in sequence order, while the engine's lock is
+// held. Emit must queue and return; it must never block on I/O.
+type Sink interface {
+	Emit(Event)
+}
+
+// WallClock is the Clock of production: time.Now.
+type WallClock struct{}
+
+// Now returns time.Now().
+func (WallClock) Now() time.Time { return time.Now() }
+
+// Adaptive configures an AIMD controller for one lease class. It moves the
+// root's limit of that class.
+type Adaptive struct {
+	Class       string
+	TargetP95   time.Duration // cut when the p95 latency of releases is above this
+	MaxOverload float64       // cut when the share of overloaded releases is above this
+	MinLimit    int64
+	MaxLimit    int64
+	// Interval between decisions. Zero means DefaultAdaptiveInterval.
+	Interval time.Duration
+	// MinSamples is how many releases an interval needs before the limit
+	// moves. Zero means DefaultMinSamples.
+	MinSamples int
+}
+
+const (
+	// DefaultAdaptiveInterval is how often an adaptive limit decides.
+	DefaultAdaptiveInterval = time.Second
+	// DefaultMinSamples is how many releases an interval needs to decide.
+	DefaultMinSamples = 10
+	// AdaptiveDecrease is the multiplicative cut.
+	AdaptiveDecrease = 0.7
+)
+
+// Config is what an engine is built with. It is configuration, not state:
+// it is not part of snapshots.
+type Config struct {
+	Clock    Clock // nil means WallClock
+	Sink     Sink  // nil discards events
+	Adaptive []Adaptive
+}
+
+// Engine is the governed tree. All methods are safe for concurrent use; they
+// serialize on one mutex (see SPEC.md for why one lock is enough).
+type Engine struct {
+	mu    sync.Mutex
+	clock Clock
+	sink  Sink
+
+	seq         uint64
+	nextNode    NodeID
+	nextSession SessionID
+	nextLease   LeaseID
+
+	nodes     map[NodeID]*node
+	root      *node
+	sessions  map[SessionID]*session
+	byToken   map[string]*session
+	leases    map[LeaseID]*lease
+	tombs     map[LeaseID]tombstone
+	tombOrder []LeaseID // tombstones in the order they were made, for purging
+	deadlines deadlineHeap
+
+	// Not state: rebuilt empty by a restart.
+	queues   map[string]*classQueue
+	adaptive map[string]*controller
+	system   *session
+	arrival  uint64 // orders waiters of equal priority
+
+	dispatching   bool
+	dispatchAgain bool
+}
+
+type discard struct{}
+
+func (discard) Emit(Event) {}
+
+// New returns an engine holding only the root.
+func New(cfg Config) (*Engine, error) {
+	e := &Engine{
+		clock:     cfg.Clock,
+		sink:      cfg.Sink,
+		nextNode:  RootID + 1,
+		nextLease: 1,
+		nodes:     make(map[NodeID]*node),
+		sessions:  make(map[SessionID]*session),
+		byToken:   make(map[string]*session),
+		leases:    make(map[LeaseID]*lease),
+		tombs:     make(map[LeaseID]tombstone),
+		queues:    make(map[string]*classQueue),
+		adaptive:  make(map[string]*controller),
+	}
+	e.nextSession = 1
+	if e.clock == nil {
+		e.clock = WallClock{}
+	}
+	if e.sink == nil {
+		e.sink = discard{}
+	}
+	e.root = newNode(RootID, nil, "root")
+	e.nodes[RootID] = e.root
+	e.system = &session{id: System, scope: e.root}
+	for _, a := range cfg.Adaptive {
+		c, err := newController(a, e.now())
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := e.adaptive[a.Class]; dup {
+			return nil, invalid("adaptive class %q configured twice", a.Class)
+		}
+		e.adaptive[a.Class] = c
+	}
+	return e, nil
+}
+
+// Seq is the sequence number of the last event. A caller that has just read
+// or changed state must wait until the store has made Seq durable before it
+// replies.
+func (e *Engine) Seq() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.seq
+}
+
+func (e *Engine) now() int64 { return e.clock.Now().UnixNano() }
+
+// emit numbers ev, applies it and hands it to the sink. Events built by the
+// live path are valid by construction, so a failure here is a bug in the
+// engine; carrying on would let memory and the record diverge.
+func (e *Engine) emit(ev Event) {
+	ev.Seq = e.seq + 1
+	if err := e.apply(&ev); err != nil {
+		panic(fmt.Sprintf("governor/engine: live event %d (%s) failed to apply: %v", ev.Seq, ev.Kind, err))
+	}
+	e.seq = ev.Seq
+	e.sink.Emit(ev)
+}
+
+// Apply replays recorded events onto the state, in order, through the same
+// code the live path uses. It does not pass them to the sink. Sessions it
+// opens get one fresh TTL from the clock, since heartbeats are not recorded.
+func (e *Engine) Apply(events ...Event) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := range events {
+		ev := events[i]
+		if ev.Seq != e.seq+1 {
+			return fmt.Errorf("%w: event %d follows %d", ErrCorrupt, ev.Seq, e.seq)
+		}
+		if err := e.apply(&ev); err != nil {
+			return fmt.Errorf("event %d (%s): %w", ev.Seq, ev.Kind, err)
+		}
+		e.seq = ev.Seq
+	}
+	return nil
+}
+
+// Reap ends whatever is overdue: sessions past their TTL, nodes past their
+// deadline, and tombstones older than TombstoneTTL. It also lets adaptive
+// limits decide. It returns how many sessions and nodes it ended.
+func (e *Engine) Reap() (sessions, nodes int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	for _, s := range e.sortedSessions() {
+		if s.expired(now) {
+			e.endSession(s, now, EndExpired)
+			sessions++
+		}
+	}
+	for e.deadlines.Len() > 0 {
+		top := e.deadlines.peek()
+		if top.at > now {
+			break
+		}
+		e.deadlines.pop()
+		n := e.nodes[top.node]
+		if n != nil && n.state == Open && n.deadline == top.at {
+			e.endNode(n, Expired, now)
+			nodes++
+		}
+	}
+	e.purgeTombstones(now)
+	for _, class := range e.sortedAdaptive() {
+		e.adaptive[class].tick(e, now)
+	}
+	return sessions, nodes
+}

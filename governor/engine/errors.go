@@ -1,0 +1,76 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Every error the engine returns wraps exactly one of these
+// (a quota denial is a *Denial, which matches ErrQuotaExhausted), so callers
+// map errors to status codes with errors.Is.
+var (
+	// ErrInvalid: the request is malformed (empty name, negative amount, ...).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotFound: no such node, lease or session scope.
+	ErrNotFound = errors.New("not found")
+	// ErrPermission: the target lies outside the session's scope, or the
+	// session tried to edit its own scope node, or another session's lease.
+	ErrPermission = errors.New("permission denied")
+	// ErrUnauthenticated: no such session (never opened, closed or expired
+	// and already reaped).
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrSessionExpired: the session's TTL passed without a heartbeat.
+	ErrSessionExpired = errors.New("session expired")
+	// ErrTaskEnded: the node, or an ancestor, is closed, cancelled or past
+	// its deadline.
+	ErrTaskEnded = errors.New("task ended")
+	// ErrQuotaExhausted: a quota on the chain would be exceeded. The error is
+	// a *Denial carrying the details.
+	ErrQuotaExhausted = errors.New("quota exhausted")
+	// ErrLeaseExpired: the lease ended because its session expired.
+	ErrLeaseExpired = errors.New("lease expired")
+	// ErrLeaseRevoked: the lease ended because its node ended or its session
+	// was closed.
+	ErrLeaseRevoked = errors.New("lease revoked")
+	// ErrLeaseReleased: Validate of a lease that was released.
+	ErrLeaseReleased = errors.New("lease released")
+	// ErrRequestIDReused: a request id was sent again with different arguments.
+	ErrRequestIDReused = errors.New("request id reused with different arguments")
+	// ErrExists: an open sibling already has that name.
+	ErrExists = errors.New("already exists")
+	// ErrCorrupt: Restore or Apply was given a snapshot or event that does not
+	// follow from the state it is applied to.
+	ErrCorrupt = errors.New("corrupt record")
+)
+
+// Consumer names the part of a node that spent most of a resource: one of its
+// children, or the node itself for what was charged to it directly.
+type Consumer struct {
+	Node NodeID
+	Name string
+	Used int64
+}
+
+// Denial explains a refused charge: which cap was hit, where, how full it was,
+// and who spent it.
+type Denial struct {
+	Resource string
+	Node     NodeID
+	NodeName string
+	Used     int64 // usage of Resource on Node before this charge
+	Limit    int64 // the cap on Node
+	Amount   int64 // what the refused charge asked for
+	Largest  Consumer
+}
+
+func (d *Denial) Error() string {
+	return fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more; largest consumer %q used %d",
+		d.Resource, d.NodeName, d.Node, d.Used, d.Limit, d.Amount, d.Largest.Name, d.Largest.Used)
+}
+
+// Is makes errors.Is(d, ErrQuotaExhausted) true.
+func (d *Denial) Is(target error) bool { return target == ErrQuotaExhausted }
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+// EventKind says what an event changed.
+type EventKind uint8
+
+// The kinds of event. Their numbers are part of the record format: append
+// new kinds at the end, never renumber.
+const (
+	EvSessionOpened EventKind = iota + 1
+	EvSessionEnded
+	EvNodeCreated
+	EvNodeEnded
+	EvCapsSet
+	EvConsumed
+	EvCharged
+	EvLeaseGranted
+	EvLeaseReleased
+	EvLimitAdjusted
+)
+
+var kindNames = [...]string{
+	EvSessionOpened: "session_opened",
+	EvSessionEnded:  "session_ended",
+	EvNodeCreated:   "node_created",
+	EvNodeEnded:     "node_ended",
+	EvCapsSet:       "caps_set",
+	EvConsumed:      "consumed",
+	EvCharged:       "charged",
+	EvLeaseGranted:  "lease_granted",
+	EvLeaseReleased: "lease_released",
+	EvLimitAdjusted: "limit_adjusted",
+}
+
+func (k EventKind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Charge is an amount of one resource.
+type Charge struct {
+	Resource string `json:"r"`
+	Amount   int64  `json:"a"`
+}
+
+// Event is one change to the state. Which fields are set depends on Kind;
+// fields that do not apply are zero. The whole state is a function of the
+// sequence of events, so an event carries every input its apply needs,
+// including the time it was decided at.
+type Event struct {
+	Seq  uint64    `json:"seq"`
+	Kind EventKind `json:"k"`
+	At   int64     `json:"at"` // unix nanoseconds when it was decided
+
+	Session SessionID `json:"s,omitempty"`
+	Node    NodeID    `json:"n,omitempty"` // target node; the new node for EvNodeCreated
+	Parent  NodeID    `json:"p,omitempty"` // EvNodeCreated
+	Lease   LeaseID   `json:"l,omitempty"`
+
+	// Resource is the consumed resource, or the lease class of a grant or an
+	// adjusted limit.
+	Resource string `json:"r,omitempty"`
+	// Amount is the consumed amount, a session's TTL in nanoseconds, or an
+	// adjusted limit's new value.
+	Amount int64 `json:"a,omitempty"`
+	// Token is the SHA-256 hash of a session's token (EvSessionOpened).
+	Token string `json:"tok,omitempty"`
+
+	Charges []Charge  `json:"ch,omitempty"`   // EvCharged, EvLeaseGranted
+	Spec    *NodeSpec `json:"spec,omitempty"` // EvNodeCreated
+	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet
+	State   State     `json:"st,omitempty"`   // EvNodeEnded
+	Reason  EndReason `json:"why,omitempty"`  // EvSessionEnded
+
+	// RequestID and Fingerprint are remembered by the session, so a retry
+	// returns this event's result, even after a restart.
+	RequestID   string `json:"rid,omitempty"`
+	Fingerprint uint64 `json:"fp,omitempty"`
+}
+
+// apply changes the state as ev says. It is the only code that changes
+// persistent state, on the live path and in replay alike. It reads no clock
+// except to give a replayed session its fresh TTL.
+func (e *Engine) apply(ev *Event) error {
+	if err := e.applyKind(ev); err != nil {
+		return err
+	}
+	e.remember(ev)
+	return nil
+}
+
+func (e *Engine) applyKind(ev *Event) error {
+	switch ev.Kind {
+	case EvSessionOpened:
+		return e.applySessionOpened(ev)
+	case EvSessionEnded:
+		s := e.sessions[ev.Session]
+		if s == nil {
+			return fmt.Errorf("%w: no session %d", ErrCorrupt, ev.Session)
+		}
+		e.applySessionEnded(s, ev)
+	case EvNodeCreated:
+		return e.applyNodeCreated(ev)
+	case EvNodeEnded:
+		n := e.nodes[ev.Node]
+		if n == nil || !ev.State.Ended() {
+			return fmt.Errorf("%w: cannot end node %d as %v", ErrCorrupt, ev.Node, ev.State)
+		}
+		e.applyNodeEnded(n, ev)
+	case EvCapsSet:
+		n := e.nodes[ev.Node]
+		if n == nil || ev.Caps == nil {
+			return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
+		}
+		n.applyCaps(ev.Caps, e)
+	case EvConsumed:
+		n := e.nodes[ev.Node]
+		if n == nil || ev.Amount <= 0 {
+			return fmt.Errorf("%w: consume on node %d", ErrCorrupt, ev.Node)
+		}
+		n.charge(ev.Resource, ev.Amount)
+	case EvCharged:
+		n := e.nodes[ev.Node]
+		if n == nil {
+			return fmt.Errorf("%w: charge on node %d", ErrCorrupt, ev.Node)
+		}
+		for _, c := range ev.Charges {
+			n.charge(c.Resource, c.Amount)
+		}
+	case EvLeaseGranted:
+		return e.applyGrant(ev)
+	case EvLeaseReleased:
+		l := e.leases[ev.Lease]
+		if l == nil {
+			return fmt.Errorf("%w: release of lease %d not held", ErrCorrupt, ev.Lease)
+		}
+		e.endLease(l, EndReleased, ev.At)
+	case EvLimitAdjusted:
+		n := e.nodes[ev.Node]
+		if n == nil || ev.Amount < 0 {
+			return fmt.Errorf("%w: limit on node %d", ErrCorrupt, ev.Node)
+		}
+		n.limits = setCap(n.limits, ev.Resource, ev.Amount)
+	default:
+		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
+	}
+	return nil
+}
+
+// remember records a request id in its session's memory.
+func (e *Engine) remember(ev *Event) {
+	if ev.RequestID == "" {
+		return
+	}
+	if s := e.sessions[ev.Session]; s != nil {
+		s.requests.add(ev.RequestID, requestResult{fingerprint: ev.Fingerprint, node: ev.Node, lease: ev.Lease})
+	}
+}
+
+func (e *Engine) applySessionOpened(ev *Event) error {
+	scope := e.nodes[ev.Node]
+	if scope == nil || ev.Session < e.nextSession || ev.Amount <= 0 {
+		return fmt.Errorf("%w: session %d on node %d", ErrCorrupt, ev.Session, ev.Node)
+	}
+	if _, taken := e.byToken[ev.Token]; taken && ev.Token != "" {
+		return fmt.Errorf("%w: token of session %d already in use", ErrCorrupt, ev.Session)
+	}
+	ttl := time.Duration(ev.Amount)
+	s := &session{
+		id:      ev.Session,
+		scope:   scope,
+		token:   ev.Token,
+		ttl:     ttl,
+		expires: max(ev.At, e.now()) + int64(ttl),
+		leases:  make(map[LeaseID]*lease),
+	}
+	e.sessions[s.id] = s
+	if s.token != "" {
+		e.byToken[s.token] = s
+	}
+	e.nextSession = s.id + 1
+	return nil
+}

@@ -1,0 +1,293 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+type lease struct {
+	id      LeaseID
+	session *session
+	node    *node
+	class   string
+	granted int64
+}
+
+// tombstone remembers how a lease ended, for TombstoneTTL.
+type tombstone struct {
+	session SessionID
+	node    NodeID
+	class   string
+	reason  EndReason
+	at      int64
+}
+
+// AcquireRequest asks for a lease of Class on Node, and charges Charges to
+// Node's quotas in the same step: both happen, or neither. An empty Class
+// charges without taking a lease.
+type AcquireRequest struct {
+	Node      NodeID
+	Class     string
+	Charges   map[string]int64
+	RequestID string
+}
+
+// Grant is a granted lease. Lease is zero for a charge-only request.
+type Grant struct {
+	Lease LeaseID
+	Node  NodeID
+	Class string
+}
+
+// Outcome is what a Wait ends with: a grant or an error.
+type Outcome struct {
+	Grant Grant
+	Err   error
+}
+
+// Wait is a queued Acquire. C receives exactly one Outcome. A caller that
+// stops waiting must call CancelWait.
+type Wait struct {
+	C <-chan Outcome
+	w *waiter
+}
+
+// Acquire charges r.Charges and takes a lease of r.Class on r.Node. When the
+// lease fits now it returns the grant. When a limit on the chain is full it
+// queues the request and returns a *Wait. A quota that would be exceeded is
+// a *Denial at once, and nothing is queued or charged.
+func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return Grant{}, nil, err
+	}
+	if s.id == System {
+		return Grant{}, nil, invalid("the system session holds no leases")
+	}
+	if r.Class != "" {
+		if err := validName("lease class", r.Class); err != nil {
+			return Grant{}, nil, err
+		}
+	} else if len(r.Charges) == 0 {
+		return Grant{}, nil, invalid("nothing to acquire: no class and no charges")
+	}
+	charges, err := normalizeCharges(r.Charges)
+	if err != nil {
+		return Grant{}, nil, err
+	}
+	fp := uint64(0)
+	if r.RequestID != "" {
+		fp = fingerprintCharges(opAcquire, r.Node, r.Class, charges)
+		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
+			return Grant{Lease: res.lease, Node: r.Node, Class: r.Class}, nil, err
+		}
+	}
+	n, err := e.target(s, r.Node)
+	if err != nil {
+		return Grant{}, nil, err
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return Grant{}, nil, err
+	}
+	if err := n.checkAll(charges); err != nil {
+		return Grant{}, nil, err
+	}
+	if r.Class == "" {
+		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
+			RequestID: r.RequestID, Fingerprint: fp})
+		return Grant{Node: n.id}, nil, nil
+	}
+	w := &waiter{session: s, node: n, class: r.Class, charges: charges, requestID: r.RequestID,
+		fingerprint: fp, priority: n.priority}
+	if n.fits(r.Class) {
+		return e.grant(w, now), nil, nil
+	}
+	e.enqueue(w)
+	return Grant{}, &Wait{C: w.ch, w: w}, nil
+}
+
+// CancelWait withdraws a queued Acquire. If it was granted in the meantime,
+// the lease is given straight back and the slot goes to the next waiter, so
+// no lease is leaked.
+func (e *Engine) CancelWait(wt *Wait) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	w := wt.w
+	if !w.done {
+		e.removeWaiter(w)
+		w.done = true
+		return
+	}
+	if l := e.leases[w.granted]; l != nil {
+		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id})
+		e.dispatch(l.class)
+	}
+}
+
+// grant charges and grants w's lease now. The caller has checked it fits.
+func (e *Engine) grant(w *waiter, now int64) Grant {
+	id := e.nextLease
+	e.emit(Event{Kind: EvLeaseGranted, At: now, Session: w.session.id, Node: w.node.id, Lease: id,
+		Resource: w.class, Charges: w.charges, RequestID: w.requestID, Fingerprint: w.fingerprint})
+	return Grant{Lease: id, Node: w.node.id, Class: w.class}
+}
+
+func (e *Engine) applyGrant(ev *Event) error {
+	n, s := e.nodes[ev.Node], e.sessions[ev.Session]
+	if n == nil || s == nil || ev.Lease < e.nextLease || ev.Resource == "" {
+		return fmt.Errorf("%w: grant of lease %d (next %d) on node %d to session %d",
+			ErrCorrupt, ev.Lease, e.nextLease, ev.Node, ev.Session)
+	}
+	for _, c := range ev.Charges {
+		n.charge(c.Resource, c.Amount)
+	}
+	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At}
+	e.leases[l.id] = l
+	s.leases[l.id] = l
+	if n.leases == nil {
+		n.leases = make(map[LeaseID]*lease)
+	}
+	n.leases[l.id] = l
+	for a := n; a != nil; a = a.parent {
+		a.held[l.class]++
+	}
+	e.nextLease = l.id + 1
+	return nil
+}
+
+// endLease ends a live lease and leaves its tombstone.
+func (e *Engine) endLease(l *lease, why EndReason, at int64) {
+	delete(e.leases, l.id)
+	delete(l.session.leases, l.id)
+	delete(l.node.leases, l.id)
+	for a := l.node; a != nil; a = a.parent {
+		if a.held[l.class]--; a.held[l.class] == 0 {
+			delete(a.held, l.class)
+		}
+	}
+	e.tombs[l.id] = tombstone{session: l.session.id, node: l.node.id, class: l.class, reason: why, at: at}
+	e.tombOrder = append(e.tombOrder, l.id)
+}
+
+func (e *Engine) tombstone(id LeaseID, now int64) (tombstone, bool) {
+	t, ok := e.tombs[id]
+	if !ok || t.at+int64(TombstoneTTL) <= now {
+		return tombstone{}, false
+	}
+	return t, true
+}
+
+func (e *Engine) purgeTombstones(now int64) {
+	i := 0
+	for ; i < len(e.tombOrder); i++ {
+		id := e.tombOrder[i]
+		if t, ok := e.tombs[id]; ok {
+			if t.at+int64(TombstoneTTL) > now {
+				break
+			}
+			delete(e.tombs, id)
+		}
+	}
+	e.tombOrder = e.tombOrder[i:]
+}
+
+// touch checks a live lease lazily: its session's TTL and its node's chain.
+// It returns the lease if it is still live.
+func (e *Engine) touch(l *lease, now int64) *lease {
+	if l.session.expired(now) {
+		e.endSession(l.session, now, EndExpired)
+		return nil
+	}
+	if e.checkOpen(l.node, now) != nil {
+		return nil
+	}
+	return e.leases[l.id]
+}
+
+// Release gives a lease back and reports how the call it covered went, for
+// adaptive limits. Releasing a released lease is a no-op; releasing one that
+// expired or was revoked returns ErrLeaseExpired or ErrLeaseRevoked.
+func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overloaded bool, requestID string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return err
+	}
+	fp := uint64(0)
+	if requestID != "" {
+		fp = fingerprint(opRelease, 0, "", int64(id))
+		if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
+			return err
+		}
+	}
+	if l := e.leases[id]; l != nil {
+		if !l.node.within(s.scope) {
+			return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+		}
+		if l.session != s {
+			return fmt.Errorf("%w: lease %d is held by another session", ErrPermission, id)
+		}
+		if l = e.touch(l, now); l != nil {
+			e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: id,
+				RequestID: requestID, Fingerprint: fp})
+			if c := e.adaptive[l.class]; c != nil {
+				c.observe(latency, overloaded)
+			}
+			e.dispatch(l.class)
+			return nil
+		}
+	}
+	return e.ended(s, id, now)
+}
+
+// ended explains why a lease that is not live is not live.
+func (e *Engine) ended(s *session, id LeaseID, now int64) error {
+	t, ok := e.tombstone(id, now)
+	if !ok {
+		return fmt.Errorf("%w: lease %d", ErrNotFound, id)
+	}
+	if n := e.nodes[t.node]; n == nil || !n.within(s.scope) {
+		return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+	}
+	switch t.reason {
+	case EndReleased:
+		if t.session == s.id {
+			return nil
+		}
+		return fmt.Errorf("%w: lease %d", ErrLeaseReleased, id)
+	case EndExpired:
+		return fmt.Errorf("%w: lease %d ended when its session expired", ErrLeaseExpired, id)
+	default:
+		return fmt.Errorf("%w: lease %d ended when its node ended", ErrLeaseRevoked, id)
+	}
+}
+
+// Validate reports whether a lease is still held, so a downstream can check
+// before work it cannot undo.
+func (e *Engine) Validate(sid SessionID, id LeaseID) (Grant, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return Grant{}, err
+	}
+	if l := e.leases[id]; l != nil {
+		if !l.node.within(s.scope) {
+			return Grant{}, fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+		}
+		if l = e.touch(l, now); l != nil {
+			return Grant{Lease: l.id, Node: l.node.id, Class: l.class}, nil
+		}
+	}
+	err = e.ended(s, id, now)
+	if err == nil {
+		err = fmt.Errorf("%w: lease %d", ErrLeaseReleased, id)
+	}
+	return Grant{}, err
+}

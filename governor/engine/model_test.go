@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"fmt"
+	"maps"
+)
+
+// model is a deliberately simple second implementation of the tree's
+// bookkeeping, driven only by the events the engine emits. It checks each
+// transition as it arrives (the transition invariants of SPEC.md) and is
+// compared with the engine's state after every step.
+type model struct {
+	parent   map[NodeID]NodeID
+	state    map[NodeID]State
+	deadline map[NodeID]int64
+	quotas   map[NodeID]map[string]int64
+	limits   map[NodeID]map[string]int64
+	defQ     map[NodeID]map[string]int64
+	defL     map[NodeID]map[string]int64
+	used     map[NodeID]map[string]int64
+	held     map[NodeID]map[string]int64
+	leases   map[LeaseID]modelLease
+	scope    map[SessionID]NodeID
+	maxLease LeaseID
+	seq      uint64
+	errs     []string
+}
+
+type modelLease struct {
+	session SessionID
+	node    NodeID
+	class   string
+}
+
+func newModel() *model {
+	m := &model{parent: map[NodeID]NodeID{}, state: map[NodeID]State{}, deadline: map[NodeID]int64{},
+		quotas: map[NodeID]map[string]int64{}, limits: map[NodeID]map[string]int64{},
+		defQ: map[NodeID]map[string]int64{}, defL: map[NodeID]map[string]int64{},
+		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{},
+		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{}}
+	m.state[RootID] = Open
+	return m
+}
+
+func (m *model) failf(format string, args ...any) {
+	m.errs = append(m.errs, fmt.Sprintf(format, args...))
+}
+
+// chain lists id and its ancestors, leaf first.
+func (m *model) chain(id NodeID) []NodeID {
+	var out []NodeID
+	for id != 0 {
+		out = append(out, id)
+		id = m.parent[id]
+	}
+	return out
+}
+
+func (m *model) inside(id, scope NodeID) bool {
+	for _, a := range m.chain(id) {
+		if a == scope {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *model) subtree(id NodeID) []NodeID {
+	out := []NodeID{id}
+	for c, p := range m.parent {
+		if p == id {
+			out = append(out, m.subtree(c)...)
+		}
+	}
+	return out
+}
+
+// overlay applies caps to a copy of base; NoCap removes.
+func overlay(base, caps map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	maps.Copy(out, base)
+	for k, v := range caps {
+		if v == NoCap {
+			delete(out, k)
+		} else {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func add(m map[NodeID]map[string]int64, id NodeID, key string, v int64) {
+	if m[id] == nil {
+		m[id] = map[string]int64{}
+	}
+	m[id][key] += v
+	if m[id][key] == 0 {
+		delete(m[id], key)
+	}
+}
+
+// Emit audits one event and applies it to the model.
+func (m *model) Emit(ev Event) {
+	if ev.Seq != m.seq+1 {
+		m.failf("event seq %d follows %d", ev.Seq, m.seq)
+	}
+	m.seq = ev.Seq
+	// Scope: a session's events touch only its own subtree.
+	if scope, ok := m.scope[ev.Session]; ok && ev.Node != 0 && ev.Kind != EvSessionOpened {
+		target := ev.Node
+		if ev.Kind == EvNodeCreated {
+			target = ev.Parent
+		}
+		if !m.inside(target, scope) {
+			m.failf("I9 scope: event %d (%s) by session %d touches node %d outside its scope %d", ev.Seq, ev.Kind, ev.Session, target, scope)
+		}
+		if (ev.Kind == EvCapsSet || ev.Kind == EvNodeEnded) && ev.Node == scope {
+			m.failf("I9 scope: event %d (%s) by session %d edits its own scope node %d", ev.Seq, ev.Kind, ev.Session, scope)
+		}
+	}
+	switch ev.Kind {
+	case EvSessionOpened:
+		m.scope[ev.Session] = ev.Node
+	case EvSessionEnded:
+		for id, l := range m.leases {
+			if l.session == ev.Session {
+				m.endLease(id)
+			}
+		}
+		delete(m.scope, ev.Session)
+	case EvNodeCreated:
+		p, sp := ev.Parent, ev.Spec
+		m.checkOpen(ev, p)
+		m.parent[ev.Node] = p
+		m.state[ev.Node] = Open
+		m.deadline[ev.Node] = sp.Deadline
+		m.quotas[ev.Node] = overlay(m.defQ[p], sp.Quotas)
+		m.limits[ev.Node] = overlay(m.defL[p], sp.Limits)
+		m.defQ[ev.Node], m.defL[ev.Node] = overlay(m.defQ[p], nil), overlay(m.defL[p], nil)
+		if sp.DefaultQuotas != nil {
+			m.defQ[ev.Node] = overlay(nil, sp.DefaultQuotas)
+		}
+		if sp.DefaultLimits != nil {
+			m.defL[ev.Node] = overlay(nil, sp.DefaultLimits)
+		}
+	case EvNodeEnded:
+		for _, id := range m.subtree(ev.Node) {
+			if m.state[id] == Open {
+				m.state[id] = ev.State
+			}
+			for lid, l := range m.leases {
+				if l.node == id {
+					m.endLease(lid)
+				}
+			}
+		}
+	case EvCapsSet:
+		c := ev.Caps
+		m.quotas[ev.Node] = overlay(m.quotas[ev.Node], c.Quotas)
+		m.limits[ev.Node] = overlay(m.limits[ev.Node], c.Limits)
+		m.defQ[ev.Node] = overlay(m.defQ[ev.Node], c.DefaultQuotas)
+		m.defL[ev.Node] = overlay(m.defL[ev.Node], c.DefaultLimits)
+		if c.Deadline != nil {
+			m.deadline[ev.Node] = *c.Deadline
+		}
+	case EvConsumed:
+		m.checkOpen(ev, ev.Node)
+		m.charge(ev, ev.Node, ev.Resource, ev.Amount)
+	case EvCharged:
+		m.checkOpen(ev, ev.Node)
+		for _, c := range ev.Charges {
+			m.charge(ev, ev.Node, c.Resource, c.Amount)
+		}
+	case EvLeaseGranted:
+		m.checkOpen(ev, ev.Node)
+		if _, ok := m.scope[ev.Session]; !ok {
+			m.failf("event %d grants lease %d to session %d, which is not open", ev.Seq, ev.Lease, ev.Session)
+		}
+		for _, c := range ev.Charges {
+			m.charge(ev, ev.Node, c.Resource, c.Amount)
+		}
+		if ev.Lease <= m.maxLease {
+			m.failf("I4 fencing: lease %d granted after lease %d", ev.Lease, m.maxLease)
+		}
+		m.maxLease = max(m.maxLease, ev.Lease)
+		for _, a := range m.chain(ev.Node) {
+			if limit, ok := m.limits[a][ev.Resource]; ok && m.held[a][ev.Resource] >= limit {
+				m.failf("I3 limits: lease %d of %s granted on node %d while node %d holds %d of limit %d",
+					ev.Lease, ev.Resource, ev.Node, a, m.held[a][ev.Resource], limit)
+			}
+			add(m.held, a, ev.Resource, 1)
+		}
+		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource}
+	case EvLeaseReleased:
+		if _, ok := m.leases[ev.Lease]; !ok {
+			m.failf("event %d releases lease %d, which is not held", ev.Seq, ev.Lease)
+			return
+		}
+		m.endLease(ev.Lease)
+	case EvLimitAdjusted:
+		m.limits[ev.Node] = overlay(m.limits[ev.Node], map[string]int64{ev.Resource: ev.Amount})
+	}
+}
+
+// checkOpen: nothing is charged or granted on an ended chain or past a deadline.
+func (m *model) checkOpen(ev Event, id NodeID) {
+	for _, a := range m.chain(id) {
+		if m.state[a] != Open {
+			m.failf("I8 ended: event %d (%s) on node %d whose ancestor %d is %s", ev.Seq, ev.Kind, id, a, m.state[a])
+		}
+		if d := m.deadline[a]; d != 0 && ev.At >= d {
+			m.failf("I8 deadline: event %d (%s) on node %d at %d, ancestor %d's deadline is %d", ev.Seq, ev.Kind, id, ev.At, a, d)
+		}
+	}
+}
+
+// charge checks I1 (no charge takes a node over a cap) and applies it.
+func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
+	for _, a := range m.chain(id) {
+		if q, ok := m.quotas[a][r]; ok && m.used[a][r]+amount > q {
+			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d of %d",
+				ev.Seq, amount, r, id, a, m.used[a][r], q)
+		}
+		add(m.used, a, r, amount)
+	}
+}
+
+func (m *model) endLease(id LeaseID) {
+	l := m.leases[id]
+	for _, a := range m.chain(l.node) {
+		add(m.held, a, l.class, -1)
+	}
+	delete(m.leases, id)
+}

@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"maps"
+	"slices"
+)
+
+// waiter is a queued Acquire.
+type waiter struct {
+	session     *session
+	node        *node
+	class       string
+	charges     []Charge
+	requestID   string
+	fingerprint uint64
+	priority    int64
+	arrival     uint64
+	ch          chan Outcome
+
+	done    bool
+	granted LeaseID
+}
+
+// classQueue is the wait queue of one lease class: one FIFO-by-priority queue
+// per tenant, served by weighted deficit round robin.
+type classQueue struct {
+	ring    []*tenantQueue
+	byNode  map[*node]*tenantQueue
+	cursor  int // whose turn it is
+	waiting int
+}
+
+// tenantQueue holds one tenant's waiters, highest priority first and in
+// arrival order within a priority.
+type tenantQueue struct {
+	tenant  *node
+	waiters []*waiter
+	deficit int64 // grants left in the tenant's current turn
+}
+
+// fits reports whether one more lease of class fits under every limit on n's
+// chain.
+func (n *node) fits(class string) bool {
+	for a := n; a != nil; a = a.parent {
+		if limit, ok := a.limits[class]; ok && a.held[class] >= limit {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) enqueue(w *waiter) {
+	w.ch = make(chan Outcome, 1)
+	e.arrival++
+	w.arrival = e.arrival
+	q := e.queues[w.class]
+	if q == nil {
+		q = &classQueue{byNode: make(map[*node]*tenantQueue)}
+		e.queues[w.class] = q
+	}
+	tq := q.byNode[w.node.tenant]
+	if tq == nil {
+		tq = &tenantQueue{tenant: w.node.tenant}
+		q.byNode[w.node.tenant] = tq
+		q.ring = append(q.ring, tq)
+	}
+	i, _ := slices.BinarySearchFunc(tq.waiters, w, func(a, b *waiter) int {
+		if a.priority != b.priority {
+			if a.priority > b.priority {
+				return -1
+			}
+			return 1
+		}
+		return int(a.arrival) - int(b.arrival)
+	})
+	tq.waiters = slices.Insert(tq.waiters, i, w)
+	q.waiting++
+	w.session.waiters = append(w.session.waiters, w)
+}
+
+func (e *Engine) removeWaiter(w *waiter) {
+	q := e.queues[w.class]
+	tq := q.byNode[w.node.tenant]
+	if i := slices.Index(tq.waiters, w); i >= 0 {
+		tq.waiters = slices.Delete(tq.waiters, i, i+1)
+		q.waiting--
+	}
+	if i := slices.Index(w.session.waiters, w); i >= 0 {
+		w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
+	}
+}
+
+func (e *Engine) failWaiter(w *waiter, err error) {
+	if w.done {
+		return
+	}
+	e.removeWaiter(w)
+	w.done = true
+	w.ch <- Outcome{Err: err}
+}
+
+// all returns every waiter of the class, tenant by tenant.
+func (q *classQueue) all() []*waiter {
+	var out []*waiter
+	for _, tq := range q.ring {
+		out = append(out, tq.waiters...)
+	}
+	return out
+}
+
+// firstFit is the tenant's first waiter, in priority order, that fits
+// everywhere on its chain. It skips the scan when the tenant's own cap is
+// full, since then none of its waiters can fit.
+func (tq *tenantQueue) firstFit(class string) *waiter {
+	if limit, ok := tq.tenant.limits[class]; ok && tq.tenant.held[class] >= limit {
+		return nil
+	}
+	for _, w := range tq.waiters {
+		if w.node.fits(class) {
+			return w
+		}
+	}
+	return nil
+}
+
+// next picks the waiter to grant: the first that fits in the queue of the
+// tenant whose turn it is. A tenant none of whose waiters fits forfeits the
+// rest of its turn, and the turn passes on (work conserving).
+func (q *classQueue) next(class string) (*tenantQueue, *waiter) {
+	for range len(q.ring) {
+		tq := q.ring[q.cursor]
+		if tq.deficit <= 0 {
+			tq.deficit = tq.tenant.weight // a new turn
+		}
+		if len(tq.waiters) > 0 {
+			if w := tq.firstFit(class); w != nil {
+				return tq, w
+			}
+		}
+		tq.deficit = 0
+		q.cursor = (q.cursor + 1) % len(q.ring)
+	}
+	return nil, nil
+}
+
+// dispatch grants queued leases of class while any fits. Granting can end
+// nodes (a deadline found on the way), which frees other classes, so a
+// nested request to dispatch is remembered and served by the outermost call.
+func (e *Engine) dispatch(class string) {
+	q := e.queues[class]
+	if q == nil || q.waiting == 0 {
+		return
+	}
+	if e.dispatching {
+		e.dispatchAgain = true
+		return
+	}
+	e.dispatching, e.dispatchAgain = true, false
+	e.dispatchClass(class, q)
+	e.dispatching = false
+	if e.dispatchAgain {
+		e.dispatchAll()
+	}
+}
+
+// dispatchAll dispatches every class until nothing more fits.
+func (e *Engine) dispatchAll() {
+	if e.dispatching {
+		e.dispatchAgain = true
+		return
+	}
+	e.dispatching = true
+	defer func() { e.dispatching = false }()
+	for {
+		e.dispatchAgain = false
+		for _, class := range e.sortedQueues() {
+			e.dispatchClass(class, e.queues[class])
+		}
+		if !e.dispatchAgain {
+			return
+		}
+	}
+}
+
+func (e *Engine) dispatchClass(class string, q *classQueue) {
+	now := e.now()
+	for q.waiting > 0 && e.root.fits(class) {
+		tq, w := q.next(class)
+		if w == nil {
+			return
+		}
+		if err := e.checkOpen(w.node, now); err != nil {
+			e.failWaiter(w, err) // its node just expired
+			continue
+		}
+		if err := w.node.checkAll(w.charges); err != nil {
+			e.failWaiter(w, err) // a quota was spent while it waited
+			continue
+		}
+		e.removeWaiter(w)
+		g := e.grant(w, now)
+		w.done, w.granted = true, g.Lease
+		w.ch <- Outcome{Grant: g}
+		if tq.deficit--; tq.deficit <= 0 {
+			q.cursor = (q.cursor + 1) % len(q.ring)
+		}
+	}
+}
+
+func (e *Engine) sortedQueues() []string {
+	return slices.Sorted(maps.Keys(e.queues))
+}

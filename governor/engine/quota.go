@@ -1,0 +1,112 @@
+package engine
+
+import "math"
+
+// Consume charges amount of resource to node and every ancestor, or, when any
+// cap on the chain would be exceeded, to none of them and returns a *Denial.
+// A retry with the same requestID returns the original result and charges
+// nothing.
+func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64, requestID string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return err
+	}
+	if err := validName("resource", resource); err != nil {
+		return err
+	}
+	if amount <= 0 {
+		return invalid("amount %d is not positive", amount)
+	}
+	fp := uint64(0)
+	if requestID != "" {
+		fp = fingerprint(opConsume, id, resource, amount)
+		if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
+			return err
+		}
+	}
+	n, err := e.target(s, id)
+	if err != nil {
+		return err
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return err
+	}
+	if err := n.check(resource, amount); err != nil {
+		return err
+	}
+	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,
+		RequestID: requestID, Fingerprint: fp})
+	return nil
+}
+
+// check returns the denial if amount more of r would not fit on n's chain.
+func (n *node) check(r string, amount int64) error {
+	for a := n; a != nil; a = a.parent {
+		used := a.used[r]
+		if used > math.MaxInt64-amount {
+			return invalid("%s on %q would overflow", r, a.name)
+		}
+		if limit, ok := a.quotas[r]; ok && amount > limit-used {
+			return a.denial(r, amount, limit)
+		}
+	}
+	return nil
+}
+
+// checkAll checks several charges against n's chain, as if made together.
+func (n *node) checkAll(charges []Charge) error {
+	for _, c := range charges {
+		if err := n.check(c.Resource, c.Amount); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *node) denial(r string, amount, limit int64) *Denial {
+	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.used[r], Limit: limit, Amount: amount}
+	// What n was charged directly is its usage less its children's.
+	direct := n.used[r]
+	for _, c := range n.children {
+		u := c.used[r]
+		direct -= u
+		if u > d.Largest.Used || (d.Largest.Node == 0 && u > 0) {
+			d.Largest = Consumer{Node: c.id, Name: c.name, Used: u}
+		}
+	}
+	if direct > d.Largest.Used {
+		d.Largest = Consumer{Node: n.id, Name: n.name, Used: direct}
+	}
+	return d
+}
+
+// normalizeCharges validates charges and merges them into one sorted list,
+// so the same charges always make the same event and fingerprint.
+func normalizeCharges(in map[string]int64) ([]Charge, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make([]Charge, 0, len(in))
+	for r, a := range in {
+		if err := validName("resource", r); err != nil {
+			return nil, err
+		}
+		if a <= 0 {
+			return nil, invalid("charge of %q is %d; it must be positive", r, a)
+		}
+		out = append(out, Charge{Resource: r, Amount: a})
+	}
+	sortCharges(out)
+	return out, nil
+}
+
+func sortCharges(cs []Charge) {
+	for i := 1; i < len(cs); i++ {
+		for j := i; j > 0 && cs[j].Resource < cs[j-1].Resource; j-- {
+			cs[j], cs[j-1] = cs[j-1], cs[j]
+		}
+	}
+}

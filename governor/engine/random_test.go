@@ -1,0 +1,715 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The randomized checker. Every seed drives the engine with a random history
+// of every operation, checks every invariant of SPEC.md after every step, and
+// replays the history three ways. Run thousands of seeds with
+//
+//	GOVERNOR_SEEDS=5000 go test ./governor/engine -run TestRandomized
+//
+// and reproduce one with -run 'TestRandomized/seed=N$'.
+var (
+	flagSeeds = flag.Int("seeds", envInt("GOVERNOR_SEEDS", 100), "seeds TestRandomized runs")
+	flagOps   = flag.Int("ops", envInt("GOVERNOR_OPS", 2000), "operations per seed")
+	flagBase  = flag.Int("seedbase", envInt("GOVERNOR_SEED_BASE", 1), "first seed")
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+var (
+	resources = []string{"tokens", "retry", "calls"}
+	classes   = []string{"db", "http", "llm"}
+)
+
+const sessionTTL = 5 * time.Second
+
+func TestRandomized(t *testing.T) {
+	for seed := int64(*flagBase); seed < int64(*flagBase+*flagSeeds); seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, seed)
+			for w.step = 1; w.step <= *flagOps; w.step++ {
+				w.randomOp()
+				w.drain()
+				w.check()
+				if w.step == *flagOps/2 {
+					snap := w.e.Snapshot()
+					w.mid = &snap
+				}
+			}
+			w.checkReplay()
+		})
+	}
+}
+
+type pending struct {
+	wait *Wait
+	sid  SessionID
+}
+
+type doneRequest struct {
+	sid    SessionID
+	id     string
+	result string
+	call   func(requestID string, differ bool) (string, error)
+}
+
+type world struct {
+	t     *testing.T
+	seed  int64
+	rng   *rand.Rand
+	clock *fakeClock
+	cfg   Config
+	e     *Engine
+	rec   *recorder
+	m     *model
+	step  int
+	trail []string
+	mid   *Snapshot
+
+	sessions []SessionID
+	scope    map[SessionID]NodeID
+	quiet    map[SessionID]bool // sessions that stopped heartbeating: dead workers
+	tenants  []NodeID
+	nodes    []NodeID
+	held     map[LeaseID]SessionID
+	waits    []pending
+	requests []doneRequest
+	nextReq  int
+}
+
+func newWorld(t *testing.T, seed int64) *world {
+	w := &world{t: t, seed: seed, rng: rand.New(rand.NewSource(seed)), clock: newFakeClock(),
+		rec: &recorder{}, m: newModel(), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
+		held: map[LeaseID]SessionID{}}
+	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Adaptive: []Adaptive{{Class: "llm",
+		TargetP95: 50 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 5}}}
+	e, err := New(w.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.e = e
+	w.nodes = []NodeID{RootID}
+	// The operator's configuration: root caps, then tenants.
+	w.must(e.SetCaps(System, RootID, CapsEdit{Limits: map[string]int64{"db": 2 + w.rng.Int63n(4), "http": 3 + w.rng.Int63n(5), "llm": 4},
+		Quotas: map[string]int64{"tokens": 400 + w.rng.Int63n(800)}}, ""))
+	for i := range 2 + w.rng.Intn(3) {
+		v, err := e.CreateNode(System, RootID, NodeSpec{Name: fmt.Sprintf("tenant%d", i), Weight: 1 + w.rng.Int63n(4),
+			Limits: w.randCaps(classes, 4), Quotas: w.randCaps(resources, 300),
+			DefaultQuotas: w.randCaps(resources, 40), DefaultLimits: w.randCaps(classes, 3)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.tenants = append(w.tenants, v.ID)
+		w.nodes = append(w.nodes, v.ID)
+	}
+	for range 3 + w.rng.Intn(3) {
+		w.openSession(w.tenants[w.rng.Intn(len(w.tenants))])
+	}
+	w.openSession(RootID) // an operator's session
+	w.check()
+	return w
+}
+
+func (w *world) must(_ NodeView, err error) {
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) fail(format string, args ...any) {
+	w.t.Helper()
+	w.t.Fatalf("seed %d, step %d: %s\nrecent operations:\n  %s\nreproduce: go test ./governor/engine -run 'TestRandomized/seed=%d$' -ops %d",
+		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(w.trail, "\n  "), w.seed, *flagOps)
+}
+
+func (w *world) logf(format string, args ...any) {
+	w.trail = append(w.trail, fmt.Sprintf("%d: ", w.step)+fmt.Sprintf(format, args...))
+	if len(w.trail) > 25 {
+		w.trail = w.trail[1:]
+	}
+}
+
+func (w *world) randCaps(keys []string, max int64) map[string]int64 {
+	m := map[string]int64{}
+	for _, k := range keys {
+		switch w.rng.Intn(4) {
+		case 0:
+			m[k] = w.rng.Int63n(max + 1)
+		case 1:
+			m[k] = NoCap
+		}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+func (w *world) pick(ids []NodeID) NodeID { return ids[w.rng.Intn(len(ids))] }
+
+func (w *world) session() SessionID {
+	for _, scope := range append(slices.Clone(w.tenants), RootID) {
+		if len(w.sessions) > 0 {
+			break
+		}
+		w.openSession(scope)
+	}
+	return w.sessions[w.rng.Intn(len(w.sessions))]
+}
+
+// nodeFor picks a node inside sid's scope, or outside it when out is true
+// (when there is one).
+func (w *world) nodeFor(sid SessionID, out bool) (NodeID, bool) {
+	var in, outside []NodeID
+	for _, id := range w.nodes {
+		if w.m.inside(id, w.scope[sid]) {
+			in = append(in, id)
+		} else {
+			outside = append(outside, id)
+		}
+	}
+	if out {
+		if len(outside) == 0 {
+			return 0, false
+		}
+		return w.pick(outside), true
+	}
+	return w.pick(in), true
+}
+
+func (w *world) reqID() string {
+	if w.rng.Intn(3) > 0 {
+		return ""
+	}
+	w.nextReq++
+	return fmt.Sprintf("r%d", w.nextReq)
+}
+
+func (w *world) openSession(scope NodeID) {
+	id, err := w.e.OpenSession(scope, fmt.Sprintf("hash-%d-%d", w.seed, w.e.Seq()), sessionTTL)
+	w.logf("open session on %d: %d %v", scope, id, err)
+	if err != nil {
+		return
+	}
+	w.sessions = append(w.sessions, id)
+	w.scope[id] = scope
+	w.quiet[id] = w.rng.Intn(5) == 0
+}
+
+func (w *world) forgetSession(sid SessionID) {
+	w.sessions = slices.DeleteFunc(w.sessions, func(s SessionID) bool { return s == sid })
+}
+
+// expect checks an error against what the driver allows, and that errors
+// that change nothing emitted nothing.
+func (w *world) expect(what string, before uint64, err error, allowed ...error) {
+	w.t.Helper()
+	w.logf("%s -> %v", what, err)
+	if err == nil {
+		return
+	}
+	if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrSessionExpired) {
+		return
+	}
+	ok := false
+	for _, a := range allowed {
+		ok = ok || errors.Is(err, a)
+	}
+	if !ok {
+		w.fail("%s: unexpected error %v", what, err)
+	}
+	// These refusals are decided before anything could end lazily.
+	if errors.Is(err, ErrPermission) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrRequestIDReused) || errors.Is(err, ErrNotFound) {
+		if w.e.Seq() != before {
+			w.fail("%s: refused with %v but emitted events %d..%d", what, err, before+1, w.e.Seq())
+		}
+	}
+}
+
+// remember keeps a request that caused an event, for retries later. A
+// request id is stored in the event it caused, so one that caused none (a
+// no-op release) is not remembered.
+func (w *world) remember(sid SessionID, id, result string, call func(string, bool) (string, error)) {
+	if id != "" && w.caused(sid, id) {
+		w.requests = append(w.requests, doneRequest{sid: sid, id: id, result: result, call: call})
+	}
+}
+
+func (w *world) randomOp() {
+	e := w.e
+	sid := w.session()
+	before := e.Seq()
+	switch op := w.rng.Intn(100); {
+	case op < 22: // consume
+		n, _ := w.nodeFor(sid, false)
+		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
+		err := e.Consume(sid, n, r, amt, rid)
+		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded)
+		if err == nil {
+			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
+				return "", e.Consume(sid, n, r, amt+b2i(differ), id)
+			})
+		}
+	case op < 36: // acquire, sometimes with charges
+		n, _ := w.nodeFor(sid, false)
+		class := classes[w.rng.Intn(3)]
+		var charges map[string]int64
+		if w.rng.Intn(3) == 0 {
+			charges = map[string]int64{resources[w.rng.Intn(3)]: 1 + w.rng.Int63n(3)}
+			if w.rng.Intn(4) == 0 {
+				class = ""
+			}
+		}
+		rid := w.reqID()
+		g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid})
+		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid)
+		if err != nil {
+			return
+		}
+		if wait != nil {
+			w.waits = append(w.waits, pending{wait: wait, sid: sid})
+			return
+		}
+		if g.Lease != 0 {
+			w.held[g.Lease] = sid
+		}
+		w.remember(sid, rid, fmt.Sprint(g.Lease), func(id string, differ bool) (string, error) {
+			c := class
+			if differ {
+				c += "x"
+			}
+			g, _, err := e.Acquire(sid, AcquireRequest{Node: n, Class: c, Charges: charges, RequestID: id})
+			return fmt.Sprint(g.Lease), err
+		})
+	case op < 48: // release a lease the driver holds, or a random one
+		var id LeaseID
+		if len(w.held) > 0 && w.rng.Intn(8) > 0 {
+			ids := sortedKeys(w.held)
+			id = ids[w.rng.Intn(len(ids))]
+			sid = w.held[id]
+		} else {
+			id = LeaseID(w.rng.Int63n(int64(e.nextLease) + 2))
+		}
+		lat := time.Duration(w.rng.Int63n(int64(100 * time.Millisecond)))
+		rid := w.reqID()
+		err := e.Release(sid, id, lat, w.rng.Intn(10) == 0, rid)
+		w.expect(fmt.Sprintf("release s%d l%d %q", sid, id, rid), before, err, ErrLeaseExpired, ErrLeaseRevoked, ErrNotFound, ErrPermission, ErrLeaseReleased)
+		if err == nil || errors.Is(err, ErrLeaseExpired) || errors.Is(err, ErrLeaseRevoked) {
+			if w.held[id] == sid {
+				delete(w.held, id)
+			}
+		}
+		if err == nil && rid != "" {
+			w.remember(sid, rid, "", func(rid string, differ bool) (string, error) {
+				return "", e.Release(sid, id+LeaseID(b2i(differ)), 0, false, rid)
+			})
+		}
+	case op < 52: // a waiter gives up, perhaps at the instant of its grant
+		if len(w.waits) > 0 {
+			i := w.rng.Intn(len(w.waits))
+			p := w.waits[i]
+			w.waits = slices.Delete(w.waits, i, i+1)
+			e.CancelWait(p.wait)
+			w.logf("cancel wait of s%d", p.sid)
+		}
+	case op < 60: // create or find a node
+		parent, _ := w.nodeFor(sid, false)
+		spec := NodeSpec{Name: fmt.Sprintf("t%d", w.rng.Intn(12)), Quotas: w.randCaps(resources, 30), Limits: w.randCaps(classes, 3),
+			Priority: w.rng.Int63n(3)}
+		if w.rng.Intn(3) == 0 {
+			spec.DefaultQuotas = w.randCaps(resources, 20)
+		}
+		if w.rng.Intn(4) == 0 {
+			spec.Deadline = w.clock.Now().Add(time.Duration(1+w.rng.Intn(20)) * time.Second).UnixNano()
+		}
+		rid := w.reqID()
+		find := w.rng.Intn(3) == 0
+		var v NodeView
+		var err error
+		if find {
+			v, _, err = e.FindOrCreate(sid, parent, spec, rid)
+		} else {
+			v, err = e.CreateNode(sid, parent, spec, rid)
+		}
+		w.expect(fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID), before, err, ErrTaskEnded, ErrExists, ErrInvalid)
+		if err == nil {
+			if !slices.Contains(w.nodes, v.ID) {
+				w.nodes = append(w.nodes, v.ID)
+			}
+			if !find {
+				w.remember(sid, rid, fmt.Sprint(v.ID), func(id string, differ bool) (string, error) {
+					s := spec
+					if differ {
+						s.Name += "x"
+					}
+					v, err := e.CreateNode(sid, parent, s, id)
+					return fmt.Sprint(v.ID), err
+				})
+			}
+		}
+	case op < 63: // close or cancel a node
+		n, _ := w.nodeFor(sid, false)
+		state := Closed
+		if w.rng.Intn(2) == 0 {
+			state = Cancelled
+		}
+		rid := w.reqID()
+		_, err := e.EndNode(sid, n, state, rid)
+		w.expect(fmt.Sprintf("end s%d n%d %s %q", sid, n, state, rid), before, err, ErrPermission)
+		if errors.Is(err, ErrPermission) && n != w.scope[sid] {
+			w.fail("ending node %d inside scope %d was refused: %v", n, w.scope[sid], err)
+		}
+	case op < 69: // edit caps
+		n, _ := w.nodeFor(sid, false)
+		edit := CapsEdit{Quotas: w.randCaps(resources, 60), Limits: w.randCaps(classes, 5)}
+		if w.rng.Intn(3) == 0 {
+			edit.DefaultQuotas = w.randCaps(resources, 20)
+			edit.DefaultLimits = w.randCaps(classes, 3)
+		}
+		if w.rng.Intn(4) == 0 {
+			wt := 1 + w.rng.Int63n(4)
+			edit.Weight = &wt
+		}
+		if w.rng.Intn(6) == 0 {
+			d := int64(0)
+			if w.rng.Intn(2) == 0 {
+				d = w.clock.Now().Add(time.Duration(w.rng.Intn(10)) * time.Second).UnixNano()
+			}
+			edit.Deadline = &d
+		}
+		rid := w.reqID()
+		_, err := e.SetCaps(sid, n, edit, rid)
+		w.expect(fmt.Sprintf("caps s%d n%d %+v %q", sid, n, edit, rid), before, err, ErrPermission, ErrTaskEnded)
+		switch {
+		case n == w.scope[sid] && err == nil:
+			w.fail("session %d edited its own scope node %d", sid, n)
+		case n != w.scope[sid] && errors.Is(err, ErrPermission):
+			w.fail("session %d refused an edit of node %d inside its scope: %v", sid, n, err)
+		}
+	case op < 72: // sessions come and go
+		switch w.rng.Intn(3) {
+		case 0:
+			w.openSession(w.tenants[w.rng.Intn(len(w.tenants))])
+		case 1:
+			err := e.CloseSession(sid)
+			w.expect(fmt.Sprintf("close session %d", sid), before, err)
+			w.forgetSession(sid)
+		default:
+			w.quiet[sid] = true // the worker dies
+		}
+	case op < 80: // time passes; live workers heartbeat
+		d := time.Duration(w.rng.Int63n(int64(800 * time.Millisecond)))
+		if w.rng.Intn(10) == 0 {
+			d = time.Duration(w.rng.Int63n(int64(3 * sessionTTL)))
+		}
+		for _, s := range w.sessions {
+			if !w.quiet[s] && d < sessionTTL {
+				if _, err := e.Heartbeat(s); err != nil {
+					w.forgetSession(s)
+				}
+			}
+		}
+		w.clock.Advance(d)
+		w.logf("advance %v", d)
+	case op < 84:
+		s, n := e.Reap()
+		w.logf("reap: %d sessions, %d nodes", s, n)
+	case op < 87: // validate
+		id := LeaseID(w.rng.Int63n(int64(e.nextLease) + 2))
+		g, err := e.Validate(sid, id)
+		w.expect(fmt.Sprintf("validate s%d l%d: %v", sid, id, g), before, err, ErrLeaseExpired, ErrLeaseRevoked, ErrLeaseReleased, ErrNotFound, ErrPermission)
+		if err == nil && e.leases[id] == nil {
+			w.fail("validate of lease %d succeeded but it is not held", id)
+		}
+	case op < 93: // a retry: same id, same arguments
+		if len(w.requests) == 0 {
+			return
+		}
+		r := w.requests[w.rng.Intn(len(w.requests))]
+		got, err := r.call(r.id, false)
+		w.logf("retry s%d %q -> %q %v", r.sid, r.id, got, err)
+		if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrSessionExpired) {
+			return
+		}
+		if err != nil || got != r.result {
+			w.fail("retry of %q by session %d returned %q, %v; the original returned %q", r.id, r.sid, got, err, r.result)
+		}
+		if e.Seq() != before {
+			w.fail("retry of %q emitted events %d..%d", r.id, before+1, e.Seq())
+		}
+	case op < 95: // an id reused with other arguments
+		if len(w.requests) == 0 {
+			return
+		}
+		r := w.requests[w.rng.Intn(len(w.requests))]
+		_, err := r.call(r.id, true)
+		w.expect(fmt.Sprintf("reuse s%d %q", r.sid, r.id), before, err, ErrRequestIDReused)
+		if err == nil {
+			w.fail("request id %q reused with other arguments was accepted", r.id)
+		}
+	default: // calls outside the scope, on purpose
+		if w.scope[sid] == RootID {
+			return
+		}
+		n, ok := w.nodeFor(sid, true)
+		if !ok {
+			return
+		}
+		var err error
+		call := w.rng.Intn(7)
+		switch call {
+		case 0:
+			err = e.Consume(sid, n, "tokens", 1, "")
+		case 1:
+			_, _, err = e.Acquire(sid, AcquireRequest{Node: n, Class: "db"})
+		case 2:
+			_, err = e.Get(sid, n)
+		case 3:
+			_, err = e.Children(sid, n, 0, 0)
+		case 4:
+			_, err = e.CreateNode(sid, n, NodeSpec{Name: "intruder"}, "")
+		case 5:
+			_, err = e.SetCaps(sid, n, CapsEdit{Quotas: map[string]int64{"tokens": 1 << 40}}, "")
+		case 6:
+			_, err = e.EndNode(sid, n, Cancelled, "")
+		}
+		w.expect(fmt.Sprintf("outside call %d s%d n%d", call, sid, n), before, err, ErrPermission)
+		if err == nil {
+			w.fail("call %d by session %d (scope %d) on node %d outside its scope succeeded", call, sid, w.scope[sid], n)
+		}
+	}
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// caused reports whether some event records the request.
+func (w *world) caused(sid SessionID, id string) bool {
+	for i := len(w.rec.events) - 1; i >= 0 && i >= len(w.rec.events)-4; i-- {
+		if ev := w.rec.events[i]; ev.RequestID == id && ev.Session == sid {
+			return true
+		}
+	}
+	return false
+}
+
+// drain collects the outcomes of queued acquires.
+func (w *world) drain() {
+	w.waits = slices.DeleteFunc(w.waits, func(p pending) bool {
+		select {
+		case o := <-p.wait.C:
+			w.logf("wait of s%d -> %v %v", p.sid, o.Grant, o.Err)
+			if o.Err == nil {
+				w.held[o.Grant.Lease] = p.sid
+			}
+			return true
+		default:
+			return false
+		}
+	})
+}
+
+// check verifies every state invariant from scratch, and the model's
+// transition audit.
+func (w *world) check() {
+	w.t.Helper()
+	e, m := w.e, w.m
+	if len(m.errs) > 0 {
+		w.fail("%s", strings.Join(m.errs, "\n"))
+	}
+	if len(e.nodes) != len(m.state) {
+		w.fail("engine has %d nodes, model %d", len(e.nodes), len(m.state))
+	}
+	heldCount := map[NodeID]map[string]int64{}
+	for id, l := range e.leases {
+		ml, ok := m.leases[id]
+		if !ok || ml.session != l.session.id || ml.node != l.node.id || ml.class != l.class {
+			w.fail("lease %d: engine %+v, model %+v (present %v)", id, l, ml, ok)
+		}
+		if e.sessions[l.session.id] != l.session {
+			w.fail("I7 lease %d belongs to session %d, which is not open", id, l.session.id)
+		}
+		if l.node.state != Open {
+			w.fail("I7 lease %d is held on node %d, which is %s", id, l.node.id, l.node.state)
+		}
+		if id >= e.nextLease {
+			w.fail("I4 lease %d is not below the counter %d", id, e.nextLease)
+		}
+		if _, dead := e.tombs[id]; dead {
+			w.fail("I4 lease %d is both live and a tombstone", id)
+		}
+		if _, known := w.held[id]; !known {
+			w.fail("I5 lease %d (session %d) was granted but never handed to a caller: leaked", id, l.session.id)
+		}
+		for a := l.node; a != nil; a = a.parent {
+			add(heldCount, a.id, l.class, 1)
+		}
+	}
+	if len(e.leases) != len(m.leases) {
+		w.fail("engine holds %d leases, model %d", len(e.leases), len(m.leases))
+	}
+	for id, n := range e.nodes {
+		for _, c := range []struct {
+			name         string
+			engine, want map[string]int64
+		}{
+			{"used (I2)", n.used, m.used[id]},
+			{"held (I6)", n.held, m.held[id]},
+			{"held recounted (I6)", n.held, heldCount[id]},
+			{"quotas", n.quotas, m.quotas[id]},
+			{"limits", n.limits, m.limits[id]},
+			{"default quotas", n.defQuotas, m.defQ[id]},
+			{"default limits", n.defLimits, m.defL[id]},
+		} {
+			if !maps.Equal(nilIfEmpty(c.engine), nilIfEmpty(c.want)) {
+				w.fail("node %d %s: engine %v, model %v", id, c.name, c.engine, c.want)
+			}
+		}
+		if id != RootID && n.state != m.state[id] {
+			w.fail("node %d state: engine %s, model %s", id, n.state, m.state[id])
+		}
+		for name, c := range n.open {
+			if c.state != Open || c.name != name || c.parent != n {
+				w.fail("node %d's open index names %q -> node %d (%s)", id, name, c.id, c.state)
+			}
+		}
+	}
+	// I5: no waiter that fits is left waiting.
+	for class, q := range e.queues {
+		count := 0
+		for i, tq := range q.ring {
+			count += len(tq.waiters)
+			if tq.deficit < 0 || tq.deficit > tq.tenant.weight {
+				w.fail("I6 DRR: tenant %d's deficit %d is outside [0, %d]", tq.tenant.id, tq.deficit, tq.tenant.weight)
+			}
+			for j, wt := range tq.waiters {
+				if wt.done {
+					w.fail("a finished waiter is still queued")
+				}
+				if e.root.fits(class) && wt.node.fits(class) {
+					w.fail("I5 a waiter of session %d for %s on node %d fits but waits (tenant %d, position %d)", wt.session.id, class, wt.node.id, i, j)
+				}
+				if j > 0 && tq.waiters[j-1].priority < wt.priority {
+					w.fail("tenant %d's queue is out of priority order", tq.tenant.id)
+				}
+			}
+		}
+		if count != q.waiting {
+			w.fail("queue %s counts %d waiters, holds %d", class, q.waiting, count)
+		}
+	}
+	for _, s := range e.sessions {
+		if len(s.requests.byID) > RequestMemory || len(s.requests.byID) != len(s.requests.order) {
+			w.fail("session %d remembers %d ids in a ring of %d", s.id, len(s.requests.byID), len(s.requests.order))
+		}
+	}
+}
+
+// checkReplay rebuilds the state three ways and compares each with the live
+// engine, field by field.
+func (w *world) checkReplay() {
+	live := w.e.Snapshot()
+	events := w.rec.events
+	// Events and snapshots go through JSON, as they do through a store.
+	var decoded []Event
+	raw, err := json.Marshal(events)
+	if err != nil {
+		w.fail("encode events: %v", err)
+	}
+	if err := json.Unmarshal(raw, &decoded); err != nil {
+		w.fail("decode events: %v", err)
+	}
+	roundTrip := func(s Snapshot) Snapshot {
+		var out Snapshot
+		raw, err := json.Marshal(s)
+		if err == nil {
+			err = json.Unmarshal(raw, &out)
+		}
+		if err != nil {
+			w.fail("snapshot round trip: %v", err)
+		}
+		return out
+	}
+	for _, way := range []struct {
+		name string
+		snap *Snapshot
+		from uint64
+	}{
+		{"events only", nil, 0},
+		{"mid-run snapshot plus later events", w.mid, w.mid.Seq},
+		{"final snapshot", &live, live.Seq},
+	} {
+		e, err := New(Config{Clock: w.clock, Adaptive: w.cfg.Adaptive})
+		if err != nil {
+			w.fail("%v", err)
+		}
+		if way.snap != nil {
+			if err := e.Restore(roundTrip(*way.snap)); err != nil {
+				w.fail("%s: restore: %v", way.name, err)
+			}
+		}
+		if err := e.Apply(decoded[way.from:]...); err != nil {
+			w.fail("%s: apply: %v", way.name, err)
+		}
+		if got := e.Snapshot(); !reflect.DeepEqual(got, live) {
+			w.fail("replay from %s differs from the live engine:\n%s", way.name, diffSnapshots(live, got))
+		}
+	}
+}
+
+// diffSnapshots names the first fields that differ.
+func diffSnapshots(want, got Snapshot) string {
+	var out []string
+	wv, gv := reflect.ValueOf(want), reflect.ValueOf(got)
+	for i := range wv.NumField() {
+		f := wv.Type().Field(i).Name
+		a, b := wv.Field(i).Interface(), gv.Field(i).Interface()
+		if reflect.DeepEqual(a, b) {
+			continue
+		}
+		if wv.Field(i).Kind() == reflect.Slice {
+			n := max(wv.Field(i).Len(), gv.Field(i).Len())
+			for j := range n {
+				var x, y any
+				if j < wv.Field(i).Len() {
+					x = wv.Field(i).Index(j).Interface()
+				}
+				if j < gv.Field(i).Len() {
+					y = gv.Field(i).Index(j).Interface()
+				}
+				if !reflect.DeepEqual(x, y) {
+					out = append(out, fmt.Sprintf("%s[%d]:\n  live:   %+v\n  replay: %+v", f, j, x, y))
+					break
+				}
+			}
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: live %+v, replay %+v", f, a, b))
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,309 @@
+package engine
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// EndReason says how a lease or a session ended.
+type EndReason uint8
+
+const (
+	EndReleased EndReason = iota + 1 // released by its holder, or its session was closed
+	EndExpired                       // its session's TTL passed
+	EndRevoked                       // its node ended
+)
+
+func (r EndReason) String() string {
+	switch r {
+	case EndReleased:
+		return "released"
+	case EndExpired:
+		return "expired"
+	case EndRevoked:
+		return "revoked"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+type session struct {
+	id      SessionID
+	scope   *node
+	token   string // SHA-256 of the session token, hex
+	ttl     time.Duration
+	expires int64 // not state: heartbeats move it and are not recorded
+
+	leases   map[LeaseID]*lease
+	waiters  []*waiter
+	requests requestMemory
+}
+
+func (s *session) expired(now int64) bool { return s.id != System && now >= s.expires }
+
+// OpenSession opens a session scoped to the node scope. tokenHash is the
+// SHA-256 of the token the server handed out; the engine never sees tokens.
+func (e *Engine) OpenSession(scope NodeID, tokenHash string, ttl time.Duration) (SessionID, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	if ttl <= 0 {
+		return 0, invalid("session TTL %v is not positive", ttl)
+	}
+	if _, taken := e.byToken[tokenHash]; taken && tokenHash != "" {
+		return 0, invalid("session token already in use")
+	}
+	n := e.nodes[scope]
+	if n == nil {
+		return 0, fmt.Errorf("%w: node %d", ErrNotFound, scope)
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return 0, err
+	}
+	id := e.nextSession
+	e.emit(Event{Kind: EvSessionOpened, At: now, Session: id, Node: scope, Token: tokenHash, Amount: int64(ttl)})
+	return id, nil
+}
+
+// SessionByToken finds the open session whose token hashes to tokenHash.
+func (e *Engine) SessionByToken(tokenHash string) (id SessionID, scope NodeID, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.byToken[tokenHash]
+	if s == nil {
+		return 0, 0, false
+	}
+	return s.id, s.scope.id, true
+}
+
+// Heartbeat renews a session for one more TTL and returns the TTL.
+func (e *Engine) Heartbeat(sid SessionID) (time.Duration, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return 0, err
+	}
+	if s.id != System {
+		s.expires = now + int64(s.ttl)
+	}
+	return s.ttl, nil
+}
+
+// CloseSession ends a session: its leases are released and its waiters fail.
+func (e *Engine) CloseSession(sid SessionID) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return err
+	}
+	if s.id == System {
+		return invalid("the system session cannot be closed")
+	}
+	e.endSession(s, now, EndReleased)
+	return nil
+}
+
+func (e *Engine) endSession(s *session, now int64, why EndReason) {
+	e.emit(Event{Kind: EvSessionEnded, At: now, Session: s.id, Reason: why})
+	for _, w := range slices.Clone(s.waiters) {
+		e.failWaiter(w, fmt.Errorf("%w: session %d %s", ErrSessionExpired, s.id, why))
+	}
+	e.dispatchAll()
+}
+
+func (e *Engine) applySessionEnded(s *session, ev *Event) {
+	reason := EndReleased
+	if ev.Reason == EndExpired {
+		reason = EndExpired
+	}
+	for _, id := range sortedKeys(s.leases) {
+		e.endLease(s.leases[id], reason, ev.At)
+	}
+	delete(e.sessions, s.id)
+	if s.token != "" {
+		delete(e.byToken, s.token)
+	}
+}
+
+// session resolves sid, ending it on the spot when its TTL has passed.
+func (e *Engine) session(sid SessionID, now int64) (*session, error) {
+	if sid == System {
+		return e.system, nil
+	}
+	s := e.sessions[sid]
+	if s == nil {
+		return nil, fmt.Errorf("%w: no session %d", ErrUnauthenticated, sid)
+	}
+	if s.expired(now) {
+		e.endSession(s, now, EndExpired)
+		return nil, fmt.Errorf("%w: session %d", ErrSessionExpired, sid)
+	}
+	return s, nil
+}
+
+// target resolves a node for s. It is the one scope check every operation
+// goes through.
+func (e *Engine) target(s *session, id NodeID) (*node, error) {
+	n := e.nodes[id]
+	if n == nil {
+		return nil, fmt.Errorf("%w: node %d", ErrNotFound, id)
+	}
+	if !n.within(s.scope) {
+		return nil, fmt.Errorf("%w: node %d is outside the session's scope (node %d)", ErrPermission, id, s.scope.id)
+	}
+	return n, nil
+}
+
+// editable resolves a node s may edit: inside its scope, and not the scope
+// node itself, so a tenant can re-divide its budget but not raise its own.
+func (e *Engine) editable(s *session, id NodeID) (*node, error) {
+	n, err := e.target(s, id)
+	if err != nil {
+		return nil, err
+	}
+	if n == s.scope && s.id != System {
+		return nil, fmt.Errorf("%w: a session cannot edit its own scope node %d", ErrPermission, id)
+	}
+	return n, nil
+}
+
+// requestResult is what a session remembers of a request it carried out.
+type requestResult struct {
+	fingerprint uint64
+	node        NodeID
+	lease       LeaseID
+}
+
+// requestMemory holds a session's last RequestMemory request ids.
+type requestMemory struct {
+	byID  map[string]requestResult
+	order []string // a ring, oldest at next
+	next  int
+}
+
+func (m *requestMemory) add(id string, r requestResult) {
+	if m.byID == nil {
+		m.byID = make(map[string]requestResult)
+	}
+	if _, ok := m.byID[id]; ok {
+		m.byID[id] = r
+		return
+	}
+	if len(m.order) < RequestMemory {
+		m.order = append(m.order, id)
+	} else {
+		delete(m.byID, m.order[m.next])
+		m.order[m.next] = id
+		m.next = (m.next + 1) % RequestMemory
+	}
+	m.byID[id] = r
+}
+
+// lookup finds a remembered request. ok says it was found with the same
+// arguments; an error says the id was used for something else.
+func (m *requestMemory) lookup(id string, fp uint64) (requestResult, bool, error) {
+	if id == "" {
+		return requestResult{}, false, nil
+	}
+	r, ok := m.byID[id]
+	if !ok {
+		return requestResult{}, false, nil
+	}
+	if r.fingerprint != fp {
+		return requestResult{}, false, fmt.Errorf("%w: %q", ErrRequestIDReused, id)
+	}
+	return r, true, nil
+}
+
+// ids returns the remembered ids, oldest first.
+func (m *requestMemory) ids() []string {
+	return append(slices.Clone(m.order[m.next:]), m.order[:m.next]...)
+}
+
+// Operations, as fingerprinted.
+const (
+	opConsume uint64 = iota + 1
+	opAcquire
+	opRelease
+	opCreate
+	opEnd
+	opCaps
+)
+
+// fingerprint hashes a request's arguments (FNV-1a) without allocating, so a
+// reused request id can be told apart from a retry.
+func fingerprint(op uint64, node NodeID, s string, amount int64) uint64 {
+	h := fnvAdd(fnvOffset, op)
+	h = fnvAdd(h, uint64(node))
+	h = fnvString(h, s)
+	return fnvAdd(h, uint64(amount))
+}
+
+func fingerprintCharges(op uint64, node NodeID, class string, charges []Charge) uint64 {
+	h := fingerprint(op, node, class, int64(len(charges)))
+	for _, c := range charges {
+		h = fnvString(h, c.Resource)
+		h = fnvAdd(h, uint64(c.Amount))
+	}
+	return h
+}
+
+func fingerprintMap(h uint64, m map[string]int64) uint64 {
+	h = fnvAdd(h, uint64(len(m)))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		h = fnvString(h, k)
+		h = fnvAdd(h, uint64(m[k]))
+	}
+	return h
+}
+
+func fingerprintSpec(op uint64, parent NodeID, s *NodeSpec) uint64 {
+	h := fingerprint(op, parent, s.Name, s.Deadline)
+	for _, m := range []map[string]int64{s.Quotas, s.Limits, s.DefaultQuotas, s.DefaultLimits} {
+		h = fingerprintMap(h, m)
+	}
+	return fnvAdd(fnvAdd(h, uint64(s.Weight)), uint64(s.Priority))
+}
+
+func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
+	h := fingerprint(opCaps, node, "", 0)
+	for _, m := range []map[string]int64{c.Quotas, c.Limits, c.DefaultQuotas, c.DefaultLimits} {
+		h = fingerprintMap(h, m)
+	}
+	for _, p := range []*int64{c.Weight, c.Priority, c.Deadline} {
+		if p == nil {
+			h = fnvAdd(h, 1<<63)
+		} else {
+			h = fnvAdd(h, uint64(*p))
+		}
+	}
+	return h
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvAdd(h, v uint64) uint64 {
+	for i := 0; i < 8; i++ {
+		h ^= v & 0xff
+		h *= fnvPrime
+		v >>= 8
+	}
+	return h
+}
+
+func fnvString(h uint64, s string) uint64 {
+	h = fnvAdd(h, uint64(len(s)))
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
+}

@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Snapshot is the whole persistent state in a canonical form: every list is
+// sorted by id and empty maps are nil, so two equal states give equal
+// snapshots. Waiters, heartbeat times and adaptive samples are not state:
+// a restart fails waiters, gives every session one fresh TTL and starts the
+// sample windows empty.
+type Snapshot struct {
+	Seq         uint64
+	NextNode    NodeID
+	NextSession SessionID
+	NextLease   LeaseID
+	Nodes       []NodeView
+	Sessions    []SessionSnapshot
+	Leases      []LeaseSnapshot
+	Tombstones  []TombstoneSnapshot
+}
+
+// SessionSnapshot is a session as recorded.
+type SessionSnapshot struct {
+	ID       SessionID
+	Scope    NodeID
+	Token    string
+	TTL      time.Duration
+	Requests []RequestSnapshot // oldest first
+}
+
+// RequestSnapshot is one remembered request id.
+type RequestSnapshot struct {
+	ID          string
+	Fingerprint uint64
+	Node        NodeID
+	Lease       LeaseID
+}
+
+// LeaseSnapshot is a live lease.
+type LeaseSnapshot struct {
+	ID      LeaseID
+	Session SessionID
+	Node    NodeID
+	Class   string
+	Granted int64
+}
+
+// TombstoneSnapshot is an ended lease still remembered.
+type TombstoneSnapshot struct {
+	Lease   LeaseID
+	Session SessionID
+	Node    NodeID
+	Class   string
+	Reason  EndReason
+	At      int64
+}
+
+func nilIfEmpty(m map[string]int64) map[string]int64 {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+// Snapshot captures the whole state.
+func (e *Engine) Snapshot() Snapshot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	snap := Snapshot{Seq: e.seq, NextNode: e.nextNode, NextSession: e.nextSession, NextLease: e.nextLease}
+	for _, id := range sortedKeys(e.nodes) {
+		v := e.nodes[id].view()
+		v.Quotas, v.Used, v.Limits, v.Held = nilIfEmpty(v.Quotas), nilIfEmpty(v.Used), nilIfEmpty(v.Limits), nilIfEmpty(v.Held)
+		v.DefaultQuotas, v.DefaultLimits = nilIfEmpty(v.DefaultQuotas), nilIfEmpty(v.DefaultLimits)
+		snap.Nodes = append(snap.Nodes, v)
+	}
+	for _, s := range e.sortedSessions() {
+		ss := SessionSnapshot{ID: s.id, Scope: s.scope.id, Token: s.token, TTL: s.ttl}
+		for _, id := range s.requests.ids() {
+			r := s.requests.byID[id]
+			ss.Requests = append(ss.Requests, RequestSnapshot{ID: id, Fingerprint: r.fingerprint, Node: r.node, Lease: r.lease})
+		}
+		snap.Sessions = append(snap.Sessions, ss)
+	}
+	for _, id := range sortedKeys(e.leases) {
+		l := e.leases[id]
+		snap.Leases = append(snap.Leases, LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted})
+	}
+	for _, id := range sortedKeys(e.tombs) {
+		if t, ok := e.tombstone(id, now); ok {
+			snap.Tombstones = append(snap.Tombstones, TombstoneSnapshot{Lease: id, Session: t.session, Node: t.node,
+				Class: t.class, Reason: t.reason, At: t.at})
+		}
+	}
+	return snap
+}
+
+// Restore replaces the engine's state with snap. The engine must be new:
+// restoring over a used engine is an error. Every session gets one fresh
+// TTL from the clock.
+func (e *Engine) Restore(snap Snapshot) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.seq != 0 || len(e.nodes) != 1 {
+		return fmt.Errorf("%w: restore into an engine that already has state", ErrCorrupt)
+	}
+	if len(snap.Nodes) == 0 || snap.Nodes[0].ID != RootID || snap.Nodes[0].Parent != 0 {
+		return fmt.Errorf("%w: snapshot has no root", ErrCorrupt)
+	}
+	now := e.now()
+	nodes := make(map[NodeID]*node, len(snap.Nodes))
+	for i, v := range snap.Nodes {
+		var parent *node
+		if i > 0 {
+			parent = nodes[v.Parent]
+			if parent == nil || v.ID <= snap.Nodes[i-1].ID || v.ID >= snap.NextNode {
+				return fmt.Errorf("%w: snapshot node %d (parent %d) out of order", ErrCorrupt, v.ID, v.Parent)
+			}
+		}
+		n := newNode(v.ID, parent, v.Name)
+		n.state, n.deadline, n.weight, n.priority = v.State, v.Deadline, v.Weight, v.Priority
+		n.quotas, n.limits = maps.Clone(v.Quotas), maps.Clone(v.Limits)
+		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
+		n.used, n.held = maps.Clone(v.Used), maps.Clone(v.Held)
+		if n.used == nil {
+			n.used = make(map[string]int64)
+		}
+		if n.held == nil {
+			n.held = make(map[string]int64)
+		}
+		nodes[n.id] = n
+		if parent != nil {
+			parent.children = append(parent.children, n)
+			if n.state == Open {
+				if parent.open == nil {
+					parent.open = make(map[string]*node)
+				}
+				parent.open[n.name] = n
+			}
+		}
+		if n.deadline != 0 && n.state == Open {
+			heap.Push(&e.deadlines, deadlineEntry{at: n.deadline, node: n.id})
+		}
+	}
+	sessions := make(map[SessionID]*session, len(snap.Sessions))
+	for _, ss := range snap.Sessions {
+		scope := nodes[ss.Scope]
+		if scope == nil || ss.ID >= snap.NextSession || ss.TTL <= 0 {
+			return fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
+		}
+		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: now + int64(ss.TTL),
+			leases: make(map[LeaseID]*lease)}
+		for _, r := range ss.Requests {
+			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease})
+		}
+		sessions[s.id] = s
+		if s.token != "" {
+			e.byToken[s.token] = s
+		}
+	}
+	for _, ls := range snap.Leases {
+		s, n := sessions[ls.Session], nodes[ls.Node]
+		if s == nil || n == nil || ls.ID >= snap.NextLease {
+			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
+		}
+		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted}
+		e.leases[l.id], s.leases[l.id] = l, l
+		if n.leases == nil {
+			n.leases = make(map[LeaseID]*lease)
+		}
+		n.leases[l.id] = l
+	}
+	for _, t := range snap.Tombstones {
+		e.tombs[t.Lease] = tombstone{session: t.Session, node: t.Node, class: t.Class, reason: t.Reason, at: t.At}
+	}
+	e.tombOrder = slices.SortedFunc(maps.Keys(e.tombs), func(a, b LeaseID) int {
+		if d := e.tombs[a].at - e.tombs[b].at; d != 0 {
+			return int(d)
+		}
+		return int(a - b)
+	})
+	e.nodes, e.root, e.sessions = nodes, nodes[RootID], sessions
+	e.system.scope = e.root
+	e.seq, e.nextNode, e.nextSession, e.nextLease = snap.Seq, snap.NextNode, snap.NextSession, snap.NextLease
+	return nil
+}
+
+func (e *Engine) sortedSessions() []*session {
+	out := make([]*session, 0, len(e.sessions))
+	for _, id := range sortedKeys(e.sessions) {
+		out = append(out, e.sessions[id])
+	}
+	return out
+}

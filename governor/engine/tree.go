@@ -1,0 +1,566 @@
+package engine
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Kind is a node's place in the tree, fixed by its depth.
+type Kind uint8
+
+const (
+	KindRoot Kind = iota
+	KindTenant
+	KindTask
+	KindSubtask
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindRoot:
+		return "root"
+	case KindTenant:
+		return "tenant"
+	case KindTask:
+		return "task"
+	default:
+		return "subtask"
+	}
+}
+
+// State is a node's life: open until closed, cancelled or expired. An ended
+// node's whole subtree is ended with it.
+type State uint8
+
+const (
+	Open State = iota
+	Closed
+	Cancelled
+	Expired
+)
+
+// Ended reports whether s is a final state.
+func (s State) Ended() bool { return s != Open }
+
+func (s State) String() string {
+	switch s {
+	case Open:
+		return "open"
+	case Closed:
+		return "closed"
+	case Cancelled:
+		return "cancelled"
+	case Expired:
+		return "expired"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// NodeSpec describes a new node. Quotas and limits not named are inherited
+// from the parent's defaults; NoCap removes an inherited one.
+type NodeSpec struct {
+	Name          string           `json:"name"`
+	Quotas        map[string]int64 `json:"q,omitempty"`
+	Limits        map[string]int64 `json:"l,omitempty"`
+	DefaultQuotas map[string]int64 `json:"dq,omitempty"`   // nil inherits the parent's defaults
+	DefaultLimits map[string]int64 `json:"dl,omitempty"`   // nil inherits the parent's defaults
+	Deadline      int64            `json:"dead,omitempty"` // unix nanoseconds; 0 is none
+	Weight        int64            `json:"w,omitempty"`    // share in the fair queue; 0 means 1
+	Priority      int64            `json:"pri,omitempty"`  // higher first within a tenant; 0 inherits
+}
+
+// CapsEdit changes a node's caps. Keys not named are left alone; NoCap
+// removes a cap. Nil pointers leave their field alone.
+type CapsEdit struct {
+	Quotas        map[string]int64 `json:"q,omitempty"`
+	Limits        map[string]int64 `json:"l,omitempty"`
+	DefaultQuotas map[string]int64 `json:"dq,omitempty"`
+	DefaultLimits map[string]int64 `json:"dl,omitempty"`
+	Weight        *int64           `json:"w,omitempty"`
+	Priority      *int64           `json:"pri,omitempty"`
+	Deadline      *int64           `json:"dead,omitempty"` // 0 clears the deadline
+}
+
+// NodeView is a copy of a node's state, safe to keep.
+type NodeView struct {
+	ID            NodeID
+	Parent        NodeID
+	Name          string
+	Kind          Kind
+	State         State
+	Quotas        map[string]int64
+	Used          map[string]int64
+	Limits        map[string]int64
+	Held          map[string]int64
+	DefaultQuotas map[string]int64
+	DefaultLimits map[string]int64
+	Deadline      int64
+	Weight        int64
+	Priority      int64
+}
+
+type node struct {
+	id       NodeID
+	parent   *node
+	tenant   *node // the depth-1 ancestor (itself for a tenant, the root for the root)
+	depth    int
+	name     string
+	state    State
+	deadline int64
+	weight   int64
+	priority int64
+
+	quotas    map[string]int64
+	used      map[string]int64
+	limits    map[string]int64
+	held      map[string]int64
+	defQuotas map[string]int64
+	defLimits map[string]int64
+
+	children []*node
+	open     map[string]*node // open children by name
+	leases   map[LeaseID]*lease
+}
+
+func newNode(id NodeID, parent *node, name string) *node {
+	n := &node{id: id, parent: parent, name: name, weight: 1,
+		used: make(map[string]int64), held: make(map[string]int64)}
+	switch {
+	case parent == nil:
+		n.tenant = n
+	case parent.parent == nil:
+		n.tenant = n
+		n.depth = 1
+	default:
+		n.tenant = parent.tenant
+		n.depth = parent.depth + 1
+	}
+	return n
+}
+
+func (n *node) kind() Kind {
+	if n.depth >= int(KindSubtask) {
+		return KindSubtask
+	}
+	return Kind(n.depth)
+}
+
+func (n *node) view() NodeView {
+	v := NodeView{ID: n.id, Name: n.name, Kind: n.kind(), State: n.state,
+		Quotas: maps.Clone(n.quotas), Used: maps.Clone(n.used), Limits: maps.Clone(n.limits),
+		Held: maps.Clone(n.held), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
+		Deadline: n.deadline, Weight: n.weight, Priority: n.priority}
+	if n.parent != nil {
+		v.Parent = n.parent.id
+	}
+	return v
+}
+
+// within reports whether n lies in scope's subtree (scope included).
+func (n *node) within(scope *node) bool {
+	for a := n; a != nil; a = a.parent {
+		if a == scope {
+			return true
+		}
+	}
+	return false
+}
+
+// charge adds amount of r to n and every ancestor. Callers have checked that
+// it fits; this is the one place usage grows.
+func (n *node) charge(r string, amount int64) {
+	for a := n; a != nil; a = a.parent {
+		a.used[r] += amount
+	}
+}
+
+// setCap sets or, for NoCap, removes one cap, allocating the map on demand.
+func setCap(m map[string]int64, key string, v int64) map[string]int64 {
+	if v == NoCap {
+		delete(m, key)
+		if len(m) == 0 {
+			return nil
+		}
+		return m
+	}
+	if m == nil {
+		m = make(map[string]int64)
+	}
+	m[key] = v
+	return m
+}
+
+func mergeCaps(base, edit map[string]int64) map[string]int64 {
+	out := maps.Clone(base)
+	for k, v := range edit {
+		out = setCap(out, k, v)
+	}
+	return out
+}
+
+func (n *node) applyCaps(c *CapsEdit, e *Engine) {
+	n.quotas = mergeCaps(n.quotas, c.Quotas)
+	n.limits = mergeCaps(n.limits, c.Limits)
+	n.defQuotas = mergeCaps(n.defQuotas, c.DefaultQuotas)
+	n.defLimits = mergeCaps(n.defLimits, c.DefaultLimits)
+	if c.Weight != nil {
+		n.weight = *c.Weight
+	}
+	if c.Priority != nil {
+		n.priority = *c.Priority
+	}
+	if c.Deadline != nil {
+		n.deadline = *c.Deadline
+		if n.deadline != 0 {
+			heap.Push(&e.deadlines, deadlineEntry{at: n.deadline, node: n.id})
+		}
+	}
+}
+
+func validName(what, s string) error {
+	if s == "" {
+		return invalid("%s is empty", what)
+	}
+	if len(s) > MaxNameLen {
+		return invalid("%s is longer than %d bytes", what, MaxNameLen)
+	}
+	if strings.ContainsAny(s, "\x00") {
+		return invalid("%s contains a NUL byte", what)
+	}
+	return nil
+}
+
+func validCaps(what string, m map[string]int64) error {
+	for k, v := range m {
+		if err := validName(what+" name", k); err != nil {
+			return err
+		}
+		if v < 0 && v != NoCap {
+			return invalid("%s %q is %d; caps are >= 0, or %d for no cap", what, k, v, NoCap)
+		}
+	}
+	return nil
+}
+
+func (s *NodeSpec) validate() error {
+	if err := validName("node name", s.Name); err != nil {
+		return err
+	}
+	for what, m := range map[string]map[string]int64{"quota": s.Quotas, "limit": s.Limits,
+		"default quota": s.DefaultQuotas, "default limit": s.DefaultLimits} {
+		if err := validCaps(what, m); err != nil {
+			return err
+		}
+	}
+	if s.Weight < 0 {
+		return invalid("weight %d is negative", s.Weight)
+	}
+	if s.Deadline < 0 {
+		return invalid("deadline %d is negative", s.Deadline)
+	}
+	return nil
+}
+
+func (c *CapsEdit) validate() error {
+	for what, m := range map[string]map[string]int64{"quota": c.Quotas, "limit": c.Limits,
+		"default quota": c.DefaultQuotas, "default limit": c.DefaultLimits} {
+		if err := validCaps(what, m); err != nil {
+			return err
+		}
+	}
+	if c.Weight != nil && *c.Weight < 1 {
+		return invalid("weight %d is below 1", *c.Weight)
+	}
+	if c.Deadline != nil && *c.Deadline < 0 {
+		return invalid("deadline %d is negative", *c.Deadline)
+	}
+	return nil
+}
+
+// checkOpen ends the first node on n's chain that is past its deadline and
+// reports whether the chain is still open. now is the decision's time.
+func (e *Engine) checkOpen(n *node, now int64) error {
+	for a := n; a != nil; a = a.parent {
+		if a.state != Open {
+			return fmt.Errorf("%w: %s %q is %s", ErrTaskEnded, a.kind(), a.name, a.state)
+		}
+		if a.deadline != 0 && now >= a.deadline {
+			e.endNode(a, Expired, now)
+			return fmt.Errorf("%w: %s %q passed its deadline", ErrTaskEnded, a.kind(), a.name)
+		}
+	}
+	return nil
+}
+
+// CreateNode makes a child of parent.
+func (e *Engine) CreateNode(sid SessionID, parent NodeID, spec NodeSpec, requestID string) (NodeView, error) {
+	v, _, err := e.createNode(sid, parent, spec, requestID, false)
+	return v, err
+}
+
+// FindOrCreate returns parent's open child named spec.Name, creating it from
+// spec when there is none. created says which happened.
+func (e *Engine) FindOrCreate(sid SessionID, parent NodeID, spec NodeSpec, requestID string) (v NodeView, created bool, err error) {
+	return e.createNode(sid, parent, spec, requestID, true)
+}
+
+func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, requestID string, find bool) (NodeView, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return NodeView{}, false, err
+	}
+	if err := spec.validate(); err != nil {
+		return NodeView{}, false, err
+	}
+	fp := fingerprintSpec(opCreate, parentID, &spec)
+	if r, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
+		if err != nil {
+			return NodeView{}, false, err
+		}
+		if n := e.nodes[r.node]; n != nil {
+			return n.view(), true, nil
+		}
+		return NodeView{}, false, fmt.Errorf("%w: node %d", ErrNotFound, r.node)
+	}
+	parent, err := e.target(s, parentID)
+	if err != nil {
+		return NodeView{}, false, err
+	}
+	if existing := parent.open[spec.Name]; existing != nil {
+		if find {
+			return existing.view(), false, nil
+		}
+		return NodeView{}, false, fmt.Errorf("%w: %q already has an open child %q (node %d)", ErrExists, parent.name, spec.Name, existing.id)
+	}
+	if err := e.checkOpen(parent, now); err != nil {
+		return NodeView{}, false, err
+	}
+	if parent.depth+1 >= MaxDepth {
+		return NodeView{}, false, invalid("the tree is at most %d levels deep", MaxDepth)
+	}
+	id := e.nextNode
+	e.emit(Event{Kind: EvNodeCreated, At: now, Session: s.id, Node: id, Parent: parent.id,
+		Spec: &spec, RequestID: requestID, Fingerprint: fp})
+	return e.nodes[id].view(), true, nil
+}
+
+func (e *Engine) applyNodeCreated(ev *Event) error {
+	parent := e.nodes[ev.Parent]
+	if parent == nil || ev.Spec == nil || ev.Node != e.nextNode || parent.open[ev.Spec.Name] != nil {
+		return fmt.Errorf("%w: node %d under %d", ErrCorrupt, ev.Node, ev.Parent)
+	}
+	sp := ev.Spec
+	n := newNode(ev.Node, parent, sp.Name)
+	n.quotas = mergeCaps(parent.defQuotas, sp.Quotas)
+	n.limits = mergeCaps(parent.defLimits, sp.Limits)
+	n.defQuotas, n.defLimits = maps.Clone(parent.defQuotas), maps.Clone(parent.defLimits)
+	if sp.DefaultQuotas != nil {
+		n.defQuotas = mergeCaps(nil, sp.DefaultQuotas)
+	}
+	if sp.DefaultLimits != nil {
+		n.defLimits = mergeCaps(nil, sp.DefaultLimits)
+	}
+	if sp.Weight > 0 {
+		n.weight = sp.Weight
+	}
+	n.priority = parent.priority
+	if sp.Priority != 0 {
+		n.priority = sp.Priority
+	}
+	n.deadline = sp.Deadline
+	if n.deadline != 0 {
+		heap.Push(&e.deadlines, deadlineEntry{at: n.deadline, node: n.id})
+	}
+	if parent.state != Open {
+		n.state = parent.state
+	}
+	e.nodes[n.id] = n
+	parent.children = append(parent.children, n)
+	if parent.open == nil {
+		parent.open = make(map[string]*node)
+	}
+	parent.open[n.name] = n
+	e.nextNode = n.id + 1
+	return nil
+}
+
+// Get returns a node.
+func (e *Engine) Get(sid SessionID, id NodeID) (NodeView, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, err := e.session(sid, e.now())
+	if err != nil {
+		return NodeView{}, err
+	}
+	n, err := e.target(s, id)
+	if err != nil {
+		return NodeView{}, err
+	}
+	return n.view(), nil
+}
+
+// Children returns up to limit children of id whose ids are above after, in
+// id order. limit <= 0 means all.
+func (e *Engine) Children(sid SessionID, id, after NodeID, limit int) ([]NodeView, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, err := e.session(sid, e.now())
+	if err != nil {
+		return nil, err
+	}
+	n, err := e.target(s, id)
+	if err != nil {
+		return nil, err
+	}
+	start, _ := slices.BinarySearchFunc(n.children, after+1, func(c *node, id NodeID) int { return int(c.id - id) })
+	var out []NodeView
+	for _, c := range n.children[start:] {
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		out = append(out, c.view())
+	}
+	return out, nil
+}
+
+// EndNode closes or cancels a node and its whole subtree: their leases are
+// revoked and their waiters fail. Ending an ended node changes nothing.
+func (e *Engine) EndNode(sid SessionID, id NodeID, state State, requestID string) (NodeView, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return NodeView{}, err
+	}
+	if state != Closed && state != Cancelled {
+		return NodeView{}, invalid("a node can be closed or cancelled, not set %s", state)
+	}
+	fp := fingerprint(opEnd, id, "", int64(state))
+	if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
+		if err != nil {
+			return NodeView{}, err
+		}
+		return e.nodes[id].view(), nil
+	}
+	n, err := e.editable(s, id)
+	if err != nil {
+		return NodeView{}, err
+	}
+	if n.state == Open {
+		if err := e.checkOpen(n, now); err == nil {
+			e.emit(Event{Kind: EvNodeEnded, At: now, Session: s.id, Node: n.id, State: state,
+				RequestID: requestID, Fingerprint: fp})
+			e.afterEnd()
+		}
+	}
+	return n.view(), nil
+}
+
+// endNode ends n for the engine's own reasons (a deadline).
+func (e *Engine) endNode(n *node, state State, now int64) {
+	e.emit(Event{Kind: EvNodeEnded, At: now, Node: n.id, State: state})
+	e.afterEnd()
+}
+
+func (e *Engine) applyNodeEnded(n *node, ev *Event) {
+	var walk func(*node)
+	walk = func(m *node) {
+		if m.state == Open {
+			m.state = ev.State
+			if m.parent != nil && m.parent.open[m.name] == m {
+				delete(m.parent.open, m.name)
+			}
+		}
+		for _, id := range sortedKeys(m.leases) {
+			e.endLease(m.leases[id], EndRevoked, ev.At)
+		}
+		for _, c := range m.children {
+			walk(c)
+		}
+	}
+	walk(n)
+}
+
+// afterEnd fails the waiters on ended nodes and hands freed slots on.
+func (e *Engine) afterEnd() {
+	for _, class := range e.sortedQueues() {
+		q := e.queues[class]
+		for _, w := range q.all() {
+			if w.node.state != Open {
+				e.failWaiter(w, fmt.Errorf("%w: %s %q is %s", ErrTaskEnded, w.node.kind(), w.node.name, w.node.state))
+			}
+		}
+	}
+	e.dispatchAll()
+}
+
+// SetCaps edits a node's caps, defaults, weight, priority or deadline.
+// Lowering a cap below usage revokes nothing; it stops further grants.
+func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID string) (NodeView, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return NodeView{}, err
+	}
+	if err := edit.validate(); err != nil {
+		return NodeView{}, err
+	}
+	fp := fingerprintCaps(id, &edit)
+	if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
+		if err != nil {
+			return NodeView{}, err
+		}
+		return e.nodes[id].view(), nil
+	}
+	n, err := e.editable(s, id)
+	if err != nil {
+		return NodeView{}, err
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return NodeView{}, err
+	}
+	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit,
+		RequestID: requestID, Fingerprint: fp})
+	e.dispatchAll()
+	return n.view(), nil
+}
+
+type deadlineEntry struct {
+	at   int64
+	node NodeID
+}
+
+// deadlineHeap orders node deadlines, soonest first. Entries go stale when a
+// deadline changes or a node ends; Reap skips those.
+type deadlineHeap []deadlineEntry
+
+func (h deadlineHeap) Len() int { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].node < h[j].node
+}
+func (h deadlineHeap) Swap(i, j int)       { h[i], h[j] = h[j], h[i] }
+func (h *deadlineHeap) Push(x any)         { *h = append(*h, x.(deadlineEntry)) }
+func (h *deadlineHeap) Pop() any           { old := *h; x := old[len(old)-1]; *h = old[:len(old)-1]; return x }
+func (h deadlineHeap) peek() deadlineEntry { return h[0] }
+func (h *deadlineHeap) pop() deadlineEntry { return heap.Pop(h).(deadlineEntry) }
+
+func sortedKeys[K ~int64, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
