@@ -80,7 +80,7 @@ func (c *controller) tick(e *Engine, now int64) {
 	if now-c.last < int64(c.cfg.Interval) {
 		return
 	}
-	current, ok := e.root.limits[c.cfg.Class]
+	current, ok := e.root.limit.capOf(c.cfg.Class)
 	if !ok {
 		current = c.cfg.MaxLimit
 	}
@@ -114,7 +114,7 @@ func (e *Engine) AdaptiveLimit(class string) (int64, error) {
 	if e.adaptive[class] == nil {
 		return 0, fmt.Errorf("%w: no adaptive class %q", ErrNotFound, class)
 	}
-	if v, ok := e.root.limits[class]; ok {
+	if v, ok := e.root.limit.capOf(class); ok {
 		return v, nil
 	}
 	return e.adaptive[class].cfg.MaxLimit, nil

@@ -146,7 +146,7 @@ func (e *Engine) applyKind(ev *Event) error {
 		if n == nil || ev.Amount < 0 {
 			return fmt.Errorf("%w: limit on node %d", ErrCorrupt, ev.Node)
 		}
-		n.limits = setCap(n.limits, ev.Resource, ev.Amount)
+		n.limit.setCap(ev.Resource, ev.Amount)
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
 	}

@@ -152,7 +152,7 @@ func (e *Engine) applyGrant(ev *Event) error {
 	}
 	n.leases[l.id] = l
 	for a := n; a != nil; a = a.parent {
-		a.held[l.class]++
+		a.limit.add(l.class, 1)
 	}
 	e.nextLease = l.id + 1
 	return nil
@@ -164,9 +164,7 @@ func (e *Engine) endLease(l *lease, why EndReason, at int64) {
 	delete(l.session.leases, l.id)
 	delete(l.node.leases, l.id)
 	for a := l.node; a != nil; a = a.parent {
-		if a.held[l.class]--; a.held[l.class] == 0 {
-			delete(a.held, l.class)
-		}
+		a.limit.add(l.class, -1)
 	}
 	e.tombs[l.id] = tombstone{session: l.session.id, node: l.node.id, class: l.class, reason: why, at: at}
 	e.tombOrder = append(e.tombOrder, l.id)

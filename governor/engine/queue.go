@@ -42,7 +42,7 @@ type tenantQueue struct {
 // chain.
 func (n *node) fits(class string) bool {
 	for a := n; a != nil; a = a.parent {
-		if limit, ok := a.limits[class]; ok && a.held[class] >= limit {
+		if g := a.limit[class]; g != nil && g.full(1) {
 			return false
 		}
 	}
@@ -112,7 +112,7 @@ func (q *classQueue) all() []*waiter {
 // everywhere on its chain. It skips the scan when the tenant's own cap is
 // full, since then none of its waiters can fit.
 func (tq *tenantQueue) firstFit(class string) *waiter {
-	if limit, ok := tq.tenant.limits[class]; ok && tq.tenant.held[class] >= limit {
+	if g := tq.tenant.limit[class]; g != nil && g.full(1) {
 		return nil
 	}
 	for _, w := range tq.waiters {

@@ -45,12 +45,15 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 // check returns the denial if amount more of r would not fit on n's chain.
 func (n *node) check(r string, amount int64) error {
 	for a := n; a != nil; a = a.parent {
-		used := a.used[r]
-		if used > math.MaxInt64-amount {
+		g := a.quota[r]
+		if g == nil {
+			continue
+		}
+		if g.n > math.MaxInt64-amount {
 			return invalid("%s on %q would overflow", r, a.name)
 		}
-		if limit, ok := a.quotas[r]; ok && amount > limit-used {
-			return a.denial(r, amount, limit)
+		if g.full(amount) {
+			return a.denial(r, amount, g.cap)
 		}
 	}
 	return nil
@@ -67,11 +70,11 @@ func (n *node) checkAll(charges []Charge) error {
 }
 
 func (n *node) denial(r string, amount, limit int64) *Denial {
-	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.used[r], Limit: limit, Amount: amount}
+	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.quota.count(r), Limit: limit, Amount: amount}
 	// What n was charged directly is its usage less its children's.
-	direct := n.used[r]
+	direct := d.Used
 	for _, c := range n.children {
-		u := c.used[r]
+		u := c.quota.count(r)
 		direct -= u
 		if u > d.Largest.Used || (d.Largest.Node == 0 && u > 0) {
 			d.Largest = Consumer{Node: c.id, Name: c.name, Used: u}

@@ -578,11 +578,11 @@ func (w *world) check() {
 			name         string
 			engine, want map[string]int64
 		}{
-			{"used (I2)", n.used, m.used[id]},
-			{"held (I6)", n.held, m.held[id]},
-			{"held recounted (I6)", n.held, heldCount[id]},
-			{"quotas", n.quotas, m.quotas[id]},
-			{"limits", n.limits, m.limits[id]},
+			{"used (I2)", n.quota.counts(), m.used[id]},
+			{"held (I6)", n.limit.counts(), m.held[id]},
+			{"held recounted (I6)", n.limit.counts(), heldCount[id]},
+			{"quotas", n.quota.caps(), m.quotas[id]},
+			{"limits", n.limit.caps(), m.limits[id]},
 			{"default quotas", n.defQuotas, m.defQ[id]},
 			{"default limits", n.defLimits, m.defL[id]},
 		} {

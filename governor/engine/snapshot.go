@@ -124,15 +124,15 @@ func (e *Engine) Restore(snap Snapshot) error {
 		}
 		n := newNode(v.ID, parent, v.Name)
 		n.state, n.deadline, n.weight, n.priority = v.State, v.Deadline, v.Weight, v.Priority
-		n.quotas, n.limits = maps.Clone(v.Quotas), maps.Clone(v.Limits)
+		n.quota.setCaps(v.Quotas)
+		n.limit.setCaps(v.Limits)
+		for k, u := range v.Used {
+			n.quota.add(k, u)
+		}
+		for k, h := range v.Held {
+			n.limit.add(k, h)
+		}
 		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
-		n.used, n.held = maps.Clone(v.Used), maps.Clone(v.Held)
-		if n.used == nil {
-			n.used = make(map[string]int64)
-		}
-		if n.held == nil {
-			n.held = make(map[string]int64)
-		}
 		nodes[n.id] = n
 		if parent != nil {
 			parent.children = append(parent.children, n)

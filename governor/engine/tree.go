@@ -113,10 +113,8 @@ type node struct {
 	weight   int64
 	priority int64
 
-	quotas    map[string]int64
-	used      map[string]int64
-	limits    map[string]int64
-	held      map[string]int64
+	quota     gauges // quotas and usage
+	limit     gauges // limits and leases held
 	defQuotas map[string]int64
 	defLimits map[string]int64
 
@@ -126,8 +124,7 @@ type node struct {
 }
 
 func newNode(id NodeID, parent *node, name string) *node {
-	n := &node{id: id, parent: parent, name: name, weight: 1,
-		used: make(map[string]int64), held: make(map[string]int64)}
+	n := &node{id: id, parent: parent, name: name, weight: 1}
 	switch {
 	case parent == nil:
 		n.tenant = n
@@ -150,8 +147,8 @@ func (n *node) kind() Kind {
 
 func (n *node) view() NodeView {
 	v := NodeView{ID: n.id, Name: n.name, Kind: n.kind(), State: n.state,
-		Quotas: maps.Clone(n.quotas), Used: maps.Clone(n.used), Limits: maps.Clone(n.limits),
-		Held: maps.Clone(n.held), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
+		Quotas: n.quota.caps(), Used: n.quota.counts(), Limits: n.limit.caps(),
+		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority}
 	if n.parent != nil {
 		v.Parent = n.parent.id
@@ -173,7 +170,13 @@ func (n *node) within(scope *node) bool {
 // it fits; this is the one place usage grows.
 func (n *node) charge(r string, amount int64) {
 	for a := n; a != nil; a = a.parent {
-		a.used[r] += amount
+		a.quota.at(r).n += amount
+	}
+}
+
+func (gs *gauges) setCaps(m map[string]int64) {
+	for k, v := range m {
+		gs.setCap(k, v)
 	}
 }
 
@@ -202,8 +205,8 @@ func mergeCaps(base, edit map[string]int64) map[string]int64 {
 }
 
 func (n *node) applyCaps(c *CapsEdit, e *Engine) {
-	n.quotas = mergeCaps(n.quotas, c.Quotas)
-	n.limits = mergeCaps(n.limits, c.Limits)
+	n.quota.setCaps(c.Quotas)
+	n.limit.setCaps(c.Limits)
 	n.defQuotas = mergeCaps(n.defQuotas, c.DefaultQuotas)
 	n.defLimits = mergeCaps(n.defLimits, c.DefaultLimits)
 	if c.Weight != nil {
@@ -357,8 +360,8 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 	}
 	sp := ev.Spec
 	n := newNode(ev.Node, parent, sp.Name)
-	n.quotas = mergeCaps(parent.defQuotas, sp.Quotas)
-	n.limits = mergeCaps(parent.defLimits, sp.Limits)
+	n.quota.setCaps(mergeCaps(parent.defQuotas, sp.Quotas))
+	n.limit.setCaps(mergeCaps(parent.defLimits, sp.Limits))
 	n.defQuotas, n.defLimits = maps.Clone(parent.defQuotas), maps.Clone(parent.defLimits)
 	if sp.DefaultQuotas != nil {
 		n.defQuotas = mergeCaps(nil, sp.DefaultQuotas)

@@ -1,0 +1,96 @@
+package engine
+
+// gauge is one resource (or lease class) on one node: its cap, if any, and
+// how much is in use (usage for a quota, leases held for a limit). Keeping
+// both behind one map entry means a chain walk hashes the name once per
+// level, and a charge reuses the entries its check found.
+type gauge struct {
+	cap    int64
+	capped bool
+	n      int64
+}
+
+// full reports whether amount more would go over the cap.
+func (g *gauge) full(amount int64) bool { return g.capped && amount > g.cap-g.n }
+
+// gauges maps a name to its gauge. An entry exists while it is capped or has
+// been used.
+type gauges map[string]*gauge
+
+// at returns the gauge for k, creating it.
+func (gs *gauges) at(k string) *gauge {
+	if *gs == nil {
+		*gs = make(gauges)
+	}
+	g := (*gs)[k]
+	if g == nil {
+		g = &gauge{}
+		(*gs)[k] = g
+	}
+	return g
+}
+
+func (gs gauges) tidy(k string, g *gauge) {
+	if !g.capped && g.n == 0 {
+		delete(gs, k)
+	}
+}
+
+// setCap sets a cap, or removes it for NoCap.
+func (gs *gauges) setCap(k string, v int64) {
+	g := gs.at(k)
+	g.cap, g.capped = v, v != NoCap
+	if !g.capped {
+		g.cap = 0
+	}
+	gs.tidy(k, g)
+}
+
+// add changes what is in use. An entry that drops to zero stays, so a hot
+// class does not allocate on every grant.
+func (gs *gauges) add(k string, d int64) {
+	gs.at(k).n += d
+}
+
+// capOf returns the cap on k, if there is one.
+func (gs gauges) capOf(k string) (int64, bool) {
+	if g := gs[k]; g != nil && g.capped {
+		return g.cap, true
+	}
+	return 0, false
+}
+
+func (gs gauges) count(k string) int64 {
+	if g := gs[k]; g != nil {
+		return g.n
+	}
+	return 0
+}
+
+// caps returns the caps as a map, nil when there are none.
+func (gs gauges) caps() map[string]int64 {
+	var out map[string]int64
+	for k, g := range gs {
+		if g.capped {
+			if out == nil {
+				out = make(map[string]int64)
+			}
+			out[k] = g.cap
+		}
+	}
+	return out
+}
+
+// counts returns what is in use as a map, nil when nothing is.
+func (gs gauges) counts() map[string]int64 {
+	var out map[string]int64
+	for k, g := range gs {
+		if g.n != 0 {
+			if out == nil {
+				out = make(map[string]int64)
+			}
+			out[k] = g.n
+		}
+	}
+	return out
+}
