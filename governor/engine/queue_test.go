@@ -79,9 +79,12 @@ func (p *pool) queue(i, n int) []*Wait {
 }
 
 // cycle releases the oldest held lease and returns which tenant got the
-// freed slot, or -1 if nobody did.
+// freed slot. With waiters queued, somebody must.
 func (p *pool) cycle(waits map[*Wait]int) int {
 	p.t.Helper()
+	if len(p.held) == 0 {
+		p.t.Fatalf("no lease is held: %d waiters queued and the pool is idle", len(waits))
+	}
 	l := p.held[0]
 	p.held = p.held[1:]
 	owner := -1
@@ -105,6 +108,9 @@ func (p *pool) cycle(waits map[*Wait]int) int {
 			return i
 		default:
 		}
+	}
+	if len(waits) > 0 {
+		p.t.Fatalf("lease %d was released with %d waiters queued and nobody got the slot", l, len(waits))
 	}
 	return -1
 }
@@ -183,9 +189,6 @@ func TestFairQueueWaitBoundIsOthersWeights(t *testing.T) {
 				before[i] = true
 			}
 			got := p.cycle(waits)
-			if got < 0 {
-				t.Fatalf("seed %d: a slot was freed with %d waiters queued and nobody got it", seed, len(waits))
-			}
 			for i := range k {
 				if i == got {
 					since[i] = 0

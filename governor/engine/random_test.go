@@ -62,9 +62,13 @@ func TestRandomized(t *testing.T) {
 	}
 }
 
+// pending is a queued Acquire. Its outcome may have arrived before its
+// caller looked (arrived), which is when a cancel races a grant.
 type pending struct {
-	wait *Wait
-	sid  SessionID
+	wait    *Wait
+	sid     SessionID
+	arrived bool
+	outcome Outcome
 }
 
 type doneRequest struct {
@@ -93,7 +97,7 @@ type world struct {
 	tenants  []NodeID
 	nodes    []NodeID
 	held     map[LeaseID]SessionID
-	waits    []pending
+	waits    []*pending
 	requests []doneRequest
 	nextReq  int
 }
@@ -288,7 +292,7 @@ func (w *world) randomOp() {
 			return
 		}
 		if wait != nil {
-			w.waits = append(w.waits, pending{wait: wait, sid: sid})
+			w.waits = append(w.waits, &pending{wait: wait, sid: sid})
 			return
 		}
 		if g.Lease != 0 {
@@ -331,7 +335,10 @@ func (w *world) randomOp() {
 			p := w.waits[i]
 			w.waits = slices.Delete(w.waits, i, i+1)
 			e.CancelWait(p.wait)
-			w.logf("cancel wait of s%d", p.sid)
+			w.logf("cancel wait of s%d (outcome arrived: %v %v)", p.sid, p.arrived, p.outcome)
+			if l := p.outcome.Grant.Lease; p.arrived && l != 0 && e.leases[l] != nil {
+				w.fail("a wait cancelled at the instant of its grant kept lease %d", l)
+			}
 		}
 	case op < 60: // create or find a node
 		parent, _ := w.nodeFor(sid, false)
@@ -508,6 +515,17 @@ func b2i(b bool) int64 {
 	return 0
 }
 
+// arrived reports whether lease id sits in a wait's outcome its caller has
+// not taken yet.
+func (w *world) arrived(id LeaseID) bool {
+	for _, p := range w.waits {
+		if p.arrived && p.outcome.Err == nil && p.outcome.Grant.Lease == id {
+			return true
+		}
+	}
+	return false
+}
+
 // caused reports whether some event records the request.
 func (w *world) caused(sid SessionID, id string) bool {
 	for i := len(w.rec.events) - 1; i >= 0 && i >= len(w.rec.events)-4; i-- {
@@ -518,19 +536,26 @@ func (w *world) caused(sid SessionID, id string) bool {
 	return false
 }
 
-// drain collects the outcomes of queued acquires.
+// drain collects the outcomes of queued acquires. Some callers are slow to
+// look, so a cancel can later race a grant that has already arrived.
 func (w *world) drain() {
-	w.waits = slices.DeleteFunc(w.waits, func(p pending) bool {
-		select {
-		case o := <-p.wait.C:
-			w.logf("wait of s%d -> %v %v", p.sid, o.Grant, o.Err)
-			if o.Err == nil {
-				w.held[o.Grant.Lease] = p.sid
+	w.waits = slices.DeleteFunc(w.waits, func(p *pending) bool {
+		if !p.arrived {
+			select {
+			case p.outcome = <-p.wait.C:
+				p.arrived = true
+			default:
+				return false
 			}
-			return true
-		default:
-			return false
 		}
+		if w.rng.Intn(3) == 0 {
+			return false // the caller has not woken up yet
+		}
+		w.logf("wait of s%d -> %v %v", p.sid, p.outcome.Grant, p.outcome.Err)
+		if p.outcome.Err == nil {
+			w.held[p.outcome.Grant.Lease] = p.sid
+		}
+		return true
 	})
 }
 
@@ -563,7 +588,7 @@ func (w *world) check() {
 		if _, dead := e.tombs[id]; dead {
 			w.fail("I4 lease %d is both live and a tombstone", id)
 		}
-		if _, known := w.held[id]; !known {
+		if _, known := w.held[id]; !known && !w.arrived(id) {
 			w.fail("I5 lease %d (session %d) was granted but never handed to a caller: leaked", id, l.session.id)
 		}
 		for a := l.node; a != nil; a = a.parent {

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// A mutant is a deliberate bug: one exact edit to one source file. The
+// checker must catch every one. If the engine's code moves on and an edit no
+// longer applies, this test fails and the mutant must be updated, so the
+// list never silently stops testing anything.
+type mutant struct {
+	name     string
+	file     string
+	old, new string
+	caughtBy string // a regexp the failing run's output must match
+}
+
+var mutants = []mutant{
+	{"drop the ancestor walk in the quota check", "quota.go",
+		"for a := n; a != nil; a = a.parent {\n\t\tg := a.quota[r]",
+		"for a := n; a == n; a = a.parent {\n\t\tg := a.quota[r]", `I1 quotas`},
+	{"ignore the no-cap value", "gauge.go",
+		"g.cap, g.capped = v, v != NoCap", "g.cap, g.capped = v, true", `quotas|limits`},
+	{"forget defaults when restoring a snapshot", "snapshot.go",
+		"n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)", "", `replay from (mid-run|final) snapshot`},
+	{"allow editing your own scope node", "session.go",
+		"if n == s.scope && s.id != System {", "if n == s.scope && s.id < 0 {", `own scope node`},
+	{"reissue a lease id", "lease.go",
+		"e.nextLease = l.id + 1", "e.nextLease = l.id + LeaseID(l.id%2)", `I4 `},
+	{"forget to dispatch on release", "lease.go",
+		"\t\t\te.dispatch(l.class)\n\t\t\treturn nil", "\t\t\treturn nil", `I5 .* fits but waits|nobody got the slot`},
+	{"charge-and-acquire skips the quota check", "lease.go",
+		"\tif err := n.checkAll(charges); err != nil {\n\t\treturn Grant{}, nil, err\n\t}\n\tif r.Class == \"\" {",
+		"\tif r.Class == \"\" {", `I1 quotas`},
+	{"ignore deadlines", "tree.go",
+		"if a.deadline != 0 && now >= a.deadline {", "if a.deadline != 0 && now < 0 {", `I8 deadline`},
+	{"ending a node does not revoke its leases", "tree.go",
+		"e.endLease(m.leases[id], EndRevoked, ev.At)", "_ = id", `I7 lease|lease \d+: engine`},
+	{"ignore tenant weights", "queue.go",
+		"tq.deficit = tq.tenant.weight // a new turn", "tq.deficit = 1 // a new turn", `TestFairQueueWeights`},
+	{"skip the scope check", "session.go",
+		"if !n.within(s.scope) {\n\t\treturn nil, fmt.Errorf(\"%w: node %d is outside",
+		"if false {\n\t\treturn nil, fmt.Errorf(\"%w: node %d is outside", `outside its scope|I9 scope`},
+	{"accept a request id reused with other arguments", "session.go",
+		"if r.fingerprint != fp {", "if r.fingerprint != fp && false {", `reused with other arguments was accepted`},
+	{"leak a lease granted at the instant of a cancel", "lease.go",
+		"e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id})\n\t\te.dispatch(l.class)", "_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
+	{"serve the longest queue first", "queue.go",
+		"\t\ttq.deficit = 0\n\t\tq.cursor = (q.cursor + 1) % len(q.ring)\n", "\t\ttq.deficit = 0\n\t\tq.cursor = 0\n", `TestFairQueue|fits but waits`},
+}
+
+// TestMutantsAreCaught builds the package with each mutant in place (through
+// go test -overlay, so no file is touched) and checks that the randomized
+// checker or the fair queue scenarios fail on it.
+func TestMutantsAreCaught(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the package once per mutant")
+	}
+	if os.Getenv("GOVERNOR_MUTANT") != "" {
+		t.Skip("already running a mutant")
+	}
+	dir := t.TempDir()
+	for i, m := range mutants {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			src, err := os.ReadFile(m.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(string(src), m.old); n != 1 {
+				t.Fatalf("the mutant's edit matches %d places in %s, not 1: update the mutant", n, m.file)
+			}
+			mutated := filepath.Join(dir, strings.ReplaceAll(m.name, " ", "_")+".go")
+			if err := os.WriteFile(mutated, []byte(strings.Replace(string(src), m.old, m.new, 1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			abs, _ := filepath.Abs(m.file)
+			overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: mutated}})
+			ovFile := filepath.Join(dir, "overlay"+string(rune('a'+i))+".json")
+			if err := os.WriteFile(ovFile, overlay, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("go", "test", "-count=1", "-overlay", ovFile,
+				"-run", "TestRandomized|TestFairQueue", "-seeds", "40", "-ops", "1000", ".")
+			cmd.Env = append(os.Environ(), "GOVERNOR_MUTANT=1")
+			out, err := cmd.CombinedOutput()
+			switch {
+			case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "[setup failed]"):
+				t.Fatalf("the mutant does not build:\n%s", out)
+			case err == nil:
+				t.Fatalf("the mutant survived: the checker passed with %q in place", m.name)
+			case !regexp.MustCompile(m.caughtBy).Match(out):
+				t.Fatalf("the mutant was caught, but not by %q:\n%s", m.caughtBy, firstLines(string(out), 30))
+			}
+			t.Logf("caught: %s", firstMatch(string(out), m.caughtBy))
+		})
+	}
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+func firstMatch(out, re string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if regexp.MustCompile(re).MatchString(line) {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
+}
