@@ -604,8 +604,8 @@ func (w *world) check() {
 			engine, want map[string]int64
 		}{
 			{"used (I2)", n.quota.counts(), m.used[id]},
-			{"held (I6)", n.limit.counts(), m.held[id]},
-			{"held recounted (I6)", n.limit.counts(), heldCount[id]},
+			{"held (I2)", n.limit.counts(), m.held[id]},
+			{"held recounted (I2)", n.limit.counts(), heldCount[id]},
 			{"quotas", n.quota.caps(), m.quotas[id]},
 			{"limits", n.limit.caps(), m.limits[id]},
 			{"default quotas", n.defQuotas, m.defQ[id]},
