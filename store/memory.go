@@ -1,0 +1,136 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Memory is a Store held in process memory, for tests and benchmarks. It
+// keeps the same rules as the durable backends, and it can be made to fail
+// (FailAppends) or "restarted" (Reopen).
+type Memory struct {
+	mu      sync.Mutex
+	state   memState
+	failErr error // returned by every Append while non-nil
+	closed  bool
+}
+
+type memState struct {
+	snapSeq uint64
+	snap    []byte // nil when there is no snapshot
+	recs    []Record
+}
+
+// NewMemory returns an empty Memory.
+func NewMemory() *Memory { return &Memory{} }
+
+// FailAppends makes every later Append return err and store nothing, as a
+// broken disk or a lost database would; nil makes Appends work again.
+func (m *Memory) FailAppends(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.failErr = err
+}
+
+// Reopen returns a new Memory holding a copy of what m has committed, as a
+// restarted process would find it on disk. m may be open or closed.
+func (m *Memory) Reopen() *Memory {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs := make([]Record, len(m.state.recs))
+	copy(recs, m.state.recs) // Data is never modified in place, so sharing it is safe.
+	return &Memory{state: memState{snapSeq: m.state.snapSeq, snap: m.state.snap, recs: recs}}
+}
+
+// last returns the newest Seq held. m.mu must be held.
+func (m *Memory) last() uint64 {
+	if n := len(m.state.recs); n > 0 {
+		return m.state.recs[n-1].Seq
+	}
+	return m.state.snapSeq
+}
+
+// Load implements Store.
+func (m *Memory) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return fmt.Errorf("store: load: %w", ErrClosed)
+	}
+	// Appends only add to the end and SaveSnapshot replaces the slice, so this
+	// view stays consistent after the lock is dropped; the callbacks run
+	// unlocked and may take as long as they like.
+	st := m.state
+	m.mu.Unlock()
+
+	if st.snap != nil {
+		if err := snapshot(st.snapSeq, bytes.Clone(st.snap)); err != nil {
+			return fmt.Errorf("store: load snapshot: %w", err)
+		}
+	}
+	for _, r := range st.recs {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("store: load: %w", err)
+		}
+		if err := record(Record{Seq: r.Seq, Data: bytes.Clone(r.Data)}); err != nil {
+			return fmt.Errorf("store: load record %d: %w", r.Seq, err)
+		}
+	}
+	return nil
+}
+
+// Append implements Store.
+func (m *Memory) Append(ctx context.Context, recs []Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: append: %w", ErrClosed)
+	}
+	if m.failErr != nil {
+		return fmt.Errorf("store: append: %w", m.failErr)
+	}
+	if err := checkAppend(m.last(), recs); err != nil {
+		return err
+	}
+	for _, r := range recs {
+		// Copied: the caller may reuse its buffers once Append returns.
+		m.state.recs = append(m.state.recs, Record{Seq: r.Seq, Data: bytes.Clone(r.Data)})
+	}
+	return nil
+}
+
+// SaveSnapshot implements Store.
+func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: save snapshot: %w", ErrClosed)
+	}
+	if err := checkSnapshot(seq, m.state.snapSeq, m.last()); err != nil {
+		return err
+	}
+	keep := m.state.recs[:0:0]
+	for i, r := range m.state.recs {
+		if r.Seq > seq {
+			// A new slice, not a re-slice: a Load in progress keeps the old one.
+			keep = append(keep, m.state.recs[i:]...)
+			break
+		}
+	}
+	snap := bytes.Clone(data)
+	if snap == nil {
+		snap = []byte{} // an empty snapshot is still a snapshot
+	}
+	m.state = memState{snapSeq: seq, snap: snap, recs: keep}
+	return nil
+}
+
+// Close implements Store.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}

@@ -1,0 +1,238 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Postgres is a Store in two PostgreSQL tables, governor_events and
+// governor_snapshot, in the schema that the connection's search_path names
+// first (add search_path=NAME to the DSN to keep several logs in one
+// database).
+type Postgres struct {
+	pool   *pgxpool.Pool
+	closed atomic.Bool
+}
+
+// postgresMaxConns: one for the writer, one for a Load or an operator call
+// that overlaps it.
+const postgresMaxConns = 2
+
+// postgresSchemaLock is the pg_advisory_xact_lock key that serializes table
+// creation between processes starting at once ("governor" in ASCII).
+const postgresSchemaLock = 0x676f7665726e6f72
+
+const postgresSchema = `
+CREATE TABLE IF NOT EXISTS governor_events (
+	seq  bigint PRIMARY KEY,
+	data bytea
+);
+CREATE TABLE IF NOT EXISTS governor_snapshot (
+	id       smallint PRIMARY KEY CHECK (id = 1),
+	seq      bigint NOT NULL, -- the snapshot's seq; 0 when there is none
+	data     bytea,           -- NULL when there is no snapshot
+	last_seq bigint NOT NULL  -- the newest seq held, snapshot or record
+);
+INSERT INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0) ON CONFLICT (id) DO NOTHING;
+`
+
+// OpenPostgres connects to the database named by dsn and creates the tables
+// if they are missing.
+//
+// Every connection runs with synchronous_commit=on unless the DSN sets it:
+// "committed" has to mean "on the server's disk" whatever the server's
+// default is.
+func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's parse errors can quote the DSN, password included.
+		return nil, errors.New("store: postgres: cannot parse the dsn")
+	}
+	cfg.MaxConns = postgresMaxConns
+	if _, ok := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; !ok {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: postgres: %w", err)
+	}
+	p := &Postgres{pool: pool}
+	if err := p.init(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: postgres: create tables: %w", err)
+	}
+	return p, nil
+}
+
+func (p *Postgres) init(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(postgresSchemaLock)); err != nil {
+			return err
+		}
+		// Simple protocol: several statements in one Exec.
+		_, err := tx.Exec(ctx, postgresSchema, pgx.QueryExecModeSimpleProtocol)
+		return err
+	})
+}
+
+// Load implements Store. Records are streamed from the server, not
+// gathered first.
+func (p *Postgres) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: load: %w", ErrClosed)
+	}
+	// Repeatable read: the snapshot and the records are one view even if a
+	// SaveSnapshot commits in between.
+	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("store: load: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	var snapSeq int64
+	var snap []byte
+	var hasSnap bool
+	if err := tx.QueryRow(ctx, "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1").Scan(&snapSeq, &snap, &hasSnap); err != nil {
+		return fmt.Errorf("store: load snapshot: %w", err)
+	}
+	if hasSnap { // a zero-length blob may scan as nil
+		if snap == nil {
+			snap = []byte{}
+		}
+		if err := snapshot(uint64(snapSeq), snap); err != nil {
+			return fmt.Errorf("store: load snapshot: %w", err)
+		}
+	}
+
+	rows, err := tx.Query(ctx, "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq", snapSeq)
+	if err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var seq int64
+		var data []byte
+		if err := rows.Scan(&seq, &data); err != nil {
+			return fmt.Errorf("store: load records: %w", err)
+		}
+		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
+			return fmt.Errorf("store: load record %d: %w", seq, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	return nil
+}
+
+// Append implements Store: BEGIN, then one pipelined batch (move last_seq,
+// insert every record through unnest), then COMMIT: three round trips
+// whatever the batch size.
+func (p *Postgres) Append(ctx context.Context, recs []Record) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: append: %w", ErrClosed)
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	first := recs[0].Seq
+	if first == 0 {
+		return gapError(0, 0)
+	}
+	if err := checkAppend(first-1, recs); err != nil {
+		return err
+	}
+	seqs := make([]int64, len(recs))
+	datas := make([][]byte, len(recs))
+	for i, r := range recs {
+		seqs[i], datas[i] = int64(r.Seq), r.Data
+	}
+
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	var b pgx.Batch
+	// The check against what is stored and the move of last_seq are one
+	// statement; its row lock also serializes concurrent writers.
+	b.Queue("UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2",
+		seqs[len(seqs)-1], int64(first-1))
+	b.Queue("INSERT INTO governor_events (seq, data) SELECT * FROM unnest($1::bigint[], $2::bytea[])", seqs, datas)
+	br := tx.SendBatch(ctx, &b)
+	tag, err := br.Exec()
+	if err != nil {
+		br.Close()
+		return fmt.Errorf("store: append: %w", err)
+	}
+	moved := tag.RowsAffected() == 1
+	if _, err := br.Exec(); err != nil && moved {
+		br.Close()
+		return fmt.Errorf("store: append: %w", err)
+	}
+	// When last_seq did not move, the INSERT's error (most likely a duplicate
+	// key) is only a symptom: report the gap.
+	if err := br.Close(); err != nil && moved {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	if !moved {
+		// The transaction may be aborted by the INSERT; ask outside it.
+		tx.Rollback(ctx)
+		var last int64
+		if err := p.pool.QueryRow(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
+			return fmt.Errorf("store: append: %w", err)
+		}
+		return gapError(first, uint64(last))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("store: append: commit: %w", err)
+	}
+	return nil
+}
+
+// SaveSnapshot implements Store.
+func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: save snapshot: %w", ErrClosed)
+	}
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	var snapSeq, last int64
+	if err := tx.QueryRow(ctx, "SELECT seq, last_seq FROM governor_snapshot WHERE id = 1 FOR UPDATE").Scan(&snapSeq, &last); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if err := checkSnapshot(seq, uint64(snapSeq), uint64(last)); err != nil {
+		return err
+	}
+	if data == nil {
+		data = []byte{} // NULL would mean "no snapshot"
+	}
+	var b pgx.Batch
+	b.Queue("UPDATE governor_snapshot SET seq = $1, data = $2 WHERE id = 1", int64(seq), data)
+	b.Queue("DELETE FROM governor_events WHERE seq <= $1", int64(seq))
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("store: save snapshot: commit: %w", err)
+	}
+	return nil
+}
+
+// Close implements Store.
+func (p *Postgres) Close() error {
+	if !p.closed.Swap(true) {
+		p.pool.Close()
+	}
+	return nil
+}

@@ -1,0 +1,277 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
+)
+
+// SQLite is a Store in one SQLite file: the embedded default. It is pure Go
+// (modernc.org/sqlite, no cgo). The file is in WAL mode with
+// synchronous=FULL, so a commit has reached the disk when Append returns.
+type SQLite struct {
+	db     *sql.DB
+	closed atomic.Bool
+}
+
+// sqliteBusyTimeoutMS is how long a statement waits for a lock held by
+// another process (a backup, an operator's sqlite3 shell) before failing.
+const sqliteBusyTimeoutMS = 10000
+
+// sqliteInsertChunk is how many records one INSERT statement carries: well
+// under SQLite's limit of 32766 bound parameters.
+const sqliteInsertChunk = 256
+
+const sqliteSchema = `
+CREATE TABLE IF NOT EXISTS governor_events (
+	seq  INTEGER PRIMARY KEY,
+	data BLOB
+);
+CREATE TABLE IF NOT EXISTS governor_snapshot (
+	id       INTEGER PRIMARY KEY CHECK (id = 1),
+	seq      INTEGER NOT NULL, -- the snapshot's seq; 0 when there is none
+	data     BLOB,             -- NULL when there is no snapshot
+	last_seq INTEGER NOT NULL  -- the newest seq held, snapshot or record
+);
+INSERT OR IGNORE INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0);
+`
+
+// OpenSQLite opens or creates the SQLite database at path and its tables.
+func OpenSQLite(path string) (*SQLite, error) {
+	if path == "" {
+		return nil, errors.New("store: sqlite: empty path")
+	}
+	if strings.ContainsRune(path, '?') {
+		// The driver would read whatever follows as its own options.
+		return nil, fmt.Errorf("store: sqlite: path %q contains '?'", path)
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeoutMS))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	// BEGIN IMMEDIATE takes the write lock up front, so a transaction never
+	// fails half-way with SQLITE_BUSY when it first writes.
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("store: sqlite: open %s: %w", path, err)
+	}
+	// One connection: there is one writer, and SQLite would serialize
+	// writers anyway. Keeping it open keeps the pragmas and the WAL handle.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+
+	s := &SQLite{db: db}
+	if err := s.init(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: sqlite: open %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func (s *SQLite) init() error {
+	ctx := context.Background()
+	var mode string
+	if err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return err
+	}
+	if !strings.EqualFold(mode, "wal") {
+		// E.g. a file system without shared memory: refuse rather than run
+		// with different durability than documented.
+		return fmt.Errorf("journal_mode is %q, want wal", mode)
+	}
+	_, err := s.db.ExecContext(ctx, sqliteSchema)
+	return err
+}
+
+// Load implements Store.
+func (s *SQLite) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: load: %w", ErrClosed)
+	}
+	// One transaction, so the snapshot and the records are one view.
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("store: load: %w", err)
+	}
+	defer tx.Rollback()
+
+	var snapSeq int64
+	var snap []byte
+	var hasSnap bool
+	if err := tx.QueryRowContext(ctx, "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1").Scan(&snapSeq, &snap, &hasSnap); err != nil {
+		return fmt.Errorf("store: load snapshot: %w", err)
+	}
+	if hasSnap { // a zero-length blob may scan as nil
+		if snap == nil {
+			snap = []byte{}
+		}
+		if err := snapshot(uint64(snapSeq), snap); err != nil {
+			return fmt.Errorf("store: load snapshot: %w", err)
+		}
+	}
+
+	rows, err := tx.QueryContext(ctx, "SELECT seq, data FROM governor_events WHERE seq > ? ORDER BY seq", snapSeq)
+	if err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var seq int64
+		var data []byte
+		if err := rows.Scan(&seq, &data); err != nil {
+			return fmt.Errorf("store: load records: %w", err)
+		}
+		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
+			return fmt.Errorf("store: load record %d: %w", seq, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	return nil
+}
+
+// Append implements Store.
+func (s *SQLite) Append(ctx context.Context, recs []Record) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: append: %w", ErrClosed)
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	first := recs[0].Seq
+	if first == 0 {
+		return gapError(0, 0)
+	}
+	if err := checkAppend(first-1, recs); err != nil {
+		return err
+	}
+
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	defer tx.Rollback()
+
+	// The check against what is stored and the move of last_seq are one
+	// statement, inside the transaction that inserts.
+	res, err := tx.ExecContext(ctx,
+		"UPDATE governor_snapshot SET last_seq = ? WHERE id = 1 AND last_seq = ?",
+		int64(recs[len(recs)-1].Seq), int64(first-1))
+	if err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	} else if n != 1 {
+		var last int64
+		if err := tx.QueryRowContext(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
+			return fmt.Errorf("store: append: %w", err)
+		}
+		return gapError(first, uint64(last))
+	}
+
+	args := make([]any, 0, 2*min(len(recs), sqliteInsertChunk))
+	for chunk := range sliceChunks(recs, sqliteInsertChunk) {
+		args = args[:0]
+		for _, r := range chunk {
+			args = append(args, int64(r.Seq), r.Data)
+		}
+		if _, err := tx.ExecContext(ctx, sqliteInsert(len(chunk)), args...); err != nil {
+			return fmt.Errorf("store: append: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: append: commit: %w", err)
+	}
+	return nil
+}
+
+// sqliteInsertFull is the INSERT for a whole chunk, built once.
+var sqliteInsertFull = buildSQLiteInsert(sqliteInsertChunk)
+
+func sqliteInsert(n int) string {
+	if n == sqliteInsertChunk {
+		return sqliteInsertFull
+	}
+	return buildSQLiteInsert(n)
+}
+
+func buildSQLiteInsert(n int) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO governor_events (seq, data) VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?)")
+	}
+	return b.String()
+}
+
+// sliceChunks yields s in consecutive pieces of at most n elements.
+func sliceChunks[T any](s []T, n int) func(yield func([]T) bool) {
+	return func(yield func([]T) bool) {
+		for len(s) > 0 {
+			k := min(n, len(s))
+			if !yield(s[:k]) {
+				return
+			}
+			s = s[k:]
+		}
+	}
+}
+
+// SaveSnapshot implements Store.
+func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: save snapshot: %w", ErrClosed)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	defer tx.Rollback()
+
+	var snapSeq, last int64
+	if err := tx.QueryRowContext(ctx, "SELECT seq, last_seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq, &last); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if err := checkSnapshot(seq, uint64(snapSeq), uint64(last)); err != nil {
+		return err
+	}
+	if data == nil {
+		data = []byte{} // NULL would mean "no snapshot"
+	}
+	// coalesce: the driver binds an empty blob as NULL.
+	if _, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, data = coalesce(?, x'') WHERE id = 1", int64(seq), data); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_events WHERE seq <= ?", int64(seq)); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: save snapshot: commit: %w", err)
+	}
+	return nil
+}
+
+// Close implements Store.
+func (s *SQLite) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("store: sqlite: close: %w", err)
+	}
+	return nil
+}

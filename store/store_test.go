@@ -1,0 +1,399 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/governor-project/governor/store"
+)
+
+// TestStoreConformance runs the one suite every Store implementation must
+// pass.
+func TestStoreConformance(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			for _, c := range conformanceCases {
+				t.Run(c.name, func(t *testing.T) {
+					open := b.fresh(t)
+					c.run(t, open)
+				})
+			}
+		})
+	}
+}
+
+var conformanceCases = []struct {
+	name string
+	run  func(t *testing.T, open func() store.Store)
+}{
+	{"EmptyLog", testEmptyLog},
+	{"AppendLoadOrder", testAppendLoadOrder},
+	{"SnapshotReplacesAndDeletes", testSnapshotReplacesAndDeletes},
+	{"SnapshotOutOfRange", testSnapshotOutOfRange},
+	{"ReopenKeepsEverything", testReopen},
+	{"OutOfSequenceRejected", testOutOfSequence},
+	{"LoadStopsOnCallbackError", testLoadCallbackError},
+	{"ManyRecords", testManyRecords},
+	{"Closed", testClosed},
+}
+
+// logView is everything Load reports.
+type logView struct {
+	hasSnap bool
+	snapSeq uint64
+	snap    []byte
+	recs    []store.Record
+}
+
+func loadAll(t testing.TB, st store.Store) logView {
+	t.Helper()
+	var v logView
+	err := st.Load(context.Background(),
+		func(seq uint64, data []byte) error {
+			if v.hasSnap {
+				t.Errorf("snapshot callback called twice")
+			}
+			if len(v.recs) > 0 {
+				t.Errorf("snapshot callback called after a record")
+			}
+			v.hasSnap, v.snapSeq, v.snap = true, seq, data
+			return nil
+		},
+		func(r store.Record) error {
+			v.recs = append(v.recs, r)
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return v
+}
+
+// recs makes records from..to, each with data "r<seq>".
+func recs(from, to uint64) []store.Record {
+	var rs []store.Record
+	for s := from; s <= to; s++ {
+		rs = append(rs, store.Record{Seq: s, Data: fmt.Appendf(nil, "r%d", s)})
+	}
+	return rs
+}
+
+func mustAppend(t testing.TB, st store.Store, rs []store.Record) {
+	t.Helper()
+	if err := st.Append(context.Background(), rs); err != nil {
+		t.Fatalf("Append %d..%d: %v", rs[0].Seq, rs[len(rs)-1].Seq, err)
+	}
+}
+
+// wantLog checks that st holds exactly the snapshot (snapSeq, snap; hasSnap
+// false for none) and the records from..to made by recs.
+func wantLog(t testing.TB, st store.Store, hasSnap bool, snapSeq uint64, snap string, from, to uint64) {
+	t.Helper()
+	v := loadAll(t, st)
+	if v.hasSnap != hasSnap || v.snapSeq != snapSeq || string(v.snap) != snap {
+		t.Errorf("snapshot = (%v, %d, %q), want (%v, %d, %q)", v.hasSnap, v.snapSeq, v.snap, hasSnap, snapSeq, snap)
+	}
+	var want []store.Record
+	if from <= to {
+		want = recs(from, to)
+	}
+	if !slices.EqualFunc(v.recs, want, func(a, b store.Record) bool { return a.Seq == b.Seq && bytes.Equal(a.Data, b.Data) }) {
+		t.Errorf("records = %s, want %s", fmtRecs(v.recs), fmtRecs(want))
+	}
+}
+
+func fmtRecs(rs []store.Record) string {
+	if len(rs) > 12 {
+		return fmt.Sprintf("[%d records: %s … %s]", len(rs), fmtRecs(rs[:3]), fmtRecs(rs[len(rs)-3:]))
+	}
+	var b bytes.Buffer
+	for i, r := range rs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%q", r.Seq, r.Data)
+	}
+	return "[" + b.String() + "]"
+}
+
+func testEmptyLog(t *testing.T, open func() store.Store) {
+	st := open()
+	defer st.Close()
+	wantLog(t, st, false, 0, "", 1, 0)
+	if err := st.Append(context.Background(), nil); err != nil {
+		t.Errorf("Append(nil) = %v, want nil", err)
+	}
+	wantLog(t, st, false, 0, "", 1, 0)
+}
+
+func testAppendLoadOrder(t *testing.T, open func() store.Store) {
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 1))
+	mustAppend(t, st, recs(2, 5))
+	mustAppend(t, st, recs(6, 300))
+	wantLog(t, st, false, 0, "", 1, 300)
+
+	// Data is copied: the caller may reuse its buffers.
+	rs := recs(301, 301)
+	mustAppend(t, st, rs)
+	rs[0].Data[0] = 'X'
+	wantLog(t, st, false, 0, "", 1, 301)
+
+	// Empty and nil Data both come back empty.
+	mustAppend(t, st, []store.Record{{Seq: 302, Data: []byte{}}, {Seq: 303}})
+	v := loadAll(t, st)
+	if n := len(v.recs); n != 303 || len(v.recs[301].Data) != 0 || len(v.recs[302].Data) != 0 {
+		t.Errorf("records 302, 303 = %s, want empty data", fmtRecs(v.recs[301:]))
+	}
+}
+
+func testSnapshotReplacesAndDeletes(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 10))
+	if err := st.SaveSnapshot(ctx, 4, []byte("s4")); err != nil {
+		t.Fatalf("SaveSnapshot(4): %v", err)
+	}
+	wantLog(t, st, true, 4, "s4", 5, 10)
+
+	// Same seq again: replaced.
+	if err := st.SaveSnapshot(ctx, 4, []byte("s4b")); err != nil {
+		t.Fatalf("SaveSnapshot(4) again: %v", err)
+	}
+	wantLog(t, st, true, 4, "s4b", 5, 10)
+
+	// Up to the end: no records left; appends continue after it.
+	if err := st.SaveSnapshot(ctx, 10, []byte("s10")); err != nil {
+		t.Fatalf("SaveSnapshot(10): %v", err)
+	}
+	wantLog(t, st, true, 10, "s10", 11, 10)
+	mustAppend(t, st, recs(11, 12))
+	wantLog(t, st, true, 10, "s10", 11, 12)
+
+	// An empty snapshot is still a snapshot.
+	if err := st.SaveSnapshot(ctx, 12, nil); err != nil {
+		t.Fatalf("SaveSnapshot(12, nil): %v", err)
+	}
+	wantLog(t, st, true, 12, "", 13, 12)
+}
+
+func testSnapshotOutOfRange(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+
+	// A snapshot past the log would leave a hole after it.
+	if err := st.SaveSnapshot(ctx, 1, []byte("s1")); !errors.Is(err, store.ErrSnapshotSeq) {
+		t.Errorf("SaveSnapshot(1) on an empty log = %v, want ErrSnapshotSeq", err)
+	}
+	mustAppend(t, st, recs(1, 6))
+	if err := st.SaveSnapshot(ctx, 3, []byte("s3")); err != nil {
+		t.Fatalf("SaveSnapshot(3): %v", err)
+	}
+	for _, seq := range []uint64{7, 100, 2, 0} {
+		if err := st.SaveSnapshot(ctx, seq, []byte("bad")); !errors.Is(err, store.ErrSnapshotSeq) {
+			t.Errorf("SaveSnapshot(%d) = %v, want ErrSnapshotSeq", seq, err)
+		}
+	}
+	// Nothing moved.
+	wantLog(t, st, true, 3, "s3", 4, 6)
+}
+
+func testReopen(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	mustAppend(t, st, recs(1, 20))
+	if err := st.SaveSnapshot(ctx, 15, []byte("s15")); err != nil {
+		t.Fatalf("SaveSnapshot(15): %v", err)
+	}
+	mustAppend(t, st, recs(21, 25))
+	if err := st.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	st = open()
+	wantLog(t, st, true, 15, "s15", 16, 25)
+	// The next seq is known after a restart too.
+	if err := st.Append(ctx, recs(27, 27)); !errors.Is(err, store.ErrOutOfSequence) {
+		t.Errorf("Append(27) after reopen = %v, want ErrOutOfSequence", err)
+	}
+	mustAppend(t, st, recs(26, 30))
+	st.Close()
+
+	st = open()
+	defer st.Close()
+	wantLog(t, st, true, 15, "s15", 16, 30)
+}
+
+func testOutOfSequence(t *testing.T, open func() store.Store) {
+	st := open()
+	defer st.Close()
+	bad := func(rs ...uint64) {
+		t.Helper()
+		var batch []store.Record
+		for _, s := range rs {
+			batch = append(batch, store.Record{Seq: s, Data: []byte("bad")})
+		}
+		if err := st.Append(context.Background(), batch); !errors.Is(err, store.ErrOutOfSequence) {
+			t.Errorf("Append%v = %v, want ErrOutOfSequence", rs, err)
+		}
+	}
+	bad(0)
+	bad(2) // an empty log starts at 1
+	mustAppend(t, st, recs(1, 3))
+	bad(5)       // a gap
+	bad(3)       // a duplicate
+	bad(1, 2)    // the past
+	bad(4, 4)    // not increasing
+	bad(4, 6)    // a gap inside the batch
+	bad(4, 5, 7) // the good head of a bad batch is not written either
+	bad(5, 4)
+	bad(1<<63, 1<<63+1)
+	// Nothing was written by any of them.
+	wantLog(t, st, false, 0, "", 1, 3)
+	mustAppend(t, st, recs(4, 5))
+	wantLog(t, st, false, 0, "", 1, 5)
+}
+
+func testLoadCallbackError(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 10))
+	errStop := errors.New("stop here")
+	var seen []uint64
+	err := st.Load(ctx, func(uint64, []byte) error { return nil }, func(r store.Record) error {
+		seen = append(seen, r.Seq)
+		if r.Seq == 4 {
+			return errStop
+		}
+		return nil
+	})
+	if !errors.Is(err, errStop) || !slices.Equal(seen, []uint64{1, 2, 3, 4}) {
+		t.Errorf("Load = %v after %v, want errStop after [1 2 3 4]", err, seen)
+	}
+
+	if err := st.SaveSnapshot(ctx, 2, []byte("s2")); err != nil {
+		t.Fatal(err)
+	}
+	seen = nil
+	err = st.Load(ctx, func(uint64, []byte) error { return errStop }, func(r store.Record) error {
+		seen = append(seen, r.Seq)
+		return nil
+	})
+	if !errors.Is(err, errStop) || len(seen) != 0 {
+		t.Errorf("Load = %v after %v, want errStop before any record", err, seen)
+	}
+	// The store is still usable afterwards.
+	mustAppend(t, st, recs(11, 11))
+	wantLog(t, st, true, 2, "s2", 3, 11)
+}
+
+func testManyRecords(t *testing.T, open func() store.Store) {
+	st := open()
+	defer st.Close()
+	const n = 20000
+	for from := uint64(1); from <= n; from += 1000 {
+		mustAppend(t, st, recs(from, from+999))
+	}
+	var next uint64 = 1
+	err := st.Load(context.Background(), func(uint64, []byte) error { return errors.New("no snapshot expected") }, func(r store.Record) error {
+		if r.Seq != next || string(r.Data) != fmt.Sprintf("r%d", next) {
+			return fmt.Errorf("record %d:%q, want %d", r.Seq, r.Data, next)
+		}
+		next++
+		return nil
+	})
+	if err != nil || next != n+1 {
+		t.Fatalf("Load = %v, stopped at %d, want %d records", err, next-1, n)
+	}
+}
+
+func testClosed(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	mustAppend(t, st, recs(1, 2))
+	if err := st.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := st.Append(ctx, recs(3, 3)); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Append after Close = %v, want ErrClosed", err)
+	}
+	if err := st.SaveSnapshot(ctx, 2, nil); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("SaveSnapshot after Close = %v, want ErrClosed", err)
+	}
+	err := st.Load(ctx, func(uint64, []byte) error { return nil }, func(store.Record) error { return nil })
+	if !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Load after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestStoreOpen(t *testing.T) {
+	ctx := context.Background()
+	if _, err := store.Open(ctx, "mysql", "x"); !errors.Is(err, store.ErrUnknownDriver) || !bytes.Contains([]byte(err.Error()), []byte(`"mysql"`)) {
+		t.Errorf("Open(mysql) = %v, want ErrUnknownDriver naming the driver", err)
+	}
+	st, err := store.Open(ctx, store.DriverMemory, "")
+	if err != nil {
+		t.Fatalf("Open(memory): %v", err)
+	}
+	st.Close()
+
+	st, err = store.Open(ctx, store.DriverSQLite, filepath.Join(t.TempDir(), "g.db"))
+	if err != nil {
+		t.Fatalf("Open(sqlite): %v", err)
+	}
+	mustAppend(t, st, recs(1, 1))
+	st.Close()
+
+	if _, err := store.Open(ctx, store.DriverSQLite, filepath.Join(t.TempDir(), "no", "such", "dir", "g.db")); err == nil {
+		t.Errorf("Open(sqlite) in a missing folder succeeded")
+	}
+	if _, err := store.Open(ctx, store.DriverPostgres, "postgres://u:secret@[bad"); err == nil || bytes.Contains([]byte(err.Error()), []byte("secret")) {
+		t.Errorf("Open(postgres, bad dsn) = %v, want an error that does not show the password", err)
+	}
+}
+
+// TestStoreConcurrentWriters: two handles on one log racing to append the
+// same seqs. One wins each seq; the loser gets ErrOutOfSequence; the log
+// ends up whole.
+func TestStoreConcurrentWriters(t *testing.T) {
+	for _, b := range backends() {
+		if b.name == "memory" {
+			continue // two Memory handles are two logs
+		}
+		t.Run(b.name, func(t *testing.T) {
+			open := b.fresh(t)
+			st1, st2 := open(), open()
+			defer st1.Close()
+			defer st2.Close()
+			const n = 100
+			errc := make(chan error, 2)
+			write := func(st store.Store) {
+				for s := uint64(1); s <= n; s++ {
+					err := st.Append(context.Background(), recs(s, s))
+					if err != nil && !errors.Is(err, store.ErrOutOfSequence) {
+						errc <- err
+						return
+					}
+				}
+				errc <- nil
+			}
+			go write(st1)
+			go write(st2)
+			for range 2 {
+				if err := <-errc; err != nil {
+					t.Errorf("Append: %v", err)
+				}
+			}
+			wantLog(t, st1, false, 0, "", 1, n)
+		})
+	}
+}
