@@ -71,6 +71,54 @@ func (d *Denial) Error() string {
 // Is makes errors.Is(d, ErrQuotaExhausted) true.
 func (d *Denial) Is(target error) bool { return target == ErrQuotaExhausted }
 
+// EndedError says which node's end refused a call. It matches ErrTaskEnded.
+type EndedError struct {
+	Node  NodeID
+	Name  string
+	Kind  Kind
+	State State
+	// Deadline is true when the node ended because its deadline passed.
+	Deadline bool
+}
+
+func (e *EndedError) Error() string {
+	if e.Deadline {
+		return fmt.Sprintf("task ended: %s %q passed its deadline", e.Kind, e.Name)
+	}
+	return fmt.Sprintf("task ended: %s %q is %s", e.Kind, e.Name, e.State)
+}
+
+// Is makes errors.Is(e, ErrTaskEnded) true.
+func (e *EndedError) Is(target error) bool { return target == ErrTaskEnded }
+
+// LeaseEndedError says how a lease that is no longer held ended. It matches
+// ErrLeaseReleased, ErrLeaseExpired or ErrLeaseRevoked, by Reason.
+type LeaseEndedError struct {
+	Lease  LeaseID
+	Reason EndReason
+}
+
+func (e *LeaseEndedError) Error() string {
+	switch e.Reason {
+	case EndExpired:
+		return fmt.Sprintf("lease expired: lease %d ended when its session expired", e.Lease)
+	case EndRevoked:
+		return fmt.Sprintf("lease revoked: lease %d ended when its node ended", e.Lease)
+	}
+	return fmt.Sprintf("lease released: lease %d", e.Lease)
+}
+
+// Is matches the sentinel of the lease's end.
+func (e *LeaseEndedError) Is(target error) bool {
+	switch e.Reason {
+	case EndExpired:
+		return target == ErrLeaseExpired
+	case EndRevoked:
+		return target == ErrLeaseRevoked
+	}
+	return target == ErrLeaseReleased
+}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }

@@ -252,17 +252,10 @@ func (e *Engine) ended(s *session, id LeaseID, now int64) error {
 	if n := e.nodes[t.node]; n == nil || !n.within(s.scope) {
 		return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
 	}
-	switch t.reason {
-	case EndReleased:
-		if t.session == s.id {
-			return nil
-		}
-		return fmt.Errorf("%w: lease %d", ErrLeaseReleased, id)
-	case EndExpired:
-		return fmt.Errorf("%w: lease %d ended when its session expired", ErrLeaseExpired, id)
-	default:
-		return fmt.Errorf("%w: lease %d ended when its node ended", ErrLeaseRevoked, id)
+	if t.reason == EndReleased && t.session == s.id {
+		return nil
 	}
+	return &LeaseEndedError{Lease: id, Reason: t.reason}
 }
 
 // Validate reports whether a lease is still held, so a downstream can check
@@ -285,7 +278,7 @@ func (e *Engine) Validate(sid SessionID, id LeaseID) (Grant, error) {
 	}
 	err = e.ended(s, id, now)
 	if err == nil {
-		err = fmt.Errorf("%w: lease %d", ErrLeaseReleased, id)
+		err = &LeaseEndedError{Lease: id, Reason: EndReleased}
 	}
 	return Grant{}, err
 }

@@ -223,6 +223,24 @@ func (n *node) applyCaps(c *CapsEdit, e *Engine) {
 	}
 }
 
+func (s NodeSpec) clone() NodeSpec {
+	s.Quotas, s.Limits = maps.Clone(s.Quotas), maps.Clone(s.Limits)
+	s.DefaultQuotas, s.DefaultLimits = maps.Clone(s.DefaultQuotas), maps.Clone(s.DefaultLimits)
+	return s
+}
+
+func (c CapsEdit) clone() CapsEdit {
+	c.Quotas, c.Limits = maps.Clone(c.Quotas), maps.Clone(c.Limits)
+	c.DefaultQuotas, c.DefaultLimits = maps.Clone(c.DefaultQuotas), maps.Clone(c.DefaultLimits)
+	for _, p := range []**int64{&c.Weight, &c.Priority, &c.Deadline} {
+		if *p != nil {
+			v := **p
+			*p = &v
+		}
+	}
+	return c
+}
+
 func validName(what, s string) error {
 	if s == "" {
 		return invalid("%s is empty", what)
@@ -283,16 +301,20 @@ func (c *CapsEdit) validate() error {
 	return nil
 }
 
+func (n *node) ended(deadline bool) *EndedError {
+	return &EndedError{Node: n.id, Name: n.name, Kind: n.kind(), State: n.state, Deadline: deadline}
+}
+
 // checkOpen ends the first node on n's chain that is past its deadline and
 // reports whether the chain is still open. now is the decision's time.
 func (e *Engine) checkOpen(n *node, now int64) error {
 	for a := n; a != nil; a = a.parent {
 		if a.state != Open {
-			return fmt.Errorf("%w: %s %q is %s", ErrTaskEnded, a.kind(), a.name, a.state)
+			return a.ended(false)
 		}
 		if a.deadline != 0 && now >= a.deadline {
 			e.endNode(a, Expired, now)
-			return fmt.Errorf("%w: %s %q passed its deadline", ErrTaskEnded, a.kind(), a.name)
+			return a.ended(true)
 		}
 	}
 	return nil
@@ -321,6 +343,7 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 	if err := spec.validate(); err != nil {
 		return NodeView{}, false, err
 	}
+	spec = spec.clone() // the event is encoded later, outside the lock
 	fp := fingerprintSpec(opCreate, parentID, &spec)
 	if r, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
 		if err != nil {
@@ -497,7 +520,7 @@ func (e *Engine) afterEnd() {
 		q := e.queues[class]
 		for _, w := range q.all() {
 			if w.node.state != Open {
-				e.failWaiter(w, fmt.Errorf("%w: %s %q is %s", ErrTaskEnded, w.node.kind(), w.node.name, w.node.state))
+				e.failWaiter(w, w.node.ended(false))
 			}
 		}
 	}
@@ -517,6 +540,7 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	if err := edit.validate(); err != nil {
 		return NodeView{}, err
 	}
+	edit = edit.clone() // the event is encoded later, outside the lock
 	fp := fingerprintCaps(id, &edit)
 	if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
 		if err != nil {

@@ -1,0 +1,27 @@
+package engine
+
+// Stats is what an operator watches: the root and every tenant, and how many
+// acquires wait per class. It is read once per metrics scrape; it never
+// lists tasks, so its size follows the configuration, not the work.
+type Stats struct {
+	Root     NodeView
+	Tenants  []NodeView
+	Waiting  map[string]int // queued acquires by class
+	Leases   int
+	Sessions int
+}
+
+// Stats returns the root, the tenants and the queue depths.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := Stats{Root: e.root.view(), Waiting: make(map[string]int, len(e.queues)),
+		Leases: len(e.leases), Sessions: len(e.sessions)}
+	for _, t := range e.root.children {
+		st.Tenants = append(st.Tenants, t.view())
+	}
+	for class, q := range e.queues {
+		st.Waiting[class] = q.waiting
+	}
+	return st
+}
