@@ -1,0 +1,50 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/store"
+)
+
+// Events and snapshots are stored as JSON: readable in the database, and the
+// engine's replay test already round-trips them through it.
+
+func encodeEvent(ev engine.Event) (store.Record, error) {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return store.Record{}, fmt.Errorf("encode event %d: %w", ev.Seq, err)
+	}
+	return store.Record{Seq: ev.Seq, Data: data}, nil
+}
+
+func decodeEvent(r store.Record) (engine.Event, error) {
+	var ev engine.Event
+	if err := json.Unmarshal(r.Data, &ev); err != nil {
+		return ev, fmt.Errorf("decode event %d: %w", r.Seq, err)
+	}
+	if ev.Seq != r.Seq {
+		return ev, fmt.Errorf("event stored as %d says it is %d: %w", r.Seq, ev.Seq, engine.ErrCorrupt)
+	}
+	return ev, nil
+}
+
+func encodeSnapshot(s engine.Snapshot) ([]byte, error) {
+	data, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot %d: %w", s.Seq, err)
+	}
+	return data, nil
+}
+
+func decodeSnapshot(seq uint64, data []byte) (engine.Snapshot, error) {
+	var s engine.Snapshot
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("decode snapshot %d: %w", seq, err)
+	}
+	if s.Seq != seq {
+		return s, fmt.Errorf("snapshot stored as %d says it is %d: %w", seq, s.Seq, engine.ErrCorrupt)
+	}
+	return s, nil
+}

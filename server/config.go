@@ -1,0 +1,334 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/store"
+)
+
+// Defaults for everything the configuration may leave out.
+const (
+	DefaultListen        = "127.0.0.1:7600"
+	DefaultMetricsListen = "127.0.0.1:7601"
+	DefaultSessionTTL    = 10 * time.Second
+	DefaultStoreDriver   = "sqlite"
+	DefaultStoreDSN      = "governor.db"
+	DefaultSnapshotEvery = 100_000
+	DefaultReapInterval  = 100 * time.Millisecond
+	MinSessionTTL        = 100 * time.Millisecond
+	MaxSessionTTL        = time.Hour
+)
+
+// Config is governord's validated runtime configuration.
+type Config struct {
+	Listen         string
+	MetricsListen  string        // empty: no metrics server
+	SessionTTL     time.Duration // the default TTL of a session
+	AllowPlaintext bool
+	TLS            TLSConfig
+	AdminKey       string // empty: no operator sessions
+	Store          StoreConfig
+	Root           Caps
+	Adaptive       []engine.Adaptive
+	Tenants        []TenantConfig
+	// ReapInterval is how often expired sessions, deadlines and tombstones
+	// are reaped and adaptive limits decide. Zero means DefaultReapInterval.
+	ReapInterval time.Duration
+	// OpenStore, when set, opens the store instead of Store.Driver and
+	// Store.DSN; tests use it to inject a store that fails.
+	OpenStore func(ctx context.Context) (store.Store, error)
+}
+
+// TLSConfig names the server's certificate. Both empty means plaintext.
+type TLSConfig struct {
+	CertFile string
+	KeyFile  string
+}
+
+// StoreConfig chooses the durable store.
+type StoreConfig struct {
+	Driver        string // sqlite | postgres | memory
+	DSN           string
+	SnapshotEvery int // events between snapshots; zero means DefaultSnapshotEvery
+}
+
+// Caps are quotas and limits, by resource and class.
+type Caps struct {
+	Quotas map[string]int64
+	Limits map[string]int64
+}
+
+// TenantConfig is one tenant as the operator configures it.
+type TenantConfig struct {
+	Name     string
+	APIKey   string
+	Weight   int64
+	Quotas   map[string]int64
+	Limits   map[string]int64
+	Defaults Caps // what each new task of the tenant starts with
+}
+
+// ConfigError names the configuration key that is wrong and why. A daemon
+// that gets one exits with status 2.
+type ConfigError struct {
+	Key     string
+	Problem string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Problem) }
+
+func keyErr(key, format string, args ...any) error {
+	return &ConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
+}
+
+// The file's shape. Kept apart from Config so that what YAML allows and what
+// the daemon runs with can differ (durations as text, absent vs zero).
+type fileConfig struct {
+	Listen         string         `mapstructure:"listen"`
+	MetricsListen  *string        `mapstructure:"metrics_listen"`
+	SessionTTL     time.Duration  `mapstructure:"session_ttl"`
+	AllowPlaintext bool           `mapstructure:"allow_plaintext"`
+	TLS            fileTLS        `mapstructure:"tls"`
+	AdminKey       string         `mapstructure:"admin_key"`
+	Store          fileStore      `mapstructure:"store"`
+	Root           fileCaps       `mapstructure:"root"`
+	Adaptive       []fileAdaptive `mapstructure:"adaptive"`
+	Tenants        []fileTenant   `mapstructure:"tenants"`
+	ReapInterval   time.Duration  `mapstructure:"reap_interval"`
+}
+
+type fileTLS struct {
+	CertFile string `mapstructure:"cert_file"`
+	KeyFile  string `mapstructure:"key_file"`
+}
+
+type fileStore struct {
+	Driver        string `mapstructure:"driver"`
+	DSN           string `mapstructure:"dsn"`
+	SnapshotEvery int    `mapstructure:"snapshot_every"`
+}
+
+type fileCaps struct {
+	Quotas map[string]int64 `mapstructure:"quotas"`
+	Limits map[string]int64 `mapstructure:"limits"`
+}
+
+type fileAdaptive struct {
+	Class       string        `mapstructure:"class"`
+	TargetP95   time.Duration `mapstructure:"target_p95"`
+	MaxOverload float64       `mapstructure:"max_overload"`
+	MinLimit    int64         `mapstructure:"min_limit"`
+	MaxLimit    int64         `mapstructure:"max_limit"`
+	Interval    time.Duration `mapstructure:"interval"`
+	MinSamples  int           `mapstructure:"min_samples"`
+}
+
+type fileTenant struct {
+	Name     string           `mapstructure:"name"`
+	APIKey   string           `mapstructure:"api_key"`
+	Weight   int64            `mapstructure:"weight"`
+	Quotas   map[string]int64 `mapstructure:"quotas"`
+	Limits   map[string]int64 `mapstructure:"limits"`
+	Defaults fileCaps         `mapstructure:"defaults"`
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// ExpandEnv replaces each ${VAR} with the variable's value. Only the braced
+// form is expanded, so a "$" inside a key or password is left alone.
+func ExpandEnv(text []byte) []byte {
+	return envRef.ReplaceAllFunc(text, func(m []byte) []byte {
+		return []byte(os.Getenv(string(envRef.FindSubmatch(m)[1])))
+	})
+}
+
+// LoadConfig reads, expands and validates a governord configuration file.
+// Every problem with the file is a *ConfigError naming the key.
+func LoadConfig(path string) (Config, error) {
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, &ConfigError{Key: "-config", Problem: err.Error()}
+	}
+	return ParseConfig(text)
+}
+
+// ParseConfig is LoadConfig for text already read.
+func ParseConfig(text []byte) (Config, error) {
+	v := viper.New()
+	v.SetConfigType("yaml")
+	if err := v.ReadConfig(bytes.NewReader(ExpandEnv(text))); err != nil {
+		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
+	}
+	var raw fileConfig
+	if err := v.UnmarshalExact(&raw); err != nil {
+		return Config{}, decodeError(err)
+	}
+	return raw.validate()
+}
+
+// decodeError turns mapstructure's report into a ConfigError naming the key.
+func decodeError(err error) error {
+	msg := err.Error()
+	if m := regexp.MustCompile(`'([^']*)' has invalid keys: ([^\n]*)`).FindStringSubmatch(msg); m != nil {
+		key := strings.TrimSpace(m[2])
+		if m[1] != "" {
+			key = m[1] + "." + key
+		}
+		return &ConfigError{Key: key, Problem: "unknown key"}
+	}
+	if m := regexp.MustCompile(`'([^']*)'[^:]*: (.*)`).FindStringSubmatch(msg); m != nil {
+		return &ConfigError{Key: m[1], Problem: m[2]}
+	}
+	return &ConfigError{Key: "(file)", Problem: msg}
+}
+
+func (f fileConfig) validate() (Config, error) {
+	c := Config{Listen: f.Listen, MetricsListen: DefaultMetricsListen, SessionTTL: f.SessionTTL,
+		AllowPlaintext: f.AllowPlaintext, TLS: TLSConfig(f.TLS), AdminKey: f.AdminKey,
+		Store: StoreConfig(f.Store), Root: Caps(f.Root), ReapInterval: f.ReapInterval}
+	if f.MetricsListen != nil {
+		c.MetricsListen = *f.MetricsListen
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return Config{}, keyErr("listen", "%q is not host:port", c.Listen)
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return Config{}, keyErr("metrics_listen", "%q is not host:port", c.MetricsListen)
+		}
+	}
+	switch {
+	case c.SessionTTL == 0:
+		c.SessionTTL = DefaultSessionTTL
+	case c.SessionTTL < MinSessionTTL || c.SessionTTL > MaxSessionTTL:
+		return Config{}, keyErr("session_ttl", "%v is outside [%v, %v]", c.SessionTTL, MinSessionTTL, MaxSessionTTL)
+	}
+	if c.ReapInterval < 0 {
+		return Config{}, keyErr("reap_interval", "%v is negative", c.ReapInterval)
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return Config{}, keyErr("tls", "cert_file and key_file go together; one is empty")
+	}
+	if c.TLS.CertFile == "" && !c.AllowPlaintext && !isLoopback(c.Listen) {
+		return Config{}, keyErr("allow_plaintext", "listen %q is not a loopback address and tls has no certificate; configure tls or set allow_plaintext: true", c.Listen)
+	}
+	if c.Store.Driver == "" {
+		c.Store.Driver = DefaultStoreDriver
+	}
+	switch c.Store.Driver {
+	case "sqlite", "postgres", "memory":
+	default:
+		return Config{}, keyErr("store.driver", "%q is not sqlite, postgres or memory", c.Store.Driver)
+	}
+	if c.Store.DSN == "" && c.Store.Driver == "sqlite" {
+		c.Store.DSN = DefaultStoreDSN
+	}
+	if c.Store.DSN == "" && c.Store.Driver == "postgres" {
+		return Config{}, keyErr("store.dsn", "postgres needs a dsn")
+	}
+	if c.Store.SnapshotEvery < 0 {
+		return Config{}, keyErr("store.snapshot_every", "%d is negative", c.Store.SnapshotEvery)
+	}
+	if err := checkCaps("root", c.Root.Quotas, c.Root.Limits); err != nil {
+		return Config{}, err
+	}
+	for i, a := range f.Adaptive {
+		key := fmt.Sprintf("adaptive[%d]", i)
+		ad := engine.Adaptive{Class: a.Class, TargetP95: a.TargetP95, MaxOverload: a.MaxOverload,
+			MinLimit: a.MinLimit, MaxLimit: a.MaxLimit, Interval: a.Interval, MinSamples: a.MinSamples}
+		if _, err := engine.New(engine.Config{Adaptive: []engine.Adaptive{ad}}); err != nil {
+			return Config{}, keyErr(key, "%s", strings.TrimPrefix(err.Error(), "invalid argument: "))
+		}
+		for _, prev := range c.Adaptive {
+			if prev.Class == a.Class {
+				return Config{}, keyErr(key+".class", "%q is configured twice", a.Class)
+			}
+		}
+		c.Adaptive = append(c.Adaptive, ad)
+	}
+	names, keys := map[string]bool{}, map[string]string{}
+	if c.AdminKey != "" {
+		keys[c.AdminKey] = "admin_key"
+	}
+	for i, t := range f.Tenants {
+		key := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			return Config{}, keyErr(key+".name", "is empty")
+		}
+		if len(t.Name) > engine.MaxNameLen {
+			return Config{}, keyErr(key+".name", "is longer than %d bytes", engine.MaxNameLen)
+		}
+		if names[t.Name] {
+			return Config{}, keyErr(key+".name", "%q is used by another tenant", t.Name)
+		}
+		names[t.Name] = true
+		if t.APIKey != "" {
+			if other, dup := keys[t.APIKey]; dup {
+				return Config{}, keyErr(key+".api_key", "is the same key as %s", other)
+			}
+			keys[t.APIKey] = key + ".api_key"
+		}
+		switch {
+		case t.Weight == 0:
+			t.Weight = 1
+		case t.Weight < 0:
+			return Config{}, keyErr(key+".weight", "%d is below 1", t.Weight)
+		}
+		if err := checkCaps(key, t.Quotas, t.Limits); err != nil {
+			return Config{}, err
+		}
+		if err := checkCaps(key+".defaults", t.Defaults.Quotas, t.Defaults.Limits); err != nil {
+			return Config{}, err
+		}
+		c.Tenants = append(c.Tenants, TenantConfig{Name: t.Name, APIKey: t.APIKey, Weight: t.Weight,
+			Quotas: t.Quotas, Limits: t.Limits, Defaults: Caps(t.Defaults)})
+	}
+	return c, nil
+}
+
+func checkCaps(key string, quotas, limits map[string]int64) error {
+	for what, m := range map[string]map[string]int64{"quotas": quotas, "limits": limits} {
+		for name, v := range m {
+			if name == "" {
+				return keyErr(key+"."+what, "has an empty name")
+			}
+			if v < 0 {
+				return keyErr(fmt.Sprintf("%s.%s.%s", key, what, name), "%d is negative", v)
+			}
+		}
+	}
+	return nil
+}
+
+// isLoopback reports whether host:port can only be reached from this machine.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// IsConfigError reports whether err is a configuration problem (exit 2).
+func IsConfigError(err error) bool {
+	var ce *ConfigError
+	return errors.As(err, &ce)
+}

@@ -1,0 +1,17 @@
+// Package server is governord: the gRPC shell around the engine.
+//
+// The engine decides; this package authenticates, resolves sessions, makes
+// every change durable before it replies (write before reply), dedupes
+// retries that race the first attempt, reaps what expires, takes snapshots,
+// and serves metrics and health. It holds no decision logic of its own.
+//
+// A request's life: authenticate (the session token in the "authorization"
+// metadata, hashed and looked up in the engine) → call the engine under its
+// lock, which queues the change's event on the store's log → wait, outside
+// the lock, until the log has committed the engine's sequence number → reply.
+// A commit that fails stops the daemon: Server.Fatal reports it and the
+// process must exit, so no answer that could be lost is ever given.
+//
+// It may import the engine, the store, the generated API and standard
+// libraries for gRPC, Prometheus and configuration; never the SDK or proxies.
+package server

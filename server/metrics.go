@@ -1,0 +1,153 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"path"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/governor-project/governor/governor/engine"
+)
+
+// metrics are governord's Prometheus series. Labels are tenants, classes,
+// resources, methods and codes only, never a task or a lease, so the number
+// of series follows the configuration and not the work.
+type metrics struct {
+	s        *Server
+	reg      *prometheus.Registry
+	calls    *prometheus.CounterVec
+	events   [16]prometheus.Counter
+	commit   prometheus.Histogram
+	batch    prometheus.Histogram
+	waitTime prometheus.Histogram
+	waiters  prometheus.Gauge
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{s: s, reg: prometheus.NewRegistry()}
+	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_calls_total",
+		Help: "gRPC calls by method and status code."}, []string{"method", "code"})
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_events_total",
+		Help: "State changes recorded, by kind."}, []string{"kind"})
+	for k := engine.EvSessionOpened; k <= engine.EvLimitAdjusted; k++ {
+		m.events[k] = events.WithLabelValues(k.String())
+	}
+	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_seconds",
+		Help: "Time to commit one batch of events to the store.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)})
+	m.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_batch_size",
+		Help: "Events per commit (group commit).", Buckets: prometheus.ExponentialBuckets(1, 2, 14)})
+	m.waitTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_acquire_wait_seconds",
+		Help: "Time a queued acquire waited for its outcome.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
+	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_acquires_waiting",
+		Help: "Acquire calls blocked in the fair queue right now."})
+	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, treeCollector{m},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) event(k engine.EventKind) {
+	if int(k) < len(m.events) && m.events[k] != nil {
+		m.events[k].Inc()
+	}
+}
+
+func (m *metrics) observeCommit(batch int, d time.Duration) {
+	m.batch.Observe(float64(batch))
+	m.commit.Observe(d.Seconds())
+}
+
+func (m *metrics) waiting(d float64)      { m.waiters.Add(d) }
+func (m *metrics) waited(d time.Duration) { m.waitTime.Observe(d.Seconds()) }
+func (m *metrics) count(method string, err error) {
+	m.calls.WithLabelValues(path.Base(method), status.Code(err).String()).Inc()
+}
+
+func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	m.count(info.FullMethod, err)
+	return resp, err
+}
+
+func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	m.count(info.FullMethod, err)
+	return err
+}
+
+// handler serves /metrics, /healthz (the process is up) and /readyz (it is
+// serving: recovered, configured and not stopping).
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-m.s.stopping:
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+		default:
+			w.Write([]byte("ready\n"))
+		}
+	})
+	return mux
+}
+
+// treeCollector reads the root and the tenants once per scrape.
+type treeCollector struct{ m *metrics }
+
+var (
+	descQueue    = prometheus.NewDesc("governor_queue_depth", "Acquires waiting in the fair queue, by class.", []string{"class"}, nil)
+	descHeld     = prometheus.NewDesc("governor_pool_held", "Leases held, by tenant (\"\" is the root, which counts everyone) and class.", []string{"tenant", "class"}, nil)
+	descLimit    = prometheus.NewDesc("governor_pool_limit", "Concurrency limits, by tenant (\"\" is the root) and class.", []string{"tenant", "class"}, nil)
+	descUsed     = prometheus.NewDesc("governor_spend_total", "Quota spent so far, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
+	descQuota    = prometheus.NewDesc("governor_quota", "Quota caps, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
+	descSessions = prometheus.NewDesc("governor_sessions", "Open sessions.", nil, nil)
+	descLeases   = prometheus.NewDesc("governor_leases", "Live leases.", nil, nil)
+	descSeq      = prometheus.NewDesc("governor_event_seq", "Sequence number of the newest event, and of the newest committed one.", []string{"state"}, nil)
+)
+
+func (treeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descSessions, descLeases, descSeq} {
+		ch <- d
+	}
+}
+
+func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.m.s
+	if s.eng == nil {
+		return
+	}
+	st := s.eng.Stats()
+	for class, n := range st.Waiting {
+		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(n), class)
+	}
+	emit := func(tenant string, v engine.NodeView) {
+		for class, n := range v.Held {
+			ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(n), tenant, class)
+		}
+		for class, n := range v.Limits {
+			ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(n), tenant, class)
+		}
+		for r, n := range v.Used {
+			ch <- prometheus.MustNewConstMetric(descUsed, prometheus.CounterValue, float64(n), tenant, r)
+		}
+		for r, n := range v.Quotas {
+			ch <- prometheus.MustNewConstMetric(descQuota, prometheus.GaugeValue, float64(n), tenant, r)
+		}
+	}
+	emit("", st.Root)
+	for _, t := range st.Tenants {
+		emit(t.Name, t)
+	}
+	ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(st.Sessions))
+	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases))
+	ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.eng.Seq()), "emitted")
+	if s.events != nil {
+		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.events.Committed()), "committed")
+	}
+}

@@ -1,0 +1,428 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/store"
+)
+
+// Server is a running governord.
+type Server struct {
+	governorpb.UnimplementedGovernorServer
+
+	cfg     Config
+	log     *slog.Logger
+	eng     *engine.Engine
+	st      store.Store
+	events  *store.Log[engine.Event]
+	metrics *metrics
+	keys    map[[sha256.Size]byte]engine.NodeID // API key hash -> scope
+	flights flights
+
+	grpc    *grpc.Server
+	health  *health.Server
+	lis     net.Listener
+	httpSrv *http.Server
+	httpLis net.Listener
+
+	stopping  chan struct{} // closed when the server starts to stop
+	fatal     chan error    // receives the first fatal error
+	cancelRun context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start recovers the state from the store, applies the configuration, and
+// serves. It returns once the server is listening and ready.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = DefaultReapInterval
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.Store.SnapshotEvery == 0 {
+		cfg.Store.SnapshotEvery = DefaultSnapshotEvery
+	}
+	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
+		stopping: make(chan struct{}), fatal: make(chan error, 1)}
+	s.metrics = newMetrics(s)
+	open := cfg.OpenStore
+	if open == nil {
+		open = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, cfg.Store.Driver, cfg.Store.DSN) }
+	}
+	st, err := open(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open %s store: %w", cfg.Store.Driver, err)
+	}
+	s.st = st
+	if err := s.recover(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancelRun = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.events.Run(runCtx); err != nil {
+			s.die(fmt.Errorf("commit failed: %w", err))
+		}
+	}()
+	if err := s.configure(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.serve(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.wg.Add(2)
+	go s.reapLoop(runCtx)
+	go s.snapshotLoop(runCtx)
+	s.log.Info("governord ready", "listen", s.Addr(), "metrics", s.MetricsAddr(), "store", cfg.Store.Driver,
+		"seq", s.eng.Seq(), "tenants", len(cfg.Tenants))
+	return s, nil
+}
+
+// recover rebuilds the engine from the newest snapshot and the events after it.
+func (s *Server) recover(ctx context.Context) error {
+	began := time.Now()
+	eng, err := engine.New(engine.Config{Adaptive: s.cfg.Adaptive, Sink: s})
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	var events int
+	batch := make([]engine.Event, 0, 1024)
+	flush := func() error {
+		if err := eng.Apply(batch...); err != nil {
+			return err
+		}
+		events += len(batch)
+		batch = batch[:0]
+		return nil
+	}
+	err = s.st.Load(ctx, func(seq uint64, data []byte) error {
+		snap, err := decodeSnapshot(seq, data)
+		if err != nil {
+			return err
+		}
+		return eng.Restore(snap)
+	}, func(r store.Record) error {
+		ev, err := decodeEvent(r)
+		if err != nil {
+			return err
+		}
+		if batch = append(batch, ev); len(batch) == cap(batch) {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return fmt.Errorf("replay the store: %w", err)
+	}
+	s.eng = eng
+	s.events = store.NewLog(s.st, encodeEvent, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit})
+	s.log.Info("state recovered", "seq", eng.Seq(), "events replayed", events, "took", time.Since(began))
+	return nil
+}
+
+// Emit is the engine's sink: it counts the event and queues it for commit.
+// It runs under the engine's lock and never blocks.
+func (s *Server) Emit(ev engine.Event) {
+	s.metrics.event(ev.Kind)
+	s.events.Emit(ev)
+}
+
+// configure brings the root and the tenants in line with the configuration.
+// The configuration is the source of truth for them; tasks are left alone.
+// A root limit of an adaptive class keeps the value the controller reached.
+func (s *Server) configure(ctx context.Context) error {
+	root, err := s.eng.Get(engine.System, engine.RootID)
+	if err != nil {
+		return err
+	}
+	rootLimits := maps.Clone(s.cfg.Root.Limits)
+	for _, a := range s.cfg.Adaptive {
+		if v, ok := root.Limits[a.Class]; ok {
+			if rootLimits == nil {
+				rootLimits = map[string]int64{}
+			}
+			rootLimits[a.Class] = v
+		}
+	}
+	if edit, changed := capsEdit(root, s.cfg.Root.Quotas, rootLimits, nil, 0); changed {
+		if _, err := s.eng.SetCaps(engine.System, engine.RootID, edit, ""); err != nil {
+			return fmt.Errorf("configure root: %w", err)
+		}
+	}
+	if s.cfg.AdminKey != "" {
+		s.keys[sha256.Sum256([]byte(s.cfg.AdminKey))] = engine.RootID
+	}
+	for _, t := range s.cfg.Tenants {
+		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
+			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits)}, "")
+		if err != nil {
+			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
+		}
+		if !created {
+			if edit, changed := capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight); changed {
+				if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
+					return fmt.Errorf("configure tenant %q: %w", t.Name, err)
+				}
+			}
+		}
+		if t.APIKey != "" {
+			s.keys[sha256.Sum256([]byte(t.APIKey))] = v.ID
+		} else {
+			s.log.Warn("tenant has no api_key; it cannot open sessions", "tenant", t.Name)
+		}
+	}
+	if s.cfg.AdminKey == "" {
+		s.log.Warn("no admin_key; no operator sessions can be opened")
+	}
+	return s.events.WaitDurable(ctx, s.eng.Seq())
+}
+
+func orEmpty(m map[string]int64) map[string]int64 {
+	if m == nil {
+		return map[string]int64{}
+	}
+	return m
+}
+
+// capsEdit returns the edit that makes v's caps the wanted ones.
+func capsEdit(v engine.NodeView, quotas, limits map[string]int64, defaults *Caps, weight int64) (engine.CapsEdit, bool) {
+	var edit engine.CapsEdit
+	changed := false
+	diff := func(have, want map[string]int64) map[string]int64 {
+		out := map[string]int64{}
+		for k, w := range want {
+			if h, ok := have[k]; !ok || h != w {
+				out[k] = w
+			}
+		}
+		for k := range have {
+			if _, ok := want[k]; !ok {
+				out[k] = engine.NoCap
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		changed = true
+		return out
+	}
+	edit.Quotas, edit.Limits = diff(v.Quotas, quotas), diff(v.Limits, limits)
+	if defaults != nil {
+		edit.DefaultQuotas, edit.DefaultLimits = diff(v.DefaultQuotas, defaults.Quotas), diff(v.DefaultLimits, defaults.Limits)
+	}
+	if weight != 0 && weight != v.Weight {
+		edit.Weight, changed = &weight, true
+	}
+	return edit, changed
+}
+
+func (s *Server) serve() error {
+	var opts []grpc.ServerOption
+	if s.cfg.TLS.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile)
+		if err != nil {
+			return &ConfigError{Key: "tls", Problem: err.Error()}
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}})))
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary), grpc.ChainStreamInterceptor(s.metrics.stream))
+	s.grpc = grpc.NewServer(opts...)
+	governorpb.RegisterGovernorServer(s.grpc, s)
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
+	}
+	s.lis = lis
+	if s.cfg.MetricsListen != "" {
+		hl, err := net.Listen("tcp", s.cfg.MetricsListen)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("listen %s: %w", s.cfg.MetricsListen, err)
+		}
+		s.httpLis = hl
+		s.httpSrv = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.httpSrv.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("metrics server stopped", "err", err)
+			}
+		}()
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(governorpb.Governor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.grpc.Serve(lis); err != nil {
+			s.die(fmt.Errorf("grpc server: %w", err))
+		}
+	}()
+	return nil
+}
+
+// Addr is the address gRPC listens on.
+func (s *Server) Addr() string {
+	if s.lis == nil {
+		return ""
+	}
+	return s.lis.Addr().String()
+}
+
+// MetricsAddr is the address of /metrics, /healthz and /readyz, if served.
+func (s *Server) MetricsAddr() string {
+	if s.httpLis == nil {
+		return ""
+	}
+	return s.httpLis.Addr().String()
+}
+
+// Fatal receives the error that must stop the process, such as a failed
+// commit. After it the server answers nothing more.
+func (s *Server) Fatal() <-chan error { return s.fatal }
+
+// die stops serving at once: after a failed commit the engine holds changes
+// the record lacks, so no further answer may be given.
+func (s *Server) die(err error) {
+	select {
+	case s.fatal <- err:
+		s.log.Error("governord must stop", "err", err)
+	default:
+	}
+	s.beginStop()
+	if s.grpc != nil {
+		go s.grpc.Stop()
+	}
+}
+
+func (s *Server) beginStop() {
+	select {
+	case <-s.stopping:
+	default:
+		close(s.stopping)
+	}
+	if s.health != nil {
+		s.health.Shutdown()
+	}
+}
+
+// Close stops the server: it stops accepting, fails waiting acquires with
+// UNAVAILABLE, lets calls in flight finish (for up to 10 s), commits what is
+// pending and closes the store.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.beginStop()
+		if s.grpc != nil {
+			done := make(chan struct{})
+			go func() { s.grpc.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				s.grpc.Stop()
+			}
+		}
+		if s.httpSrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s.httpSrv.Shutdown(ctx)
+			cancel()
+		}
+		if s.cancelRun != nil {
+			s.cancelRun()
+		}
+		s.wg.Wait()
+		if s.st != nil {
+			s.closeErr = s.st.Close()
+		}
+	})
+	return s.closeErr
+}
+
+func (s *Server) reapLoop(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if sessions, nodes := s.eng.Reap(); sessions+nodes > 0 {
+				s.log.Info("reaped", "sessions", sessions, "nodes", nodes)
+			}
+		}
+	}
+}
+
+// snapshotLoop saves a snapshot whenever SnapshotEvery events have been
+// committed since the last one. The store writes it and deletes the events
+// it covers in one transaction, after every event it covers is committed.
+func (s *Server) snapshotLoop(ctx context.Context) {
+	defer s.wg.Done()
+	last := s.eng.Seq()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.events.Committed() < last+uint64(s.cfg.Store.SnapshotEvery) {
+			continue
+		}
+		if err := s.snapshot(ctx); err != nil {
+			s.log.Error("snapshot failed; the events stay on record", "err", err)
+			continue
+		}
+		last = s.eng.Seq()
+	}
+}
+
+func (s *Server) snapshot(ctx context.Context) error {
+	began := time.Now()
+	snap := s.eng.Snapshot()
+	data, err := encodeSnapshot(snap)
+	if err != nil {
+		return err
+	}
+	if err := s.events.SaveSnapshot(ctx, snap.Seq, data); err != nil {
+		return err
+	}
+	s.log.Info("snapshot saved", "seq", snap.Seq, "bytes", len(data), "took", time.Since(began))
+	return nil
+}

@@ -1,0 +1,375 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/store"
+)
+
+const (
+	maxRequestID    = 128
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// authenticate resolves the session named by the call's bearer token.
+func (s *Server) authenticate(ctx context.Context) (engine.SessionID, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	auth := md.Get("authorization")
+	if len(auth) == 0 {
+		return 0, status.Error(codes.Unauthenticated, "no session: send \"authorization: Bearer <session_token>\" from OpenSession")
+	}
+	token, ok := strings.CutPrefix(auth[0], "Bearer ")
+	if !ok || token == "" {
+		return 0, status.Error(codes.Unauthenticated, "the authorization metadata is not \"Bearer <session_token>\"")
+	}
+	sid, _, ok := s.eng.SessionByToken(hashToken(token))
+	if !ok {
+		return 0, status.Error(codes.Unauthenticated, "unknown or expired session; open a new one")
+	}
+	return sid, nil
+}
+
+func hashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// durable waits until every event the engine has emitted so far is
+// committed: write before reply.
+func (s *Server) durable(ctx context.Context) error {
+	err := s.events.WaitDurable(ctx, s.eng.Seq())
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, store.ErrLogStopped):
+		return status.Error(codes.Unavailable, "governord is stopping")
+	}
+	return status.Errorf(codes.Unavailable, "governord cannot record changes: %v", err)
+}
+
+// call authenticates, runs op once per request id at a time, waits until
+// what it did is durable, and maps its error to a status.
+func call[T any](s *Server, ctx context.Context, requestID string, op func(sid engine.SessionID) (T, error)) (T, error) {
+	var zero T
+	sid, err := s.authenticate(ctx)
+	if err != nil {
+		return zero, err
+	}
+	if len(requestID) > maxRequestID {
+		return zero, status.Errorf(codes.InvalidArgument, "request_id is longer than %d bytes", maxRequestID)
+	}
+	run := func() (any, error) {
+		v, err := op(sid)
+		if derr := s.durable(ctx); derr != nil {
+			return nil, derr
+		}
+		return v, err
+	}
+	var v any
+	if requestID == "" {
+		v, err = run()
+	} else {
+		v, err = s.flights.do(ctx, flightKey{session: sid, request: requestID}, run)
+	}
+	if err != nil {
+		return zero, toStatus(err)
+	}
+	if v == nil {
+		return zero, nil
+	}
+	return v.(T), nil
+}
+
+func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionRequest) (*governorpb.OpenSessionResponse, error) {
+	scope, ok := s.keys[sha256.Sum256([]byte(req.GetApiKey()))]
+	if !ok || req.GetApiKey() == "" {
+		return nil, status.Error(codes.Unauthenticated, "unknown API key")
+	}
+	ttl := s.cfg.SessionTTL
+	if d := req.GetTtl(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
+			return nil, status.Error(codes.InvalidArgument, "ttl is not a valid non-negative duration")
+		}
+		if d.AsDuration() > 0 {
+			ttl = min(max(d.AsDuration(), MinSessionTTL), MaxSessionTTL)
+		}
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return nil, status.Errorf(codes.Internal, "session token: %v", err)
+	}
+	token := base64.RawURLEncoding.EncodeToString(raw)
+	if _, err := s.eng.OpenSession(scope, hashToken(token), ttl); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.durable(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	return &governorpb.OpenSessionResponse{SessionToken: token, ScopeNodeId: int64(scope),
+		Ttl: durationpb.New(ttl), HeartbeatInterval: durationpb.New(ttl / 3)}, nil
+}
+
+func (s *Server) Heartbeat(ctx context.Context, _ *governorpb.HeartbeatRequest) (*governorpb.HeartbeatResponse, error) {
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.HeartbeatResponse, error) {
+		ttl, err := s.eng.Heartbeat(sid)
+		return &governorpb.HeartbeatResponse{Ttl: durationpb.New(ttl)}, err
+	})
+}
+
+func (s *Server) CloseSession(ctx context.Context, req *governorpb.CloseSessionRequest) (*governorpb.CloseSessionResponse, error) {
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.CloseSessionResponse, error) {
+		return &governorpb.CloseSessionResponse{}, s.eng.CloseSession(sid)
+	})
+}
+
+func (s *Server) CreateNode(ctx context.Context, req *governorpb.CreateNodeRequest) (*governorpb.Node, error) {
+	spec, err := nodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
+		v, err := s.eng.CreateNode(sid, engine.NodeID(req.GetParentId()), spec, req.GetRequestId())
+		return nodeOrNil(v, err)
+	})
+}
+
+func (s *Server) FindOrCreateNode(ctx context.Context, req *governorpb.FindOrCreateNodeRequest) (*governorpb.FindOrCreateNodeResponse, error) {
+	spec, err := nodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.FindOrCreateNodeResponse, error) {
+		v, created, err := s.eng.FindOrCreate(sid, engine.NodeID(req.GetParentId()), spec, req.GetRequestId())
+		if err != nil {
+			return nil, err
+		}
+		return &governorpb.FindOrCreateNodeResponse{Node: toNode(v), Created: created}, nil
+	})
+}
+
+func (s *Server) GetNode(ctx context.Context, req *governorpb.GetNodeRequest) (*governorpb.Node, error) {
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.Node, error) {
+		return nodeOrNil(s.eng.Get(sid, engine.NodeID(req.GetNodeId())))
+	})
+}
+
+func (s *Server) ListChildren(ctx context.Context, req *governorpb.ListChildrenRequest) (*governorpb.ListChildrenResponse, error) {
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0:
+		return nil, status.Error(codes.InvalidArgument, "page_size is negative")
+	case size == 0:
+		size = defaultPageSize
+	case size > maxPageSize:
+		size = maxPageSize
+	}
+	var after int64
+	if tok := req.GetPageToken(); tok != "" {
+		v, err := strconv.ParseInt(tok, 10, 64)
+		if err != nil || v < 0 {
+			return nil, status.Error(codes.InvalidArgument, "page_token is not one this server gave out")
+		}
+		after = v
+	}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.ListChildrenResponse, error) {
+		views, err := s.eng.Children(sid, engine.NodeID(req.GetNodeId()), engine.NodeID(after), size+1)
+		if err != nil {
+			return nil, err
+		}
+		resp := &governorpb.ListChildrenResponse{}
+		if len(views) > size {
+			views = views[:size]
+			resp.NextPageToken = strconv.FormatInt(int64(views[size-1].ID), 10)
+		}
+		for _, v := range views {
+			resp.Nodes = append(resp.Nodes, toNode(v))
+		}
+		return resp, nil
+	})
+}
+
+func (s *Server) CancelNode(ctx context.Context, req *governorpb.CancelNodeRequest) (*governorpb.Node, error) {
+	return s.endNode(ctx, req.GetRequestId(), req.GetNodeId(), engine.Cancelled)
+}
+
+func (s *Server) CloseNode(ctx context.Context, req *governorpb.CloseNodeRequest) (*governorpb.Node, error) {
+	return s.endNode(ctx, req.GetRequestId(), req.GetNodeId(), engine.Closed)
+}
+
+func (s *Server) endNode(ctx context.Context, requestID string, id int64, state engine.State) (*governorpb.Node, error) {
+	return call(s, ctx, requestID, func(sid engine.SessionID) (*governorpb.Node, error) {
+		return nodeOrNil(s.eng.EndNode(sid, engine.NodeID(id), state, requestID))
+	})
+}
+
+func (s *Server) Consume(ctx context.Context, req *governorpb.ConsumeRequest) (*governorpb.ConsumeResponse, error) {
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ConsumeResponse, error) {
+		return &governorpb.ConsumeResponse{}, s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
+	})
+}
+
+func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*governorpb.Lease, error) {
+	if req.GetClass() == "" {
+		return nil, status.Error(codes.InvalidArgument, "class is empty")
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Lease, error) {
+		g, err := s.acquire(ctx, sid, engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), RequestID: req.GetRequestId()})
+		if err != nil {
+			return nil, err
+		}
+		return toLease(g), nil
+	})
+}
+
+func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAndAcquireRequest) (*governorpb.ChargeAndAcquireResponse, error) {
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, error) {
+		g, err := s.acquire(ctx, sid, engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
+			Charges: req.GetCharges(), RequestID: req.GetRequestId()})
+		if err != nil {
+			return nil, err
+		}
+		resp := &governorpb.ChargeAndAcquireResponse{}
+		if g.Lease != 0 {
+			resp.Lease = toLease(g)
+		}
+		return resp, nil
+	})
+}
+
+// acquire waits, outside the engine's lock, for a queued acquire. A caller
+// that goes away, or a server that stops, withdraws the wait; a grant that
+// raced the withdrawal is given back by the engine.
+func (s *Server) acquire(ctx context.Context, sid engine.SessionID, r engine.AcquireRequest) (engine.Grant, error) {
+	g, wait, err := s.eng.Acquire(sid, r)
+	if err != nil || wait == nil {
+		return g, err
+	}
+	s.metrics.waiting(1)
+	defer s.metrics.waiting(-1)
+	began := time.Now()
+	select {
+	case o := <-wait.C:
+		s.metrics.waited(time.Since(began))
+		return o.Grant, o.Err
+	case <-ctx.Done():
+		s.eng.CancelWait(wait)
+		return engine.Grant{}, ctx.Err()
+	case <-s.stopping:
+		s.eng.CancelWait(wait)
+		return engine.Grant{}, status.Error(codes.Unavailable, "governord is stopping")
+	}
+}
+
+func (s *Server) Release(ctx context.Context, req *governorpb.ReleaseRequest) (*governorpb.ReleaseResponse, error) {
+	var latency time.Duration
+	if d := req.GetLatency(); d != nil {
+		if d.CheckValid() != nil || d.AsDuration() < 0 {
+			return nil, status.Error(codes.InvalidArgument, "latency is not a valid non-negative duration")
+		}
+		latency = d.AsDuration()
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ReleaseResponse, error) {
+		return &governorpb.ReleaseResponse{}, s.eng.Release(sid, engine.LeaseID(req.GetLeaseId()), latency, req.GetOverloaded(), req.GetRequestId())
+	})
+}
+
+func (s *Server) Validate(ctx context.Context, req *governorpb.ValidateRequest) (*governorpb.Lease, error) {
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.Lease, error) {
+		g, err := s.eng.Validate(sid, engine.LeaseID(req.GetLeaseId()))
+		if err != nil {
+			return nil, err
+		}
+		return toLease(g), nil
+	})
+}
+
+func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*governorpb.Node, error) {
+	edit := engine.CapsEdit{Quotas: req.GetQuotas(), Limits: req.GetLimits(),
+		DefaultQuotas: req.GetDefaultQuotas(), DefaultLimits: req.GetDefaultLimits()}
+	if req.Weight != nil {
+		w := req.GetWeight()
+		if w == 0 {
+			w = 1
+		}
+		edit.Weight = &w
+	}
+	if req.Priority != nil {
+		p := req.GetPriority()
+		edit.Priority = &p
+	}
+	switch {
+	case req.GetDeadline() != nil && req.GetClearDeadline():
+		return nil, status.Error(codes.InvalidArgument, "deadline and clear_deadline cannot both be set")
+	case req.GetClearDeadline():
+		var zero int64
+		edit.Deadline = &zero
+	case req.GetDeadline() != nil:
+		if err := req.GetDeadline().CheckValid(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "deadline: %v", err)
+		}
+		d := req.GetDeadline().AsTime().UnixNano()
+		edit.Deadline = &d
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
+		return nodeOrNil(s.eng.SetCaps(sid, engine.NodeID(req.GetNodeId()), edit, req.GetRequestId()))
+	})
+}
+
+func nodeSpec(p *governorpb.NodeSpec) (engine.NodeSpec, error) {
+	if p == nil {
+		return engine.NodeSpec{}, status.Error(codes.InvalidArgument, "spec is missing")
+	}
+	spec := engine.NodeSpec{Name: p.GetName(), Quotas: p.GetQuotas(), Limits: p.GetLimits(),
+		DefaultQuotas: p.GetDefaultQuotas(), DefaultLimits: p.GetDefaultLimits(),
+		Weight: p.GetWeight(), Priority: p.GetPriority()}
+	if d := p.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return spec, status.Errorf(codes.InvalidArgument, "spec.deadline: %v", err)
+		}
+		spec.Deadline = d.AsTime().UnixNano()
+	}
+	return spec, nil
+}
+
+func nodeOrNil(v engine.NodeView, err error) (*governorpb.Node, error) {
+	if err != nil {
+		return nil, err
+	}
+	return toNode(v), nil
+}
+
+func toNode(v engine.NodeView) *governorpb.Node {
+	n := &governorpb.Node{Id: int64(v.ID), ParentId: int64(v.Parent), Name: v.Name, Kind: nodeKind(v.Kind),
+		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Limits: v.Limits, Held: v.Held,
+		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority}
+	if v.Kind == engine.KindTenant {
+		n.Weight = v.Weight
+	}
+	if v.Deadline != 0 {
+		n.Deadline = timestamppb.New(time.Unix(0, v.Deadline))
+	}
+	return n
+}
+
+func toLease(g engine.Grant) *governorpb.Lease {
+	return &governorpb.Lease{Id: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class}
+}

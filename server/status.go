@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+)
+
+// toStatus maps an engine error to the gRPC status the API documents, with
+// the denial, node or lease details attached.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var (
+		denial *engine.Denial
+		ended  *engine.EndedError
+		lease  *engine.LeaseEndedError
+	)
+	switch {
+	case errors.As(err, &denial):
+		return withDetail(codes.ResourceExhausted, err, &governorpb.Denial{Resource: denial.Resource,
+			NodeId: int64(denial.Node), NodeName: denial.NodeName, Used: denial.Used, Limit: denial.Limit,
+			Amount: denial.Amount, LargestConsumerId: int64(denial.Largest.Node),
+			LargestConsumerName: denial.Largest.Name, LargestConsumerUsed: denial.Largest.Used})
+	case errors.As(err, &ended):
+		return withDetail(codes.FailedPrecondition, err, &governorpb.NodeEnded{NodeId: int64(ended.Node),
+			NodeName: ended.Name, State: nodeState(ended.State)})
+	case errors.As(err, &lease):
+		return withDetail(codes.FailedPrecondition, err, &governorpb.LeaseEnded{LeaseId: int64(lease.Lease),
+			Reason: leaseReason(lease.Reason)})
+	case errors.Is(err, engine.ErrUnauthenticated), errors.Is(err, engine.ErrSessionExpired):
+		return status.Error(codes.Unauthenticated, err.Error())
+	case errors.Is(err, engine.ErrPermission):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, engine.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, engine.ErrExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrRequestIDReused):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func withDetail(code codes.Code, err error, detail protoadapt.MessageV1) error {
+	st, derr := status.New(code, err.Error()).WithDetails(detail)
+	if derr != nil {
+		return status.Error(code, err.Error())
+	}
+	return st.Err()
+}
+
+func nodeState(s engine.State) governorpb.NodeState {
+	switch s {
+	case engine.Open:
+		return governorpb.NodeState_NODE_STATE_OPEN
+	case engine.Closed:
+		return governorpb.NodeState_NODE_STATE_CLOSED
+	case engine.Cancelled:
+		return governorpb.NodeState_NODE_STATE_CANCELLED
+	case engine.Expired:
+		return governorpb.NodeState_NODE_STATE_EXPIRED
+	}
+	return governorpb.NodeState_NODE_STATE_UNSPECIFIED
+}
+
+func nodeKind(k engine.Kind) governorpb.NodeKind {
+	switch k {
+	case engine.KindRoot:
+		return governorpb.NodeKind_NODE_KIND_ROOT
+	case engine.KindTenant:
+		return governorpb.NodeKind_NODE_KIND_TENANT
+	case engine.KindTask:
+		return governorpb.NodeKind_NODE_KIND_TASK
+	}
+	return governorpb.NodeKind_NODE_KIND_SUBTASK
+}
+
+func leaseReason(r engine.EndReason) governorpb.LeaseEndReason {
+	switch r {
+	case engine.EndReleased:
+		return governorpb.LeaseEndReason_LEASE_END_REASON_RELEASED
+	case engine.EndExpired:
+		return governorpb.LeaseEndReason_LEASE_END_REASON_EXPIRED
+	case engine.EndRevoked:
+		return governorpb.LeaseEndReason_LEASE_END_REASON_REVOKED
+	}
+	return governorpb.LeaseEndReason_LEASE_END_REASON_UNSPECIFIED
+}
