@@ -12,8 +12,9 @@ import (
 // its answer. Once the first attempt has replied, its event is durable and
 // the engine's own request memory answers later retries.
 type flights struct {
-	mu    sync.Mutex
-	calls map[flightKey]*flight
+	mu     sync.Mutex
+	calls  map[flightKey]*flight
+	joined int // callers waiting on another's attempt right now
 }
 
 type flightKey struct {
@@ -27,6 +28,13 @@ type flight struct {
 	err  error
 }
 
+// waiting is how many callers wait on another caller's attempt.
+func (f *flights) waiting() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.joined
+}
+
 // do runs fn once per key at a time. A caller that finds the key in flight
 // waits for it; if that attempt ended only because its own caller went away,
 // the waiter runs fn itself.
@@ -37,11 +45,19 @@ func (f *flights) do(ctx context.Context, key flightKey, fn func() (any, error))
 			f.calls = make(map[flightKey]*flight)
 		}
 		if c := f.calls[key]; c != nil {
+			f.joined++
 			f.mu.Unlock()
+			var err error
 			select {
 			case <-c.done:
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				err = ctx.Err()
+			}
+			f.mu.Lock()
+			f.joined--
+			f.mu.Unlock()
+			if err != nil {
+				return nil, err
 			}
 			if errors.Is(c.err, context.Canceled) || errors.Is(c.err, context.DeadlineExceeded) {
 				continue

@@ -71,7 +71,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	s.metrics = newMetrics(s)
 	open := cfg.OpenStore
 	if open == nil {
-		open = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, cfg.Store.Driver, cfg.Store.DSN) }
+		open = func(ctx context.Context) (store.Store, error) {
+			return store.Open(ctx, cfg.Store.Driver, cfg.Store.DSN)
+		}
 	}
 	st, err := open(ctx)
 	if err != nil {

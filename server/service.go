@@ -128,11 +128,22 @@ func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionReq
 		Ttl: durationpb.New(ttl), HeartbeatInterval: durationpb.New(ttl / 3)}, nil
 }
 
+// Heartbeat renews the session. It records nothing, so unless it found the
+// session expired (which is recorded) it does not wait for the store: a slow
+// commit must not cost a healthy worker its session.
 func (s *Server) Heartbeat(ctx context.Context, _ *governorpb.HeartbeatRequest) (*governorpb.HeartbeatResponse, error) {
-	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.HeartbeatResponse, error) {
-		ttl, err := s.eng.Heartbeat(sid)
-		return &governorpb.HeartbeatResponse{Ttl: durationpb.New(ttl)}, err
-	})
+	sid, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ttl, err := s.eng.Heartbeat(sid)
+	if err != nil {
+		if derr := s.durable(ctx); derr != nil {
+			return nil, toStatus(derr)
+		}
+		return nil, toStatus(err)
+	}
+	return &governorpb.HeartbeatResponse{Ttl: durationpb.New(ttl)}, nil
 }
 
 func (s *Server) CloseSession(ctx context.Context, req *governorpb.CloseSessionRequest) (*governorpb.CloseSessionResponse, error) {

@@ -310,6 +310,10 @@ func (n *node) ended(deadline bool) *EndedError {
 func (e *Engine) checkOpen(n *node, now int64) error {
 	for a := n; a != nil; a = a.parent {
 		if a.state != Open {
+			// Name the node whose end took this one with it.
+			for a.parent != nil && a.parent.state != Open {
+				a = a.parent
+			}
 			return a.ended(false)
 		}
 		if a.deadline != 0 && now >= a.deadline {

@@ -1,0 +1,288 @@
+package governor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/governor-project/governor/api/governorpb"
+)
+
+// Sentinel errors. Every error this package returns for a call wraps one of
+// them (or a context error), so callers branch with errors.Is. The typed
+// errors below carry the details and match their sentinel.
+var (
+	// ErrQuotaExhausted: a quota on the task or an ancestor is spent. The
+	// error is a *Denial naming the cap.
+	ErrQuotaExhausted = errors.New("quota exhausted")
+	// ErrTaskEnded: the task, or an ancestor, was closed, cancelled or passed
+	// its deadline. The error is a *TaskEndedError when the server said so.
+	ErrTaskEnded = errors.New("task ended")
+	// ErrLeaseExpired: the lease ended because its session expired.
+	ErrLeaseExpired = errors.New("lease expired")
+	// ErrLeaseRevoked: the lease ended because its node ended.
+	ErrLeaseRevoked = errors.New("lease revoked")
+	// ErrLeaseReleased: Validate named a lease that was released.
+	ErrLeaseReleased = errors.New("lease released")
+	// ErrUnauthenticated: a bad API key, or the server no longer knows the
+	// session.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: the target lies outside the session's scope, or
+	// the call tried to change the scope node itself.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrNotFound: no such node or lease.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: an open sibling already has the task's name.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrInvalidArgument: the server rejected the request as malformed, or
+	// the SDK's configuration is invalid.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrUnavailable: governord could not be reached. New work is denied.
+	ErrUnavailable = errors.New("governord unavailable")
+	// ErrSessionLost: the client gave up its session (no heartbeat succeeded
+	// in time, or the server forgot it). Nothing is admitted any more; Dial
+	// again.
+	ErrSessionLost = errors.New("session lost")
+	// ErrClosed: the client was closed by Client.Close.
+	ErrClosed = errors.New("client closed")
+	// ErrNoTask: a helper was given a context that carries no task, so it
+	// refused to run the work ungoverned.
+	ErrNoTask = errors.New("no governor task in context")
+)
+
+// StatusError is an error the server returned. It carries the gRPC status,
+// so status.FromError and status.Code work on it, and it unwraps to the
+// matching sentinel or to a typed detail (*Denial, *LeaseEndedError,
+// *TaskEndedError).
+type StatusError struct {
+	// Op is the call that failed, e.g. "Consume".
+	Op     string
+	status *status.Status
+	err    error // the sentinel or typed detail; nil if the code has none
+}
+
+func (e *StatusError) Error() string { return "governor: " + e.Op + ": " + e.reason() }
+
+// reason is the message without the call's name.
+func (e *StatusError) reason() string {
+	switch e.err.(type) {
+	case nil:
+		return fmt.Sprintf("%s: %s", e.status.Code(), e.status.Message())
+	case *Denial, *LeaseEndedError, *TaskEndedError:
+		return e.err.Error() // the detail says all the message would
+	}
+	return fmt.Sprintf("%v: %s", e.err, e.status.Message())
+}
+
+// Unwrap returns the sentinel or typed detail the status maps to.
+func (e *StatusError) Unwrap() error { return e.err }
+
+// GRPCStatus returns the status the server sent, details included.
+func (e *StatusError) GRPCStatus() *status.Status { return e.status }
+
+// Code is the gRPC status code.
+func (e *StatusError) Code() codes.Code { return e.status.Code() }
+
+// Denial explains a refused charge: which cap was hit, on which node, how
+// full it was, and which child of that node spent the most.
+type Denial struct {
+	Resource string // the resource whose quota was hit, e.g. "retry"
+	NodeID   int64  // the node the quota is on: the task or an ancestor
+	NodeName string // that node's name (empty for the root)
+	Used     int64  // already charged to that node
+	Limit    int64  // that node's quota
+	Amount   int64  // what the refused charge asked for
+
+	// The child of NodeID that has used the most of Resource (its subtree
+	// counted). LargestConsumerID is 0 when the use was charged to the node
+	// directly.
+	LargestConsumerID   int64
+	LargestConsumerName string
+	LargestConsumerUsed int64
+}
+
+func (d *Denial) Error() string {
+	s := fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more",
+		d.Resource, d.NodeName, d.NodeID, d.Used, d.Limit, d.Amount)
+	if d.LargestConsumerID != 0 {
+		s += fmt.Sprintf("; largest consumer %q (node %d) used %d",
+			d.LargestConsumerName, d.LargestConsumerID, d.LargestConsumerUsed)
+	}
+	return s
+}
+
+// Is makes errors.Is(d, ErrQuotaExhausted) true.
+func (d *Denial) Is(target error) bool { return target == ErrQuotaExhausted }
+
+// LeaseEndReason says why a lease is no longer held.
+type LeaseEndReason int32
+
+// The values match governorpb.LeaseEndReason.
+const (
+	LeaseReleased LeaseEndReason = LeaseEndReason(governorpb.LeaseEndReason_LEASE_END_REASON_RELEASED)
+	LeaseExpired  LeaseEndReason = LeaseEndReason(governorpb.LeaseEndReason_LEASE_END_REASON_EXPIRED)
+	LeaseRevoked  LeaseEndReason = LeaseEndReason(governorpb.LeaseEndReason_LEASE_END_REASON_REVOKED)
+)
+
+func (r LeaseEndReason) String() string {
+	switch r {
+	case LeaseReleased:
+		return "released"
+	case LeaseExpired:
+		return "expired"
+	case LeaseRevoked:
+		return "revoked"
+	}
+	return fmt.Sprintf("LeaseEndReason(%d)", int32(r))
+}
+
+// LeaseEndedError reports that a lease named by Release or Validate has
+// ended. It matches ErrLeaseReleased, ErrLeaseExpired or ErrLeaseRevoked by
+// its reason. A release that gets it means the work ran without cover.
+type LeaseEndedError struct {
+	LeaseID int64
+	Reason  LeaseEndReason
+}
+
+func (e *LeaseEndedError) Error() string {
+	return fmt.Sprintf("lease %d %s", e.LeaseID, e.Reason)
+}
+
+// Is matches the sentinel for the reason.
+func (e *LeaseEndedError) Is(target error) bool {
+	switch e.Reason {
+	case LeaseReleased:
+		return target == ErrLeaseReleased
+	case LeaseExpired:
+		return target == ErrLeaseExpired
+	case LeaseRevoked:
+		return target == ErrLeaseRevoked
+	}
+	return false
+}
+
+// NodeState says how a node ended.
+type NodeState int32
+
+// The values match governorpb.NodeState.
+const (
+	NodeOpen      NodeState = NodeState(governorpb.NodeState_NODE_STATE_OPEN)
+	NodeClosed    NodeState = NodeState(governorpb.NodeState_NODE_STATE_CLOSED)
+	NodeCancelled NodeState = NodeState(governorpb.NodeState_NODE_STATE_CANCELLED)
+	NodeExpired   NodeState = NodeState(governorpb.NodeState_NODE_STATE_EXPIRED)
+)
+
+func (s NodeState) String() string {
+	switch s {
+	case NodeOpen:
+		return "open"
+	case NodeClosed:
+		return "closed"
+	case NodeCancelled:
+		return "cancelled"
+	case NodeExpired:
+		return "expired"
+	}
+	return fmt.Sprintf("NodeState(%d)", int32(s))
+}
+
+// TaskEndedError reports that the target task, or the ancestor named by
+// NodeID, has ended. It matches ErrTaskEnded. The SDK cancels the context of
+// every task of its own that the end took with it.
+type TaskEndedError struct {
+	NodeID   int64
+	NodeName string
+	State    NodeState
+}
+
+func (e *TaskEndedError) Error() string {
+	return fmt.Sprintf("task ended: %q (node %d) is %s", e.NodeName, e.NodeID, e.State)
+}
+
+// Is makes errors.Is(e, ErrTaskEnded) true.
+func (e *TaskEndedError) Is(target error) bool { return target == ErrTaskEnded }
+
+// gaveUpError is a call that stopped trying: why it stopped (the caller's
+// context ended, or the session did) and the failure of the last attempt.
+// errors.Is matches both.
+type gaveUpError struct {
+	op   string
+	why  error
+	last error
+}
+
+func (e *gaveUpError) Error() string {
+	last := e.last.Error()
+	if se, ok := e.last.(*StatusError); ok {
+		last = se.reason()
+	}
+	return fmt.Sprintf("governor: %s: %v (last attempt: %s)", e.op, e.why, last)
+}
+
+func (e *gaveUpError) Unwrap() []error { return []error{e.why, e.last} }
+
+// fromStatus turns an error from a gRPC call into a *StatusError. Errors that
+// carry no status (a closed connection, a rejected call) are wrapped as they
+// are.
+func fromStatus(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("governor: %s: %w", op, err)
+	}
+	se := &StatusError{Op: op, status: st}
+	switch st.Code() {
+	case codes.ResourceExhausted:
+		se.err = ErrQuotaExhausted
+		for _, d := range st.Details() {
+			if d, ok := d.(*governorpb.Denial); ok {
+				se.err = denialFromProto(d)
+			}
+		}
+	case codes.FailedPrecondition:
+		for _, d := range st.Details() {
+			switch d := d.(type) {
+			case *governorpb.NodeEnded:
+				se.err = &TaskEndedError{NodeID: d.GetNodeId(), NodeName: d.GetNodeName(), State: NodeState(d.GetState())}
+			case *governorpb.LeaseEnded:
+				se.err = &LeaseEndedError{LeaseID: d.GetLeaseId(), Reason: LeaseEndReason(d.GetReason())}
+			}
+		}
+	case codes.Unauthenticated:
+		se.err = ErrUnauthenticated
+	case codes.PermissionDenied:
+		se.err = ErrPermissionDenied
+	case codes.NotFound:
+		se.err = ErrNotFound
+	case codes.AlreadyExists:
+		se.err = ErrAlreadyExists
+	case codes.InvalidArgument:
+		se.err = ErrInvalidArgument
+	case codes.Unavailable:
+		se.err = ErrUnavailable
+	case codes.Canceled:
+		se.err = context.Canceled
+	case codes.DeadlineExceeded:
+		se.err = context.DeadlineExceeded
+	}
+	return se
+}
+
+func denialFromProto(d *governorpb.Denial) *Denial {
+	return &Denial{
+		Resource:            d.GetResource(),
+		NodeID:              d.GetNodeId(),
+		NodeName:            d.GetNodeName(),
+		Used:                d.GetUsed(),
+		Limit:               d.GetLimit(),
+		Amount:              d.GetAmount(),
+		LargestConsumerID:   d.GetLargestConsumerId(),
+		LargestConsumerName: d.GetLargestConsumerName(),
+		LargestConsumerUsed: d.GetLargestConsumerUsed(),
+	}
+}
