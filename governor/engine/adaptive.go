@@ -33,7 +33,7 @@ func newController(a Adaptive, now int64) (*controller, error) {
 		return nil, invalid("adaptive %q: max_limit %d is below min_limit %d", a.Class, a.MaxLimit, a.MinLimit)
 	case a.TargetP95 <= 0:
 		return nil, invalid("adaptive %q: target_p95 must be positive", a.Class)
-	case a.MaxOverload < 0 || a.MaxOverload > 1:
+	case !(a.MaxOverload >= 0 && a.MaxOverload <= 1): // also refuses NaN
 		return nil, invalid("adaptive %q: max_overload %v is not a share in [0, 1]", a.Class, a.MaxOverload)
 	case a.Interval < 0 || a.MinSamples < 0:
 		return nil, invalid("adaptive %q: interval and min_samples cannot be negative", a.Class)
@@ -101,6 +101,18 @@ func percentile(samples []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	rank := int(p*float64(len(s))+0.999999) - 1
 	return s[min(max(rank, 0), len(s)-1)]
+}
+
+// startAdaptive gives each adaptive class without a root limit its MaxLimit,
+// so the class is never unlimited while the controller waits for samples.
+// It is configuration, applied the same way by New and Restore, so live and
+// replayed engines agree.
+func (e *Engine) startAdaptive() {
+	for _, class := range e.sortedAdaptive() {
+		if _, ok := e.root.limit.capOf(class); !ok {
+			e.root.limit.setCap(class, e.adaptive[class].cfg.MaxLimit)
+		}
+	}
 }
 
 func (e *Engine) sortedAdaptive() []string {

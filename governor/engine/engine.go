@@ -154,6 +154,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 		e.adaptive[a.Class] = c
 	}
+	e.startAdaptive()
 	return e, nil
 }
 
@@ -207,7 +208,7 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	defer e.mu.Unlock()
 	now := e.now()
 	for _, s := range e.sortedSessions() {
-		if s.expired(now) {
+		if e.sessions[s.id] == s && s.expired(now) { // an earlier end may have dispatched past it
 			e.endSession(s, now, EndExpired)
 			sessions++
 		}

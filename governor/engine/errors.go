@@ -29,8 +29,8 @@ var (
 	ErrQuotaExhausted = errors.New("quota exhausted")
 	// ErrLeaseExpired: the lease ended because its session expired.
 	ErrLeaseExpired = errors.New("lease expired")
-	// ErrLeaseRevoked: the lease ended because its node ended or its session
-	// was closed.
+	// ErrLeaseRevoked: the lease ended because its node ended. (A lease whose
+	// session was closed counts as released by its holder.)
 	ErrLeaseRevoked = errors.New("lease revoked")
 	// ErrLeaseReleased: Validate of a lease that was released.
 	ErrLeaseReleased = errors.New("lease released")
@@ -77,7 +77,7 @@ type EndedError struct {
 	Name  string
 	Kind  Kind
 	State State
-	// Deadline is true when the node ended because its deadline passed.
+	// Deadline is true when the node expired: its deadline passed.
 	Deadline bool
 }
 

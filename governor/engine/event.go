@@ -82,6 +82,10 @@ type Event struct {
 	// returns this event's result, even after a restart.
 	RequestID   string `json:"rid,omitempty"`
 	Fingerprint uint64 `json:"fp,omitempty"`
+	// Forget is a request id the session must forget (EvLeaseReleased of a
+	// grant its caller gave up at the instant it arrived): the caller never
+	// saw the lease, so a retry must be decided afresh.
+	Forget string `json:"forget,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes
@@ -141,6 +145,9 @@ func (e *Engine) applyKind(ev *Event) error {
 			return fmt.Errorf("%w: release of lease %d not held", ErrCorrupt, ev.Lease)
 		}
 		e.endLease(l, EndReleased, ev.At)
+		if ev.Forget != "" {
+			l.session.requests.forget(ev.Forget)
+		}
 	case EvLimitAdjusted:
 		n := e.nodes[ev.Node]
 		if n == nil || ev.Amount < 0 {

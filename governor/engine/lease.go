@@ -122,7 +122,7 @@ func (e *Engine) CancelWait(wt *Wait) {
 		return
 	}
 	if l := e.leases[w.granted]; l != nil {
-		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id})
+		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id, Forget: w.requestID})
 		e.dispatch(l.class)
 	}
 }
@@ -227,10 +227,12 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 		if !l.node.within(s.scope) {
 			return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
 		}
-		if l.session != s {
+		// Touch first, so an expired lease reads as expired whether or not
+		// Reap has run.
+		if l = e.touch(l, now); l != nil && l.session != s {
 			return fmt.Errorf("%w: lease %d is held by another session", ErrPermission, id)
 		}
-		if l = e.touch(l, now); l != nil {
+		if l != nil {
 			e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: id,
 				RequestID: requestID, Fingerprint: fp})
 			if c := e.adaptive[l.class]; c != nil {

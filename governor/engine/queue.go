@@ -189,6 +189,10 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 		if w == nil {
 			return
 		}
+		if w.session.expired(now) {
+			e.endSession(w.session, now, EndExpired) // fails its waiters, this one included
+			continue
+		}
 		if err := e.checkOpen(w.node, now); err != nil {
 			e.failWaiter(w, err) // its node just expired
 			continue

@@ -113,6 +113,7 @@ func newWorld(t *testing.T, seed int64) *world {
 		t.Fatal(err)
 	}
 	w.e = e
+	w.m.limits[RootID] = map[string]int64{"llm": 6} // an adaptive class starts at its MaxLimit
 	w.nodes = []NodeID{RootID}
 	// The operator's configuration: root caps, then tenants.
 	w.must(e.SetCaps(System, RootID, CapsEdit{Limits: map[string]int64{"db": 2 + w.rng.Int63n(4), "http": 3 + w.rng.Int63n(5), "llm": 4},

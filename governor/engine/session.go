@@ -110,8 +110,12 @@ func (e *Engine) CloseSession(sid SessionID) error {
 
 func (e *Engine) endSession(s *session, now int64, why EndReason) {
 	e.emit(Event{Kind: EvSessionEnded, At: now, Session: s.id, Reason: why})
+	err := fmt.Errorf("%w: session %d expired", ErrSessionExpired, s.id)
+	if why != EndExpired {
+		err = fmt.Errorf("%w: session %d was closed", ErrUnauthenticated, s.id)
+	}
 	for _, w := range slices.Clone(s.waiters) {
-		e.failWaiter(w, fmt.Errorf("%w: session %d %s", ErrSessionExpired, s.id, why))
+		e.failWaiter(w, err)
 	}
 	e.dispatchAll()
 }
@@ -182,8 +186,7 @@ type requestResult struct {
 // requestMemory holds a session's last RequestMemory request ids.
 type requestMemory struct {
 	byID  map[string]requestResult
-	order []string // a ring, oldest at next
-	next  int
+	order []string // oldest first
 }
 
 func (m *requestMemory) add(id string, r requestResult) {
@@ -194,14 +197,23 @@ func (m *requestMemory) add(id string, r requestResult) {
 		m.byID[id] = r
 		return
 	}
-	if len(m.order) < RequestMemory {
-		m.order = append(m.order, id)
-	} else {
-		delete(m.byID, m.order[m.next])
-		m.order[m.next] = id
-		m.next = (m.next + 1) % RequestMemory
+	m.order = append(m.order, id)
+	if len(m.order) > RequestMemory {
+		delete(m.byID, m.order[0])
+		m.order = m.order[1:]
 	}
 	m.byID[id] = r
+}
+
+// forget drops one id, so a retry with it is decided afresh.
+func (m *requestMemory) forget(id string) {
+	if _, ok := m.byID[id]; !ok {
+		return
+	}
+	delete(m.byID, id)
+	if i := slices.Index(m.order, id); i >= 0 {
+		m.order = slices.Delete(m.order, i, i+1)
+	}
 }
 
 // lookup finds a remembered request. ok says it was found with the same
@@ -221,9 +233,7 @@ func (m *requestMemory) lookup(id string, fp uint64) (requestResult, bool, error
 }
 
 // ids returns the remembered ids, oldest first.
-func (m *requestMemory) ids() []string {
-	return append(slices.Clone(m.order[m.next:]), m.order[:m.next]...)
-}
+func (m *requestMemory) ids() []string { return slices.Clone(m.order) }
 
 // Operations, as fingerprinted.
 const (

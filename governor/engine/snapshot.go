@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"maps"
@@ -101,25 +102,34 @@ func (e *Engine) Snapshot() Snapshot {
 }
 
 // Restore replaces the engine's state with snap. The engine must be new:
-// restoring over a used engine is an error. Every session gets one fresh
-// TTL from the clock.
+// restoring over a used engine is an error. The snapshot is checked whole
+// before anything is installed, so a corrupt one leaves the engine as it
+// was. Every session gets one fresh TTL from the clock.
 func (e *Engine) Restore(snap Snapshot) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.seq != 0 || len(e.nodes) != 1 {
+	if e.seq != 0 || len(e.nodes) != 1 || len(e.sessions) != 0 {
 		return fmt.Errorf("%w: restore into an engine that already has state", ErrCorrupt)
 	}
 	if len(snap.Nodes) == 0 || snap.Nodes[0].ID != RootID || snap.Nodes[0].Parent != 0 {
 		return fmt.Errorf("%w: snapshot has no root", ErrCorrupt)
 	}
+	if snap.NextNode <= RootID || snap.NextSession < 1 || snap.NextLease < 1 {
+		return fmt.Errorf("%w: snapshot counters node %d, session %d, lease %d", ErrCorrupt,
+			snap.NextNode, snap.NextSession, snap.NextLease)
+	}
 	now := e.now()
 	nodes := make(map[NodeID]*node, len(snap.Nodes))
+	var deadlines deadlineHeap
 	for i, v := range snap.Nodes {
 		var parent *node
 		if i > 0 {
 			parent = nodes[v.Parent]
 			if parent == nil || v.ID <= snap.Nodes[i-1].ID || v.ID >= snap.NextNode {
 				return fmt.Errorf("%w: snapshot node %d (parent %d) out of order", ErrCorrupt, v.ID, v.Parent)
+			}
+			if parent.depth+1 >= MaxDepth {
+				return fmt.Errorf("%w: snapshot node %d is deeper than %d", ErrCorrupt, v.ID, MaxDepth)
 			}
 		}
 		n := newNode(v.ID, parent, v.Name)
@@ -135,6 +145,9 @@ func (e *Engine) Restore(snap Snapshot) error {
 		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
 		nodes[n.id] = n
 		if parent != nil {
+			if n.state == Open && parent.open[n.name] != nil {
+				return fmt.Errorf("%w: snapshot has two open nodes named %q under %d", ErrCorrupt, n.name, parent.id)
+			}
 			parent.children = append(parent.children, n)
 			if n.state == Open {
 				if parent.open == nil {
@@ -144,13 +157,14 @@ func (e *Engine) Restore(snap Snapshot) error {
 			}
 		}
 		if n.deadline != 0 && n.state == Open {
-			heap.Push(&e.deadlines, deadlineEntry{at: n.deadline, node: n.id})
+			deadlines = append(deadlines, deadlineEntry{at: n.deadline, node: n.id})
 		}
 	}
 	sessions := make(map[SessionID]*session, len(snap.Sessions))
+	byToken := make(map[string]*session, len(snap.Sessions))
 	for _, ss := range snap.Sessions {
 		scope := nodes[ss.Scope]
-		if scope == nil || ss.ID >= snap.NextSession || ss.TTL <= 0 {
+		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
 			return fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
 		}
 		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: now + int64(ss.TTL),
@@ -160,32 +174,42 @@ func (e *Engine) Restore(snap Snapshot) error {
 		}
 		sessions[s.id] = s
 		if s.token != "" {
-			e.byToken[s.token] = s
+			if byToken[s.token] != nil {
+				return fmt.Errorf("%w: snapshot sessions share a token", ErrCorrupt)
+			}
+			byToken[s.token] = s
 		}
 	}
+	leases := make(map[LeaseID]*lease, len(snap.Leases))
 	for _, ls := range snap.Leases {
 		s, n := sessions[ls.Session], nodes[ls.Node]
-		if s == nil || n == nil || ls.ID >= snap.NextLease {
+		if s == nil || n == nil || ls.ID < 1 || ls.ID >= snap.NextLease || leases[ls.ID] != nil {
 			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
 		}
 		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted}
-		e.leases[l.id], s.leases[l.id] = l, l
+		leases[l.id], s.leases[l.id] = l, l
 		if n.leases == nil {
 			n.leases = make(map[LeaseID]*lease)
 		}
 		n.leases[l.id] = l
 	}
+	tombs := make(map[LeaseID]tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {
-		e.tombs[t.Lease] = tombstone{session: t.Session, node: t.Node, class: t.Class, reason: t.Reason, at: t.At}
-	}
-	e.tombOrder = slices.SortedFunc(maps.Keys(e.tombs), func(a, b LeaseID) int {
-		if d := e.tombs[a].at - e.tombs[b].at; d != 0 {
-			return int(d)
+		if t.Lease < 1 || t.Lease >= snap.NextLease || leases[t.Lease] != nil {
+			return fmt.Errorf("%w: snapshot tombstone of lease %d", ErrCorrupt, t.Lease)
 		}
-		return int(a - b)
+		tombs[t.Lease] = tombstone{session: t.Session, node: t.Node, class: t.Class, reason: t.Reason, at: t.At}
+	}
+	heap.Init(&deadlines)
+	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
+	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {
+		if d := tombs[a].at - tombs[b].at; d != 0 {
+			return cmp.Compare(tombs[a].at, tombs[b].at)
+		}
+		return cmp.Compare(a, b)
 	})
-	e.nodes, e.root, e.sessions = nodes, nodes[RootID], sessions
 	e.system.scope = e.root
+	e.startAdaptive()
 	e.seq, e.nextNode, e.nextSession, e.nextLease = snap.Seq, snap.NextNode, snap.NextSession, snap.NextLease
 	return nil
 }

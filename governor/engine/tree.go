@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strings"
 )
 
@@ -301,8 +302,8 @@ func (c *CapsEdit) validate() error {
 	return nil
 }
 
-func (n *node) ended(deadline bool) *EndedError {
-	return &EndedError{Node: n.id, Name: n.name, Kind: n.kind(), State: n.state, Deadline: deadline}
+func (n *node) ended() *EndedError {
+	return &EndedError{Node: n.id, Name: n.name, Kind: n.kind(), State: n.state, Deadline: n.state == Expired}
 }
 
 // checkOpen ends the first node on n's chain that is past its deadline and
@@ -314,11 +315,11 @@ func (e *Engine) checkOpen(n *node, now int64) error {
 			for a.parent != nil && a.parent.state != Open {
 				a = a.parent
 			}
-			return a.ended(false)
+			return a.ended()
 		}
 		if a.deadline != 0 && now >= a.deadline {
 			e.endNode(a, Expired, now)
-			return a.ended(true)
+			return a.ended()
 		}
 	}
 	return nil
@@ -362,7 +363,7 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 	if err != nil {
 		return NodeView{}, false, err
 	}
-	if existing := parent.open[spec.Name]; existing != nil {
+	if existing := parent.open[spec.Name]; existing != nil && e.checkOpen(existing, now) == nil {
 		if find {
 			return existing.view(), false, nil
 		}
@@ -448,7 +449,7 @@ func (e *Engine) Children(sid SessionID, id, after NodeID, limit int) ([]NodeVie
 	if err != nil {
 		return nil, err
 	}
-	start, _ := slices.BinarySearchFunc(n.children, after+1, func(c *node, id NodeID) int { return int(c.id - id) })
+	start := sort.Search(len(n.children), func(i int) bool { return n.children[i].id > after })
 	var out []NodeView
 	for _, c := range n.children[start:] {
 		if limit > 0 && len(out) == limit {
@@ -524,7 +525,7 @@ func (e *Engine) afterEnd() {
 		q := e.queues[class]
 		for _, w := range q.all() {
 			if w.node.state != Open {
-				e.failWaiter(w, w.node.ended(false))
+				e.failWaiter(w, w.node.ended())
 			}
 		}
 	}
@@ -561,6 +562,14 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	}
 	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit,
 		RequestID: requestID, Fingerprint: fp})
+	if edit.Weight != nil {
+		// A turn in progress ends at the new weight.
+		for _, q := range e.queues {
+			if tq := q.byNode[n]; tq != nil {
+				tq.deficit = min(tq.deficit, n.weight)
+			}
+		}
+	}
 	e.dispatchAll()
 	return n.view(), nil
 }

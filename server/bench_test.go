@@ -1,0 +1,358 @@
+package server
+
+// Benchmarks of governord as a client sees it: real gRPC over loopback to a
+// Server started in process. They run only with -bench:
+//
+//	go test ./server -run '^$' -bench . -benchtime 3s
+//	(source scripts/testpg.sh first for the postgres cases)
+//
+// docs/governord-performance.md holds the figures and what they mean.
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+)
+
+// benchPGDSNEnv names the PostgreSQL the postgres cases use; without it
+// they are skipped.
+const benchPGDSNEnv = "GOVERNOR_TEST_PG_DSN"
+
+var benchCallers = []int{1, 16, 64}
+
+// BenchmarkConsume measures consumes per second through gRPC, each caller
+// with its own connection and session, every call with a request id (as
+// the SDK and the proxies send them), on each store. Every consume is
+// committed before it is answered, so the durable stores measure group
+// commit as well.
+func BenchmarkConsume(b *testing.B) {
+	for _, driver := range []string{"memory", "sqlite", "postgres"} {
+		b.Run(driver, func(b *testing.B) {
+			for _, n := range benchCallers {
+				b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+					srv := benchServer(b, benchStoreConfig(b, driver))
+					callers := benchSessions(b, srv.Addr(), n)
+					commits, events := benchCommits(b, srv)
+					benchRun(b, callers, "consumes/s", func(c *benchCaller, i int64) error {
+						_, err := c.gov.Consume(c.ctx, &governorpb.ConsumeRequest{
+							RequestId: strconv.FormatInt(i, 10), NodeId: c.scope, Resource: "tokens", Amount: 1})
+						return err
+					})
+					// Group commit: how many events each store transaction carried.
+					if c, e := benchCommits(b, srv); c > commits {
+						b.ReportMetric((e-events)/float64(c-commits), "events/commit")
+					}
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkNoopCall is the ceiling BenchmarkConsume is measured against:
+// the standard gRPC health check, which does nothing, on the same server,
+// connections and callers.
+func BenchmarkNoopCall(b *testing.B) {
+	for _, n := range benchCallers {
+		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+			srv := benchServer(b, StoreConfig{Driver: "memory"})
+			callers := benchSessions(b, srv.Addr(), n)
+			benchRun(b, callers, "calls/s", func(c *benchCaller, _ int64) error {
+				_, err := c.health.Check(c.ctx, &healthpb.HealthCheckRequest{})
+				return err
+			})
+		})
+	}
+}
+
+// benchCaller is one client: its own connection and session.
+type benchCaller struct {
+	gov    governorpb.GovernorClient
+	health healthpb.HealthClient
+	ctx    context.Context // carries the session token
+	scope  int64
+}
+
+// benchCommits reads the commit-batch histogram: how many commits so far
+// and how many events they carried.
+func benchCommits(b *testing.B, srv *Server) (commits uint64, events float64) {
+	b.Helper()
+	mfs, err := srv.metrics.reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "governor_commit_batch_size" && len(mf.GetMetric()) == 1 {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	return 0, 0
+}
+
+func benchServer(b *testing.B, st StoreConfig) *Server {
+	b.Helper()
+	// No snapshots, no metrics listener: only the call path is measured.
+	st.SnapshotEvery = 1 << 40
+	cfg := Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour, Store: st,
+		Tenants: []TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
+	srv, err := Start(context.Background(), cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+func benchSessions(b *testing.B, addr string, n int) []*benchCaller {
+	b.Helper()
+	out := make([]*benchCaller, n)
+	for i := range out {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { conn.Close() })
+		gov := governorpb.NewGovernorClient(conn)
+		resp, err := gov.OpenSession(context.Background(), &governorpb.OpenSessionRequest{ApiKey: "bench-key"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = &benchCaller{gov: gov, health: healthpb.NewHealthClient(conn), scope: resp.GetScopeNodeId(),
+			ctx: metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+resp.GetSessionToken())}
+	}
+	return out
+}
+
+// benchRun shares b.N calls among the callers, each calling in a loop, and
+// reports the rate as unit.
+func benchRun(b *testing.B, callers []*benchCaller, unit string, call func(c *benchCaller, i int64) error) {
+	b.Helper()
+	// Warm up every connection and the server's paths before timing
+	// (negative request ids, apart from the timed ones).
+	for i, c := range callers {
+		if err := call(c, -1-int64(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	cpu := benchCPU(b)
+	b.ResetTimer()
+	for _, c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := call(c, i); err != nil {
+					failed.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	cpu = benchCPU(b) - cpu
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), unit)
+	// CPU time per call, client and server together (both are this
+	// process): unlike the rate, it hardly moves when other processes
+	// compete for the machine.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+// benchCPU is the CPU time this process has used, user and system.
+func benchCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchStoreConfig returns a fresh, empty store of driver for one round.
+func benchStoreConfig(b *testing.B, driver string) StoreConfig {
+	b.Helper()
+	switch driver {
+	case "sqlite":
+		return StoreConfig{Driver: "sqlite", DSN: filepath.Join(b.TempDir(), "governor.db")}
+	case "postgres":
+		return StoreConfig{Driver: "postgres", DSN: benchPostgresDSN(b)}
+	}
+	return StoreConfig{Driver: "memory"}
+}
+
+// benchPostgresDSN creates a database of its own in the test PostgreSQL,
+// dropped when b's round ends. It skips b when no server is configured.
+func benchPostgresDSN(b *testing.B) string {
+	b.Helper()
+	base := os.Getenv(benchPGDSNEnv)
+	if base == "" {
+		b.Skipf("%s is not set: `source scripts/testpg.sh` first to benchmark PostgreSQL", benchPGDSNEnv)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		b.Fatalf("%s: %v", benchPGDSNEnv, err)
+	}
+	var r [6]byte
+	rand.Read(r[:])
+	name := "governor_bench_" + hex.EncodeToString(r[:])
+	benchPGExec(b, base, "CREATE DATABASE "+name)
+	b.Cleanup(func() { benchPGExec(b, base, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	u.Path = "/" + name
+	return u.String()
+}
+
+func benchPGExec(b *testing.B, dsn, sql string) {
+	b.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		b.Fatalf("connect to %s: %v", benchPGDSNEnv, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		b.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// restartEvents is how many events BenchmarkRestart puts on record.
+const restartEvents = 1_000_000
+
+// BenchmarkRestart measures Start on a SQLite store holding restartEvents
+// events: replaying all of them ("events=1000000"), or restoring a
+// snapshot that covers them all ("snapshot"). It reports seconds per
+// restart (Start until ready; Close is not timed). The store is built once
+// per case, before the timer, by a server driven directly through its
+// engine: 100 sessions doing consumes and acquire/release pairs, each with
+// a request id.
+func BenchmarkRestart(b *testing.B) {
+	for _, snap := range []bool{false, true} {
+		name := fmt.Sprintf("events=%d", restartEvents)
+		if snap {
+			name = "snapshot"
+		}
+		// Built once and kept across the rounds of the case (each round
+		// runs the function below again); removed with the parent's TempDir.
+		path := filepath.Join(b.TempDir(), "governor.db")
+		built := false
+		b.Run(name, func(b *testing.B) {
+			cfg := restartConfig(path)
+			if !built {
+				benchBuildLog(b, cfg, snap)
+				built = true
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			for range b.N {
+				b.StartTimer()
+				srv, err := Start(ctx, cfg, nil)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got := srv.eng.Seq(); got < restartEvents {
+					b.Fatalf("recovered seq %d, want >= %d", got, restartEvents)
+				}
+				if err := srv.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/restart")
+			b.ReportMetric(0, "ns/op") // s/restart says it
+		})
+	}
+}
+
+func restartConfig(path string) Config {
+	return Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour,
+		Store:   StoreConfig{Driver: "sqlite", DSN: path, SnapshotEvery: 1 << 40},
+		Tenants: []TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
+}
+
+// benchBuildLog fills the store of cfg with restartEvents events (and a
+// snapshot of them all, if snap) through a running server, so that the
+// records are exactly what governord writes.
+func benchBuildLog(b *testing.B, cfg Config, snap bool) {
+	b.Helper()
+	began := time.Now()
+	ctx := context.Background()
+	srv, err := Start(ctx, cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	eng := srv.eng
+	tenant := srv.keys[sha256.Sum256([]byte("bench-key"))]
+	const sessions = 100
+	sids := make([]engine.SessionID, sessions)
+	for i := range sids {
+		if sids[i], err = eng.OpenSession(tenant, fmt.Sprintf("%064x", i+1), time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; eng.Seq() < restartEvents; i++ {
+		sid, rid := sids[i%sessions], "r"+strconv.Itoa(i)
+		if i%2 == 0 {
+			err = eng.Consume(sid, tenant, "tokens", 1, rid)
+		} else {
+			var g engine.Grant
+			if g, _, err = eng.Acquire(sid, engine.AcquireRequest{Node: tenant, Class: "db", RequestID: rid}); err == nil {
+				err = eng.Release(sid, g.Lease, time.Millisecond, false, rid+"r")
+			}
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Keep the backlog bounded: wait for the log now and then.
+		if i%8192 == 0 {
+			if err := srv.events.WaitDurable(ctx, eng.Seq()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := srv.events.WaitDurable(ctx, eng.Seq()); err != nil {
+		b.Fatal(err)
+	}
+	if snap {
+		if err := srv.snapshot(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	size := 0
+	if snap {
+		data, err := encodeSnapshot(eng.Snapshot())
+		if err != nil {
+			b.Fatal(err)
+		}
+		size = len(data)
+	}
+	b.Logf("built a store of %d events in %v (snapshot: %v, %d bytes)", eng.Seq(), time.Since(began).Round(time.Millisecond), snap, size)
+}
