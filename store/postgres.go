@@ -94,40 +94,13 @@ func (p *Postgres) Load(ctx context.Context, snapshot func(uint64, []byte) error
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	var snapSeq int64
-	var snap []byte
-	var hasSnap bool
-	if err := tx.QueryRow(ctx, "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1").Scan(&snapSeq, &snap, &hasSnap); err != nil {
-		return fmt.Errorf("store: load snapshot: %w", err)
-	}
-	if hasSnap { // a zero-length blob may scan as nil
-		if snap == nil {
-			snap = []byte{}
+	return loadRecords(tx.QueryRow(ctx, loadSnapshotSQL), func(after int64) (cursor, func(), error) {
+		rows, err := tx.Query(ctx, "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq", after)
+		if err != nil {
+			return nil, nil, err
 		}
-		if err := snapshot(uint64(snapSeq), snap); err != nil {
-			return fmt.Errorf("store: load snapshot: %w", err)
-		}
-	}
-
-	rows, err := tx.Query(ctx, "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq", snapSeq)
-	if err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var seq int64
-		var data []byte
-		if err := rows.Scan(&seq, &data); err != nil {
-			return fmt.Errorf("store: load records: %w", err)
-		}
-		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
-			return fmt.Errorf("store: load record %d: %w", seq, err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	return nil
+		return rows, rows.Close, nil
+	}, snapshot, record)
 }
 
 // Append implements Store: BEGIN, then one pipelined batch (move last_seq,

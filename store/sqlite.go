@@ -104,40 +104,13 @@ func (s *SQLite) Load(ctx context.Context, snapshot func(uint64, []byte) error, 
 	}
 	defer tx.Rollback()
 
-	var snapSeq int64
-	var snap []byte
-	var hasSnap bool
-	if err := tx.QueryRowContext(ctx, "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1").Scan(&snapSeq, &snap, &hasSnap); err != nil {
-		return fmt.Errorf("store: load snapshot: %w", err)
-	}
-	if hasSnap { // a zero-length blob may scan as nil
-		if snap == nil {
-			snap = []byte{}
+	return loadRecords(tx.QueryRowContext(ctx, loadSnapshotSQL), func(after int64) (cursor, func(), error) {
+		rows, err := tx.QueryContext(ctx, "SELECT seq, data FROM governor_events WHERE seq > ? ORDER BY seq", after)
+		if err != nil {
+			return nil, nil, err
 		}
-		if err := snapshot(uint64(snapSeq), snap); err != nil {
-			return fmt.Errorf("store: load snapshot: %w", err)
-		}
-	}
-
-	rows, err := tx.QueryContext(ctx, "SELECT seq, data FROM governor_events WHERE seq > ? ORDER BY seq", snapSeq)
-	if err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var seq int64
-		var data []byte
-		if err := rows.Scan(&seq, &data); err != nil {
-			return fmt.Errorf("store: load records: %w", err)
-		}
-		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
-			return fmt.Errorf("store: load record %d: %w", seq, err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	return nil
+		return rows, func() { rows.Close() }, nil
+	}, snapshot, record)
 }
 
 // Append implements Store.

@@ -143,3 +143,54 @@ func checkSnapshot(seq, snapSeq, last uint64) error {
 func gapError(first, last uint64) error {
 	return fmt.Errorf("store: append: first seq %d, want %d: %w", first, last+1, ErrOutOfSequence)
 }
+
+// loadSnapshotSQL reads the snapshot row; both SQL stores share its schema.
+const loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1"
+
+// scanner is a row of either SQL driver; cursor is a result set of either.
+type scanner interface{ Scan(dest ...any) error }
+
+type cursor interface {
+	scanner
+	Next() bool
+	Err() error
+}
+
+// loadRecords is Load for the SQL stores, once the read transaction is open:
+// the snapshot row, then every record after it, streamed in order.
+func loadRecords(snapRow scanner, records func(after int64) (cursor, func(), error),
+	snapshot func(uint64, []byte) error, record func(Record) error) error {
+	var snapSeq int64
+	var snap []byte
+	var hasSnap bool
+	if err := snapRow.Scan(&snapSeq, &snap, &hasSnap); err != nil {
+		return fmt.Errorf("store: load snapshot: %w", err)
+	}
+	if hasSnap { // a zero-length blob may scan as nil
+		if snap == nil {
+			snap = []byte{}
+		}
+		if err := snapshot(uint64(snapSeq), snap); err != nil {
+			return fmt.Errorf("store: load snapshot: %w", err)
+		}
+	}
+	rows, closeRows, err := records(snapSeq)
+	if err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	defer closeRows()
+	for rows.Next() {
+		var seq int64
+		var data []byte
+		if err := rows.Scan(&seq, &data); err != nil {
+			return fmt.Errorf("store: load records: %w", err)
+		}
+		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
+			return fmt.Errorf("store: load record %d: %w", seq, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("store: load records: %w", err)
+	}
+	return nil
+}
