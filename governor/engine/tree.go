@@ -474,11 +474,8 @@ func (e *Engine) EndNode(sid SessionID, id NodeID, state State, requestID string
 		return NodeView{}, invalid("a node can be closed or cancelled, not set %s", state)
 	}
 	fp := fingerprint(opEnd, id, "", int64(state))
-	if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
-		if err != nil {
-			return NodeView{}, err
-		}
-		return e.nodes[id].view(), nil
+	if v, done, err := e.remembered(s, requestID, fp, id); done {
+		return v, err
 	}
 	n, err := e.editable(s, id)
 	if err != nil {
@@ -532,6 +529,19 @@ func (e *Engine) afterEnd() {
 	e.dispatchAll()
 }
 
+// remembered answers a retried edit of node id from the session's memory.
+// done says the call is answered, with the node or with an error.
+func (e *Engine) remembered(s *session, requestID string, fp uint64, id NodeID) (v NodeView, done bool, err error) {
+	_, ok, err := s.requests.lookup(requestID, fp)
+	if err != nil {
+		return NodeView{}, true, err
+	}
+	if !ok {
+		return NodeView{}, false, nil
+	}
+	return e.nodes[id].view(), true, nil
+}
+
 // SetCaps edits a node's caps, defaults, weight, priority or deadline.
 // Lowering a cap below usage revokes nothing; it stops further grants.
 func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID string) (NodeView, error) {
@@ -547,11 +557,8 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	}
 	edit = edit.clone() // the event is encoded later, outside the lock
 	fp := fingerprintCaps(id, &edit)
-	if _, ok, err := s.requests.lookup(requestID, fp); ok || err != nil {
-		if err != nil {
-			return NodeView{}, err
-		}
-		return e.nodes[id].view(), nil
+	if v, done, err := e.remembered(s, requestID, fp, id); done {
+		return v, err
 	}
 	n, err := e.editable(s, id)
 	if err != nil {
