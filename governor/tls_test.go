@@ -2,17 +2,8 @@ package governor_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,29 +11,14 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/testcert"
 )
 
 // selfSigned makes a certificate for the fake's name ("fake", the authority
-// of passthrough:///fake) and writes it as PEM to a file.
+// of passthrough:///fake), and the CA file that trusts it.
 func selfSigned(t *testing.T) (tls.Certificate, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fake"},
-		DNSNames: []string{"fake"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, path
+	c := testcert.New(t, "fake")
+	return c.TLS, c.CertFile
 }
 
 func TestCAFileTurnsTLSOnAndTrustsOnlyIt(t *testing.T) {
