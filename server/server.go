@@ -97,6 +97,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		s.Close()
 		return nil, err
 	}
+	// Heartbeats could not arrive while the state was being replayed, so
+	// every session's one fresh TTL starts now, as the server starts to serve.
+	s.eng.RenewAll()
 	if err := s.serve(); err != nil {
 		s.Close()
 		return nil, err

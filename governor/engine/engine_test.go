@@ -2445,3 +2445,37 @@ func TestCancelledGrantIsNotReturnedByARetry(t *testing.T) {
 		knownBug(t, "the retry returned lease %d, which CancelWait gave back (%v): the caller never saw the grant, yet the request id stays remembered with that lease, so the retry reports success without a lease. When CancelWait gives a grant back, drop the request id from the session's memory (say, by emitting the release with the request id and a flag that apply uses to forget it), so the retry is decided afresh", g.Lease, verr)
 	}
 }
+
+// A charge-and-acquire whose caller gave up at the instant of its grant is
+// undone whole: its charges come back, and the retry charges exactly once.
+func TestCancelledGrantUndoesItsCharges(t *testing.T) {
+	f, holder := waitFixture(t)
+	s2 := f.open(f.acme, longTTL)
+	req := AcquireRequest{Node: f.job, Class: "db", Charges: map[string]int64{"tokens": 5}, RequestID: "cha-1"}
+	used := func() int64 {
+		v, err := f.e.Get(System, f.job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Used["tokens"]
+	}
+	_, w, err := f.e.Acquire(s2, req)
+	if err != nil || w == nil {
+		t.Fatalf("Acquire: %v, queued %v", err, w != nil)
+	}
+	f.release(f.sA, holder) // granted, and charged...
+	if got := used(); got != 5 {
+		t.Fatalf("after the grant %d tokens are used, want 5", got)
+	}
+	f.e.CancelWait(w) // ...but the caller gave up at that instant
+	if got := used(); got != 0 {
+		t.Fatalf("after the grant was given back %d tokens are used, want 0", got)
+	}
+	g, w2, err := f.e.Acquire(s2, req)
+	if err != nil || w2 != nil || g.Lease == 0 {
+		t.Fatalf("retry: %+v, queued %v, %v", g, w2 != nil, err)
+	}
+	if got := used(); got != 5 {
+		t.Fatalf("after the retry %d tokens are used, want 5 (charged once)", got)
+	}
+}

@@ -72,7 +72,9 @@ type Event struct {
 	// Token is the SHA-256 hash of a session's token (EvSessionOpened).
 	Token string `json:"tok,omitempty"`
 
-	Charges []Charge  `json:"ch,omitempty"`   // EvCharged, EvLeaseGranted
+	// Charges made (EvCharged, EvLeaseGranted), or undone with a grant its
+	// caller never saw (EvLeaseReleased with Forget).
+	Charges []Charge  `json:"ch,omitempty"`
 	Spec    *NodeSpec `json:"spec,omitempty"` // EvNodeCreated
 	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet
 	State   State     `json:"st,omitempty"`   // EvNodeEnded
@@ -147,6 +149,9 @@ func (e *Engine) applyKind(ev *Event) error {
 		e.endLease(l, EndReleased, ev.At)
 		if ev.Forget != "" {
 			l.session.requests.forget(ev.Forget)
+		}
+		for _, c := range ev.Charges { // a grant given back undoes its charges
+			l.node.charge(c.Resource, -c.Amount)
 		}
 	case EvLimitAdjusted:
 		n := e.nodes[ev.Node]

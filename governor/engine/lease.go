@@ -122,7 +122,10 @@ func (e *Engine) CancelWait(wt *Wait) {
 		return
 	}
 	if l := e.leases[w.granted]; l != nil {
-		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id, Forget: w.requestID})
+		// The caller never saw this grant: undo it whole, charges included,
+		// and forget its request id so a retry is decided afresh.
+		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,
+			Forget: w.requestID, Charges: w.charges})
 		e.dispatch(l.class)
 	}
 }

@@ -192,9 +192,18 @@ func (m *model) Emit(ev Event) {
 		}
 		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource}
 	case EvLeaseReleased:
-		if _, ok := m.leases[ev.Lease]; !ok {
+		l, ok := m.leases[ev.Lease]
+		if !ok {
 			m.failf("event %d releases lease %d, which is not held", ev.Seq, ev.Lease)
 			return
+		}
+		if len(ev.Charges) > 0 && ev.Forget == "" {
+			m.failf("event %d undoes charges of lease %d, which was not given back at its grant", ev.Seq, ev.Lease)
+		}
+		for _, c := range ev.Charges {
+			for _, a := range m.chain(l.node) {
+				add(m.used, a, c.Resource, -c.Amount)
+			}
 		}
 		m.endLease(ev.Lease)
 	case EvLimitAdjusted:

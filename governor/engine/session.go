@@ -66,6 +66,18 @@ func (e *Engine) OpenSession(scope NodeID, tokenHash string, ttl time.Duration) 
 	return id, nil
 }
 
+// RenewAll gives every session one fresh TTL from now. A server calls it
+// when it starts serving after a replay, so the time the replay took does
+// not count against sessions whose heartbeats it could not receive.
+func (e *Engine) RenewAll() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	for _, s := range e.sessions {
+		s.expires = now + int64(s.ttl)
+	}
+}
+
 // SessionByToken finds the open session whose token hashes to tokenHash.
 func (e *Engine) SessionByToken(tokenHash string) (id SessionID, scope NodeID, ok bool) {
 	e.mu.Lock()
