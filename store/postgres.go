@@ -103,9 +103,8 @@ func (p *Postgres) Load(ctx context.Context, snapshot func(uint64, []byte) error
 	}, snapshot, record)
 }
 
-// Append implements Store: BEGIN, then one pipelined batch (move last_seq,
-// insert every record through unnest), then COMMIT: three round trips
-// whatever the batch size.
+// Append implements Store in one statement: one round trip whatever the
+// batch size.
 func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	if p.closed.Load() {
 		return fmt.Errorf("store: append: %w", ErrClosed)
@@ -126,48 +125,27 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 		seqs[i], datas[i] = int64(r.Seq), r.Data
 	}
 
-	tx, err := p.pool.Begin(ctx)
+	// One statement, so one round trip and its own transaction: the check
+	// against what is stored and the move of last_seq (whose row lock also
+	// serializes concurrent writers) gate the insert of every record.
+	tag, err := p.pool.Exec(ctx, appendSQL, seqs[len(seqs)-1], int64(first-1), seqs, datas)
 	if err != nil {
 		return fmt.Errorf("store: append: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-
-	var b pgx.Batch
-	// The check against what is stored and the move of last_seq are one
-	// statement; its row lock also serializes concurrent writers.
-	b.Queue("UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2",
-		seqs[len(seqs)-1], int64(first-1))
-	b.Queue("INSERT INTO governor_events (seq, data) SELECT * FROM unnest($1::bigint[], $2::bytea[])", seqs, datas)
-	br := tx.SendBatch(ctx, &b)
-	tag, err := br.Exec()
-	if err != nil {
-		br.Close()
-		return fmt.Errorf("store: append: %w", err)
-	}
-	moved := tag.RowsAffected() == 1
-	if _, err := br.Exec(); err != nil && moved {
-		br.Close()
-		return fmt.Errorf("store: append: %w", err)
-	}
-	// When last_seq did not move, the INSERT's error (most likely a duplicate
-	// key) is only a symptom: report the gap.
-	if err := br.Close(); err != nil && moved {
-		return fmt.Errorf("store: append: %w", err)
-	}
-	if !moved {
-		// The transaction may be aborted by the INSERT; ask outside it.
-		tx.Rollback(ctx)
+	if tag.RowsAffected() != int64(len(recs)) {
 		var last int64
 		if err := p.pool.QueryRow(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
 			return fmt.Errorf("store: append: %w", err)
 		}
 		return gapError(first, uint64(last))
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: append: commit: %w", err)
-	}
 	return nil
 }
+
+const appendSQL = `WITH moved AS (
+	UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2 RETURNING 1)
+INSERT INTO governor_events (seq, data)
+SELECT s, d FROM unnest($3::bigint[], $4::bytea[]) AS u(s, d) WHERE EXISTS (SELECT 1 FROM moved)`
 
 // SaveSnapshot implements Store.
 func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
