@@ -66,6 +66,14 @@ func (s *Server) durable(ctx context.Context) error {
 	return status.Errorf(codes.Unavailable, "governord cannot record changes: %v", err)
 }
 
+// required refuses a zero id, as the API documents, before anything else.
+func required(field string, id int64) error {
+	if id == 0 {
+		return status.Errorf(codes.InvalidArgument, "%s is required", field)
+	}
+	return nil
+}
+
 // call authenticates, runs op once per request id at a time, waits until
 // what it did is durable, and maps its error to a status.
 func call[T any](s *Server, ctx context.Context, requestID string, op func(sid engine.SessionID) (T, error)) (T, error) {
@@ -153,6 +161,9 @@ func (s *Server) CloseSession(ctx context.Context, req *governorpb.CloseSessionR
 }
 
 func (s *Server) CreateNode(ctx context.Context, req *governorpb.CreateNodeRequest) (*governorpb.Node, error) {
+	if err := required("parent_id", req.GetParentId()); err != nil {
+		return nil, err
+	}
 	spec, err := nodeSpec(req.GetSpec())
 	if err != nil {
 		return nil, err
@@ -164,6 +175,9 @@ func (s *Server) CreateNode(ctx context.Context, req *governorpb.CreateNodeReque
 }
 
 func (s *Server) FindOrCreateNode(ctx context.Context, req *governorpb.FindOrCreateNodeRequest) (*governorpb.FindOrCreateNodeResponse, error) {
+	if err := required("parent_id", req.GetParentId()); err != nil {
+		return nil, err
+	}
 	spec, err := nodeSpec(req.GetSpec())
 	if err != nil {
 		return nil, err
@@ -178,12 +192,18 @@ func (s *Server) FindOrCreateNode(ctx context.Context, req *governorpb.FindOrCre
 }
 
 func (s *Server) GetNode(ctx context.Context, req *governorpb.GetNodeRequest) (*governorpb.Node, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.Get(sid, engine.NodeID(req.GetNodeId())))
 	})
 }
 
 func (s *Server) ListChildren(ctx context.Context, req *governorpb.ListChildrenRequest) (*governorpb.ListChildrenResponse, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	size := int(req.GetPageSize())
 	switch {
 	case size < 0:
@@ -227,18 +247,27 @@ func (s *Server) CloseNode(ctx context.Context, req *governorpb.CloseNodeRequest
 }
 
 func (s *Server) endNode(ctx context.Context, requestID string, id int64, state engine.State) (*governorpb.Node, error) {
+	if err := required("node_id", id); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, requestID, func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.EndNode(sid, engine.NodeID(id), state, requestID))
 	})
 }
 
 func (s *Server) Consume(ctx context.Context, req *governorpb.ConsumeRequest) (*governorpb.ConsumeResponse, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ConsumeResponse, error) {
 		return &governorpb.ConsumeResponse{}, s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
 	})
 }
 
 func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*governorpb.Lease, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	if req.GetClass() == "" {
 		return nil, status.Error(codes.InvalidArgument, "class is empty")
 	}
@@ -252,6 +281,9 @@ func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*
 }
 
 func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAndAcquireRequest) (*governorpb.ChargeAndAcquireResponse, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, error) {
 		g, err := s.acquire(ctx, sid, engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
 			Charges: req.GetCharges(), RequestID: req.GetRequestId()})
@@ -291,6 +323,9 @@ func (s *Server) acquire(ctx context.Context, sid engine.SessionID, r engine.Acq
 }
 
 func (s *Server) Release(ctx context.Context, req *governorpb.ReleaseRequest) (*governorpb.ReleaseResponse, error) {
+	if err := required("lease_id", req.GetLeaseId()); err != nil {
+		return nil, err
+	}
 	var latency time.Duration
 	if d := req.GetLatency(); d != nil {
 		if d.CheckValid() != nil || d.AsDuration() < 0 {
@@ -304,6 +339,9 @@ func (s *Server) Release(ctx context.Context, req *governorpb.ReleaseRequest) (*
 }
 
 func (s *Server) Validate(ctx context.Context, req *governorpb.ValidateRequest) (*governorpb.Lease, error) {
+	if err := required("lease_id", req.GetLeaseId()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.Lease, error) {
 		g, err := s.eng.Validate(sid, engine.LeaseID(req.GetLeaseId()))
 		if err != nil {
@@ -314,6 +352,9 @@ func (s *Server) Validate(ctx context.Context, req *governorpb.ValidateRequest) 
 }
 
 func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*governorpb.Node, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
 	edit := engine.CapsEdit{Quotas: req.GetQuotas(), Limits: req.GetLimits(),
 		DefaultQuotas: req.GetDefaultQuotas(), DefaultLimits: req.GetDefaultLimits()}
 	if req.Weight != nil {

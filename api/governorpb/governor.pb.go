@@ -533,10 +533,9 @@ type NodeSpec struct {
 	// Fair-share weight of a tenant in the weighted round robin across tenants.
 	// 0 means 1. Negative is INVALID_ARGUMENT. Ignored on other kinds.
 	Weight int64 `protobuf:"varint,7,opt,name=weight,proto3" json:"weight,omitempty"`
-	// Queue priority of a task: within a tenant, waiters of a higher-priority
-	// task are always served first. 0 is the default; negative values are
-	// allowed and rank below it. Subtasks use their task's priority. Ignored on
-	// other kinds.
+	// Queue priority: within a tenant, waiters on a higher-priority node are
+	// always served first. 0 inherits the parent's priority (so subtasks take
+	// their task's); negative values are allowed and rank below 0.
 	Priority      int64 `protobuf:"varint,8,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -636,7 +635,7 @@ type Node struct {
 	Id int64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The parent's id; 0 for the root.
 	ParentId int64 `protobuf:"varint,2,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
-	// The node's name; empty for the root.
+	// The node's name; "root" for the root.
 	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	// Where the node sits in the tree.
 	Kind NodeKind `protobuf:"varint,4,opt,name=kind,proto3,enum=governor.v1.NodeKind" json:"kind,omitempty"`
@@ -663,7 +662,7 @@ type Node struct {
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// The tenant's fair-share weight (1 or more); 0 on other kinds.
 	Weight int64 `protobuf:"varint,13,opt,name=weight,proto3" json:"weight,omitempty"`
-	// The task's queue priority (higher first); 0 on other kinds.
+	// The node's queue priority (higher first), as inherited or set.
 	Priority      int64 `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1916,7 +1915,7 @@ type Denial struct {
 	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
 	// The node the quota is on: the target or one of its ancestors.
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// That node's name (empty for the root).
+	// That node's name ("root" for the root).
 	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// The amount already charged to that node for the resource, in its units.
 	Used int64 `protobuf:"varint,4,opt,name=used,proto3" json:"used,omitempty"`
