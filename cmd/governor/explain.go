@@ -1,0 +1,244 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/proxy"
+)
+
+// headerFlags collects repeated -H "Name: value" flags.
+type headerFlags http.Header
+
+func (h headerFlags) String() string { return "" }
+
+func (h headerFlags) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	if !ok || strings.TrimSpace(name) == "" {
+		return fmt.Errorf("%q is not Name: value", v)
+	}
+	http.Header(h).Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	return nil
+}
+
+const explainUsage = `usage:
+  governor explain -config proxy.yaml [-H "Name: value"]... METHOD URL
+  governor explain -config proxy.yaml CONNECT host:port
+  governor explain -config proxy.yaml /openai/v1/chat/completions   (a base-URL route; method GET unless given)
+  governor explain -config proxy.yaml -sql "INSERT INTO payments ..." [-kind insert -tables payments]
+
+flags:
+`
+
+func explain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("governor explain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, explainUsage); fs.PrintDefaults() }
+	configPath := fs.String("config", "", "governor-proxy's configuration file (required)")
+	headers := headerFlags{}
+	fs.Var(headers, "H", "a request header, \"Name: value\" (repeatable)")
+	sql := fs.String("sql", "", "a SQL statement to classify instead of an HTTP request")
+	kinds := fs.String("kind", "", "with -sql: the statement kinds, comma separated (insert, update, ...), as the pgwire parser would report them")
+	tables := fs.String("tables", "", "with -sql: the tables the statement names, comma separated")
+	database := fs.String("database", "", "with -sql: the connection's database")
+	user := fs.String("user", "", "with -sql: the connection's user")
+	app := fs.String("application-name", "", "with -sql: the connection's application_name")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *configPath == "" {
+		fmt.Fprintln(stderr, "governor explain: -config is required")
+		fs.Usage()
+		return 2
+	}
+	cfg, err := proxy.LoadClassification(*configPath)
+	if err != nil {
+		fmt.Fprintln(stderr, "governor explain:", err)
+		return 2
+	}
+	if *sql != "" {
+		if fs.NArg() > 0 {
+			fmt.Fprintln(stderr, "governor explain: -sql takes no METHOD URL arguments")
+			return 2
+		}
+		return explainSQL(stdout, cfg, *sql, classify.SQLStatement{Kinds: split(*kinds), Tables: split(*tables),
+			Database: *database, User: *user, ApplicationName: *app})
+	}
+	req, err := requestFrom(fs.Args(), http.Header(headers))
+	if err != nil {
+		fmt.Fprintln(stderr, "governor explain:", err)
+		fs.Usage()
+		return 2
+	}
+	return explainHTTP(stdout, cfg, req)
+}
+
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(strings.ToLower(f)); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// requestFrom builds the request as the proxy would receive it.
+func requestFrom(args []string, h http.Header) (*http.Request, error) {
+	method, target := http.MethodGet, ""
+	switch len(args) {
+	case 1:
+		target = args[0]
+	case 2:
+		method, target = strings.ToUpper(args[0]), args[1]
+	default:
+		return nil, fmt.Errorf("want METHOD URL (or a single URL for GET)")
+	}
+	r := &http.Request{Method: method, Header: h}
+	if method == http.MethodConnect {
+		if strings.Contains(target, "/") {
+			return nil, fmt.Errorf("CONNECT takes host:port, not a URL")
+		}
+		r.URL, r.Host = &url.URL{Host: target}, target
+		return r, nil
+	}
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, fmt.Errorf("%q: %v", target, err)
+	}
+	if !u.IsAbs() && !strings.HasPrefix(u.Path, "/") {
+		return nil, fmt.Errorf("%q is neither an absolute URL nor a path under a base-URL route", target)
+	}
+	if u.IsAbs() && u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%q: the scheme must be http or https", target)
+	}
+	r.URL, r.Host = u, u.Host
+	return r, nil
+}
+
+func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
+	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
+		u, rt, ok := proxy.RouteURL(cfg.Routes, r.URL)
+		if !ok {
+			fmt.Fprintf(w, "request: %s %s\n\nno base-URL route covers %s; governor-proxy answers 404.\n", r.Method, r.URL, r.URL.Path)
+			return 1
+		}
+		fmt.Fprintf(w, "route: %s -> %s (TLS, if any, originated by the sidecar)\n", rt.Prefix, rt.Upstream)
+		r.URL, r.Host = u, u.Host
+	}
+	q := classify.HTTPRequestFrom(r)
+	if r.Method == http.MethodConnect {
+		fmt.Fprintf(w, "request: CONNECT %s\n", r.Host)
+		fmt.Fprintln(w, "  a tunnel shows only host and port: rules with scheme, method, path or header never match it")
+	} else {
+		fmt.Fprintf(w, "request: %s %s\n", r.Method, r.URL)
+	}
+	rules := cfg.Rules
+	steps := rules.ExplainHTTP(q)
+	fmt.Fprintf(w, "\nrules (%d; the first match wins):\n", rules.Len())
+	for i, s := range steps {
+		fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+	}
+	d, ok := rules.MatchHTTP(q)
+	fmt.Fprintln(w)
+	if !ok {
+		if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is deny, so the proxy answers 403 (Governor-Denied: unmatched)")
+		} else {
+			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is forward, so the proxy forwards it ungoverned (counted under rule \"(unmatched)\")")
+		}
+		return 0
+	}
+	fmt.Fprintf(w, "decision: %s\n", d)
+	describe(w, d, r.Method == http.MethodConnect, cfg)
+	return 0
+}
+
+// describe says in words what the proxy does with a decision.
+func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxy.Config) {
+	holds := "until the response body ends or the client goes away"
+	if tunnel {
+		holds = "until the tunnel's connection closes"
+	}
+	charges := chargeList(d.Charges)
+	switch {
+	case d.Class == "" && len(d.Charges) == 0:
+		fmt.Fprintln(w, "  forwarded without asking governord: the rule takes no lease and charges nothing")
+	case d.Class == "":
+		fmt.Fprintf(w, "  before forwarding: charge %s (no lease). A spent quota answers 429 (Governor-Denied: quota).\n", charges)
+	case len(d.Charges) == 0:
+		fmt.Fprintf(w, "  before forwarding: take a lease of class %s, waiting up to %v while the limit is full; held %s\n", d.Class, cfg.HTTP.WaitTimeout, holds)
+	default:
+		fmt.Fprintf(w, "  before forwarding, in one call: charge %s and take a lease of class %s (waiting up to %v while the limit is full); held %s\n",
+			charges, d.Class, cfg.HTTP.WaitTimeout, holds)
+	}
+	if hc := d.ChargeFromHeader; hc != nil {
+		if tunnel {
+			fmt.Fprintf(w, "  charge_from_header (%s from %s) never applies to a tunnel: the proxy cannot see its responses\n", hc.Resource, hc.Header)
+		} else {
+			fmt.Fprintf(w, "  after the response: charge %s by the number in the response header %s\n", hc.Resource, hc.Header)
+		}
+	}
+	fmt.Fprintln(w, "  charged to the subtask named by Proxy-Authorization's username, or to the task without one")
+}
+
+func chargeList(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+func explainSQL(w io.Writer, cfg proxy.Config, stmt string, st classify.SQLStatement) int {
+	fmt.Fprintf(w, "statement: %s\n\n", stmt)
+	if len(st.Kinds) == 0 {
+		fmt.Fprintln(w, "SQL classification needs the pgwire package's statement parser, which is not written yet")
+		fmt.Fprintln(w, "(governor-proxy does not serve pgwire in this build), so this statement cannot be classified.")
+		fmt.Fprintln(w, "To see which SQL rule would match, give what the parser would report by hand:")
+		fmt.Fprintln(w, "  governor explain -config FILE -sql \"...\" -kind insert -tables payments [-database D -user U -application-name A]")
+		fmt.Fprintf(w, "statement kinds: %s\n", strings.Join(classify.SQLKinds(), ", "))
+		return 1
+	}
+	fmt.Fprintf(w, "as given by hand: kinds %v, tables %v, database %q, user %q, application_name %q\n",
+		st.Kinds, st.Tables, st.Database, st.User, st.ApplicationName)
+	rules := cfg.Rules
+	fmt.Fprintf(w, "\nrules (%d; the first match wins):\n", rules.Len())
+	for i, s := range rules.ExplainSQL(st) {
+		fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+	}
+	d, ok := rules.MatchSQL(st)
+	fmt.Fprintln(w)
+	if !ok {
+		fmt.Fprintln(w, "decision: no rule matches")
+		return 0
+	}
+	fmt.Fprintf(w, "decision: %s\n", d)
+	switch {
+	case d.Class == "" && len(d.Charges) == 0:
+		fmt.Fprintln(w, "  run without asking governord")
+	case d.Class == "":
+		fmt.Fprintf(w, "  before it runs: charge %s\n", chargeList(d.Charges))
+	default:
+		fmt.Fprintf(w, "  at transaction start, in one call: charge %s and take a lease of class %s\n", orNone(chargeList(d.Charges)), d.Class)
+	}
+	return 0
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "nothing"
+	}
+	return s
+}

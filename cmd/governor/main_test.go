@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+const example = "../../proxy.example.yaml"
+
+func TestExplain(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"-config", example, "POST", "https://api.openai.com/v1/chat/completions"}, 0,
+			[]string{"1. openai-chat: MATCH", "charge llm_calls=1 and take a lease of class llm", "after the response: charge tokens"}},
+		{[]string{"-config", example, "GET", "https://api.openai.com/v1/chat/completions"}, 0,
+			[]string{`openai-chat: no match: match.method: "GET" is not POST`, "anthropic: no match", "payment-writes: no match: a SQL rule",
+				"no rule matches; http.unmatched is forward"}},
+		{[]string{"-config", example, "-H", "X-Job-Kind: batch-7", "https://example.org/"}, 0,
+			[]string{"2. batch: MATCH", "take a lease of class batch"}},
+		{[]string{"-config", example, "CONNECT", "api.anthropic.com:443"}, 0,
+			[]string{"openai-chat: no match", "anthropic: MATCH", "held until the tunnel's connection closes"}},
+		{[]string{"-config", example, "POST", "/openai/v1/chat/completions"}, 0,
+			[]string{"route: /openai/ -> https://api.openai.com", "request: POST https://api.openai.com/v1/chat/completions", "openai-chat: MATCH"}},
+		{[]string{"-config", example, "/nowhere"}, 1, []string{"no base-URL route"}},
+		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)"}, 1,
+			[]string{"needs the pgwire package's statement parser, which is not written yet"}},
+		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)", "-kind", "insert", "-tables", "payments", "-database", "app"}, 0,
+			[]string{"payment-writes: MATCH", "charge db_writes=1 and take a lease of class db"}},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"explain"}, tc.args...), &out, &errOut)
+		if code != tc.code {
+			t.Errorf("%v: exit %d, want %d\n%s%s", tc.args, code, tc.code, out.String(), errOut.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out.String())
+			}
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{nil, {"nope"}, {"top"}, {"explain"}, {"explain", "-config", example},
+		{"explain", "-config", example, "GET"}, {"explain", "-config", "/no/such/file", "GET", "https://x/"},
+		{"explain", "-config", example, "CONNECT", "https://x/"}, {"explain", "-config", example, "-H", "nocolon", "https://x/"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}

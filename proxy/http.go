@@ -1,0 +1,316 @@
+package proxy
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/governor-project/governor/classify"
+)
+
+// exchange is one plain HTTP request, or one CONNECT tunnel, from its
+// arrival to its end. goproxy carries it from the request hook to the round
+// trip and the response hook in ProxyCtx.UserData.
+type exchange struct {
+	kind     string // "http" or "connect"
+	start    time.Time
+	subtask  string
+	rule     string // the matching rule, or ruleUnmatched
+	decision classify.Decision
+	lease    *lease // nil when none is held
+	local    bool   // the response is the proxy's own: keep its Governor-Denied
+}
+
+// decide reads the subtask from Proxy-Authorization, classifies q, and
+// charges and takes a lease as the first matching rule says, in one call to
+// governord. A non-nil error is a *denial or *refusal: the request must not
+// go on, and the error says how to answer.
+func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) error {
+	subtask, err := subtaskName(r.Header)
+	if err != nil {
+		ex.rule = ruleUnmatched
+		p.finish(ex, outcomeRefused)
+		return &denial{cause: causeBadRequest, err: err}
+	}
+	ex.subtask = subtask
+	d, ok := p.rules().MatchHTTP(q)
+	if !ok {
+		ex.rule = ruleUnmatched
+		if p.cfg.HTTP.Unmatched == UnmatchedDeny {
+			den := &denial{cause: causeUnmatched}
+			p.deny(ex, q, den, 0)
+			return den
+		}
+		p.logDecision(ex, q, "ungoverned", 0)
+		return nil
+	}
+	ex.decision, ex.rule = d, d.Rule
+	if d.Class == "" && len(d.Charges) == 0 {
+		p.logDecision(ex, q, "ungoverned", 0)
+		return nil
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, p.cfg.HTTP.WaitTimeout, errWaitTimeout)
+	defer cancel()
+	began := time.Now()
+	l, _, err := p.gov.admit(wctx, subtask, d.Class, d.Charges)
+	wait := time.Since(began)
+	p.metrics.leaseWait.WithLabelValues(d.Class).Observe(wait.Seconds())
+	if err != nil {
+		var den *denial
+		if !errors.As(err, &den) {
+			den = &denial{cause: causeUnavailable, class: d.Class, err: err}
+		}
+		den.wait = p.cfg.HTTP.WaitTimeout
+		p.deny(ex, q, den, wait)
+		return den
+	}
+	ex.lease = l
+	p.logDecision(ex, q, "admitted", wait)
+	return nil
+}
+
+// deny counts and logs a denial.
+func (p *Proxy) deny(ex *exchange, q classify.HTTPRequest, d *denial, wait time.Duration) {
+	ex.local = true
+	switch d.cause {
+	case causeCanceled:
+		p.finish(ex, outcomeCanceled)
+	case causeBadRequest:
+		p.finish(ex, outcomeRefused)
+	default:
+		p.metrics.denials.WithLabelValues(d.cause).Inc()
+		p.finish(ex, outcomeDenied)
+	}
+	p.log.LogAttrs(context.Background(), slog.LevelInfo, "decision",
+		slog.String("kind", ex.kind), slog.String("rule", ex.rule), slog.String("class", ex.decision.Class),
+		slog.String("subtask", ex.subtask), slog.String("outcome", "denied"), slog.String("cause", d.cause),
+		slog.Duration("wait", wait), slog.String("method", q.Method), slog.String("host", q.Host),
+		slog.String("err", d.Error()))
+}
+
+func (p *Proxy) logDecision(ex *exchange, q classify.HTTPRequest, outcome string, wait time.Duration) {
+	var id int64
+	if ex.lease != nil {
+		id = ex.lease.id
+	}
+	p.log.LogAttrs(context.Background(), slog.LevelInfo, "decision",
+		slog.String("kind", ex.kind), slog.String("rule", ex.rule), slog.String("class", ex.decision.Class),
+		slog.String("subtask", ex.subtask), slog.String("outcome", outcome), slog.Duration("wait", wait),
+		slog.Int64("lease", id), slog.String("method", q.Method), slog.String("host", q.Host))
+}
+
+// finish counts the request once, by rule and outcome.
+func (p *Proxy) finish(ex *exchange, outcome string) {
+	p.metrics.requests.WithLabelValues(ex.rule, outcome).Inc()
+}
+
+// onRequest is goproxy's request hook for plain HTTP (and routed) requests.
+func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	ex := &exchange{kind: "http", start: time.Now()}
+	pctx.UserData = ex
+	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
+	if err := p.dialer.refuseLiteral(r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
+		ex.rule, ex.local = ruleUnmatched, true
+		p.finish(ex, outcomeRefused)
+		return r, asResponder(err).response(r)
+	}
+	if err := p.decide(r.Context(), r, classify.HTTPRequestFrom(r), ex); err != nil {
+		ex.local = true
+		return r, asResponder(err).response(r)
+	}
+	return r, nil
+}
+
+func defaultPort(scheme string) string {
+	if scheme == "https" {
+		return "443"
+	}
+	return "80"
+}
+
+// roundTrip forwards an admitted request. The lease is released when the
+// response body ends or is closed (the client finished, or went away), or
+// at once if the upstream failed. The body is wrapped here, before goproxy
+// keeps its reference, so goproxy sees the body it got and keeps
+// Content-Length.
+func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
+	ex := pctx.UserData.(*exchange)
+	start := time.Now()
+	resp, err := p.transport.RoundTrip(req)
+	if err != nil {
+		ex.lease.release(0, false)
+		return nil, err
+	}
+	latency := time.Since(start)
+	p.metrics.upstream.WithLabelValues(ex.rule).Observe(latency.Seconds())
+	p.finish(ex, outcomeForwarded)
+	// Only the proxy says Governor-Denied.
+	resp.Header.Del(HeaderDenied)
+	overloaded := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable ||
+		resp.StatusCode == 529 || resp.Header.Get("Retry-After") != ""
+	if hc := ex.decision.ChargeFromHeader; hc != nil {
+		p.chargeFromHeader(ex, hc, resp.Header)
+	}
+	body := &leaseBody{rc: resp.Body, resp: resp, release: func() { ex.lease.release(latency, overloaded) }}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		rw, ok := resp.Body.(io.ReadWriteCloser)
+		client, _ := req.Context().Value(clientConnKey{}).(net.Conn)
+		if !ok || client == nil {
+			resp.Body.Close()
+			ex.lease.release(latency, false)
+			return nil, errors.New("the upstream switched protocols on a connection that cannot be relayed")
+		}
+		// goproxy relays the upgraded connection until one side ends,
+		// then closes this body; closing the client too ends the relay.
+		up := &upgradedBody{leaseBody: body, w: rw, client: client}
+		up.untrack = p.tunnels.add(up)
+		resp.Body = up
+		return resp, nil
+	}
+	resp.Body = body
+	return resp, nil
+}
+
+func (p *Proxy) chargeFromHeader(ex *exchange, hc *classify.HeaderCharge, h http.Header) {
+	n, err := hc.Amount(h)
+	switch {
+	case errors.Is(err, classify.ErrHeaderMissing):
+		p.metrics.headerCharges.WithLabelValues(ex.rule, "missing").Inc()
+	case err != nil:
+		p.metrics.headerCharges.WithLabelValues(ex.rule, "not_a_number").Inc()
+		p.log.Warn("governor-proxy: charge_from_header: not a number; nothing charged", "rule", ex.rule, "err", err)
+	case n > 0:
+		p.gov.consumeFor(ex.subtask, ex.rule, hc.Resource, n)
+	}
+}
+
+// onResponse is goproxy's response hook. resp is nil when the upstream
+// failed: that becomes a 502, or a 504 on a timeout, instead of goproxy's
+// 500. A body of unknown length is marked chunked, which makes goproxy flush
+// each piece as it arrives: SSE, NDJSON and any other stream.
+func (p *Proxy) onResponse(resp *http.Response, pctx *goproxy.ProxyCtx) *http.Response {
+	ex, _ := pctx.UserData.(*exchange)
+	if ex == nil || ex.local {
+		return resp
+	}
+	if resp == nil {
+		ex.local = true
+		ref := upstreamRefusal(pctx.Error)
+		outcome := outcomeUpstreamError
+		switch {
+		case pctx.Req.Context().Err() != nil:
+			outcome = outcomeCanceled
+		case ref.code == http.StatusGatewayTimeout:
+			outcome = outcomeTimeout
+		case ref.code != http.StatusBadGateway:
+			outcome = outcomeRefused
+		}
+		p.finish(ex, outcome)
+		p.log.Info("upstream failed", "rule", ex.rule, "subtask", ex.subtask, "host", pctx.Req.URL.Host,
+			"status", ref.code, "err", pctx.Error)
+		return ref.response(pctx.Req)
+	}
+	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols && bodyAllowed(pctx.Req, resp) {
+		resp.Header.Set("Transfer-Encoding", "chunked")
+	}
+	return resp
+}
+
+func bodyAllowed(req *http.Request, resp *http.Response) bool {
+	if req != nil && req.Method == http.MethodHead {
+		return false
+	}
+	return !(resp.StatusCode >= 100 && resp.StatusCode <= 199) &&
+		resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified
+}
+
+// leaseBody releases the lease once the body is read to its end, fails, or
+// is closed, whichever is first. Reads pass straight through.
+type leaseBody struct {
+	rc      io.ReadCloser
+	resp    *http.Response
+	release func()
+	once    sync.Once
+}
+
+func (b *leaseBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		if err == io.EOF {
+			// Trailers arrive with the end of the body; strip a spoofed
+			// Governor-Denied there too.
+			b.resp.Trailer.Del(HeaderDenied)
+		}
+		b.done()
+	}
+	return n, err
+}
+
+func (b *leaseBody) Close() error {
+	err := b.rc.Close()
+	b.done()
+	return err
+}
+
+func (b *leaseBody) done() { b.once.Do(b.release) }
+
+// upgradedBody is the body of a 101 Switching Protocols (a websocket): the
+// upstream connection itself. Closing it ends the relay, releases the lease
+// and closes the client's connection, which goproxy leaves open.
+type upgradedBody struct {
+	*leaseBody
+	w         io.Writer
+	client    net.Conn
+	untrack   func()
+	closeOnce sync.Once
+}
+
+func (b *upgradedBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+func (b *upgradedBody) Close() error {
+	err := b.leaseBody.Close()
+	b.closeOnce.Do(func() {
+		b.client.Close()
+		b.untrack()
+	})
+	return err
+}
+
+type clientConnKey struct{}
+
+// subtaskName reads the subtask from Proxy-Authorization: the username of
+// Basic credentials ("crawl-42:" with an empty password). No header means
+// the worker's task itself.
+func subtaskName(h http.Header) (string, error) {
+	v := h.Get("Proxy-Authorization")
+	if v == "" {
+		return "", nil
+	}
+	scheme, cred, _ := strings.Cut(strings.TrimSpace(v), " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return "", errors.New("Proxy-Authorization must be Basic credentials whose username names the subtask, e.g. http://crawl-42:@proxy")
+	}
+	dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return "", errors.New("Proxy-Authorization: the Basic credentials are not base64")
+	}
+	user, _, _ := strings.Cut(string(dec), ":")
+	switch {
+	case len(user) > 255:
+		return "", fmt.Errorf("Proxy-Authorization: the subtask name is longer than 255 bytes")
+	case !utf8.ValidString(user) || strings.IndexByte(user, 0) >= 0:
+		return "", fmt.Errorf("Proxy-Authorization: the subtask name is not valid UTF-8")
+	}
+	return user, nil
+}
