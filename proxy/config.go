@@ -94,9 +94,11 @@ type HTTPConfig struct {
 type PGWireConfig struct {
 	Listen   string
 	Upstream string
-	// SubtaskFromApplicationName names the subtask by the client's
-	// application_name, as Proxy-Authorization's username does for HTTP.
-	SubtaskFromApplicationName bool
+	// TaskFrom names where a connection's subtask comes from: "" charges the
+	// worker's task itself; "application_name" charges a subtask named after
+	// the client's application_name, as Proxy-Authorization's username does
+	// for HTTP.
+	TaskFrom string
 }
 
 // Route forwards origin-form requests under Prefix to Upstream, for programs
@@ -166,9 +168,9 @@ type fileHTTP struct {
 }
 
 type filePGWire struct {
-	Listen                     *string `yaml:"listen"`
-	Upstream                   *string `yaml:"upstream"`
-	SubtaskFromApplicationName *bool   `yaml:"subtask_from_application_name"`
+	Listen   *string `yaml:"listen"`
+	Upstream *string `yaml:"upstream"`
+	TaskFrom *string `yaml:"task_from"`
 }
 
 type fileRoute struct {
@@ -319,8 +321,10 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 	}
 	set(&c.MetricsListen, f.MetricsListen)
 	for i, p := range f.PGWire {
-		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream),
-			SubtaskFromApplicationName: p.SubtaskFromApplicationName != nil && *p.SubtaskFromApplicationName})
+		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom)})
+		if c.PGWire[i].TaskFrom != "" && c.PGWire[i].TaskFrom != "application_name" {
+			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].task_from", i), "%q is not \"application_name\" (or empty, for the task itself)", c.PGWire[i].TaskFrom)
+		}
 		if p.Listen == nil {
 			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].listen", i), "is missing")
 		}
