@@ -14,6 +14,14 @@
 #   GOVERNOR_TEST_PG_BIN   the server's bin folder: psql, pgbench, pg_ctl, ...
 #   GOVERNOR_TEST_PG_DIR   the temporary folder: data/, the unix socket, server.log
 #   GOVERNOR_TEST_PG_PORT  the TCP port
+#   GOVERNOR_TEST_PG_CA    the server's self-signed TLS certificate (CN localhost,
+#                          SAN 127.0.0.1), when openssl is there to make one;
+#                          then the server also accepts TLS (ssl = on)
+#
+# Besides the superuser it creates login roles for each password method,
+# for the pgwire proxy's tests: gov_md5/md5pass (md5), gov_scram/scrampass
+# (scram-sha-256), gov_password/cleartextpass (password, i.e. cleartext) and
+# gov_trust (trust), all on 127.0.0.1.
 #
 # To add roles with other auth methods (md5, scram) or TLS, extend the three
 # lists below: pg_hba.conf lines (first match wins, so put a role's own line
@@ -30,6 +38,9 @@ fi
 # pg_hba.conf, in order. The unix socket is in a private folder, so trust there.
 _testpg_hba=(
 	"local all all trust"
+	"host  all gov_md5      127.0.0.1/32 md5"
+	"host  all gov_password 127.0.0.1/32 password"
+	"host  all gov_trust    127.0.0.1/32 trust"
 	"host  all all 127.0.0.1/32 scram-sha-256"
 	"host  all all ::1/128      scram-sha-256"
 )
@@ -46,7 +57,32 @@ _testpg_conf=(
 # SQL run once, as the superuser governor, after the server is up.
 _testpg_setup_sql=(
 	"CREATE DATABASE governor OWNER governor"
+	"SET password_encryption = 'md5'; CREATE ROLE gov_md5 LOGIN PASSWORD 'md5pass'"
+	"CREATE ROLE gov_scram LOGIN PASSWORD 'scrampass'"
+	"CREATE ROLE gov_password LOGIN PASSWORD 'cleartextpass'"
+	"CREATE ROLE gov_trust LOGIN"
 )
+
+# _testpg_tls makes a throwaway self-signed certificate in the data folder
+# and turns TLS on, when openssl is installed; without it the server stays
+# plain and GOVERNOR_TEST_PG_CA is not set.
+_testpg_tls() {
+	command -v openssl >/dev/null 2>&1 || return 0
+	local d=$_testpg_dir/data
+	if ! openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+		-subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+		-keyout "$d/server.key" -out "$d/server.crt" >"$_testpg_dir/openssl.log" 2>&1; then
+		cat "$_testpg_dir/openssl.log" >&2 || true
+		_testpg_fail "openssl could not make a certificate"
+		return 1
+	fi
+	chmod 600 "$d/server.key" || return 1
+	if ((${#_testpg_as[@]} > 0)); then
+		chown postgres: "$d/server.key" "$d/server.crt" || return 1
+	fi
+	printf '%s\n' "ssl = on" "ssl_cert_file = 'server.crt'" "ssl_key_file = 'server.key'" >>"$d/postgresql.conf" || return 1
+	_testpg_ca=$d/server.crt
+}
 
 _testpg_fail() {
 	echo "testpg: $*" >&2
@@ -188,6 +224,8 @@ _testpg_main() {
 	# The files belong to the server's user; root may still write them.
 	printf '%s\n' "${_testpg_hba[@]}" >"$_testpg_dir/data/pg_hba.conf" || return 1
 	printf '%s\n' "${_testpg_conf[@]}" >>"$_testpg_dir/data/postgresql.conf" || return 1
+	_testpg_ca=
+	_testpg_tls || return 1
 
 	port=
 	for attempt in 1 2 3 4 5; do
@@ -209,6 +247,9 @@ _testpg_main() {
 	export GOVERNOR_TEST_PG_BIN=$_testpg_bin
 	export GOVERNOR_TEST_PG_DIR=$_testpg_dir
 	export GOVERNOR_TEST_PG_PORT=$port
+	if [[ -n "$_testpg_ca" ]]; then
+		export GOVERNOR_TEST_PG_CA=$_testpg_ca
+	fi
 	version=$("$_testpg_bin/postgres" --version 2>/dev/null) || true
 	[[ "$version" =~ [0-9]+(\.[0-9]+)* ]] && version=${BASH_REMATCH[0]}
 	echo "testpg: PostgreSQL $version on 127.0.0.1:$port (data, socket and log in $_testpg_dir); GOVERNOR_TEST_PG_DSN=$GOVERNOR_TEST_PG_DSN"
