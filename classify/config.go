@@ -189,6 +189,21 @@ func expandEnv(text []byte) []byte {
 // is an error, so that a file caught half-written is not taken for "no
 // rules".
 func Parse(text []byte) (*Rules, error) {
+	rs, _, err := parse(text)
+	return rs, err
+}
+
+// parse is Parse, also saying whether the document has a rules: list at all
+// (a rules: key that is absent or null reads as zero rules).
+func parse(text []byte) (*Rules, bool, error) {
+	rs, err := parseDoc(text)
+	if err != nil || rs.listed {
+		return rs, rs != nil && rs.listed, err
+	}
+	return rs, false, nil
+}
+
+func parseDoc(text []byte) (*Rules, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(text, &doc); err != nil {
 		return nil, &Error{Index: -1, Problem: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
@@ -216,7 +231,7 @@ func Parse(text []byte) (*Rules, error) {
 	if rulesNode.Kind != yaml.SequenceNode {
 		return nil, &Error{Index: -1, Field: "rules", Problem: fmt.Sprintf("line %d: is not a list of rules", rulesNode.Line)}
 	}
-	rs := &Rules{rules: make([]rule, 0, len(rulesNode.Content))}
+	rs := &Rules{rules: make([]rule, 0, len(rulesNode.Content)), listed: true}
 	seen := map[string]int{}
 	for i, n := range rulesNode.Content {
 		n = resolve(n)

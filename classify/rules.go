@@ -14,7 +14,8 @@ import (
 // new Rules and swaps the pointer (see Watcher). A nil *Rules matches
 // nothing.
 type Rules struct {
-	rules []rule
+	rules  []rule
+	listed bool // the document had a rules: list (possibly empty)
 }
 
 // Decision is what the first matching rule yields.

@@ -27,6 +27,7 @@ type Watcher struct {
 	path     string
 	interval time.Duration
 	onReload func(*Rules, error)
+	validate func(text []byte) error
 
 	rules atomic.Pointer[Rules]
 
@@ -42,6 +43,14 @@ type Watcher struct {
 
 // A WatchOption configures NewWatcher.
 type WatchOption func(*Watcher)
+
+// WithValidate checks the whole changed file (as read, before ${VAR}
+// expansion) before its rules are applied; an error rejects the reload. A
+// proxy passes its full config parser, so a file that would not start the
+// proxy does not reload it either.
+func WithValidate(f func(text []byte) error) WatchOption {
+	return func(w *Watcher) { w.validate = f }
+}
 
 // WithInterval sets how often the file is polled (default DefaultInterval).
 func WithInterval(d time.Duration) WatchOption {
@@ -135,7 +144,15 @@ func (w *Watcher) poll() {
 		w.report(nil, readErr)
 		return
 	}
-	rules, err := Parse(expandEnv(text))
+	rules, listed, err := parse(expandEnv(text))
+	if err == nil && !listed {
+		// A file that lost its rules: list (a half-written one, a bad edit)
+		// must not turn every rule off; removing them all takes "rules: []".
+		err = &Error{Index: -1, Field: "rules", Problem: "the file has no rules: list; the rules in force stay (write \"rules: []\" to remove them all)"}
+	}
+	if err == nil && w.validate != nil {
+		err = w.validate(text)
+	}
 	if err != nil {
 		w.report(nil, err)
 		return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -269,4 +270,83 @@ func TestWatcherConcurrentReads(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// A file that loses its rules: list (a half-written file, a bad edit) keeps
+// the rules in force; "rules: []" removes them on purpose.
+func TestWatcherRefusesAFileWithoutRules(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "proxy.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path+".tmp", []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - name: llm\n    match: {host: api.openai.com}\n    class: llm\n")
+	got := make(chan error, 4)
+	w, err := NewWatcher(path, func(_ *Rules, err error) { got <- err }, WithInterval(5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write("governor: {addr: 127.0.0.1:7600}\nrule:\n  - name: llm\n")
+	select {
+	case err := <-got:
+		if err == nil || !strings.Contains(err.Error(), "no rules: list") {
+			t.Fatalf("reload without rules: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload reported")
+	}
+	if w.Rules().Len() != 1 {
+		t.Fatalf("%d rules in force after a file without rules, want the 1 kept", w.Rules().Len())
+	}
+	write("rules: []\n")
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload reported")
+	}
+	if w.Rules().Len() != 0 {
+		t.Fatalf("%d rules after rules: [], want 0", w.Rules().Len())
+	}
+}
+
+func TestWatcherValidatesTheWholeFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "proxy.yaml")
+	if err := os.WriteFile(path, []byte("rules: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 4)
+	w, err := NewWatcher(path, func(_ *Rules, err error) { got <- err }, WithInterval(5*time.Millisecond),
+		WithValidate(func(text []byte) error {
+			if strings.Contains(string(text), "bogus") {
+				return errors.New("bogus key")
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := os.WriteFile(path, []byte("bogus: 1\nrules:\n  - {name: a, class: x}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err == nil || !strings.Contains(err.Error(), "bogus key") {
+			t.Fatalf("reload of an invalid file: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload reported")
+	}
+	if w.Rules().Len() != 0 {
+		t.Fatal("an invalid file's rules were applied")
+	}
 }
