@@ -89,8 +89,8 @@ type HTTPConfig struct {
 	ResponseHeaderTimeout time.Duration // waiting for an upstream's headers; 0 = no limit; over it is 504
 }
 
-// PGWireConfig is one Postgres wire listener. It is validated now and served
-// by the pgwire proxy, which is not part of this build yet.
+// PGWireConfig is one PostgreSQL wire listener, served by package pgwire
+// (see pgwire.go) under the same rules, session and task as the HTTP side.
 type PGWireConfig struct {
 	Listen   string
 	Upstream string
@@ -99,6 +99,31 @@ type PGWireConfig struct {
 	// the client's application_name, as Proxy-Authorization's username does
 	// for HTTP.
 	TaskFrom string
+	// WaitTimeout is the longest a transaction waits for its lease; then
+	// SQLSTATE 55P03. Zero: http.wait_timeout.
+	WaitTimeout time.Duration
+	// TLS terminates a client's SSLRequest with this certificate. Both
+	// empty: SSLRequest is answered 'N' (plain text on the client leg).
+	TLS TLSFiles
+	// UpstreamTLS makes the leg to the server TLS.
+	UpstreamTLS UpstreamTLS
+}
+
+// TLSFiles are a PEM certificate (chain) and its key, read at start.
+type TLSFiles struct {
+	CertFile string
+	KeyFile  string
+}
+
+// UpstreamTLS is the TLS of a pgwire listener's leg to its server.
+type UpstreamTLS struct {
+	Enabled bool
+	// CAFile, when set, is the only CA trusted (PEM); "" trusts the system
+	// roots.
+	CAFile string
+	// ServerName is the name the server's certificate must show; "" is
+	// the upstream's host.
+	ServerName string
 }
 
 // Route forwards origin-form requests under Prefix to Upstream, for programs
@@ -168,9 +193,23 @@ type fileHTTP struct {
 }
 
 type filePGWire struct {
-	Listen   *string `yaml:"listen"`
-	Upstream *string `yaml:"upstream"`
-	TaskFrom *string `yaml:"task_from"`
+	Listen      *string          `yaml:"listen"`
+	Upstream    *string          `yaml:"upstream"`
+	TaskFrom    *string          `yaml:"task_from"`
+	WaitTimeout *time.Duration   `yaml:"wait_timeout"`
+	TLS         *fileTLS         `yaml:"tls"`
+	UpstreamTLS *fileUpstreamTLS `yaml:"upstream_tls"`
+}
+
+type fileTLS struct {
+	CertFile *string `yaml:"cert_file"`
+	KeyFile  *string `yaml:"key_file"`
+}
+
+type fileUpstreamTLS struct {
+	Enabled    *bool   `yaml:"enabled"`
+	CAFile     *string `yaml:"ca_file"`
+	ServerName *string `yaml:"server_name"`
 }
 
 type fileRoute struct {
@@ -321,7 +360,15 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 	}
 	set(&c.MetricsListen, f.MetricsListen)
 	for i, p := range f.PGWire {
-		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom)})
+		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
+			WaitTimeout: c.HTTP.WaitTimeout})
+		set(&c.PGWire[i].WaitTimeout, p.WaitTimeout)
+		if t := p.TLS; t != nil {
+			c.PGWire[i].TLS = TLSFiles{CertFile: deref(t.CertFile), KeyFile: deref(t.KeyFile)}
+		}
+		if u := p.UpstreamTLS; u != nil {
+			c.PGWire[i].UpstreamTLS = UpstreamTLS{Enabled: deref(u.Enabled), CAFile: deref(u.CAFile), ServerName: deref(u.ServerName)}
+		}
 		if c.PGWire[i].TaskFrom != "" && c.PGWire[i].TaskFrom != "application_name" {
 			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].task_from", i), "%q is not \"application_name\" (or empty, for the task itself)", c.PGWire[i].TaskFrom)
 		}
@@ -438,6 +485,15 @@ func (c *Config) validate(complete bool) error {
 		}
 		if err := checkHostPort(key+".upstream", p.Upstream); err != nil {
 			return err
+		}
+		if p.WaitTimeout < 0 {
+			return keyErr(key+".wait_timeout", "%v is not a positive duration", p.WaitTimeout)
+		}
+		if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
+			return keyErr(key+".tls", "cert_file and key_file go together: give both, or neither for no TLS on the client leg")
+		}
+		if u := p.UpstreamTLS; !u.Enabled && (u.CAFile != "" || u.ServerName != "") {
+			return keyErr(key+".upstream_tls.enabled", "is false, but ca_file or server_name is set; set enabled: true for TLS to the server")
 		}
 	}
 	seen := map[string]int{}

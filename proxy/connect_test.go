@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -202,5 +203,124 @@ rules:
 	}
 	if most.Load() < 2 {
 		t.Logf("the upstream never saw 2 at once (%d); the limit held, but the run was not concurrent", most.Load())
+	}
+}
+
+// TestConnectClientLeavingTheQueueIsNotCharged: a client that gives up
+// while its CONNECT waits for a lease is withdrawn from governord's queue;
+// it is neither charged nor granted the lease the first tunnel frees.
+func TestConnectClientLeavingTheQueueIsNotCharged(t *testing.T) {
+	g := startGovernord(t, nil)
+	o := origin(t, http.HandlerFunc(hello), false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+task: {name: pod-7, limits: {tunnel: 1}}
+rules:
+  - {name: tunnel, match: {host: origin.test}, class: tunnel, charge: {tunnels: 1}}
+`})
+	a := newAdmin(t, g.Addr())
+	held := func() int64 { return a.node("payments", "pod-7").GetHeld()["tunnel"] }
+	used := func() int64 { return a.node("payments", "pod-7").GetUsed()["tunnels"] }
+	target := "origin.test:" + port(o)
+
+	first, _, resp := connect(t, p.Addr(), target, "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("first CONNECT: %s", resp.Status)
+	}
+	// A second client queues for the only slot, then hangs up.
+	second := dialRaw(t, p.Addr())
+	fmt.Fprintf(second, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	time.Sleep(300 * time.Millisecond)
+	second.Close()
+	canceled := `governor_proxy_requests_total{outcome="canceled",rule="tunnel"}`
+	withdrawn := false
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if p.metric(canceled) == 1 {
+			withdrawn = true
+			break
+		}
+	}
+	if !withdrawn {
+		t.Errorf("the departed CONNECT was not counted as canceled within 2s")
+	}
+	// The first tunnel ends: its slot must not go to the client that left.
+	first.Close()
+	eventually(t, "no tunnel lease held", func() bool { return held() == 0 })
+	time.Sleep(100 * time.Millisecond)
+	if h, u := held(), used(); h != 0 || u != 1 {
+		t.Errorf("after both clients left: held %d, tunnels used %d; want 0 and 1 (the departed waiter charged or granted)", h, u)
+	}
+}
+
+// TestTunnelIdleAfterUpstreamHalfCloses: the upstream says "bye" and
+// half-closes; the client keeps its side open and says nothing. The tunnel
+// is idle both ways, so the proxy closes it, upstream and client, and
+// releases its lease.
+func TestTunnelIdleAfterUpstreamHalfCloses(t *testing.T) {
+	g := startGovernord(t, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	upstreamDone := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			upstreamDone <- err
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "bye")
+		c.(*net.TCPConn).CloseWrite()
+		c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err = io.Copy(io.Discard, c) // until the proxy closes its side
+		upstreamDone <- err
+	}()
+	_, lport, _ := net.SplitHostPort(ln.Addr().String())
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+http: {listen: 127.0.0.1:0, tunnel_idle_timeout: 300ms}
+rules:
+  - {name: tunnel, match: {host: origin.test}, class: tunnel}
+`})
+	a := newAdmin(t, g.Addr())
+	held := func() int64 { return a.node("payments", "pod-7").GetHeld()["tunnel"] }
+	conn, br, resp := connect(t, p.Addr(), "origin.test:"+lport, "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %s", resp.Status)
+	}
+	conn.SetReadDeadline(time.Now().Add(waitFor))
+	got, err := io.ReadAll(br) // "bye", then the upstream's half-close
+	if string(got) != "bye" || err != nil {
+		t.Fatalf("through the tunnel: %q %v", got, err)
+	}
+	// The client keeps its side open and stays quiet.
+	const bound = 3 * time.Second
+	began := time.Now()
+	for held() != 0 {
+		if time.Since(began) > bound {
+			t.Fatalf("the tunnel's lease is still held %v after the upstream half-closed (tunnel_idle_timeout 300ms)", bound)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-upstreamDone:
+		if err != nil {
+			t.Errorf("the upstream's side: %v, want EOF when the proxy closes it", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("the proxy did not close the upstream connection of an idle tunnel")
+	}
+	// The client's connection is closed too: writes fail once the proxy's
+	// reset arrives.
+	closed := false
+	for deadline := time.Now().Add(bound); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		conn.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := conn.Write([]byte("x")); err != nil {
+			closed = true
+			break
+		}
+	}
+	if !closed {
+		t.Errorf("the client's connection of an idle tunnel stayed open")
 	}
 }

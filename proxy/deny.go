@@ -144,7 +144,7 @@ type denialBody struct {
 }
 
 type denialError struct {
-	Type            string    `json:"type"` // always "governor_denied"
+	Type            string    `json:"type"` // see denial.errorType
 	Cause           string    `json:"cause"`
 	Message         string    `json:"message"`
 	Cap             string    `json:"cap,omitempty"` // the resource whose quota was hit
@@ -166,7 +166,7 @@ type consumer struct {
 }
 
 func (d *denial) body() []byte {
-	e := denialError{Type: "governor_denied", Cause: d.cause, Message: d.message()}
+	e := denialError{Type: d.errorType(), Cause: d.cause, Message: d.message()}
 	switch d.cause {
 	case causeQuota:
 		if q := d.quota; q != nil {
@@ -187,18 +187,42 @@ func (d *denial) body() []byte {
 	return append(b, '\n')
 }
 
+// denied reports whether the answer is a denial by governance, which
+// carries Governor-Denied; a bad request or a client that went away does
+// not.
+func (d *denial) denied() bool {
+	switch d.cause {
+	case causeQuota, causeTaskEnded, causeWaitTimeout, causeUnavailable, causeUnmatched:
+		return true
+	}
+	return false
+}
+
+// errorType is the "type" of the JSON body: "governor_denied" exactly when
+// the response carries Governor-Denied, so that a client that keys on
+// either sees the same thing.
+func (d *denial) errorType() string {
+	switch {
+	case d.denied():
+		return "governor_denied"
+	case d.cause == causeCanceled:
+		return "governor_canceled"
+	}
+	return "governor_bad_request"
+}
+
 // header returns the headers of the denial's response.
 func (d *denial) header() http.Header {
 	h := http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"}}
+	if !d.denied() {
+		return h
+	}
+	h.Set(HeaderDenied, d.cause)
 	switch d.cause {
 	case causeQuota, causeTaskEnded:
-		h.Set(HeaderDenied, d.cause)
 		h.Set("X-Should-Retry", "false") // read by the OpenAI and Anthropic SDKs
 	case causeWaitTimeout, causeUnavailable:
-		h.Set(HeaderDenied, d.cause)
 		h.Set("Retry-After", retryAfter)
-	case causeUnmatched:
-		h.Set(HeaderDenied, d.cause)
 	}
 	return h
 }

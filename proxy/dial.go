@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -49,29 +50,70 @@ func (d *dialer) addSelf(addr net.Addr) {
 
 // DialContext dials addr ("host:port") over TCP.
 func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, portStr, err := net.SplitHostPort(addr)
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	t, err := d.lookup(ctx, addr)
 	if err != nil {
 		return nil, err
+	}
+	return d.dialTarget(ctx, network, t)
+}
+
+// target is an upstream whose addresses have been resolved and checked.
+type target struct {
+	host    string
+	port    uint16
+	ips     []netip.Addr // the addresses that passed check
+	refused error        // why the others did not, if any
+}
+
+// lookup resolves addr ("host:port") and checks every address. It fails
+// when no address may be dialed: the error is then the dialer's *refusal
+// for one of them, or the lookup's own error.
+func (d *dialer) lookup(ctx context.Context, addr string) (target, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return target{}, err
 	}
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil {
-		return nil, fmt.Errorf("bad port in %q", addr)
+		return target{}, fmt.Errorf("bad port in %q", addr)
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
 	ips, err := d.resolve(ctx, host)
 	if err != nil {
-		return nil, err
+		return target{}, err
 	}
-	var refused error
-	var nd net.Dialer
-	var lastErr error
+	t := target{host: host, port: uint16(port)}
 	for _, ip := range ips {
-		if err := d.check(ip, uint16(port)); err != nil {
-			refused = err
+		if err := d.check(ip, t.port); err != nil {
+			t.refused = err
 			continue
 		}
-		c, err := nd.DialContext(ctx, network, netip.AddrPortFrom(ip, uint16(port)).String())
+		t.ips = append(t.ips, ip)
+	}
+	if len(t.ips) == 0 {
+		if t.refused != nil {
+			return target{}, t.refused
+		}
+		return target{}, fmt.Errorf("%s has no address", host)
+	}
+	return t, nil
+}
+
+// lookupTimeout is lookup bounded by the dial timeout.
+func (d *dialer) lookupTimeout(ctx context.Context, addr string) (target, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	return d.lookup(ctx, addr)
+}
+
+// dialTarget dials the checked addresses of t in turn; it does not look
+// the name up again, so what was checked is what is dialed.
+func (d *dialer) dialTarget(ctx context.Context, network string, t target) (net.Conn, error) {
+	var nd net.Dialer
+	var lastErr error
+	for _, ip := range t.ips {
+		c, err := nd.DialContext(ctx, network, netip.AddrPortFrom(ip, t.port).String())
 		if err == nil {
 			return c, nil
 		}
@@ -80,10 +122,10 @@ func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	if lastErr != nil {
 		return nil, lastErr
 	}
-	if refused != nil {
-		return nil, refused
+	if t.refused != nil {
+		return nil, t.refused
 	}
-	return nil, fmt.Errorf("%s has no address", host)
+	return nil, fmt.Errorf("%s has no address", t.host)
 }
 
 func (d *dialer) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
@@ -127,22 +169,41 @@ func (d *dialer) check(ip netip.Addr, port uint16) error {
 	return nil
 }
 
-// refuseLiteral checks a target given as an IP literal before anything is
-// charged for it. Names are checked when they are dialed.
+// refuseLiteral checks a target given as an IP literal, or as localhost,
+// before anything is charged for it: neither needs a lookup. Other names
+// are checked when they are resolved (a CONNECT before it is charged, a
+// plain request when its transport dials).
 func (d *dialer) refuseLiteral(hostport, defaultPort string) error {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		host, port = hostport, defaultPort
 	}
-	ip, err := netip.ParseAddr(trimBrackets(host))
-	if err != nil {
-		return nil
-	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
 		return nil
 	}
-	return d.check(ip, uint16(p))
+	ips := loopbacks
+	if ip, err := netip.ParseAddr(trimBrackets(host)); err == nil {
+		ips = []netip.Addr{ip}
+	} else if !isLocalhost(host) {
+		return nil
+	}
+	for _, ip := range ips {
+		if err := d.check(ip, uint16(p)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loopbacks are the addresses localhost stands for.
+var loopbacks = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+
+// isLocalhost reports whether host is the name localhost (any case, with
+// or without the root's dot), which names this host whatever a resolver
+// says (RFC 6761).
+func isLocalhost(host string) bool {
+	return strings.EqualFold(strings.TrimSuffix(host, "."), "localhost")
 }
 
 func trimBrackets(h string) string {

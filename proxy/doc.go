@@ -18,8 +18,10 @@
 //   - proxy.go: Proxy, Start and Shutdown; wiring goproxy; base-URL routes.
 //   - http.go: plain HTTP: decide (classify, admit), forward, release when
 //     the body ends, stream bodies of unknown length, upstream errors.
-//   - connect.go: CONNECT: admission in the dialer, the tunnel connection
-//     that holds the lease and closes when idle, and the set of open tunnels.
+//   - connect.go: CONNECT: admission before goproxy takes the connection
+//     over (so a client that leaves the queue is withdrawn), the tunnel
+//     connection that holds the lease and closes when idle, and the set of
+//     open tunnels.
 //   - deny.go: what a denial or a refusal looks like on the wire.
 //   - dial.go: the upstream dialer: no HTTP(S)_PROXY, no link-local or
 //     metadata addresses, never the proxy itself.

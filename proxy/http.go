@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/elazarl/goproxy"
@@ -32,18 +33,16 @@ type exchange struct {
 	local    bool   // the response is the proxy's own: keep its Governor-Denied
 }
 
-// decide reads the subtask from Proxy-Authorization, classifies q, and
-// charges and takes a lease as the first matching rule says, in one call to
-// governord. A non-nil error is a *denial or *refusal: the request must not
-// go on, and the error says how to answer.
+// decide classifies q, reads the subtask from Proxy-Authorization when the
+// matching rule governs it (a class, a charge or a charge from a header),
+// and charges and takes a lease as the rule says, in one call to governord.
+// A non-nil error is a *denial or *refusal: the request must not go on, and
+// the error says how to answer.
+//
+// Proxy-Authorization is read only when the subtask is needed: the worker
+// may have inherited credentials for another proxy (Bearer, say), which
+// must not stop traffic the rules do not govern.
 func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) error {
-	subtask, err := subtaskName(r.Header)
-	if err != nil {
-		ex.rule = ruleUnmatched
-		p.finish(ex, outcomeRefused)
-		return &denial{cause: causeBadRequest, err: err}
-	}
-	ex.subtask = subtask
 	d, ok := p.rules().MatchHTTP(q)
 	if !ok {
 		ex.rule = ruleUnmatched
@@ -56,7 +55,19 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		return nil
 	}
 	ex.decision, ex.rule = d, d.Rule
-	if d.Class == "" && len(d.Charges) == 0 {
+	admits := d.Class != "" || len(d.Charges) > 0
+	if !admits && d.ChargeFromHeader == nil {
+		p.logDecision(ex, q, "ungoverned", 0)
+		return nil
+	}
+	subtask, err := subtaskName(r.Header)
+	if err != nil {
+		den := &denial{cause: causeBadRequest, err: err}
+		p.deny(ex, q, den, 0)
+		return den
+	}
+	ex.subtask = subtask
+	if !admits { // charged from a response header, after the response
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
 	}
@@ -129,6 +140,8 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 		ex.local = true
 		return r, asResponder(err).response(r)
 	}
+	// It was for this proxy (goproxy strips it too, unless told to keep it).
+	r.Header.Del("Proxy-Authorization")
 	return r, nil
 }
 
@@ -174,7 +187,8 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		// goproxy relays the upgraded connection until one side ends,
 		// then closes this body; closing the client too ends the relay.
 		up := &upgradedBody{leaseBody: body, w: rw, client: client}
-		up.untrack = p.tunnels.add(up)
+		up.untrack = p.tunnels.untracker(up) // set before a shutdown can close it
+		p.tunnels.register(up)
 		resp.Body = up
 		return resp, nil
 	}
@@ -309,8 +323,14 @@ func subtaskName(h http.Header) (string, error) {
 	switch {
 	case len(user) > 255:
 		return "", fmt.Errorf("Proxy-Authorization: the subtask name is longer than 255 bytes")
-	case !utf8.ValidString(user) || strings.IndexByte(user, 0) >= 0:
+	case !utf8.ValidString(user):
 		return "", fmt.Errorf("Proxy-Authorization: the subtask name is not valid UTF-8")
+	}
+	// Names end up in logs, in governor top and in the tree:
+	// no control characters (C0, DEL, C1; NUL among them).
+	if i := strings.IndexFunc(user, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(user[i:])
+		return "", fmt.Errorf("Proxy-Authorization: the subtask name contains the control character %U", r)
 	}
 	return user, nil
 }

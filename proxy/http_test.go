@@ -339,6 +339,8 @@ routes:
 rules:
   - {name: stream, class: llm, charge: {calls: 1}}
 `, hostURL(h2, "example.com"))})
+	a := newAdmin(t, g.Addr())
+	held := func() int64 { return a.node("payments", "pod-7").GetHeld()["llm"] }
 	c := p.client("", nil)
 	for i, u := range []string{hostURL(plain, "origin.test") + "/sse", hostURL(plain, "origin.test") + "/ndjson",
 		"http://" + p.Addr() + "/h2/sse", "http://" + p.Addr() + "/h2/ndjson"} {
@@ -359,11 +361,17 @@ rules:
 			if err != nil || !(strings.Contains(line, "one") || strings.Contains(line, `"n":1`)) {
 				t.Fatalf("first piece %q %v", line, err)
 			}
+			// The headers and the first piece are out, the origin has not
+			// finished: the lease is held while the body streams.
+			if h := held(); h != 1 {
+				t.Errorf("held while the body streams: %d, want 1", h)
+			}
 			next <- struct{}{}
 			rest, _ := io.ReadAll(br)
 			if !(strings.Contains(string(rest), "two") || strings.Contains(string(rest), `"n":2`)) {
 				t.Fatalf("rest %q", rest)
 			}
+			eventually(t, "the lease to be released at the end of the body", func() bool { return held() == 0 })
 		})
 	}
 }
@@ -582,24 +590,144 @@ rules:
 	if readAll(t, resp); resp.StatusCode != 200 {
 		t.Errorf("known: %d", resp.StatusCode)
 	}
-	req, _ := http.NewRequest(http.MethodGet, hostURL(o, "origin.test")+"/known", nil)
-	req.Header.Set("Proxy-Authorization", "Bearer abc")
-	tr := &http.Transport{Proxy: http.ProxyURL(p.url("")), ProxyConnectHeader: nil}
-	defer tr.CloseIdleConnections()
-	// http.Transport sets Proxy-Authorization only from the proxy URL; send
-	// one by hand.
-	conn, err := net.Dial("tcp", p.Addr())
+	// Proxy-Authorization is read only to charge a subtask: a Bearer one
+	// (inherited by the worker, say) does not stop ungoverned traffic.
+	if bresp, body := rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/known", "Bearer abc"); bresp.StatusCode != 200 {
+		t.Errorf("Bearer Proxy-Authorization, ungoverned rule: %d %q, want 200", bresp.StatusCode, body)
+	}
+	if bresp, _ := rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/other", "Bearer abc"); bresp.StatusCode != 403 ||
+		bresp.Header.Get(HeaderDenied) != "unmatched" {
+		t.Errorf("Bearer Proxy-Authorization, unmatched with deny: %d %v, want 403 unmatched", bresp.StatusCode, bresp.Header)
+	}
+}
+
+// rawGet sends a GET in absolute form to the proxy by hand, with
+// proxyAuth as Proxy-Authorization (none if ""): http.Transport sets that
+// header only from the proxy URL, as Basic.
+func rawGet(t testing.TB, proxyAddr, target, proxyAuth string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, target, nil)
+	conn := dialRaw(t, proxyAddr)
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n", target, req.URL.Host)
+	if proxyAuth != "" {
+		fmt.Fprintf(conn, "Proxy-Authorization: %s\r\n", proxyAuth)
+	}
+	io.WriteString(conn, "\r\n")
+	conn.SetReadDeadline(time.Now().Add(waitFor))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: origin.test\r\nProxy-Authorization: Bearer abc\r\n\r\n", req.URL)
-	bresp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	return resp, readAll(t, resp)
+}
+
+// TestProxyAuthorizationOnlyForGovernedTraffic: a Proxy-Authorization that
+// does not name a subtask is a 400 only when a governed rule needs the
+// subtask; otherwise it is ignored, and never forwarded upstream.
+func TestProxyAuthorizationOnlyForGovernedTraffic(t *testing.T) {
+	g := startGovernord(t, nil)
+	var seen atomic.Value
+	o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("Proxy-Authorization"))
+		hello(w, r)
+	}), false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+rules:
+  - {name: api, match: {host: origin.test, path: /governed}, class: api, charge: {calls: 1}}
+`})
+	a := newAdmin(t, g.Addr())
+	// Unmatched (http.unmatched: forward): forwarded, the header stripped.
+	resp, body := rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/free", "Bearer sk-inherited")
+	if resp.StatusCode != 200 || body != "hello" {
+		t.Errorf("Bearer on ungoverned traffic: %d %q, want 200", resp.StatusCode, body)
+	}
+	if v, _ := seen.Load().(string); v != "" {
+		t.Errorf("the upstream saw Proxy-Authorization %q", v)
+	}
+	// CONNECT, ungoverned: the tunnel opens.
+	conn := dialRaw(t, p.Addr())
+	target := "origin.test:" + port(o)
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Bearer sk-inherited\r\n\r\n", target, target)
+	conn.SetReadDeadline(time.Now().Add(waitFor))
+	cresp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readAll(t, bresp); bresp.StatusCode != 400 || !strings.Contains(body, "Basic") {
-		t.Errorf("Bearer Proxy-Authorization: %d %q", bresp.StatusCode, body)
+	if cresp.StatusCode != 200 {
+		t.Errorf("Bearer on an ungoverned CONNECT: %s, want 200", cresp.Status)
+	}
+	// Governed: the subtask is needed, and Bearer names none.
+	resp, body = rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/governed", "Bearer sk-inherited")
+	if resp.StatusCode != 400 || !strings.Contains(body, "Basic") || resp.Header.Get(HeaderDenied) != "" {
+		t.Errorf("Bearer on governed traffic: %d %v %q, want 400 naming Basic, without Governor-Denied", resp.StatusCode, resp.Header, body)
+	}
+	var d deniedBody
+	if err := json.Unmarshal([]byte(body), &d); err != nil || d.Error.Type != "governor_bad_request" || d.Error.Cause != "bad-request" {
+		t.Errorf("400 body: %q (%v), want type governor_bad_request: Governor-Denied and governor_denied are for denials", body, err)
+	}
+	if used := a.node("payments", "pod-7").GetUsed()["calls"]; used != 0 {
+		t.Errorf("calls charged: %d, want 0", used)
+	}
+	// Basic still names the subtask.
+	resp, _ = rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/governed", "Basic "+basic("crawl-5"))
+	if sub := a.node("payments", "pod-7", "crawl-5"); resp.StatusCode != 200 || sub == nil || sub.GetUsed()["calls"] != 1 {
+		t.Errorf("Basic crawl-5: %d, subtask %v", resp.StatusCode, sub)
+	}
+	if v, _ := seen.Load().(string); v != "" {
+		t.Errorf("the upstream saw Proxy-Authorization %q", v)
+	}
+}
+
+func TestSubtaskNameRejectsControlCharacters(t *testing.T) {
+	g := startGovernord(t, nil)
+	var served atomic.Int64
+	o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		hello(w, r)
+	}), false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+rules:
+  - {name: api, match: {host: origin.test}, class: api, charge: {calls: 1}}
+`})
+	for _, name := range []string{"crawl\x01", "a\tb", "line\nbreak", "esc\x1b[31m", "del\x7f", "nel\u0085", "csi\u009b"} {
+		resp, body := rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/", "Basic "+basic(name))
+		if resp.StatusCode != 400 || resp.Header.Get(HeaderDenied) != "" || !strings.Contains(body, "control") {
+			t.Errorf("subtask %q: %d %v %q, want 400 naming the control character", name, resp.StatusCode, resp.Header, body)
+		}
+	}
+	if n := served.Load(); n != 0 {
+		t.Errorf("the origin served %d requests with bad subtask names", n)
+	}
+	// Letters of any script are fine.
+	resp, body := rawGet(t, p.Addr(), hostURL(o, "origin.test")+"/", "Basic "+basic("crawl-ß-東京"))
+	if resp.StatusCode != 200 {
+		t.Errorf("subtask crawl-ß-東京: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestLocalhostToItselfRefusedBeforeCharging: localhost, or a name that
+// resolves to the proxy, is refused (508) before anything is charged.
+func TestLocalhostToItselfRefusedBeforeCharging(t *testing.T) {
+	g := startGovernord(t, nil)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+rules:
+  - {name: any, class: api, charge: {calls: 1}}
+`})
+	a := newAdmin(t, g.Addr())
+	_, pport, _ := net.SplitHostPort(p.Addr())
+	_, mport, _ := net.SplitHostPort(p.MetricsAddr())
+	for _, target := range []string{"localhost:" + pport, "LocalHost.:" + pport, "localhost:" + mport, "nowhere.test:" + pport} {
+		_, _, resp := connect(t, p.Addr(), target, "")
+		if resp.StatusCode != http.StatusLoopDetected {
+			t.Errorf("CONNECT %s: %s, want 508", target, resp.Status)
+		}
+	}
+	resp, body := rawGet(t, p.Addr(), "http://localhost:"+mport+"/metrics", "")
+	if resp.StatusCode != http.StatusLoopDetected {
+		t.Errorf("GET localhost:%s: %d %q, want 508", mport, resp.StatusCode, body)
+	}
+	if used := a.node("payments", "pod-7").GetUsed()["calls"]; used != 0 {
+		t.Errorf("calls charged for requests to the proxy itself: %d, want 0", used)
 	}
 }
 

@@ -37,6 +37,13 @@ type metrics struct {
 	inflight        prometheus.Gauge
 	sessionUp       prometheus.Gauge
 	releaseFailures prometheus.Counter
+
+	// pgwire (see pgwire.go; failures by kind are a collector there).
+	pgTransactions *prometheus.CounterVec
+	pgStatements   *prometheus.CounterVec
+	pgDenials      *prometheus.CounterVec
+	pgLeaseWait    *prometheus.HistogramVec
+	pgOpen         prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -63,6 +70,20 @@ func newMetrics() *metrics {
 		Help: "1 while the sidecar has a session with governord; 0 while it fails closed."})
 	m.releaseFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_release_failures_total",
 		Help: "Lease releases that failed (the lease ends with its session anyway)."})
+	m.pgTransactions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_transactions_total",
+		Help: "pgwire transactions that asked for a lease, by rule and outcome (admitted, denied)."}, []string{"rule", "outcome"})
+	m.pgStatements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_statement_charges_total",
+		Help: "Quota charges of later statements inside a pgwire transaction, by rule and outcome (charged, denied)."}, []string{"rule", "outcome"})
+	m.pgDenials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_denials_total",
+		Help: "pgwire statements refused, by cause: quota and task-ended (53400), wait-timeout (55P03), unavailable and stopping (53000), bad-request (22023)."}, []string{"cause"})
+	m.pgLeaseWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pgwire_lease_wait_seconds",
+		Help:    "Time a pgwire transaction waited for its lease (admitted or denied), by lease class.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 12)}, []string{"class"})
+	m.pgOpen = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_pgwire_transactions_open",
+		Help: "pgwire transactions holding a lease now."})
+	for _, c := range []string{causeQuota, causeWaitTimeout, causeUnavailable, causeTaskEnded, causeStopping} {
+		m.pgDenials.WithLabelValues(c)
+	}
 	for _, o := range []string{"success", "failure"} {
 		m.reloads.WithLabelValues(o)
 	}
@@ -71,6 +92,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.requests, m.denials, m.leaseWait, m.upstream, m.reloads, m.headerCharges,
 		m.tunnels, m.inflight, m.sessionUp, m.releaseFailures,
+		m.pgTransactions, m.pgStatements, m.pgDenials, m.pgLeaseWait, m.pgOpen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

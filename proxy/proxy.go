@@ -63,6 +63,8 @@ type Proxy struct {
 	static    *classify.Rules
 	tunnels   tunnelSet
 	stopping  atomic.Bool
+	pg        []*pgListener // the pgwire listeners (pgwire.go)
+	pgTx      txTracker
 
 	srv, msrv *http.Server
 	ln, mln   net.Listener
@@ -92,6 +94,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: log, metrics: newMetrics(), static: cfg.Rules}
 	p.tunnels.gauge = p.metrics.tunnels
+	p.pgTx.gauge = p.metrics.pgOpen
 	p.routes = append([]Route(nil), cfg.Routes...)
 	p.dialer = &dialer{resolver: resolver, allowLinkLocal: cfg.HTTP.AllowLinkLocal, timeout: cfg.HTTP.DialTimeout}
 
@@ -128,6 +131,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 		}
 		p.dialer.addSelf(p.mln.Addr())
 	}
+	if err = p.startPGWire(); err != nil {
+		p.ln.Close()
+		if p.mln != nil {
+			p.mln.Close()
+		}
+		p.closeWatcher()
+		return nil, err
+	}
 
 	p.gov = newGovernance(cfg, log, p.metrics, opts.GovernorOptions)
 	govCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -151,11 +162,8 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 		p.msrv = &http.Server{Handler: p.metrics.handler(p.readiness), ReadHeaderTimeout: DefaultReadHeaderTimeout}
 		p.serve(p.msrv, p.mln, "metrics")
 	}
-	if len(cfg.PGWire) > 0 {
-		log.Warn("governor-proxy: pgwire listeners are configured, but this build does not serve pgwire yet; they are not started",
-			"listeners", len(cfg.PGWire))
-	}
-	log.Info("governor-proxy listening", "http", p.Addr(), "metrics", p.MetricsAddr(), "task", cfg.Task.Name,
+	p.servePGWire()
+	log.Info("governor-proxy listening", "http", p.Addr(), "metrics", p.MetricsAddr(), "pgwire", p.PGWireAddrs(), "task", cfg.Task.Name,
 		"rules", p.rules().Len(), "routes", len(p.routes))
 	return p, nil
 }
@@ -208,6 +216,7 @@ func (p *Proxy) newGoproxy() *goproxy.ProxyHttpServer {
 	gp.ConnectionErrHandler = p.connectErrorHandler
 	gp.KeepAcceptEncoding = true
 	gp.NonproxyHandler = http.HandlerFunc(p.notFound)
+	gp.OnRequest().HandleConnectFunc(p.onConnect) // admits a CONNECT before goproxy hijacks it (connect.go)
 	gp.OnRequest().DoFunc(p.onRequest)
 	gp.OnResponse().DoFunc(p.onResponse)
 	return gp
@@ -381,9 +390,11 @@ func (p *Proxy) MetricsAddr() string {
 func (p *Proxy) Ready() <-chan struct{} { return p.gov.ready }
 
 // Shutdown stops the proxy gracefully: it stops accepting, lets requests in
-// flight and open tunnels finish until ctx ends, then closes what is left,
-// releases every lease and closes the session. The metrics server stops
-// last, so /readyz says "stopping" meanwhile.
+// flight, open tunnels and open pgwire transactions finish until ctx ends
+// (a pgwire connection starts no new governed transaction meanwhile:
+// 53000), then closes what is left, releases every lease and closes the
+// session. The metrics server stops last, so /readyz says "stopping"
+// meanwhile.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.closeOnce.Do(func() { p.closeErr = p.shutdown(ctx) })
 	return p.closeErr
@@ -399,6 +410,7 @@ func (p *Proxy) Close() error {
 func (p *Proxy) shutdown(ctx context.Context) error {
 	p.stopping.Store(true)
 	var errs []error
+	pgDone := p.stopPGWire(ctx)
 	if err := p.srv.Shutdown(ctx); err != nil {
 		p.log.Warn("governor-proxy: requests still in flight at the shutdown timeout; closing them", "err", err)
 		p.srv.Close()
@@ -407,6 +419,7 @@ func (p *Proxy) shutdown(ctx context.Context) error {
 		p.log.Warn("governor-proxy: tunnels still open at the shutdown timeout; closing them")
 	}
 	p.tunnels.closeAll()
+	<-pgDone // every pgwire connection closed, and its lease's release queued
 	p.transport.CloseIdleConnections()
 	p.closeWatcher()
 	p.stopGov()

@@ -471,11 +471,18 @@ var errWaitTimeout = errors.New("wait_timeout passed")
 func retryUnavailable(ctx context.Context, attempt func(ctx context.Context, requestID string) error) error {
 	id := newRequestID()
 	giveUp := time.Now().Add(unavailableRetry)
+	var unavailable error
 	for try := 0; ; try++ {
 		err := attempt(ctx, id)
+		if err != nil && unavailable != nil && ctx.Err() != nil {
+			// The wait ran out while governord was unreachable: say so,
+			// rather than only that time ran out.
+			return unavailable
+		}
 		if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(giveUp) {
 			return err
 		}
+		unavailable = err
 		if !sleep(ctx, jitter(min(200*time.Millisecond, 25*time.Millisecond<<try))) {
 			return err
 		}

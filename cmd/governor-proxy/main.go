@@ -1,13 +1,16 @@
 // Command governor-proxy is Governor's sidecar: a forward proxy that a
-// worker points HTTP_PROXY and HTTPS_PROXY at, which classifies each request
-// by its rules and admits it through governord before forwarding it.
+// worker points HTTP_PROXY and HTTPS_PROXY at, and PostgreSQL wire
+// listeners (pgwire:) that its database DSN points at, which classify each
+// request or statement by the same rules and admit it through governord,
+// with one session and one task, before forwarding it.
 //
 //	governor-proxy -config proxy.yaml
 //
 // proxy.example.yaml documents every key. A bad config or bad flags exit
 // with status 2 and a message naming the key; any other failure to start
 // exits 1. On SIGTERM or SIGINT it stops accepting, lets requests in flight
-// finish for up to http.shutdown_timeout, releases every lease and exits 0.
+// and open pgwire transactions finish for up to http.shutdown_timeout,
+// releases every lease and exits 0.
 package main
 
 import (

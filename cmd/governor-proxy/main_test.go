@@ -48,6 +48,9 @@ func TestExitStatus(t *testing.T) {
 		{"missing file", []string{"-config", filepath.Join(t.TempDir(), "none.yaml")}, 2, "-config"},
 		{"unknown key", []string{"-config", writeConfig(t, good+"htp: {}\n")}, 2, "htp"},
 		{"bad rule", []string{"-config", writeConfig(t, good+"rules:\n  - {name: a, match: {port: 0}}\n")}, 2, "rules[0].match.port"},
+		{"pgwire tls file missing", []string{"-config", writeConfig(t, good+"pgwire:\n  - {listen: \"127.0.0.1:0\", upstream: \"127.0.0.1:5432\", tls: {cert_file: /nonexistent.pem, key_file: /nonexistent.key}}\n")}, 2, "pgwire[0].tls"},
+		{"pgwire bad task_from", []string{"-config", writeConfig(t, good+"pgwire:\n  - {listen: \"127.0.0.1:0\", upstream: \"127.0.0.1:5432\", task_from: user}\n")}, 2, "pgwire[0].task_from"},
+		{"pgwire address in use", []string{"-config", writeConfig(t, good+"pgwire:\n  - {listen: \""+busy.Addr().String()+"\", upstream: \"127.0.0.1:5432\"}\n")}, 1, "pgwire[0].listen"},
 		{"address in use", []string{"-config", writeConfig(t, strings.Replace(good, "127.0.0.1:0", busy.Addr().String(), 1))}, 1, "http.listen"},
 	} {
 		var stderr bytes.Buffer
