@@ -204,8 +204,13 @@ func (p *Proxy) chargeFromHeader(ex *exchange, hc *classify.HeaderCharge, h http
 	case err != nil:
 		p.metrics.headerCharges.WithLabelValues(ex.rule, "not_a_number").Inc()
 		p.log.Warn("governor-proxy: charge_from_header: not a number; nothing charged", "rule", ex.rule, "err", err)
-	case n > 0:
-		p.gov.consumeFor(ex.subtask, ex.rule, hc.Resource, n)
+	default:
+		// The upfront charge of the same resource, if any, was an estimate
+		// taken at admission (it is what refuses requests once the budget
+		// is spent); the header settles the rest.
+		if n -= ex.decision.Charges[hc.Resource]; n > 0 {
+			p.gov.consumeFor(ex.subtask, ex.rule, hc.Resource, n)
+		}
 	}
 }
 

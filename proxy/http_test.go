@@ -565,6 +565,50 @@ rules:
 	}
 }
 
+// A budget charged from a response header is enforced through its upfront
+// charge: the header settles the rest, a settlement that would pass the cap
+// charges up to the cap, and the next request is refused.
+func TestChargeFromHeaderBudgetIsEnforced(t *testing.T) {
+	g := startGovernord(t, nil)
+	o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Usage-Tokens", "6")
+		hello(w, r)
+	}), false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+task: {name: pod-7, quotas: {tokens: 10}}
+rules:
+  - {name: llm, match: {host: origin.test}, class: llm, charge: {tokens: 1}, charge_from_header: {resource: tokens, header: x-usage-tokens}}
+`})
+	a := newAdmin(t, g.Addr())
+	c := p.client("", nil)
+	get := func() int {
+		resp, err := c.Get(hostURL(o, "origin.test") + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	used := func() int64 {
+		n := a.node("payments", "pod-7")
+		if n == nil {
+			return -1
+		}
+		return n.GetUsed()["tokens"]
+	}
+	if code := get(); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	eventually(t, "6 tokens used (1 upfront + 5 settled)", func() bool { return used() == 6 })
+	if code := get(); code != 200 {
+		t.Fatalf("second request: %d", code)
+	}
+	eventually(t, "the budget spent to its cap of 10", func() bool { return used() == 10 })
+	if code := get(); code != 429 {
+		t.Fatalf("a request after the header budget was spent got %d, want 429", code)
+	}
+}
+
 func TestUnmatchedDenyAndBadProxyAuthorization(t *testing.T) {
 	g := startGovernord(t, nil)
 	o := origin(t, http.HandlerFunc(hello), false, false)

@@ -99,7 +99,12 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 	p.dialer = &dialer{resolver: resolver, allowLinkLocal: cfg.HTTP.AllowLinkLocal, timeout: cfg.HTTP.DialTimeout}
 
 	if cfg.Path != "" {
-		var wopts []classify.WatchOption
+		// A reload must be a file that would start the proxy, not only one
+		// whose rules parse.
+		wopts := []classify.WatchOption{classify.WithValidate(func(text []byte) error {
+			_, err := ParseConfig(text)
+			return err
+		})}
 		if opts.ReloadInterval > 0 {
 			wopts = append(wopts, classify.WithInterval(opts.ReloadInterval))
 		}
@@ -113,6 +118,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 		}
 		p.watcher = w
 	}
+	p.warnUnenforced(p.rules())
 
 	p.transport = newTransport(cfg.HTTP, p.dialer, opts.UpstreamTLS)
 	p.gp = p.newGoproxy()
@@ -358,9 +364,23 @@ func (p *Proxy) reloaded(r *classify.Rules, err error, hook func(error)) {
 	} else {
 		p.metrics.reloads.WithLabelValues("success").Inc()
 		p.log.Info("governor-proxy: rules reloaded", "file", p.cfg.Path, "rules", r.Len())
+		p.warnUnenforced(r)
 	}
 	if hook != nil {
 		hook(err)
+	}
+}
+
+// warnUnenforced names the rules whose charge_from_header resource has no
+// upfront charge: such a budget is charged after each response, but nothing
+// refuses a request once it is spent, because admission never asks for it.
+func (p *Proxy) warnUnenforced(rs *classify.Rules) {
+	for _, d := range rs.Decisions() {
+		if hc := d.ChargeFromHeader; hc != nil && d.Charges[hc.Resource] <= 0 {
+			p.log.Warn("governor-proxy: charge_from_header without an upfront charge of the same resource: "+
+				"the budget is recorded but not enforced before requests; add e.g. charge: {"+hc.Resource+": 1}",
+				"rule", d.Rule, "resource", hc.Resource)
+		}
 	}
 }
 

@@ -388,6 +388,19 @@ func (l *lease) release(latency time.Duration, overloaded bool) {
 	})
 }
 
+// remainder is what is left under the cap a quota denial names, or 0.
+func remainder(err error) int64 {
+	if status.Code(err) != codes.ResourceExhausted {
+		return 0
+	}
+	for _, d := range status.Convert(err).Details() {
+		if den, ok := d.(*governorpb.Denial); ok {
+			return den.Limit - den.Used
+		}
+	}
+	return 0
+}
+
 // consumeFor charges amount of resource to the subtask (the task for "")
 // in the background, after a response: the request has been served, so a
 // refusal is only logged and counted.
@@ -401,13 +414,22 @@ func (g *governance) consumeFor(subtaskName, rule, resource string, amount int64
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
 		node, err := s.node(ctx, subtaskName)
-		if err == nil {
+		outcome := "charged"
+		// What was spent was spent: when all of it would go over a cap,
+		// charge what is left under the cap (a few times, for caps higher
+		// up), so the budget is recorded as spent and later requests that
+		// charge it upfront are refused.
+		for try := 0; err == nil && try < 4; try++ {
 			err = retryUnavailable(ctx, func(ctx context.Context, id string) error {
 				_, err := s.rpc.Consume(ctx, &governorpb.ConsumeRequest{RequestId: id, NodeId: node, Resource: resource, Amount: amount})
 				return err
 			})
+			left := remainder(err)
+			if left <= 0 || left >= amount {
+				break
+			}
+			amount, err, outcome = left, nil, "capped"
 		}
-		outcome := "charged"
 		if err != nil {
 			outcome = "failed"
 			if status.Code(err) == codes.ResourceExhausted {
