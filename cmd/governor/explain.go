@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/pgwire"
 	"github.com/governor-project/governor/proxy"
 )
 
@@ -44,7 +45,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 	headers := headerFlags{}
 	fs.Var(headers, "H", "a request header, \"Name: value\" (repeatable)")
 	sql := fs.String("sql", "", "a SQL statement to classify instead of an HTTP request")
-	kinds := fs.String("kind", "", "with -sql: the statement kinds, comma separated (insert, update, ...), as the pgwire parser would report them")
+	kinds := fs.String("kind", "", "with -sql: the statement kinds, comma separated (insert, update, ...), instead of what the pgwire parser reads")
 	tables := fs.String("tables", "", "with -sql: the tables the statement names, comma separated")
 	database := fs.String("database", "", "with -sql: the connection's database")
 	user := fs.String("user", "", "with -sql: the connection's user")
@@ -203,16 +204,14 @@ func chargeList(m map[string]int64) string {
 
 func explainSQL(w io.Writer, cfg proxy.Config, stmt string, st classify.SQLStatement) int {
 	fmt.Fprintf(w, "statement: %s\n\n", stmt)
+	how := "as given by hand"
 	if len(st.Kinds) == 0 {
-		fmt.Fprintln(w, "SQL classification needs the pgwire package's statement parser, which is not written yet")
-		fmt.Fprintln(w, "(governor-proxy does not serve pgwire in this build), so this statement cannot be classified.")
-		fmt.Fprintln(w, "To see which SQL rule would match, give what the parser would report by hand:")
-		fmt.Fprintln(w, "  governor explain -config FILE -sql \"...\" -kind insert -tables payments [-database D -user U -application-name A]")
-		fmt.Fprintf(w, "statement kinds: %s\n", strings.Join(classify.SQLKinds(), ", "))
-		return 1
+		// The same parser the pgwire listeners use.
+		c := pgwire.ClassifySQL(stmt)
+		st.Kinds, st.Tables, how = c.Kinds, c.Tables, "as the pgwire parser reads it"
 	}
-	fmt.Fprintf(w, "as given by hand: kinds %v, tables %v, database %q, user %q, application_name %q\n",
-		st.Kinds, st.Tables, st.Database, st.User, st.ApplicationName)
+	fmt.Fprintf(w, "%s: kinds %v, tables %v, database %q, user %q, application_name %q\n",
+		how, st.Kinds, st.Tables, st.Database, st.User, st.ApplicationName)
 	rules := cfg.Rules
 	fmt.Fprintf(w, "\nrules (%d; the first match wins):\n", rules.Len())
 	for i, s := range rules.ExplainSQL(st) {

@@ -26,8 +26,10 @@ func TestExplain(t *testing.T) {
 		{[]string{"-config", example, "POST", "/openai/v1/chat/completions"}, 0,
 			[]string{"route: /openai/ -> https://api.openai.com", "request: POST https://api.openai.com/v1/chat/completions", "openai-chat: MATCH"}},
 		{[]string{"-config", example, "/nowhere"}, 1, []string{"no base-URL route"}},
-		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)"}, 1,
-			[]string{"needs the pgwire package's statement parser, which is not written yet"}},
+		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)"}, 0,
+			[]string{"as the pgwire parser reads it: kinds [insert], tables [payments]", "payment-writes: no match: match.database", "decision: no rule matches"}},
+		{[]string{"-config", example, "--sql", "WITH x AS (DELETE FROM payments_2026 RETURNING *) SELECT 1", "-database", "app"}, 0,
+			[]string{"kinds [delete], tables [payments_2026]", "payment-writes: MATCH"}},
 		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)", "-kind", "insert", "-tables", "payments", "-database", "app"}, 0,
 			[]string{"payment-writes: MATCH", "charge db_writes=1 and take a lease of class db"}},
 	} {
