@@ -23,6 +23,7 @@ const (
 	DefaultMetricsListen         = "127.0.0.1:7701"
 	DefaultWaitTimeout           = 30 * time.Second
 	DefaultTunnelIdleTimeout     = 5 * time.Minute
+	DefaultBodyIdleTimeout       = 5 * time.Minute
 	DefaultShutdownTimeout       = 30 * time.Second
 	DefaultReadHeaderTimeout     = 10 * time.Second
 	DefaultIdleTimeout           = 2 * time.Minute
@@ -76,10 +77,14 @@ type TaskConfig struct {
 
 // HTTPConfig is the HTTP proxy's listener and its bounds.
 type HTTPConfig struct {
-	Listen                string
-	WaitTimeout           time.Duration // the longest wait for a lease; then 503 wait-timeout
-	Unmatched             string        // UnmatchedForward or UnmatchedDeny
-	TunnelIdleTimeout     time.Duration // a CONNECT tunnel idle this long in both directions is closed
+	Listen            string
+	WaitTimeout       time.Duration // the longest wait for a lease; then 503 wait-timeout
+	Unmatched         string        // UnmatchedForward or UnmatchedDeny
+	TunnelIdleTimeout time.Duration // a CONNECT tunnel idle this long in both directions is closed
+	// BodyIdleTimeout ends a plain HTTP exchange whose client neither sends
+	// a byte of its request body nor takes a byte of the response for this
+	// long, so a stalled client cannot hold a lease forever. 0 turns it off.
+	BodyIdleTimeout       time.Duration
 	ShutdownTimeout       time.Duration // how long in-flight requests may finish on SIGTERM
 	AllowLinkLocal        bool          // allow 169.254.0.0/16, fe80::/10 and fd00:ec2::254
 	ReadHeaderTimeout     time.Duration // a client must send its request headers within this
@@ -183,6 +188,7 @@ type fileHTTP struct {
 	WaitTimeout           *time.Duration `yaml:"wait_timeout"`
 	Unmatched             *string        `yaml:"unmatched"`
 	TunnelIdleTimeout     *time.Duration `yaml:"tunnel_idle_timeout"`
+	BodyIdleTimeout       *time.Duration `yaml:"body_idle_timeout"`
 	ShutdownTimeout       *time.Duration `yaml:"shutdown_timeout"`
 	AllowLinkLocal        *bool          `yaml:"allow_link_local"`
 	ReadHeaderTimeout     *time.Duration `yaml:"read_header_timeout"`
@@ -327,7 +333,7 @@ func parseConfig(text []byte, complete bool) (Config, error) {
 func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 	c := Config{MetricsListen: DefaultMetricsListen, HTTP: HTTPConfig{
 		Listen: DefaultListen, WaitTimeout: DefaultWaitTimeout, Unmatched: UnmatchedForward,
-		TunnelIdleTimeout: DefaultTunnelIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
+		TunnelIdleTimeout: DefaultTunnelIdleTimeout, BodyIdleTimeout: DefaultBodyIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
 		ReadHeaderTimeout: DefaultReadHeaderTimeout, MaxHeaderBytes: DefaultMaxHeaderBytes,
 		IdleTimeout: DefaultIdleTimeout, DialTimeout: DefaultDialTimeout,
 		ResponseHeaderTimeout: DefaultResponseHeaderTimeout,
@@ -350,6 +356,7 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		set(&c.HTTP.WaitTimeout, h.WaitTimeout)
 		set(&c.HTTP.Unmatched, h.Unmatched)
 		set(&c.HTTP.TunnelIdleTimeout, h.TunnelIdleTimeout)
+		set(&c.HTTP.BodyIdleTimeout, h.BodyIdleTimeout)
 		set(&c.HTTP.ShutdownTimeout, h.ShutdownTimeout)
 		set(&c.HTTP.AllowLinkLocal, h.AllowLinkLocal)
 		set(&c.HTTP.ReadHeaderTimeout, h.ReadHeaderTimeout)
@@ -465,6 +472,7 @@ func (c *Config) validate(complete bool) error {
 	}{
 		{"http.wait_timeout", c.HTTP.WaitTimeout, false},
 		{"http.tunnel_idle_timeout", c.HTTP.TunnelIdleTimeout, false},
+		{"http.body_idle_timeout", c.HTTP.BodyIdleTimeout, true},
 		{"http.shutdown_timeout", c.HTTP.ShutdownTimeout, true},
 		{"http.read_header_timeout", c.HTTP.ReadHeaderTimeout, false},
 		{"http.idle_timeout", c.HTTP.IdleTimeout, false},

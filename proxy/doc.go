@@ -22,6 +22,8 @@
 //     over (so a client that leaves the queue is withdrawn), the tunnel
 //     connection that holds the lease and closes when idle, and the set of
 //     open tunnels.
+//   - idle.go: a plain HTTP exchange whose client stops moving bytes is cut
+//     off after http.body_idle_timeout, so it cannot hold a lease forever.
 //   - deny.go: what a denial or a refusal looks like on the wire.
 //   - dial.go: the upstream dialer: no HTTP(S)_PROXY, no link-local or
 //     metadata addresses, never the proxy itself.

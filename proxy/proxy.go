@@ -244,6 +244,11 @@ func (l goproxyLogger) Printf(format string, v ...any) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.metrics.inflight.Add(1)
 	defer p.metrics.inflight.Add(-1)
+	if idle := p.cfg.HTTP.BodyIdleTimeout; idle > 0 && r.Method != http.MethodConnect {
+		iw := newIdleExchange(w, r, idle)
+		defer iw.done()
+		w = iw
+	}
 	if r.Method != http.MethodConnect && (!r.URL.IsAbs() || p.isSelf(r.URL.Host, r.URL.Scheme)) {
 		// Origin form, or a client that sends even a request to the proxy
 		// itself through the proxy (HTTP_PROXY set, base URL pointing at
