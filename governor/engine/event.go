@@ -88,6 +88,9 @@ type Event struct {
 	// grant its caller gave up at the instant it arrived): the caller never
 	// saw the lease, so a retry must be decided afresh.
 	Forget string `json:"forget,omitempty"`
+	// GivenBack marks the EvLeaseReleased of a grant whose caller gave up at
+	// the instant it arrived: the grant is undone whole, its Charges too.
+	GivenBack bool `json:"gb,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes
@@ -150,8 +153,10 @@ func (e *Engine) applyKind(ev *Event) error {
 		if ev.Forget != "" {
 			l.session.requests.forget(ev.Forget)
 		}
-		for _, c := range ev.Charges { // a grant given back undoes its charges
-			l.node.charge(c.Resource, -c.Amount)
+		if ev.GivenBack { // a grant given back undoes its charges
+			for _, c := range ev.Charges {
+				l.node.charge(c.Resource, -c.Amount)
+			}
 		}
 	case EvLimitAdjusted:
 		n := e.nodes[ev.Node]

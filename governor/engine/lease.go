@@ -125,7 +125,7 @@ func (e *Engine) CancelWait(wt *Wait) {
 		// The caller never saw this grant: undo it whole, charges included,
 		// and forget its request id so a retry is decided afresh.
 		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,
-			Forget: w.requestID, Charges: w.charges})
+			Forget: w.requestID, Charges: w.charges, GivenBack: true})
 		e.dispatch(l.class)
 	}
 }

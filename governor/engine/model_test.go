@@ -30,6 +30,7 @@ type modelLease struct {
 	session SessionID
 	node    NodeID
 	class   string
+	charges []Charge
 }
 
 func newModel() *model {
@@ -190,15 +191,18 @@ func (m *model) Emit(ev Event) {
 			}
 			add(m.held, a, ev.Resource, 1)
 		}
-		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource}
+		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource, charges: ev.Charges}
 	case EvLeaseReleased:
 		l, ok := m.leases[ev.Lease]
 		if !ok {
 			m.failf("event %d releases lease %d, which is not held", ev.Seq, ev.Lease)
 			return
 		}
-		if len(ev.Charges) > 0 && ev.Forget == "" {
+		if len(ev.Charges) > 0 && !ev.GivenBack {
 			m.failf("event %d undoes charges of lease %d, which was not given back at its grant", ev.Seq, ev.Lease)
+		}
+		if ev.GivenBack && fmt.Sprint(ev.Charges) != fmt.Sprint(l.charges) {
+			m.failf("event %d gives back lease %d undoing %v, but its grant charged %v", ev.Seq, ev.Lease, ev.Charges, l.charges)
 		}
 		for _, c := range ev.Charges {
 			for _, a := range m.chain(l.node) {

@@ -50,7 +50,7 @@ var mutants = []mutant{
 	{"accept a request id reused with other arguments", "session.go",
 		"if r.fingerprint != fp {", "if r.fingerprint != fp && false {", `reused with other arguments was accepted`},
 	{"leak a lease granted at the instant of a cancel", "lease.go",
-		"\t\te.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,\n\t\t\tForget: w.requestID, Charges: w.charges})\n\t\te.dispatch(l.class)", "\t\t_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
+		"\t\te.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,\n\t\t\tForget: w.requestID, Charges: w.charges, GivenBack: true})\n\t\te.dispatch(l.class)", "\t\t_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
 	{"serve the longest queue first", "queue.go",
 		"\t\ttq.deficit = 0\n\t\tq.cursor = (q.cursor + 1) % len(q.ring)\n", "\t\ttq.deficit = 0\n\t\tq.cursor = 0\n", `TestFairQueue|fits but waits`},
 }
