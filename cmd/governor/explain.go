@@ -124,7 +124,9 @@ func requestFrom(args []string, h http.Header) (*http.Request, error) {
 }
 
 func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
+	routed := false
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
+		routed = true
 		u, rt, ok := proxy.RouteURL(cfg.Routes, r.URL)
 		if !ok {
 			fmt.Fprintf(w, "request: %s %s\n\nno base-URL route covers %s; governor-proxy answers 404.\n", r.Method, r.URL, r.URL.Path)
@@ -158,7 +160,28 @@ func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
 	}
 	fmt.Fprintf(w, "decision: %s\n", d)
 	describe(w, d, r.Method == http.MethodConnect, cfg)
+	if r.URL.Scheme == "https" && !routed {
+		tunnelNote(w, cfg, r.URL)
+	}
 	return 0
+}
+
+// tunnelNote says what happens to the same https URL sent through
+// HTTPS_PROXY: it arrives as a CONNECT tunnel, matched on host and port only.
+func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
+	host := u.Host
+	if u.Port() == "" {
+		host += ":443"
+	}
+	q := classify.HTTPRequestFrom(&http.Request{Method: http.MethodConnect, URL: &url.URL{Host: host}, Host: host})
+	fmt.Fprintf(w, "\nnote: a worker that sends this through HTTPS_PROXY opens a tunnel, CONNECT %s, and only host and port are seen:\n", host)
+	if d, ok := cfg.Rules.MatchHTTP(q); ok {
+		fmt.Fprintf(w, "  the tunnel matches rule %q (class %q) instead; method and path rules need plain HTTP or a base-URL route\n", d.Rule, d.Class)
+	} else if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is deny: it is refused (403)")
+	} else {
+		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is forward: it goes through ungoverned; use a base-URL route to govern it by path")
+	}
 }
 
 // describe says in words what the proxy does with a decision.

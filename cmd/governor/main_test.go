@@ -15,7 +15,8 @@ func TestExplain(t *testing.T) {
 		want []string
 	}{
 		{[]string{"-config", example, "POST", "https://api.openai.com/v1/chat/completions"}, 0,
-			[]string{"1. openai-chat: MATCH", "charge llm_calls=1, tokens=1 and take a lease of class llm", "after the response: charge tokens"}},
+			[]string{"1. openai-chat: MATCH", "charge llm_calls=1, tokens=1 and take a lease of class llm", "after the response: charge tokens",
+				"CONNECT api.openai.com:443", "no rule matches the tunnel"}},
 		{[]string{"-config", example, "GET", "https://api.openai.com/v1/chat/completions"}, 0,
 			[]string{`openai-chat: no match: match.method: "GET" is not POST`, "anthropic: no match", "payment-writes: no match: a SQL rule",
 				"no rule matches; http.unmatched is forward"}},
