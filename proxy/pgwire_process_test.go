@@ -9,9 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // The built governor-proxy binary, as an operator runs it, serving pgwire
@@ -50,18 +48,8 @@ rules:
 `, g.Addr(), tenantKey, httpAddr, metricsAddr, pgAddr, up)), 0o600))
 	cmd := exec.Command(bin, "-config", cfgPath, "-log-level", "debug")
 	cmd.Env = append(os.Environ(), "HTTP_PROXY=", "HTTPS_PROXY=")
-	logs := &logBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	must(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("governor-proxy log:\n%s", logs.String())
-		}
-	})
+	child := startChild(t, "governor-proxy", cmd)
+	logs := child.logs
 	eventually(t, "/readyz", func() bool {
 		r, err := noProxyClient.Get("http://" + metricsAddr + "/readyz")
 		if err != nil {
@@ -100,16 +88,7 @@ rules:
 		t.Errorf("crawl-9 used %d db_writes, want 4", used)
 	}
 
-	must(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("governor-proxy exited with %v", err)
-		}
-	case <-time.After(waitFor):
-		t.Fatal("governor-proxy did not stop on SIGTERM")
-	}
-	exited <- nil // for the cleanup
+	child.stop(t)
 	if !strings.Contains(logs.String(), "governor-proxy stopped") {
 		t.Errorf("no clean stop in the log")
 	}

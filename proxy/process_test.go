@@ -73,18 +73,7 @@ tenants:
 	cfgPath := filepath.Join(dir, "governor.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(cfg), 0o600))
 	cmd := exec.Command(bin, "-config", cfgPath)
-	logs := &logBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	must(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("governord log:\n%s", logs.String())
-		}
-	})
+	child := startChild(t, "governord", cmd)
 
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	// Ready (the proxy's first session) is the signal that governord is up:
@@ -107,16 +96,7 @@ rules:
 	if fmt.Sprint(codes) != "[200 200 429]" {
 		t.Errorf("a quota of 2 through the governord process: %v", codes)
 	}
-	must(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("governord exited with %v", err)
-		}
-	case <-time.After(waitFor):
-		t.Fatal("governord did not stop on SIGTERM")
-	}
-	exited <- nil // for the cleanup
+	child.stop(t)
 	resp, err := c.Get(hostURL(o, "origin.test") + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -129,4 +109,44 @@ rules:
 	if cresp.Status != "503 Governor unavailable" || cresp.Header.Get(HeaderDenied) != "unavailable" {
 		t.Errorf("CONNECT with governord stopped: %q %v", cresp.Status, cresp.Header)
 	}
+}
+
+// child is a process a test started; it is killed at cleanup and its log
+// shown if the test failed.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	logs   *logBuffer
+	exited chan error
+}
+
+func startChild(t *testing.T, name string, cmd *exec.Cmd) *child {
+	t.Helper()
+	c := &child{name: name, cmd: cmd, logs: &logBuffer{}, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = c.logs, c.logs
+	must(t, cmd.Start())
+	go func() { c.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-c.exited
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, c.logs.String())
+		}
+	})
+	return c
+}
+
+// stop sends SIGTERM and requires a clean exit.
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	must(t, c.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Fatalf("%s exited with %v", c.name, err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal(c.name + " did not stop on SIGTERM")
+	}
+	c.exited <- nil // for the cleanup
 }
