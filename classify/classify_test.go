@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 	"gopkg.in/yaml.v3"
+
+	"github.com/governor-project/governor/internal/envsubst"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,7 +87,7 @@ func TestValidFiles(t *testing.T) {
 			}
 			text, _ := os.ReadFile(file)
 			var fc fileCases
-			if err := yaml.Unmarshal(expandEnv(text), &fc); err != nil {
+			if err := yaml.Unmarshal(envsubst.Expand(text), &fc); err != nil {
 				t.Fatal(err)
 			}
 			if len(fc.HTTP)+len(fc.SQL) == 0 {

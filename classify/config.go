@@ -10,10 +10,11 @@ import (
 	"net/textproto"
 	"os"
 	"reflect"
-	"regexp"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/governor-project/governor/internal/envsubst"
 )
 
 // Limits on what a rule file may hold.
@@ -155,7 +156,7 @@ func Load(path string) (*Rules, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Parse(expandEnv(text))
+	return Parse(envsubst.Expand(text))
 }
 
 func readFile(path string) ([]byte, error) {
@@ -172,14 +173,6 @@ func readFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read rules: %s is larger than %d bytes", path, MaxFileSize)
 	}
 	return text, nil
-}
-
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
-
-func expandEnv(text []byte) []byte {
-	return envRef.ReplaceAllFunc(text, func(m []byte) []byte {
-		return []byte(os.Getenv(string(m[2 : len(m)-1])))
-	})
 }
 
 // Parse compiles the rules: key of a YAML document: the proxy's whole config

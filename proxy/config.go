@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"reflect"
-	"regexp"
 	"strings"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/envsubst"
 )
 
 // Defaults for every key the config file may leave out.
@@ -270,16 +270,6 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
-
-// expandEnv replaces each ${VAR} with the variable's value; only the braced
-// form, as governord and the rules do, so a "$" in a key is left alone.
-func expandEnv(text []byte) []byte {
-	return envRef.ReplaceAllFunc(text, func(m []byte) []byte {
-		return []byte(os.Getenv(string(m[2 : len(m)-1])))
-	})
-}
-
 // ParseConfig is LoadConfig for text already read. The result has no Path,
 // so its rules are not reloaded.
 func ParseConfig(text []byte) (Config, error) { return parseConfig(text, true) }
@@ -302,7 +292,7 @@ func LoadClassification(path string) (Config, error) {
 }
 
 func parseConfig(text []byte, complete bool) (Config, error) {
-	text = expandEnv(text)
+	text = envsubst.Expand(text)
 	var doc yaml.Node
 	if err := yaml.Unmarshal(text, &doc); err != nil {
 		return Config{}, keyErr("(file)", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))

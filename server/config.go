@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/envsubst"
 	"github.com/governor-project/governor/store"
 )
 
@@ -143,16 +144,6 @@ type fileTenant struct {
 	Defaults fileCaps         `mapstructure:"defaults"`
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
-
-// ExpandEnv replaces each ${VAR} with the variable's value. Only the braced
-// form is expanded, so a "$" inside a key or password is left alone.
-func ExpandEnv(text []byte) []byte {
-	return envRef.ReplaceAllFunc(text, func(m []byte) []byte {
-		return []byte(os.Getenv(string(envRef.FindSubmatch(m)[1])))
-	})
-}
-
 // LoadConfig reads, expands and validates a governord configuration file.
 // Every problem with the file is a *ConfigError naming the key.
 func LoadConfig(path string) (Config, error) {
@@ -167,7 +158,7 @@ func LoadConfig(path string) (Config, error) {
 func ParseConfig(text []byte) (Config, error) {
 	v := viper.New()
 	v.SetConfigType("yaml")
-	if err := v.ReadConfig(bytes.NewReader(ExpandEnv(text))); err != nil {
+	if err := v.ReadConfig(bytes.NewReader(envsubst.Expand(text))); err != nil {
 		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
 	}
 	var raw fileConfig
