@@ -61,9 +61,3 @@ func (c *classCache) classify(sql string) *Class {
 	}
 	return cl
 }
-
-func (c *classCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.l.Len()
-}

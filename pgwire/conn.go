@@ -108,7 +108,7 @@ func (c *conn) serve() {
 	up, err := c.p.dialUpstream(c.ctx)
 	if err != nil {
 		c.fail(FailUpstream, err)
-		c.writeFatal("08001", "governor-proxy: cannot reach the database server")
+		c.writeFatalNow("08001", "governor-proxy: cannot reach the database server")
 		return
 	}
 	c.p.mu.Lock()
@@ -352,8 +352,6 @@ func stripChannelBinding(body []byte) []byte {
 func (c *conn) writeFatalNow(code, msg string) {
 	c.client.Write(errorResponse("FATAL", code, msg))
 }
-
-func (c *conn) writeFatal(code, msg string) { c.writeFatalNow(code, msg) }
 
 // writeClient writes b to the client, flushing when asked.
 func (c *conn) writeClient(b []byte, flush bool) error {
@@ -653,7 +651,12 @@ func (c *conn) batch() {
 
 // classifyQuery classifies a Query's or Parse's text, with SQL-level
 // PREPARE/EXECUTE followed on this connection.
+// A passthrough proxy (no Admitter or no Rules) admits nothing, so it
+// classifies nothing; admit treats a nil class as "forward".
 func (c *conn) classifyQuery(sql string) *Class {
+	if c.p.Admitter == nil || c.p.Rules == nil {
+		return nil
+	}
 	cl := c.p.cache.classify(sql)
 	for _, p := range cl.Prepares {
 		if c.sqlPrepared == nil {
