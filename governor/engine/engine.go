@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -207,8 +209,17 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
-	for _, s := range e.sortedSessions() {
-		if e.sessions[s.id] == s && s.expired(now) { // an earlier end may have dispatched past it
+	// Only the expired sessions are sorted (by id, so the events come in a
+	// deterministic order); this runs every reap interval under the lock.
+	var expired []*session
+	for _, s := range e.sessions {
+		if s.expired(now) {
+			expired = append(expired, s)
+		}
+	}
+	slices.SortFunc(expired, func(a, b *session) int { return cmp.Compare(a.id, b.id) })
+	for _, s := range expired {
+		if e.sessions[s.id] == s { // an earlier end may have dispatched past it
 			e.endSession(s, now, EndExpired)
 			sessions++
 		}

@@ -148,17 +148,22 @@ func (e *Engine) applyGrant(ev *Event) error {
 		n.charge(c.Resource, c.Amount)
 	}
 	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At}
-	e.leases[l.id] = l
-	s.leases[l.id] = l
-	if n.leases == nil {
-		n.leases = make(map[LeaseID]*lease)
-	}
-	n.leases[l.id] = l
+	l.attach(e.leases)
 	for a := n; a != nil; a = a.parent {
 		a.limit.add(l.class, 1)
 	}
 	e.nextLease = l.id + 1
 	return nil
+}
+
+// attach files a lease under all, its session and its node.
+func (l *lease) attach(all map[LeaseID]*lease) {
+	all[l.id] = l
+	l.session.leases[l.id] = l
+	if l.node.leases == nil {
+		l.node.leases = make(map[LeaseID]*lease)
+	}
+	l.node.leases[l.id] = l
 }
 
 // endLease ends a live lease and leaves its tombstone.

@@ -76,7 +76,7 @@ func (e *Engine) Snapshot() Snapshot {
 	snap := Snapshot{Seq: e.seq, NextNode: e.nextNode, NextSession: e.nextSession, NextLease: e.nextLease}
 	for _, id := range sortedKeys(e.nodes) {
 		v := e.nodes[id].view()
-		v.Quotas, v.Used, v.Limits, v.Held = nilIfEmpty(v.Quotas), nilIfEmpty(v.Used), nilIfEmpty(v.Limits), nilIfEmpty(v.Held)
+		// Gauges give nil maps when empty already; defaults are cloned maps.
 		v.DefaultQuotas, v.DefaultLimits = nilIfEmpty(v.DefaultQuotas), nilIfEmpty(v.DefaultLimits)
 		snap.Nodes = append(snap.Nodes, v)
 	}
@@ -148,13 +148,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 			if n.state == Open && parent.open[n.name] != nil {
 				return fmt.Errorf("%w: snapshot has two open nodes named %q under %d", ErrCorrupt, n.name, parent.id)
 			}
-			parent.children = append(parent.children, n)
-			if n.state == Open {
-				if parent.open == nil {
-					parent.open = make(map[string]*node)
-				}
-				parent.open[n.name] = n
-			}
+			parent.adopt(n)
 		}
 		if n.deadline != 0 && n.state == Open {
 			deadlines = append(deadlines, deadlineEntry{at: n.deadline, node: n.id})
@@ -187,11 +181,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
 		}
 		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted}
-		leases[l.id], s.leases[l.id] = l, l
-		if n.leases == nil {
-			n.leases = make(map[LeaseID]*lease)
-		}
-		n.leases[l.id] = l
+		l.attach(leases)
 	}
 	tombs := make(map[LeaseID]tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {

@@ -412,13 +412,21 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 		n.state = parent.state
 	}
 	e.nodes[n.id] = n
-	parent.children = append(parent.children, n)
-	if parent.open == nil {
-		parent.open = make(map[string]*node)
-	}
-	parent.open[n.name] = n
+	parent.adopt(n)
 	e.nextNode = n.id + 1
 	return nil
+}
+
+// adopt makes n the newest child of p, findable by name while it is open.
+func (p *node) adopt(n *node) {
+	p.children = append(p.children, n)
+	if n.state != Open {
+		return
+	}
+	if p.open == nil {
+		p.open = make(map[string]*node)
+	}
+	p.open[n.name] = n
 }
 
 // Get returns a node.
