@@ -122,10 +122,7 @@ func (s *SQLite) Append(ctx context.Context, recs []Record) error {
 		return nil
 	}
 	first := recs[0].Seq
-	if first == 0 {
-		return gapError(0, 0)
-	}
-	if err := checkAppend(first-1, recs); err != nil {
+	if err := checkContiguous(recs); err != nil {
 		return err
 	}
 

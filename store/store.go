@@ -112,6 +112,16 @@ func Open(ctx context.Context, driver, dsn string) (Store, error) {
 	}
 }
 
+// checkContiguous checks that recs run on without a gap from their first
+// Seq, which must not be 0. The SQL stores then check the first against
+// what is stored, inside their transaction.
+func checkContiguous(recs []Record) error {
+	if recs[0].Seq == 0 {
+		return gapError(0, 0)
+	}
+	return checkAppend(recs[0].Seq-1, recs)
+}
+
 // checkAppend checks that recs continue a log whose newest Seq is last.
 // Backends call it with the last Seq they hold, or with recs[0].Seq-1 and
 // then check that against the database inside their transaction.
