@@ -74,7 +74,7 @@ func (pt *pendingTunnel) claim() bool { return pt.claimed.CompareAndSwap(false, 
 // client's request context. A non-nil error is a *denial or *refusal,
 // already counted and logged.
 func (p *Proxy) admitConnect(req *http.Request, addr string) (*pendingTunnel, error) {
-	ex := &exchange{kind: "connect", start: time.Now()}
+	ex := &exchange{kind: "connect"}
 	if err := p.dialer.refuseLiteral(addr, "443"); err != nil {
 		ex.rule = ruleUnmatched
 		p.finish(ex, outcomeRefused)
@@ -104,16 +104,7 @@ func (p *Proxy) admitConnect(req *http.Request, addr string) (*pendingTunnel, er
 // reached or was refused, and returns the answer.
 func (p *Proxy) connectFailed(req *http.Request, ex *exchange, addr string, err error) *refusal {
 	ref := upstreamRefusal(err)
-	outcome := outcomeUpstreamError
-	switch {
-	case req.Context().Err() != nil:
-		outcome = outcomeCanceled
-	case ref.code == http.StatusGatewayTimeout:
-		outcome = outcomeTimeout
-	case ref.code != http.StatusBadGateway:
-		outcome = outcomeRefused
-	}
-	p.finish(ex, outcome)
+	p.finish(ex, ref.outcome(req))
 	p.log.Info("upstream failed", "kind", "connect", "rule", ex.rule, "subtask", ex.subtask, "host", addr,
 		"status", ref.code, "err", err)
 	return ref

@@ -227,6 +227,20 @@ func isLocalAddr(ip netip.Addr) bool {
 	return false
 }
 
+// outcome is how a request the upstream failed is counted: the client left,
+// the upstream timed out or failed, or the proxy refused the target.
+func (r *refusal) outcome(req *http.Request) string {
+	switch {
+	case req.Context().Err() != nil:
+		return outcomeCanceled
+	case r.code == http.StatusGatewayTimeout:
+		return outcomeTimeout
+	case r.code != http.StatusBadGateway:
+		return outcomeRefused
+	}
+	return outcomeUpstreamError
+}
+
 // upstreamRefusal turns an error reaching the upstream into the proxy's
 // answer: 504 when it timed out, 502 otherwise, or the dialer's own
 // refusal.

@@ -25,7 +25,6 @@ import (
 // trip and the response hook in ProxyCtx.UserData.
 type exchange struct {
 	kind     string // "http" or "connect"
-	start    time.Time
 	subtask  string
 	rule     string // the matching rule, or ruleUnmatched
 	decision classify.Decision
@@ -74,7 +73,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 	wctx, cancel := context.WithTimeoutCause(ctx, p.cfg.HTTP.WaitTimeout, errWaitTimeout)
 	defer cancel()
 	began := time.Now()
-	l, _, err := p.gov.admit(wctx, subtask, d.Class, d.Charges)
+	l, err := p.gov.admit(wctx, subtask, d.Class, d.Charges)
 	wait := time.Since(began)
 	p.metrics.leaseWait.WithLabelValues(d.Class).Observe(wait.Seconds())
 	if err != nil {
@@ -128,7 +127,7 @@ func (p *Proxy) finish(ex *exchange, outcome string) {
 
 // onRequest is goproxy's request hook for plain HTTP (and routed) requests.
 func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	ex := &exchange{kind: "http", start: time.Now()}
+	ex := &exchange{kind: "http"}
 	pctx.UserData = ex
 	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
 	if err := p.dialer.refuseLiteral(r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
@@ -226,16 +225,7 @@ func (p *Proxy) onResponse(resp *http.Response, pctx *goproxy.ProxyCtx) *http.Re
 	if resp == nil {
 		ex.local = true
 		ref := upstreamRefusal(pctx.Error)
-		outcome := outcomeUpstreamError
-		switch {
-		case pctx.Req.Context().Err() != nil:
-			outcome = outcomeCanceled
-		case ref.code == http.StatusGatewayTimeout:
-			outcome = outcomeTimeout
-		case ref.code != http.StatusBadGateway:
-			outcome = outcomeRefused
-		}
-		p.finish(ex, outcome)
+		p.finish(ex, ref.outcome(pctx.Req))
 		p.log.Info("upstream failed", "rule", ex.rule, "subtask", ex.subtask, "host", pctx.Req.URL.Host,
 			"status", ref.code, "err", pctx.Error)
 		return ref.response(pctx.Req)

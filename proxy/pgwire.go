@@ -253,7 +253,7 @@ func (a *pgAdmitter) BeginTx(ctx context.Context, tx pgwire.Tx) (pgwire.Ticket, 
 	wctx, cancel := context.WithTimeoutCause(ctx, a.wait, errWaitTimeout)
 	defer cancel()
 	began := time.Now()
-	l, _, err := a.p.gov.admit(wctx, tx.Subtask, tx.Class, tx.Charges)
+	l, err := a.p.gov.admit(wctx, tx.Subtask, tx.Class, tx.Charges)
 	wait := time.Since(began)
 	m.pgLeaseWait.WithLabelValues(tx.Class).Observe(wait.Seconds())
 	if err != nil {
@@ -279,7 +279,7 @@ func (a *pgAdmitter) Charge(ctx context.Context, tx pgwire.Tx, charges map[strin
 	wctx, cancel := context.WithTimeoutCause(ctx, a.wait, errWaitTimeout)
 	defer cancel()
 	began := time.Now()
-	_, _, err := a.p.gov.admit(wctx, tx.Subtask, "", charges)
+	_, err := a.p.gov.admit(wctx, tx.Subtask, "", charges)
 	wait := time.Since(began)
 	if err != nil {
 		return a.deny(tx, m.pgStatements, err, wait)

@@ -52,6 +52,7 @@ type Options struct {
 // Start also serves it, and the metrics, on the configured listeners.
 type Proxy struct {
 	cfg       Config
+	port      string // the HTTP listener's port, for isSelf
 	log       *slog.Logger
 	metrics   *metrics
 	gov       *governance
@@ -129,6 +130,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Proxy, error) {
 		return nil, fmt.Errorf("listen on %s (http.listen): %w", cfg.HTTP.Listen, err)
 	}
 	p.dialer.addSelf(p.ln.Addr())
+	_, p.port, _ = net.SplitHostPort(p.ln.Addr().String())
 	if cfg.MetricsListen != "" {
 		if p.mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			p.ln.Close()
@@ -274,8 +276,7 @@ func (p *Proxy) isSelf(hostport, scheme string) bool {
 	if strings.EqualFold(host, "localhost") {
 		host = "127.0.0.1"
 	}
-	_, lport, _ := net.SplitHostPort(p.Addr())
-	if port != lport {
+	if port != p.port {
 		return false
 	}
 	var r *refusal

@@ -333,14 +333,14 @@ type lease struct {
 // admit charges and takes a lease on the subtask's node in one call. class
 // may be empty (charge only; no lease is returned). It returns a *denial
 // when governord says no, cannot be reached, or the wait runs out.
-func (g *governance) admit(ctx context.Context, subtaskName, class string, charges map[string]int64) (*lease, int64, error) {
+func (g *governance) admit(ctx context.Context, subtaskName, class string, charges map[string]int64) (*lease, error) {
 	s := g.session()
 	if s == nil {
-		return nil, 0, &denial{cause: causeUnavailable, err: errors.New("no session with governord")}
+		return nil, &denial{cause: causeUnavailable, err: errors.New("no session with governord")}
 	}
 	node, err := s.node(ctx, subtaskName)
 	if err != nil {
-		return nil, 0, g.denialFor(ctx, s, class, err)
+		return nil, g.denialFor(ctx, s, class, err)
 	}
 	var resp *governorpb.ChargeAndAcquireResponse
 	err = retryUnavailable(ctx, func(ctx context.Context, id string) error {
@@ -349,12 +349,12 @@ func (g *governance) admit(ctx context.Context, subtaskName, class string, charg
 		return err
 	})
 	if err != nil {
-		return nil, node, g.denialFor(ctx, s, class, err)
+		return nil, g.denialFor(ctx, s, class, err)
 	}
 	if resp.GetLease() == nil {
-		return nil, node, nil
+		return nil, nil
 	}
-	return &lease{g: g, s: s, id: resp.GetLease().GetId(), class: class}, node, nil
+	return &lease{g: g, s: s, id: resp.GetLease().GetId(), class: class}, nil
 }
 
 // release frees the lease in the background, reporting latency (time to the
