@@ -2,12 +2,9 @@ package governor
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/retry"
 )
 
 const (
@@ -246,7 +244,7 @@ func (c *Client) heartbeatLoop() {
 			continue
 		}
 		failures++
-		t.Reset(jitter(min(c.every, c.every/8<<min(failures-1, 8))))
+		t.Reset(retry.Jitter(min(c.every, c.every/8<<min(failures-1, 8))))
 	}
 }
 
@@ -368,7 +366,7 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 // new id: the old id may be remembered as cancelled. UNAUTHENTICATED means
 // the server has forgotten the session, which is then given up.
 func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
-	id := newRequestID()
+	id := retry.RequestID()
 	var last error // the last transient failure, to explain a give-up
 	cancels := 0
 	for try := 0; ; try++ {
@@ -392,7 +390,7 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 			if cancels++; cancels > serverCancelRetries {
 				return fromStatus(op, err)
 			}
-			id = newRequestID()
+			id = retry.RequestID()
 			last = err
 		case codes.Unauthenticated:
 			c.giveUp(forgotten(err))
@@ -427,7 +425,7 @@ func sessionEnded(op string, cause, last error) error {
 // pause waits before attempt try+1: jittered exponential backoff. It
 // returns ctx's error if ctx ends first, or ErrSessionLost if stop closes.
 func pause(ctx context.Context, stop <-chan struct{}, try int) error {
-	t := time.NewTimer(jitter(min(retryMaxDelay, retryBaseDelay<<min(try, 10))))
+	t := time.NewTimer(retry.Jitter(min(retryMaxDelay, retryBaseDelay<<min(try, 10))))
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -437,20 +435,4 @@ func pause(ctx context.Context, stop <-chan struct{}, try int) error {
 	case <-stop:
 		return ErrSessionLost
 	}
-}
-
-// jitter picks a duration in [d/2, d], so that clients that failed together
-// do not retry together.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-// newRequestID returns 16 random bytes in hex.
-func newRequestID() string {
-	var b [16]byte
-	crand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
-	return hex.EncodeToString(b[:])
 }

@@ -42,7 +42,7 @@
 //
 // # Imports
 //
-// This package may import only the standard library, gRPC, protobuf and
-// api/governorpb. It must not import the engine or the server: it speaks to
+// This package may import only the standard library, gRPC, protobuf,
+// api/governorpb and internal/retry. It must not import the engine or the server: it speaks to
 // governord only through its API.
 package governor

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/governor-project/governor/internal/retry"
 )
 
 // Default backoff of Retry.
@@ -78,7 +80,7 @@ func Retry(ctx context.Context, fn func(ctx context.Context) error, opts ...Retr
 		if delay <= 0 || delay > cfg.max {
 			delay = cfg.max
 		}
-		t := time.NewTimer(jitter(delay))
+		t := time.NewTimer(retry.Jitter(delay))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

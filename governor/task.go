@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/retry"
 )
 
 // Spec describes a task to create. In the maps, a key names a resource (for
@@ -87,7 +88,7 @@ func (c *Client) NewTask(ctx context.Context, spec Spec) (context.Context, *Task
 	}
 	name := spec.Name
 	if name == "" {
-		name = "task-" + newRequestID()[:12]
+		name = "task-" + retry.RequestID()[:12]
 	}
 	req := &governorpb.CreateNodeRequest{ParentId: parentID, Spec: spec.proto(name)}
 	var node *governorpb.Node

@@ -55,10 +55,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, errors.Join(err, rerr)
 	}
 	latency := time.Since(start)
-	overloaded := resp.StatusCode == http.StatusTooManyRequests ||
-		resp.StatusCode == http.StatusServiceUnavailable ||
-		resp.StatusCode == 529 || // "site is overloaded", sent by some APIs
-		resp.Header.Get("Retry-After") != ""
+	overloaded := Overloaded(resp)
 	body := &leaseBody{ReadCloser: resp.Body, release: func() error {
 		return release(req.Context(), lease, latency, overloaded)
 	}}
@@ -120,3 +117,13 @@ type leaseRWBody struct {
 }
 
 func (b *leaseRWBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+// Overloaded reports whether a response says its server is overloaded: 429,
+// 503, 529 ("site is overloaded", sent by some APIs) or any Retry-After. A
+// release reports it so adaptive limits back off.
+func Overloaded(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusTooManyRequests ||
+		resp.StatusCode == http.StatusServiceUnavailable ||
+		resp.StatusCode == 529 ||
+		resp.Header.Get("Retry-After") != ""
+}

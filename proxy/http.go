@@ -18,6 +18,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/governor"
 )
 
 // exchange is one plain HTTP request, or one CONNECT tunnel, from its
@@ -169,8 +170,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	p.finish(ex, outcomeForwarded)
 	// Only the proxy says Governor-Denied.
 	resp.Header.Del(HeaderDenied)
-	overloaded := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable ||
-		resp.StatusCode == 529 || resp.Header.Get("Retry-After") != ""
+	overloaded := governor.Overloaded(resp)
 	if hc := ex.decision.ChargeFromHeader; hc != nil {
 		p.chargeFromHeader(ex, hc, resp.Header)
 	}

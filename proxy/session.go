@@ -2,12 +2,9 @@ package proxy
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +17,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/retry"
 )
 
 const (
@@ -491,7 +489,7 @@ var errWaitTimeout = errors.New("wait_timeout passed")
 // even when a reply was lost. UNAVAILABLE is retried, with backoff, for up
 // to unavailableRetry.
 func retryUnavailable(ctx context.Context, attempt func(ctx context.Context, requestID string) error) error {
-	id := newRequestID()
+	id := retry.RequestID()
 	giveUp := time.Now().Add(unavailableRetry)
 	var unavailable error
 	for try := 0; ; try++ {
@@ -505,7 +503,7 @@ func retryUnavailable(ctx context.Context, attempt func(ctx context.Context, req
 			return err
 		}
 		unavailable = err
-		if !sleep(ctx, jitter(min(200*time.Millisecond, 25*time.Millisecond<<try))) {
+		if !sleep(ctx, retry.Jitter(min(200*time.Millisecond, 25*time.Millisecond<<try))) {
 			return err
 		}
 	}
@@ -518,15 +516,7 @@ func isContextErr(err error) bool {
 }
 
 func backoff(attempt int) time.Duration {
-	return jitter(min(redialMax, redialBase<<min(attempt, 10)))
-}
-
-// jitter picks a duration in [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
+	return retry.Jitter(min(redialMax, redialBase<<min(attempt, 10)))
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -538,14 +528,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// newRequestID returns 128 random bits in hex. Ids need to be unique, not
-// secret: math/rand/v2's generator is seeded from the system's randomness
-// and, unlike crypto/rand, costs no system call per id.
-func newRequestID() string {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
-	return hex.EncodeToString(b[:])
 }
