@@ -99,15 +99,6 @@ func (e *Engine) failWaiter(w *waiter, err error) {
 	w.ch <- Outcome{Err: err}
 }
 
-// all returns every waiter of the class, tenant by tenant.
-func (q *classQueue) all() []*waiter {
-	var out []*waiter
-	for _, tq := range q.ring {
-		out = append(out, tq.waiters...)
-	}
-	return out
-}
-
 // firstFit is the tenant's first waiter, in priority order, that fits
 // everywhere on its chain. It skips the scan when the tenant's own cap is
 // full, since then none of its waiters can fit.

@@ -524,14 +524,27 @@ func (e *Engine) applyNodeEnded(n *node, ev *Event) {
 	walk(n)
 }
 
-// afterEnd fails the waiters on ended nodes and hands freed slots on.
+// afterEnd fails the waiters on ended nodes, in one pass over each tenant's
+// queue, and hands freed slots on. Failing a waiter emits nothing, so the
+// order does not matter.
 func (e *Engine) afterEnd() {
-	for _, class := range e.sortedQueues() {
-		q := e.queues[class]
-		for _, w := range q.all() {
-			if w.node.state != Open {
-				e.failWaiter(w, w.node.ended())
+	for _, q := range e.queues {
+		for _, tq := range q.ring {
+			kept := tq.waiters[:0]
+			for _, w := range tq.waiters {
+				if w.node.state == Open {
+					kept = append(kept, w)
+					continue
+				}
+				q.waiting--
+				if i := slices.Index(w.session.waiters, w); i >= 0 {
+					w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
+				}
+				w.done = true
+				w.ch <- Outcome{Err: w.node.ended()}
 			}
+			clear(tq.waiters[len(kept):])
+			tq.waiters = kept
 		}
 	}
 	e.dispatchAll()
