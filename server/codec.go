@@ -10,22 +10,42 @@ import (
 
 // Events and snapshots are stored as JSON: readable in the database, and the
 // engine's replay test already round-trips them through it.
+//
+// A session's token hash is not stored in its event: it goes to the store's
+// sessions table, which keeps it only while the session lives (see package
+// store). Decoding puts it back from there.
 
 func encodeEvent(ev engine.Event) (store.Record, error) {
+	var rec store.Record
+	switch ev.Kind {
+	case engine.EvSessionOpened:
+		if ev.Token != "" {
+			rec.Opens = &store.Session{ID: uint64(ev.Session), TokenHash: ev.Token}
+			ev.Token = ""
+		}
+	case engine.EvSessionEnded:
+		rec.Ends = uint64(ev.Session)
+	}
 	data, err := json.Marshal(ev)
 	if err != nil {
 		return store.Record{}, fmt.Errorf("encode event %d: %w", ev.Seq, err)
 	}
-	return store.Record{Seq: ev.Seq, Data: data}, nil
+	rec.Seq, rec.Data = ev.Seq, data
+	return rec, nil
 }
 
-func decodeEvent(r store.Record) (engine.Event, error) {
+// decodeEvent decodes r. tokens holds the sessions table; the hash of a
+// session r opens is taken from it.
+func decodeEvent(r store.Record, tokens map[uint64]string) (engine.Event, error) {
 	var ev engine.Event
 	if err := json.Unmarshal(r.Data, &ev); err != nil {
 		return ev, fmt.Errorf("decode event %d: %w", r.Seq, err)
 	}
 	if ev.Seq != r.Seq {
 		return ev, fmt.Errorf("event stored as %d says it is %d: %w", r.Seq, ev.Seq, engine.ErrCorrupt)
+	}
+	if ev.Kind == engine.EvSessionOpened && ev.Token == "" {
+		ev.Token = tokens[uint64(ev.Session)]
 	}
 	return ev, nil
 }

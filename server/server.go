@@ -129,24 +129,35 @@ func (s *Server) recover(ctx context.Context) error {
 		batch = batch[:0]
 		return nil
 	}
-	err = s.st.Load(ctx, func(seq uint64, data []byte) error {
-		snap, err := decodeSnapshot(seq, data)
-		if err != nil {
-			return err
-		}
-		return eng.Restore(snap)
-	}, func(r store.Record) error {
-		ev, err := decodeEvent(r)
-		if err != nil {
-			return err
-		}
-		if batch = append(batch, ev); len(batch) == cap(batch) {
-			return flush()
-		}
-		return nil
+	tokens := make(map[uint64]string)
+	err = s.st.Load(ctx, store.LoadFuncs{
+		Snapshot: func(seq uint64, data []byte) error {
+			snap, err := decodeSnapshot(seq, data)
+			if err != nil {
+				return err
+			}
+			return eng.Restore(snap)
+		},
+		Session: func(row store.Session) error {
+			tokens[row.ID] = row.TokenHash
+			return nil
+		},
+		Record: func(r store.Record) error {
+			ev, err := decodeEvent(r, tokens)
+			if err != nil {
+				return err
+			}
+			if batch = append(batch, ev); len(batch) == cap(batch) {
+				return flush()
+			}
+			return nil
+		},
 	})
 	if err == nil {
 		err = flush()
+	}
+	if err == nil {
+		err = checkSessionTokens(eng.SessionTokens(), tokens)
 	}
 	if err != nil {
 		return fmt.Errorf("replay the store: %w", err)
@@ -154,6 +165,24 @@ func (s *Server) recover(ctx context.Context) error {
 	s.eng = eng
 	s.events = store.NewLog(s.st, encodeEvent, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit})
 	s.log.Info("state recovered", "seq", eng.Seq(), "events replayed", events, "took", time.Since(began))
+	return nil
+}
+
+// checkSessionTokens checks that the sessions table and the replayed state
+// agree: the same live sessions with the same token hashes. A session
+// without its hash could never be reached again, and a row without its
+// session is one the log lost; either means the store is damaged.
+func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]string) error {
+	for id, hash := range live {
+		if hash == "" || table[uint64(id)] != hash {
+			return fmt.Errorf("session %d is live but the sessions table has no row for its token: %w", id, engine.ErrCorrupt)
+		}
+	}
+	for id := range table {
+		if _, ok := live[engine.SessionID(id)]; !ok {
+			return fmt.Errorf("the sessions table has a row for session %d, which is not live: %w", id, engine.ErrCorrupt)
+		}
+	}
 	return nil
 }
 

@@ -474,11 +474,11 @@ func TestCommitFailureStopsServing(t *testing.T) {
 	// What was acknowledged is on record: one consume.
 	e, _ := engine.New(engine.Config{})
 	var evs []engine.Event
-	mem.Reopen().Load(context.Background(), func(uint64, []byte) error { return nil }, func(r store.Record) error {
-		ev, err := decodeEvent(r)
+	mem.Reopen().Load(context.Background(), store.LoadFuncs{Record: func(r store.Record) error {
+		ev, err := decodeEvent(r, nil)
 		evs = append(evs, ev)
 		return err
-	})
+	}})
 	if err := e.Apply(evs...); err != nil {
 		t.Fatal(err)
 	}

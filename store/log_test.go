@@ -556,9 +556,10 @@ func TestStoreLogResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last uint64
-	err := mem.Load(ctx,
-		func(seq uint64, _ []byte) error { last = seq; return nil },
-		func(r store.Record) error { last = r.Seq; return nil })
+	err := mem.Load(ctx, store.LoadFuncs{
+		Snapshot: func(seq uint64, _ []byte) error { last = seq; return nil },
+		Record:   func(r store.Record) error { last = r.Seq; return nil },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

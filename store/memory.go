@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 )
 
@@ -18,9 +20,10 @@ type Memory struct {
 }
 
 type memState struct {
-	snapSeq uint64
-	snap    []byte // nil when there is no snapshot
-	recs    []Record
+	snapSeq  uint64
+	snap     []byte // nil when there is no snapshot
+	recs     []Record
+	sessions map[uint64]string // id → token hash; replaced, never changed in place
 }
 
 // NewMemory returns an empty Memory.
@@ -41,7 +44,9 @@ func (m *Memory) Reopen() *Memory {
 	defer m.mu.Unlock()
 	recs := make([]Record, len(m.state.recs))
 	copy(recs, m.state.recs) // Data is never modified in place, so sharing it is safe.
-	return &Memory{state: memState{snapSeq: m.state.snapSeq, snap: m.state.snap, recs: recs}}
+	st := m.state
+	st.recs = recs
+	return &Memory{state: st}
 }
 
 // last returns the newest Seq held. m.mu must be held.
@@ -53,29 +58,40 @@ func (m *Memory) last() uint64 {
 }
 
 // Load implements Store.
-func (m *Memory) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+func (m *Memory) Load(ctx context.Context, fn LoadFuncs) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return fmt.Errorf("store: load: %w", ErrClosed)
 	}
-	// Appends only add to the end and SaveSnapshot replaces the slice, so this
-	// view stays consistent after the lock is dropped; the callbacks run
-	// unlocked and may take as long as they like.
+	// Appends only add to the end of recs, and every change to the snapshot
+	// or the sessions replaces them whole, so this view stays consistent
+	// after the lock is dropped; the funcs run unlocked and may take as long
+	// as they like.
 	st := m.state
 	m.mu.Unlock()
 
-	if st.snap != nil {
-		if err := snapshot(st.snapSeq, bytes.Clone(st.snap)); err != nil {
+	if st.snap != nil && fn.Snapshot != nil {
+		if err := fn.Snapshot(st.snapSeq, bytes.Clone(st.snap)); err != nil {
 			return fmt.Errorf("store: load snapshot: %w", err)
 		}
+	}
+	if fn.Session != nil {
+		for _, id := range slices.Sorted(maps.Keys(st.sessions)) {
+			if err := fn.Session(Session{ID: id, TokenHash: st.sessions[id]}); err != nil {
+				return fmt.Errorf("store: load sessions: session %d: %w", id, err)
+			}
+		}
+	}
+	if fn.Record == nil {
+		return nil
 	}
 	for _, r := range st.recs {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("store: load: %w", err)
 		}
-		if err := record(Record{Seq: r.Seq, Data: bytes.Clone(r.Data)}); err != nil {
-			return fmt.Errorf("store: load record %d: %w", r.Seq, err)
+		if err := fn.Record(Record{Seq: r.Seq, Data: bytes.Clone(r.Data)}); err != nil {
+			return fmt.Errorf("store: load records: record %d: %w", r.Seq, err)
 		}
 	}
 	return nil
@@ -93,6 +109,28 @@ func (m *Memory) Append(ctx context.Context, recs []Record) error {
 	}
 	if err := checkAppend(m.last(), recs); err != nil {
 		return err
+	}
+	if opens, ends := sessionChanges(recs); len(opens) > 0 || len(ends) > 0 {
+		sessions := maps.Clone(m.state.sessions)
+		if sessions == nil {
+			sessions = make(map[uint64]string)
+		}
+		for _, o := range opens {
+			// The SQL tables' keys: neither the id nor the hash may be taken.
+			if _, taken := sessions[o.ID]; taken {
+				return fmt.Errorf("store: append: session %d is already open: %w", o.ID, ErrInvalidRecord)
+			}
+			for id, h := range sessions {
+				if h == o.TokenHash {
+					return fmt.Errorf("store: append: session %d has the token hash of session %d: %w", o.ID, id, ErrInvalidRecord)
+				}
+			}
+			sessions[o.ID] = o.TokenHash
+		}
+		for _, id := range ends {
+			delete(sessions, id)
+		}
+		m.state.sessions = sessions
 	}
 	for _, r := range recs {
 		// Copied: the caller may reuse its buffers once Append returns.
@@ -123,7 +161,7 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	if snap == nil {
 		snap = []byte{} // an empty snapshot is still a snapshot
 	}
-	m.state = memState{snapSeq: seq, snap: snap, recs: keep}
+	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions}
 	return nil
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Postgres is a Store in two PostgreSQL tables, governor_events and
-// governor_snapshot, in the schema that the connection's search_path names
+// Postgres is a Store in three PostgreSQL tables, governor_events,
+// governor_snapshot and governor_sessions, in the schema that the connection's search_path names
 // first (add search_path=NAME to the DSN to keep several logs in one
 // database).
 type Postgres struct {
@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS governor_snapshot (
 	last_seq bigint NOT NULL  -- the newest seq held, snapshot or record
 );
 INSERT INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0) ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS governor_sessions (
+	id         bigint PRIMARY KEY,   -- the live session's id
+	token_hash text NOT NULL UNIQUE  -- SHA-256 of its token, hex
+);
 `
 
 // OpenPostgres connects to the database named by dsn and creates the tables
@@ -80,27 +84,37 @@ func (p *Postgres) init(ctx context.Context) error {
 	})
 }
 
-// Load implements Store. Records are streamed from the server, not
-// gathered first.
-func (p *Postgres) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+// Load implements Store.
+func (p *Postgres) Load(ctx context.Context, fn LoadFuncs) error {
 	if p.closed.Load() {
 		return fmt.Errorf("store: load: %w", ErrClosed)
 	}
-	// Repeatable read: the snapshot and the records are one view even if a
-	// SaveSnapshot commits in between.
+	// Repeatable read: the snapshot, the sessions and the records are one
+	// view even if an Append or a SaveSnapshot commits in between.
 	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("store: load: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	return loadSQL(postgresReader{ctx, tx}, fn)
+}
 
-	return loadRecords(tx.QueryRow(ctx, loadSnapshotSQL), func(after int64) (cursor, func(), error) {
-		rows, err := tx.Query(ctx, "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq", after)
-		if err != nil {
-			return nil, nil, err
-		}
-		return rows, rows.Close, nil
-	}, snapshot, record)
+// postgresReader is a read transaction as loadSQL wants it.
+type postgresReader struct {
+	ctx context.Context
+	tx  pgx.Tx
+}
+
+func (r postgresReader) queryRow(query string, args ...any) scanner {
+	return r.tx.QueryRow(r.ctx, query, args...)
+}
+
+func (r postgresReader) query(query string, args ...any) (cursor, func(), error) {
+	rows, err := r.tx.Query(r.ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rows, rows.Close, nil
 }
 
 // Append implements Store in one statement: one round trip whatever the
@@ -121,11 +135,21 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	for i, r := range recs {
 		seqs[i], datas[i] = int64(r.Seq), r.Data
 	}
+	opens, ends := sessionChanges(recs)
+	openIDs, openHashes := make([]int64, len(opens)), make([]string, len(opens))
+	for i, o := range opens {
+		openIDs[i], openHashes[i] = int64(o.ID), o.TokenHash
+	}
+	endIDs := make([]int64, len(ends))
+	for i, id := range ends {
+		endIDs[i] = int64(id)
+	}
 
 	// One statement, so one round trip and its own transaction: the check
 	// against what is stored and the move of last_seq (whose row lock also
-	// serializes concurrent writers) gate the insert of every record.
-	tag, err := p.pool.Exec(ctx, appendSQL, seqs[len(seqs)-1], int64(first-1), seqs, datas)
+	// serializes concurrent writers) gate the insert of every record and
+	// every change to the sessions table.
+	tag, err := p.pool.Exec(ctx, appendSQL, seqs[len(seqs)-1], int64(first-1), seqs, datas, openIDs, openHashes, endIDs)
 	if err != nil {
 		return fmt.Errorf("store: append: %w", err)
 	}
@@ -139,8 +163,16 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	return nil
 }
 
+// appendSQL's sub-statements all see the table as it was before the
+// statement, so a session opened and ended in one batch must be in neither
+// list; sessionChanges sees to that.
 const appendSQL = `WITH moved AS (
-	UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2 RETURNING 1)
+	UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2 RETURNING 1),
+opened AS (
+	INSERT INTO governor_sessions (id, token_hash)
+	SELECT i, h FROM unnest($5::bigint[], $6::text[]) AS o(i, h) WHERE EXISTS (SELECT 1 FROM moved)),
+ended AS (
+	DELETE FROM governor_sessions WHERE id = ANY($7::bigint[]) AND EXISTS (SELECT 1 FROM moved))
 INSERT INTO governor_events (seq, data)
 SELECT s, d FROM unnest($3::bigint[], $4::bytea[]) AS u(s, d) WHERE EXISTS (SELECT 1 FROM moved)`
 

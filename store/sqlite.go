@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS governor_snapshot (
 	last_seq INTEGER NOT NULL  -- the newest seq held, snapshot or record
 );
 INSERT OR IGNORE INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0);
+CREATE TABLE IF NOT EXISTS governor_sessions (
+	id         INTEGER PRIMARY KEY, -- the live session's id
+	token_hash TEXT NOT NULL UNIQUE -- SHA-256 of its token, hex
+);
 `
 
 // OpenSQLite opens or creates the SQLite database at path and its tables.
@@ -93,24 +97,36 @@ func (s *SQLite) init() error {
 }
 
 // Load implements Store.
-func (s *SQLite) Load(ctx context.Context, snapshot func(uint64, []byte) error, record func(Record) error) error {
+func (s *SQLite) Load(ctx context.Context, fn LoadFuncs) error {
 	if s.closed.Load() {
 		return fmt.Errorf("store: load: %w", ErrClosed)
 	}
-	// One transaction, so the snapshot and the records are one view.
+	// One transaction, so the snapshot, the sessions and the records are one
+	// view.
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return fmt.Errorf("store: load: %w", err)
 	}
 	defer tx.Rollback()
+	return loadSQL(sqliteReader{ctx, tx}, fn)
+}
 
-	return loadRecords(tx.QueryRowContext(ctx, loadSnapshotSQL), func(after int64) (cursor, func(), error) {
-		rows, err := tx.QueryContext(ctx, "SELECT seq, data FROM governor_events WHERE seq > ? ORDER BY seq", after)
-		if err != nil {
-			return nil, nil, err
-		}
-		return rows, func() { rows.Close() }, nil
-	}, snapshot, record)
+// sqliteReader is a read transaction as loadSQL wants it.
+type sqliteReader struct {
+	ctx context.Context
+	tx  *sql.Tx
+}
+
+func (r sqliteReader) queryRow(query string, args ...any) scanner {
+	return r.tx.QueryRowContext(r.ctx, query, args...)
+}
+
+func (r sqliteReader) query(query string, args ...any) (cursor, func(), error) {
+	rows, err := r.tx.QueryContext(r.ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rows, func() { rows.Close() }, nil
 }
 
 // Append implements Store.
@@ -158,6 +174,17 @@ func (s *SQLite) Append(ctx context.Context, recs []Record) error {
 		}
 		if _, err := tx.ExecContext(ctx, sqliteInsert(len(chunk)), args...); err != nil {
 			return fmt.Errorf("store: append: %w", err)
+		}
+	}
+	opens, ends := sessionChanges(recs)
+	for _, o := range opens {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)", int64(o.ID), o.TokenHash); err != nil {
+			return fmt.Errorf("store: append: open session %d: %w", o.ID, err)
+		}
+	}
+	for _, id := range ends {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM governor_sessions WHERE id = ?", int64(id)); err != nil {
+			return fmt.Errorf("store: append: end session %d: %w", id, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {

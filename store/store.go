@@ -1,5 +1,5 @@
 // Package store is Governor's durability layer: an append-only log of
-// records plus one snapshot, and Log, the group-commit writer that puts the
+// records, one snapshot, a table of the live sessions' token hashes, and Log, the group-commit writer that puts the
 // engine's events into it before anyone is told about them.
 //
 // The package knows nothing about the engine. A record is a sequence number
@@ -16,6 +16,11 @@
 //	postgres.go  Postgres: pgx, one transaction per Append
 //	log.go       Log: group commit (Emit under the engine lock, WaitDurable before the reply)
 //
+// Token hashes are kept out of the records on purpose. The log is history
+// that is kept, copied and read long after a session ends; the sessions
+// table holds a hash only while its session lives, and loses it in the same
+// transaction as the record that ends the session.
+//
 // The invariant every backend keeps: the snapshot (if any) has sequence
 // number S, the records held are exactly S+1 … N with no hole, and an Append
 // must continue at N+1. A request that would break it is refused whole, with
@@ -27,28 +32,52 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
-// Record is one committed event: its sequence number and its encoded bytes.
+// Record is one committed event: its sequence number and its encoded bytes,
+// and what it changes in the sessions table. That change is committed in the
+// same transaction as the record; Load reports the table as a whole, so the
+// records it returns have neither Opens nor Ends set.
 type Record struct {
 	Seq  uint64
 	Data []byte
+
+	Opens *Session // a session this record opens: its row is added
+	Ends  uint64   // the id of a session this record ends (0: none): its row is removed
 }
 
-// Store is an append-only log of records plus one snapshot.
+// Session is a row of the sessions table: a live session and the SHA-256
+// hash of its token (the server never stores the token itself).
+type Session struct {
+	ID        uint64
+	TokenHash string
+}
+
+// LoadFuncs receives what Load reads, in this order: the newest snapshot, if
+// there is one; every live session, in increasing ID order; every record
+// after the snapshot, in increasing Seq order. A nil func skips its part.
+// The funcs see one consistent view of the store. They must not call back
+// into the Store, and they may keep the slices they are given. An error from
+// one stops Load, which returns it wrapped.
+type LoadFuncs struct {
+	Snapshot func(seq uint64, data []byte) error
+	Session  func(Session) error
+	Record   func(Record) error
+}
+
+// Store is an append-only log of records, one snapshot and the sessions
+// table.
 //
 // A Store is safe for concurrent use, but it expects a single writer (Log's
 // Run); concurrent Appends are serialized and the loser of a race fails with
 // ErrOutOfSequence rather than corrupting the log.
 type Store interface {
-	// Load calls snapshot once with the newest snapshot, if there is one, and
-	// then record for every record after it, in increasing Seq order. The
-	// callbacks see one consistent view of the log. They must not call back
-	// into the Store, and they may keep the slices they are given. An error
-	// from a callback stops Load, which returns it wrapped.
-	Load(ctx context.Context, snapshot func(seq uint64, data []byte) error, record func(Record) error) error
+	// Load reads the whole store into fn (see LoadFuncs).
+	Load(ctx context.Context, fn LoadFuncs) error
 
-	// Append stores recs in one transaction: all of them or none. The first
+	// Append stores recs, and their changes to the sessions table, in one
+	// transaction: all of them or none. The first
 	// Seq must be one more than the newest Seq held (snapshot or record; 1 on
 	// an empty log) and each next Seq one more than the last. Append keeps
 	// neither recs nor their Data after it returns. An empty recs is a no-op.
@@ -73,6 +102,11 @@ var (
 	// ErrSnapshotSeq: a snapshot older than the current one, or newer than
 	// the log (it would leave a hole). Nothing was written.
 	ErrSnapshotSeq = errors.New("snapshot seq out of range")
+
+	// ErrInvalidRecord: an Append whose records say something impossible
+	// about the sessions table, such as opening a session without a token
+	// hash. Nothing was written.
+	ErrInvalidRecord = errors.New("invalid record")
 
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("store closed")
@@ -135,9 +169,43 @@ func checkAppend(last uint64, recs []Record) error {
 			// Both SQL backends keep seq in a signed 64-bit column.
 			return fmt.Errorf("store: append: seq %d does not fit in int64: %w", r.Seq, ErrOutOfSequence)
 		}
+		if o := r.Opens; o != nil && (o.ID == 0 || o.ID > math.MaxInt64 || o.TokenHash == "") {
+			return fmt.Errorf("store: append: record %d opens session %d with token hash %q: %w", r.Seq, o.ID, o.TokenHash, ErrInvalidRecord)
+		}
+		if r.Ends > math.MaxInt64 {
+			return fmt.Errorf("store: append: record %d ends session %d: %w", r.Seq, r.Ends, ErrInvalidRecord)
+		}
 		want++
 	}
 	return nil
+}
+
+// sessionChanges is the net change recs make to the sessions table: the rows
+// to add and the ids to remove. A session opened and ended within recs is in
+// neither, so a backend may apply the two lists in any order.
+func sessionChanges(recs []Record) (opens []Session, ends []uint64) {
+	for _, r := range recs {
+		if r.Opens != nil {
+			opens = append(opens, *r.Opens)
+		}
+		if r.Ends != 0 {
+			ends = append(ends, r.Ends)
+		}
+	}
+	if len(opens) == 0 || len(ends) == 0 {
+		return opens, ends
+	}
+	opened := make(map[uint64]bool, len(opens))
+	for _, o := range opens {
+		opened[o.ID] = true
+	}
+	ended := make(map[uint64]bool, len(ends))
+	for _, id := range ends {
+		ended[id] = true
+	}
+	opens = slices.DeleteFunc(opens, func(o Session) bool { return ended[o.ID] })
+	ends = slices.DeleteFunc(ends, func(id uint64) bool { return opened[id] })
+	return opens, ends
 }
 
 // checkSnapshot checks that a snapshot at seq fits a log whose snapshot is at
@@ -154,8 +222,13 @@ func gapError(first, last uint64) error {
 	return fmt.Errorf("store: append: first seq %d, want %d: %w", first, last+1, ErrOutOfSequence)
 }
 
-// loadSnapshotSQL reads the snapshot row; both SQL stores share its schema.
-const loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1"
+// The reads of Load; both SQL stores share the schema. $1 is the snapshot's
+// seq (SQLite reads $1 as its first parameter too).
+const (
+	loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1"
+	loadSessionsSQL = "SELECT id, token_hash FROM governor_sessions ORDER BY id"
+	loadRecordsSQL  = "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq"
+)
 
 // scanner is a row of either SQL driver; cursor is a result set of either.
 type scanner interface{ Scan(dest ...any) error }
@@ -166,41 +239,76 @@ type cursor interface {
 	Err() error
 }
 
-// loadRecords is Load for the SQL stores, once the read transaction is open:
-// the snapshot row, then every record after it, streamed in order.
-func loadRecords(snapRow scanner, records func(after int64) (cursor, func(), error),
-	snapshot func(uint64, []byte) error, record func(Record) error) error {
+// sqlReader is a read transaction of either SQL driver.
+type sqlReader interface {
+	queryRow(query string, args ...any) scanner
+	query(query string, args ...any) (cursor, func(), error)
+}
+
+// loadSQL is Load for the SQL stores, once the read transaction is open.
+// Sessions and records are streamed, not gathered first.
+func loadSQL(tx sqlReader, fn LoadFuncs) error {
 	var snapSeq int64
 	var snap []byte
 	var hasSnap bool
-	if err := snapRow.Scan(&snapSeq, &snap, &hasSnap); err != nil {
+	if err := tx.queryRow(loadSnapshotSQL).Scan(&snapSeq, &snap, &hasSnap); err != nil {
 		return fmt.Errorf("store: load snapshot: %w", err)
 	}
-	if hasSnap { // a zero-length blob may scan as nil
-		if snap == nil {
+	if hasSnap && fn.Snapshot != nil {
+		if snap == nil { // a zero-length blob may scan as nil
 			snap = []byte{}
 		}
-		if err := snapshot(uint64(snapSeq), snap); err != nil {
+		if err := fn.Snapshot(uint64(snapSeq), snap); err != nil {
 			return fmt.Errorf("store: load snapshot: %w", err)
 		}
 	}
-	rows, closeRows, err := records(snapSeq)
+	if fn.Session != nil {
+		err := eachRow(tx, loadSessionsSQL, nil, func(c cursor) error {
+			var id int64
+			var hash string
+			if err := c.Scan(&id, &hash); err != nil {
+				return err
+			}
+			if err := fn.Session(Session{ID: uint64(id), TokenHash: hash}); err != nil {
+				return fmt.Errorf("session %d: %w", id, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("store: load sessions: %w", err)
+		}
+	}
+	if fn.Record == nil {
+		return nil
+	}
+	err := eachRow(tx, loadRecordsSQL, []any{snapSeq}, func(c cursor) error {
+		var seq int64
+		var data []byte
+		if err := c.Scan(&seq, &data); err != nil {
+			return err
+		}
+		if err := fn.Record(Record{Seq: uint64(seq), Data: data}); err != nil {
+			return fmt.Errorf("record %d: %w", seq, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("store: load records: %w", err)
 	}
+	return nil
+}
+
+// eachRow runs query and calls row for each row it returns.
+func eachRow(tx sqlReader, query string, args []any, row func(cursor) error) error {
+	rows, closeRows, err := tx.query(query, args...)
+	if err != nil {
+		return err
+	}
 	defer closeRows()
 	for rows.Next() {
-		var seq int64
-		var data []byte
-		if err := rows.Scan(&seq, &data); err != nil {
-			return fmt.Errorf("store: load records: %w", err)
-		}
-		if err := record(Record{Seq: uint64(seq), Data: data}); err != nil {
-			return fmt.Errorf("store: load record %d: %w", seq, err)
+		if err := row(rows); err != nil {
+			return err
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	return nil
+	return rows.Err()
 }

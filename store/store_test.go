@@ -40,34 +40,48 @@ var conformanceCases = []struct {
 	{"LoadStopsOnCallbackError", testLoadCallbackError},
 	{"ManyRecords", testManyRecords},
 	{"Closed", testClosed},
+	{"SessionsTable", testSessionsTable},
+	{"SessionsAllOrNothing", testSessionsAllOrNothing},
 }
 
 // logView is everything Load reports.
 type logView struct {
 	hasSnap bool
 	snapSeq uint64
-	snap    []byte
-	recs    []store.Record
+	snap     []byte
+	sessions []store.Session
+	recs     []store.Record
 }
 
 func loadAll(t testing.TB, st store.Store) logView {
 	t.Helper()
 	var v logView
-	err := st.Load(context.Background(),
-		func(seq uint64, data []byte) error {
+	err := st.Load(context.Background(), store.LoadFuncs{
+		Snapshot: func(seq uint64, data []byte) error {
 			if v.hasSnap {
-				t.Errorf("snapshot callback called twice")
+				t.Errorf("snapshot func called twice")
 			}
-			if len(v.recs) > 0 {
-				t.Errorf("snapshot callback called after a record")
+			if len(v.recs) > 0 || len(v.sessions) > 0 {
+				t.Errorf("snapshot func called after a session or a record")
 			}
 			v.hasSnap, v.snapSeq, v.snap = true, seq, data
 			return nil
 		},
-		func(r store.Record) error {
+		Session: func(s store.Session) error {
+			if len(v.recs) > 0 {
+				t.Errorf("session func called after a record")
+			}
+			v.sessions = append(v.sessions, s)
+			return nil
+		},
+		Record: func(r store.Record) error {
+			if r.Opens != nil || r.Ends != 0 {
+				t.Errorf("Load gave record %d sessions changes %+v, %d; they are reported as the table", r.Seq, r.Opens, r.Ends)
+			}
 			v.recs = append(v.recs, r)
 			return nil
-		})
+		},
+	})
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -269,13 +283,13 @@ func testLoadCallbackError(t *testing.T, open func() store.Store) {
 	mustAppend(t, st, recs(1, 10))
 	errStop := errors.New("stop here")
 	var seen []uint64
-	err := st.Load(ctx, func(uint64, []byte) error { return nil }, func(r store.Record) error {
+	err := st.Load(ctx, store.LoadFuncs{Record: func(r store.Record) error {
 		seen = append(seen, r.Seq)
 		if r.Seq == 4 {
 			return errStop
 		}
 		return nil
-	})
+	}})
 	if !errors.Is(err, errStop) || !slices.Equal(seen, []uint64{1, 2, 3, 4}) {
 		t.Errorf("Load = %v after %v, want errStop after [1 2 3 4]", err, seen)
 	}
@@ -284,9 +298,12 @@ func testLoadCallbackError(t *testing.T, open func() store.Store) {
 		t.Fatal(err)
 	}
 	seen = nil
-	err = st.Load(ctx, func(uint64, []byte) error { return errStop }, func(r store.Record) error {
-		seen = append(seen, r.Seq)
-		return nil
+	err = st.Load(ctx, store.LoadFuncs{
+		Snapshot: func(uint64, []byte) error { return errStop },
+		Record: func(r store.Record) error {
+			seen = append(seen, r.Seq)
+			return nil
+		},
 	})
 	if !errors.Is(err, errStop) || len(seen) != 0 {
 		t.Errorf("Load = %v after %v, want errStop before any record", err, seen)
@@ -304,12 +321,15 @@ func testManyRecords(t *testing.T, open func() store.Store) {
 		mustAppend(t, st, recs(from, from+999))
 	}
 	var next uint64 = 1
-	err := st.Load(context.Background(), func(uint64, []byte) error { return errors.New("no snapshot expected") }, func(r store.Record) error {
-		if r.Seq != next || string(r.Data) != fmt.Sprintf("r%d", next) {
-			return fmt.Errorf("record %d:%q, want %d", r.Seq, r.Data, next)
-		}
-		next++
-		return nil
+	err := st.Load(context.Background(), store.LoadFuncs{
+		Snapshot: func(uint64, []byte) error { return errors.New("no snapshot expected") },
+		Record: func(r store.Record) error {
+			if r.Seq != next || string(r.Data) != fmt.Sprintf("r%d", next) {
+				return fmt.Errorf("record %d:%q, want %d", r.Seq, r.Data, next)
+			}
+			next++
+			return nil
+		},
 	})
 	if err != nil || next != n+1 {
 		t.Fatalf("Load = %v, stopped at %d, want %d records", err, next-1, n)
@@ -329,7 +349,7 @@ func testClosed(t *testing.T, open func() store.Store) {
 	if err := st.SaveSnapshot(ctx, 2, nil); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("SaveSnapshot after Close = %v, want ErrClosed", err)
 	}
-	err := st.Load(ctx, func(uint64, []byte) error { return nil }, func(store.Record) error { return nil })
+	err := st.Load(ctx, store.LoadFuncs{Record: func(store.Record) error { return nil }})
 	if !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Load after Close = %v, want ErrClosed", err)
 	}
@@ -396,4 +416,90 @@ func TestStoreConcurrentWriters(t *testing.T) {
 			wantLog(t, st1, false, 0, "", 1, n)
 		})
 	}
+}
+
+// opening makes record seq open session id (token hash "h<id>").
+func opening(seq, id uint64) store.Record {
+	return store.Record{Seq: seq, Data: fmt.Appendf(nil, "r%d", seq), Opens: &store.Session{ID: id, TokenHash: fmt.Sprintf("h%d", id)}}
+}
+
+// ending makes record seq end session id.
+func ending(seq, id uint64) store.Record {
+	return store.Record{Seq: seq, Data: fmt.Appendf(nil, "r%d", seq), Ends: id}
+}
+
+// wantSessions checks that st's sessions table holds exactly the sessions
+// ids, each with the hash opening gave it.
+func wantSessions(t testing.TB, st store.Store, ids ...uint64) {
+	t.Helper()
+	want := []store.Session{}
+	for _, id := range ids {
+		want = append(want, store.Session{ID: id, TokenHash: fmt.Sprintf("h%d", id)})
+	}
+	if got := append([]store.Session{}, loadAll(t, st).sessions...); !slices.Equal(got, want) {
+		t.Errorf("sessions = %v, want %v", got, want)
+	}
+}
+
+func testSessionsTable(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	mustAppend(t, st, []store.Record{opening(1, 1), opening(2, 2), opening(3, 3)})
+	wantSessions(t, st, 1, 2, 3)
+	mustAppend(t, st, []store.Record{ending(4, 2)})
+	wantSessions(t, st, 1, 3)
+	// Opened and ended in one batch: never in the table. Ended and then a
+	// new one opened with the same hash in one batch: the new one is.
+	mustAppend(t, st, []store.Record{opening(5, 4), ending(6, 4), ending(7, 1), opening(8, 5)})
+	wantSessions(t, st, 3, 5)
+	// Ending a session that has no row changes nothing.
+	mustAppend(t, st, []store.Record{ending(9, 42)})
+	wantSessions(t, st, 3, 5)
+	// A snapshot deletes records, never sessions.
+	if err := st.SaveSnapshot(ctx, 9, []byte("s9")); err != nil {
+		t.Fatal(err)
+	}
+	wantSessions(t, st, 3, 5)
+	st.Close()
+
+	st = open()
+	defer st.Close()
+	wantSessions(t, st, 3, 5)
+	mustAppend(t, st, append(recs(10, 11), opening(12, 6)))
+	wantSessions(t, st, 3, 5, 6)
+	v := loadAll(t, st)
+	if v.snapSeq != 9 || len(v.recs) != 3 || !bytes.Equal(v.recs[2].Data, []byte("r12")) {
+		t.Errorf("log = snapshot %d and %s, want 9 then 10..12", v.snapSeq, fmtRecs(v.recs))
+	}
+}
+
+func testSessionsAllOrNothing(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, []store.Record{opening(1, 1), opening(2, 2)})
+
+	refused := func(why string, batch []store.Record, want error) {
+		t.Helper()
+		err := st.Append(ctx, batch)
+		if err == nil || (want != nil && !errors.Is(err, want)) {
+			t.Errorf("Append with %s = %v, want an error (%v)", why, err, want)
+		}
+	}
+	refused("a gap", []store.Record{ending(3, 1), opening(5, 3)}, store.ErrOutOfSequence)
+	refused("no token hash", []store.Record{ending(3, 1), {Seq: 4, Opens: &store.Session{ID: 3}}}, store.ErrInvalidRecord)
+	refused("session id 0", []store.Record{{Seq: 3, Opens: &store.Session{TokenHash: "h0"}}}, store.ErrInvalidRecord)
+	// The database's own keys: an id or a hash that is taken. The SQL
+	// stores report their constraint's error, the memory store its own.
+	refused("a live session's id", []store.Record{ending(3, 2), {Seq: 4, Opens: &store.Session{ID: 1, TokenHash: "other"}}}, nil)
+	refused("a live session's token hash", []store.Record{ending(3, 2), {Seq: 4, Opens: &store.Session{ID: 7, TokenHash: "h1"}}}, nil)
+
+	// None of them wrote anything: not the sessions, not the records.
+	wantSessions(t, st, 1, 2)
+	v := loadAll(t, st)
+	if len(v.recs) != 2 {
+		t.Errorf("records = %s, want 1..2", fmtRecs(v.recs))
+	}
+	mustAppend(t, st, []store.Record{ending(3, 2), opening(4, 3)})
+	wantSessions(t, st, 1, 3)
 }

@@ -89,6 +89,19 @@ func (e *Engine) SessionByToken(tokenHash string) (id SessionID, scope NodeID, o
 	return s.id, s.scope.id, true
 }
 
+// SessionTokens returns the token hash of every open session but System's.
+func (e *Engine) SessionTokens() map[SessionID]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[SessionID]string, len(e.sessions))
+	for id, s := range e.sessions {
+		if id != System {
+			out[id] = s.token
+		}
+	}
+	return out
+}
+
 // Heartbeat renews a session for one more TTL and returns the TTL.
 func (e *Engine) Heartbeat(sid SessionID) (time.Duration, error) {
 	e.mu.Lock()
