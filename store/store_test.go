@@ -46,8 +46,8 @@ var conformanceCases = []struct {
 
 // logView is everything Load reports.
 type logView struct {
-	hasSnap bool
-	snapSeq uint64
+	hasSnap  bool
+	snapSeq  uint64
 	snap     []byte
 	sessions []store.Session
 	recs     []store.Record
