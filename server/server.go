@@ -175,7 +175,7 @@ func (s *Server) recover(ctx context.Context) error {
 func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]string) error {
 	for id, hash := range live {
 		if hash == "" || table[uint64(id)] != hash {
-			return fmt.Errorf("session %d is live but the sessions table has no row for its token: %w", id, engine.ErrCorrupt)
+			return fmt.Errorf("session %d is live but the sessions table has no row with its token hash: %w", id, engine.ErrCorrupt)
 		}
 	}
 	for id := range table {

@@ -85,7 +85,7 @@ func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
 		want               string
 	}{
 		{"a live session's row lost", "DELETE FROM governor_sessions WHERE id = ?", "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)",
-			[]any{lateID, hashToken(late.token)}, "no row for its token"},
+			[]any{lateID, hashToken(late.token)}, "no row with its token hash"},
 		{"a row without a session", "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)", "DELETE FROM governor_sessions WHERE id = ?",
 			[]any{int64(999), "feed"}, "not live"},
 	} {
