@@ -257,6 +257,9 @@ func capsEdit(v engine.NodeView, quotas, limits map[string]int64, defaults *Caps
 // stream and each connection.
 const grpcWindow = 1 << 20
 
+// grpcStreamWorkers is how many goroutines wait to run incoming calls.
+const grpcStreamWorkers = 64
+
 func (s *Server) serve() error {
 	var opts []grpc.ServerOption
 	if s.cfg.TLS.CertFile != "" {
@@ -272,7 +275,12 @@ func (s *Server) serve() error {
 		// idle connection (and the client answers it): two extra writes and
 		// wake-ups per call, since every call here is a small message that
 		// waits for a commit. Governor's messages are far smaller than these.
-		grpc.StaticStreamWindowSize(grpcWindow), grpc.StaticConnWindowSize(grpcWindow))
+		grpc.StaticStreamWindowSize(grpcWindow), grpc.StaticConnWindowSize(grpcWindow),
+		// Calls run on long-lived workers instead of a new goroutine each,
+		// whose stack would grow (and be copied) several times on every
+		// call. Calls beyond the idle workers still get a goroutine of
+		// their own, so a call that waits long never holds others up.
+		grpc.NumStreamWorkers(grpcStreamWorkers))
 	s.grpc = grpc.NewServer(opts...)
 	governorpb.RegisterGovernorServer(s.grpc, s)
 	s.health = health.NewServer()
