@@ -39,6 +39,10 @@ const (
 	// cleanupTimeout bounds releases and closes that run after the caller's
 	// context ended, so that a hung server cannot hang a deferred Close.
 	cleanupTimeout = 10 * time.Second
+
+	// grpcWindow is the HTTP/2 flow-control window the client grants each
+	// stream and the connection; governord's answers are far smaller.
+	grpcWindow = 1 << 20
 )
 
 // Client is a session with governord. It keeps the session alive with
@@ -89,6 +93,12 @@ func Dial(ctx context.Context, opts ...Option) (*Client, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithChainUnaryInterceptor(c.unaryInterceptor),
 		grpc.WithChainStreamInterceptor(c.streamInterceptor),
+		// Fixed flow-control windows turn off gRPC's BDP estimation, which
+		// otherwise pings governord after nearly every response (and makes
+		// it answer) when calls are small and one at a time: extra writes
+		// and wake-ups on both sides for every call.
+		grpc.WithStaticStreamWindowSize(grpcWindow),
+		grpc.WithStaticConnWindowSize(grpcWindow),
 	}, cfg.grpcOpts...)
 	conn, err := grpc.NewClient(cfg.addr, dialOpts...)
 	if err != nil {

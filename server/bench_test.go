@@ -40,18 +40,58 @@ const benchPGDSNEnv = "GOVERNOR_TEST_PG_DSN"
 
 var benchCallers = []int{1, 16, 64}
 
+// benchShape is how the callers reach the server: over how many
+// connections, and whether those are dialed with fixed flow-control
+// windows, as the SDK dials. The plain "callers=N" cases give every caller
+// a connection of its own with gRPC's default dial options; the variants
+// below come after them, with names that say how they differ.
+type benchShape struct {
+	callers     int
+	conns       int  // connections the callers share; caller i uses conn i%conns
+	fixedWindow bool // grpc.WithStatic{Stream,Conn}WindowSize, as the SDK sets them
+}
+
+func (s benchShape) String() string {
+	name := fmt.Sprintf("callers=%d", s.callers)
+	if s.conns != s.callers {
+		name += fmt.Sprintf(",conns=%d", s.conns)
+	}
+	if s.fixedWindow {
+		name += ",window=fixed"
+	}
+	return name
+}
+
+// benchShapes lists the cases: one caller per connection for each of
+// benchCallers, then 64 callers with SDK-like windows, sharing 4
+// connections (as a sidecar multiplexes its tasks' calls), and both.
+func benchShapes() []benchShape {
+	var out []benchShape
+	for _, n := range benchCallers {
+		out = append(out, benchShape{callers: n, conns: n})
+	}
+	return append(out,
+		benchShape{callers: 64, conns: 64, fixedWindow: true},
+		benchShape{callers: 64, conns: 4},
+		benchShape{callers: 64, conns: 4, fixedWindow: true})
+}
+
+// benchWindow mirrors the SDK's fixed flow-control window (governor/client.go).
+const benchWindow = 1 << 20
+
 // BenchmarkConsume measures consumes per second through gRPC, each caller
-// with its own connection and session, every call with a request id (as
+// with its own session (and, in the plain callers=N cases, its own
+// connection; see benchShapes), every call with a request id (as
 // the SDK and the proxies send them), on each store. Every consume is
 // committed before it is answered, so the durable stores measure group
 // commit as well.
 func BenchmarkConsume(b *testing.B) {
 	for _, driver := range []string{"memory", "sqlite", "postgres"} {
 		b.Run(driver, func(b *testing.B) {
-			for _, n := range benchCallers {
-				b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+			for _, shape := range benchShapes() {
+				b.Run(shape.String(), func(b *testing.B) {
 					srv := benchServer(b, benchStoreConfig(b, driver))
-					callers := benchSessions(b, srv.Addr(), n)
+					callers := benchSessions(b, srv.Addr(), shape)
 					commits, events := benchCommits(b, srv)
 					benchRun(b, callers, "consumes/s", func(c *benchCaller, i int64) error {
 						_, err := c.gov.Consume(c.ctx, &governorpb.ConsumeRequest{
@@ -72,10 +112,10 @@ func BenchmarkConsume(b *testing.B) {
 // the standard gRPC health check, which does nothing, on the same server,
 // connections and callers.
 func BenchmarkNoopCall(b *testing.B) {
-	for _, n := range benchCallers {
-		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+	for _, shape := range benchShapes() {
+		b.Run(shape.String(), func(b *testing.B) {
 			srv := benchServer(b, StoreConfig{Driver: "memory"})
-			callers := benchSessions(b, srv.Addr(), n)
+			callers := benchSessions(b, srv.Addr(), shape)
 			benchRun(b, callers, "calls/s", func(c *benchCaller, _ int64) error {
 				_, err := c.health.Check(c.ctx, &healthpb.HealthCheckRequest{})
 				return err
@@ -84,7 +124,8 @@ func BenchmarkNoopCall(b *testing.B) {
 	}
 }
 
-// benchCaller is one client: its own connection and session.
+// benchCaller is one client: its own session, on a connection of its own
+// or shared (benchShape).
 type benchCaller struct {
 	gov    governorpb.GovernorClient
 	health healthpb.HealthClient
@@ -123,15 +164,24 @@ func benchServer(b *testing.B, st StoreConfig) *Server {
 	return srv
 }
 
-func benchSessions(b *testing.B, addr string, n int) []*benchCaller {
+func benchSessions(b *testing.B, addr string, shape benchShape) []*benchCaller {
 	b.Helper()
-	out := make([]*benchCaller, n)
-	for i := range out {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if shape.fixedWindow {
+		opts = append(opts, grpc.WithStaticStreamWindowSize(benchWindow), grpc.WithStaticConnWindowSize(benchWindow))
+	}
+	conns := make([]*grpc.ClientConn, shape.conns)
+	for i := range conns {
+		conn, err := grpc.NewClient(addr, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { conn.Close() })
+		conns[i] = conn
+	}
+	out := make([]*benchCaller, shape.callers)
+	for i := range out {
+		conn := conns[i%len(conns)]
 		gov := governorpb.NewGovernorClient(conn)
 		resp, err := gov.OpenSession(context.Background(), &governorpb.OpenSessionRequest{ApiKey: "bench-key"})
 		if err != nil {

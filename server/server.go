@@ -282,6 +282,13 @@ func capsEdit(v engine.NodeView, quotas, limits map[string]int64, defaults *Caps
 	return edit, changed
 }
 
+// grpcWindow is the HTTP/2 flow-control window governord grants each
+// stream and each connection.
+const grpcWindow = 1 << 20
+
+// grpcStreamWorkers is how many goroutines wait to run incoming calls.
+const grpcStreamWorkers = 64
+
 func (s *Server) serve() error {
 	var opts []grpc.ServerOption
 	if s.cfg.TLS.CertFile != "" {
@@ -291,7 +298,18 @@ func (s *Server) serve() error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}})))
 	}
-	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary), grpc.ChainStreamInterceptor(s.metrics.stream))
+	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary), grpc.ChainStreamInterceptor(s.metrics.stream),
+		// Fixed flow-control windows turn off gRPC's BDP estimation, which
+		// otherwise sends a PING for nearly every request that arrives on an
+		// idle connection (and the client answers it): two extra writes and
+		// wake-ups per call, since every call here is a small message that
+		// waits for a commit. Governor's messages are far smaller than these.
+		grpc.StaticStreamWindowSize(grpcWindow), grpc.StaticConnWindowSize(grpcWindow),
+		// Calls run on long-lived workers instead of a new goroutine each,
+		// whose stack would grow (and be copied) several times on every
+		// call. Calls beyond the idle workers still get a goroutine of
+		// their own, so a call that waits long never holds others up.
+		grpc.NumStreamWorkers(grpcStreamWorkers))
 	s.grpc = grpc.NewServer(opts...)
 	governorpb.RegisterGovernorServer(s.grpc, s)
 	s.health = health.NewServer()
