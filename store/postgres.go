@@ -135,21 +135,27 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	for i, r := range recs {
 		seqs[i], datas[i] = int64(r.Seq), r.Data
 	}
-	opens, ends := sessionChanges(recs)
-	openIDs, openHashes := make([]int64, len(opens)), make([]string, len(opens))
-	for i, o := range opens {
-		openIDs[i], openHashes[i] = int64(o.ID), o.TokenHash
-	}
-	endIDs := make([]int64, len(ends))
-	for i, id := range ends {
-		endIDs[i] = int64(id)
-	}
-
 	// One statement, so one round trip and its own transaction: the check
 	// against what is stored and the move of last_seq (whose row lock also
 	// serializes concurrent writers) gate the insert of every record and
 	// every change to the sessions table.
-	tag, err := p.pool.Exec(ctx, appendSQL, seqs[len(seqs)-1], int64(first-1), seqs, datas, openIDs, openHashes, endIDs)
+	args := []any{seqs[len(seqs)-1], int64(first - 1), seqs, datas}
+	query := appendSQL
+	if opens, ends := sessionChanges(recs); len(opens) > 0 || len(ends) > 0 {
+		// Most batches open and end no session; only these pay for the
+		// sessions table's part of the statement.
+		openIDs, openHashes := make([]int64, len(opens)), make([]string, len(opens))
+		for i, o := range opens {
+			openIDs[i], openHashes[i] = int64(o.ID), o.TokenHash
+		}
+		endIDs := make([]int64, len(ends))
+		for i, id := range ends {
+			endIDs[i] = int64(id)
+		}
+		args = append(args, openIDs, openHashes, endIDs)
+		query = appendWithSessionsSQL
+	}
+	tag, err := p.pool.Exec(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: append: %w", err)
 	}
@@ -163,18 +169,28 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	return nil
 }
 
-// appendSQL's sub-statements all see the table as it was before the
+// appendSQL appends records $3 (seqs) and $4 (data) if the newest seq held
+// is $2, and makes $1 the newest. appendWithSessionsSQL also adds sessions
+// $5 (ids) and $6 (token hashes) and removes sessions $7 (ids). The
+// sub-statements of a WITH all see the tables as they were before the
 // statement, so a session opened and ended in one batch must be in neither
 // list; sessionChanges sees to that.
-const appendSQL = `WITH moved AS (
-	UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2 RETURNING 1),
+const (
+	appendMoveSQL = `WITH moved AS (
+	UPDATE governor_snapshot SET last_seq = $1 WHERE id = 1 AND last_seq = $2 RETURNING 1)`
+	appendSessionsSQL = `,
 opened AS (
 	INSERT INTO governor_sessions (id, token_hash)
 	SELECT i, h FROM unnest($5::bigint[], $6::text[]) AS o(i, h) WHERE EXISTS (SELECT 1 FROM moved)),
 ended AS (
-	DELETE FROM governor_sessions WHERE id = ANY($7::bigint[]) AND EXISTS (SELECT 1 FROM moved))
+	DELETE FROM governor_sessions WHERE id = ANY($7::bigint[]) AND EXISTS (SELECT 1 FROM moved))`
+	appendInsertSQL = `
 INSERT INTO governor_events (seq, data)
 SELECT s, d FROM unnest($3::bigint[], $4::bytea[]) AS u(s, d) WHERE EXISTS (SELECT 1 FROM moved)`
+
+	appendSQL             = appendMoveSQL + appendInsertSQL
+	appendWithSessionsSQL = appendMoveSQL + appendSessionsSQL + appendInsertSQL
+)
 
 // SaveSnapshot implements Store.
 func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
