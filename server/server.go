@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -156,8 +157,15 @@ func (s *Server) recover(ctx context.Context) error {
 	if err == nil {
 		err = flush()
 	}
+	var missing []store.Session
 	if err == nil {
-		err = checkSessionTokens(eng.SessionTokens(), tokens)
+		missing, err = checkSessionTokens(eng.SessionTokens(), tokens)
+	}
+	if err == nil && len(missing) > 0 {
+		// A store written before the sessions table existed: the log knows
+		// these hashes, the table does not yet.
+		s.log.Warn("adding live sessions missing from the sessions table", "sessions", len(missing))
+		err = s.st.AddSessions(ctx, missing)
 	}
 	if err != nil {
 		return fmt.Errorf("replay the store: %w", err)
@@ -170,20 +178,30 @@ func (s *Server) recover(ctx context.Context) error {
 
 // checkSessionTokens checks that the sessions table and the replayed state
 // agree: the same live sessions with the same token hashes. A session
-// without its hash could never be reached again, and a row without its
-// session is one the log lost; either means the store is damaged.
-func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]string) error {
-	for id, hash := range live {
-		if hash == "" || table[uint64(id)] != hash {
-			return fmt.Errorf("session %d is live but the sessions table has no row with its token hash: %w", id, engine.ErrCorrupt)
+// whose hash is nowhere could never be reached again, a row that differs
+// from the log is a damaged row, and a row without its session is one whose
+// end the log lost: each means the store is damaged. A live session whose
+// hash the log holds (in the snapshot, or in the event of a store written
+// before the table existed) but the table does not is returned, to be added.
+func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]string) (missing []store.Session, err error) {
+	for _, id := range slices.Sorted(maps.Keys(live)) {
+		hash := live[id]
+		row, ok := table[uint64(id)]
+		switch {
+		case hash == "":
+			return nil, fmt.Errorf("session %d is live but its token hash is in neither the sessions table nor the log: %w", id, engine.ErrCorrupt)
+		case !ok:
+			missing = append(missing, store.Session{ID: uint64(id), TokenHash: hash})
+		case row != hash:
+			return nil, fmt.Errorf("session %d has one token hash in the sessions table and another in the log: %w", id, engine.ErrCorrupt)
 		}
 	}
 	for id := range table {
 		if _, ok := live[engine.SessionID(id)]; !ok {
-			return fmt.Errorf("the sessions table has a row for session %d, which is not live: %w", id, engine.ErrCorrupt)
+			return nil, fmt.Errorf("the sessions table has a row for session %d, which is not live: %w", id, engine.ErrCorrupt)
 		}
 	}
-	return nil
+	return missing, nil
 }
 
 // Emit is the engine's sink: it counts the event and queues it for commit.

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"maps"
 	"path/filepath"
@@ -85,7 +86,7 @@ func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
 		want               string
 	}{
 		{"a live session's row lost", "DELETE FROM governor_sessions WHERE id = ?", "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)",
-			[]any{lateID, hashToken(late.token)}, "no row with its token hash"},
+			[]any{lateID, hashToken(late.token)}, "in neither the sessions table nor the log"},
 		{"a row without a session", "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)", "DELETE FROM governor_sessions WHERE id = ?",
 			[]any{int64(999), "feed"}, "not live"},
 	} {
@@ -104,6 +105,96 @@ func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
 		}
 	}
 	start(t, cfg) // repaired, it starts again
+}
+
+// A store written before the sessions table existed holds the token hashes
+// of live sessions in its snapshot and in its events, and has no rows. A
+// restart adds the rows, and the sessions go on working.
+func TestRestartAddsSessionsMissingFromAnOlderStore(t *testing.T) {
+	cfg := testConfig()
+	dbPath := filepath.Join(t.TempDir(), "governor.db")
+	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath}
+	srv, err := Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inSnapshot := session(t, srv.Addr(), "pay-key", 0)
+	if err := srv.snapshot(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	inEvent := session(t, srv.Addr(), "recon-key", 0)
+	eventID, _, _ := srv.eng.SessionByToken(hashToken(inEvent.token))
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Make the store look as the build before the table wrote it: no rows,
+	// and the hash inside the event that opened the session.
+	db := openSQLite(t, dbPath)
+	if _, err := db.Exec("DELETE FROM governor_sessions"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query("SELECT seq, data FROM governor_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq int64 = -1
+	var old []byte
+	for rows.Next() {
+		var s int64
+		var data []byte
+		if err := rows.Scan(&s, &data); err != nil {
+			t.Fatal(err)
+		}
+		var ev engine.Event
+		if err := json.Unmarshal(data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Kind == engine.EvSessionOpened && ev.Session == eventID {
+			ev.Token = hashToken(inEvent.token)
+			if old, err = json.Marshal(ev); err != nil {
+				t.Fatal(err)
+			}
+			seq = s
+		}
+	}
+	rows.Close()
+	if seq < 0 {
+		t.Fatal("no event opens the second session")
+	}
+	if _, err := db.Exec("UPDATE governor_events SET data = ? WHERE seq = ?", old, seq); err != nil {
+		t.Fatal(err)
+	}
+
+	srv = start(t, cfg)
+	for _, c := range []*client{inSnapshot, inEvent} {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+c.token)
+		gov, _ := dial(t, srv.Addr())
+		if _, err := gov.Heartbeat(ctx, &governorpb.HeartbeatRequest{}); err != nil {
+			t.Fatalf("heartbeat of a live session of the older store: %v", err)
+		}
+	}
+	got := sessionRows(t, db)
+	if len(got) != 2 || got[int64(eventID)] != hashToken(inEvent.token) {
+		t.Fatalf("sessions table after the restart = %v, want both live sessions", got)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Where the log holds a hash too (here, the snapshot), a row that says
+	// otherwise is refused.
+	snapID, _, _ := srv.eng.SessionByToken(hashToken(inSnapshot.token))
+	if _, err := db.Exec("UPDATE governor_sessions SET token_hash = 'feed' WHERE id = ?", int64(snapID)); err != nil {
+		t.Fatal(err)
+	}
+	srv, err = Start(context.Background(), cfg, nil)
+	if err == nil {
+		srv.Close()
+	}
+	if want := "one token hash in the sessions table and another in the log"; !errors.Is(err, engine.ErrCorrupt) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Start with a row that differs = %v, want ErrCorrupt saying %q", err, want)
+	}
 }
 
 func openSQLite(t *testing.T, path string) *sql.DB {

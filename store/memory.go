@@ -111,30 +111,60 @@ func (m *Memory) Append(ctx context.Context, recs []Record) error {
 		return err
 	}
 	if opens, ends := sessionChanges(recs); len(opens) > 0 || len(ends) > 0 {
-		sessions := maps.Clone(m.state.sessions)
-		if sessions == nil {
-			sessions = make(map[uint64]string)
+		if err := m.changeSessions(opens, ends); err != nil {
+			return fmt.Errorf("store: append: %w", err)
 		}
-		for _, o := range opens {
-			// The SQL tables' keys: neither the id nor the hash may be taken.
-			if _, taken := sessions[o.ID]; taken {
-				return fmt.Errorf("store: append: session %d is already open: %w", o.ID, ErrInvalidRecord)
-			}
-			for id, h := range sessions {
-				if h == o.TokenHash {
-					return fmt.Errorf("store: append: session %d has the token hash of session %d: %w", o.ID, id, ErrInvalidRecord)
-				}
-			}
-			sessions[o.ID] = o.TokenHash
-		}
-		for _, id := range ends {
-			delete(sessions, id)
-		}
-		m.state.sessions = sessions
 	}
 	for _, r := range recs {
 		// Copied: the caller may reuse its buffers once Append returns.
 		m.state.recs = append(m.state.recs, Record{Seq: r.Seq, Data: bytes.Clone(r.Data)})
+	}
+	return nil
+}
+
+// changeSessions removes the sessions ends and then adds opens, all or
+// none. m.mu must be held.
+func (m *Memory) changeSessions(opens []Session, ends []uint64) error {
+	// A new map, not a change in place: a Load in progress keeps the old one.
+	sessions := maps.Clone(m.state.sessions)
+	if sessions == nil {
+		sessions = make(map[uint64]string)
+	}
+	for _, id := range ends {
+		delete(sessions, id)
+	}
+	hashes := make(map[string]uint64, len(sessions)+len(opens))
+	for id, h := range sessions {
+		hashes[h] = id
+	}
+	for _, o := range opens {
+		// The SQL tables' keys: neither the id nor the hash may be taken.
+		if _, taken := sessions[o.ID]; taken {
+			return fmt.Errorf("session %d is already in the table: %w", o.ID, ErrInvalidRecord)
+		}
+		if id, taken := hashes[o.TokenHash]; taken {
+			return fmt.Errorf("session %d has the token hash of session %d: %w", o.ID, id, ErrInvalidRecord)
+		}
+		sessions[o.ID], hashes[o.TokenHash] = o.TokenHash, o.ID
+	}
+	m.state.sessions = sessions
+	return nil
+}
+
+// AddSessions implements Store.
+func (m *Memory) AddSessions(ctx context.Context, rows []Session) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: add sessions: %w", ErrClosed)
+	}
+	for _, o := range rows {
+		if err := checkSession(o); err != nil {
+			return fmt.Errorf("store: add sessions: %w", err)
+		}
+	}
+	if err := m.changeSessions(rows, nil); err != nil {
+		return fmt.Errorf("store: add sessions: %w", err)
 	}
 	return nil
 }

@@ -192,6 +192,25 @@ SELECT s, d FROM unnest($3::bigint[], $4::bytea[]) AS u(s, d) WHERE EXISTS (SELE
 	appendWithSessionsSQL = appendMoveSQL + appendSessionsSQL + appendInsertSQL
 )
 
+// AddSessions implements Store, in one statement.
+func (p *Postgres) AddSessions(ctx context.Context, rows []Session) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: add sessions: %w", ErrClosed)
+	}
+	ids, hashes := make([]int64, len(rows)), make([]string, len(rows))
+	for i, o := range rows {
+		if err := checkSession(o); err != nil {
+			return fmt.Errorf("store: add sessions: %w", err)
+		}
+		ids[i], hashes[i] = int64(o.ID), o.TokenHash
+	}
+	_, err := p.pool.Exec(ctx, "INSERT INTO governor_sessions (id, token_hash) SELECT * FROM unnest($1::bigint[], $2::text[])", ids, hashes)
+	if err != nil {
+		return fmt.Errorf("store: add sessions: %w", err)
+	}
+	return nil
+}
+
 // SaveSnapshot implements Store.
 func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
 	if p.closed.Load() {

@@ -177,18 +177,51 @@ func (s *SQLite) Append(ctx context.Context, recs []Record) error {
 		}
 	}
 	opens, ends := sessionChanges(recs)
-	for _, o := range opens {
-		if _, err := tx.ExecContext(ctx, "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)", int64(o.ID), o.TokenHash); err != nil {
-			return fmt.Errorf("store: append: open session %d: %w", o.ID, err)
-		}
-	}
-	for _, id := range ends {
-		if _, err := tx.ExecContext(ctx, "DELETE FROM governor_sessions WHERE id = ?", int64(id)); err != nil {
-			return fmt.Errorf("store: append: end session %d: %w", id, err)
-		}
+	if err := sqliteChangeSessions(ctx, tx, opens, ends); err != nil {
+		return fmt.Errorf("store: append: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("store: append: commit: %w", err)
+	}
+	return nil
+}
+
+// sqliteChangeSessions removes the sessions ends and then adds opens, inside
+// tx.
+func sqliteChangeSessions(ctx context.Context, tx *sql.Tx, opens []Session, ends []uint64) error {
+	for _, id := range ends {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM governor_sessions WHERE id = ?", int64(id)); err != nil {
+			return fmt.Errorf("end session %d: %w", id, err)
+		}
+	}
+	for _, o := range opens {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO governor_sessions (id, token_hash) VALUES (?, ?)", int64(o.ID), o.TokenHash); err != nil {
+			return fmt.Errorf("open session %d: %w", o.ID, err)
+		}
+	}
+	return nil
+}
+
+// AddSessions implements Store.
+func (s *SQLite) AddSessions(ctx context.Context, rows []Session) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: add sessions: %w", ErrClosed)
+	}
+	for _, o := range rows {
+		if err := checkSession(o); err != nil {
+			return fmt.Errorf("store: add sessions: %w", err)
+		}
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: add sessions: %w", err)
+	}
+	defer tx.Rollback()
+	if err := sqliteChangeSessions(ctx, tx, rows, nil); err != nil {
+		return fmt.Errorf("store: add sessions: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: add sessions: commit: %w", err)
 	}
 	return nil
 }

@@ -83,6 +83,12 @@ type Store interface {
 	// neither recs nor their Data after it returns. An empty recs is a no-op.
 	Append(ctx context.Context, recs []Record) error
 
+	// AddSessions adds rows to the sessions table outside any record, all or
+	// none. It is for the rows of sessions that the log knows but the table
+	// does not: a store written before the table existed. An id or a token
+	// hash that is already in the table is an error.
+	AddSessions(ctx context.Context, rows []Session) error
+
 	// SaveSnapshot replaces the snapshot with data at seq and deletes every
 	// record with Seq <= seq, in one transaction. seq may not be older than
 	// the current snapshot nor newer than the newest Seq held.
@@ -169,8 +175,10 @@ func checkAppend(last uint64, recs []Record) error {
 			// Both SQL backends keep seq in a signed 64-bit column.
 			return fmt.Errorf("store: append: seq %d does not fit in int64: %w", r.Seq, ErrOutOfSequence)
 		}
-		if o := r.Opens; o != nil && (o.ID == 0 || o.ID > math.MaxInt64 || o.TokenHash == "") {
-			return fmt.Errorf("store: append: record %d opens session %d with token hash %q: %w", r.Seq, o.ID, o.TokenHash, ErrInvalidRecord)
+		if o := r.Opens; o != nil {
+			if err := checkSession(*o); err != nil {
+				return fmt.Errorf("store: append: record %d: %w", r.Seq, err)
+			}
 		}
 		if r.Ends > math.MaxInt64 {
 			return fmt.Errorf("store: append: record %d ends session %d: %w", r.Seq, r.Ends, ErrInvalidRecord)
@@ -180,9 +188,18 @@ func checkAppend(last uint64, recs []Record) error {
 	return nil
 }
 
+// checkSession checks a row for the sessions table.
+func checkSession(o Session) error {
+	if o.ID == 0 || o.ID > math.MaxInt64 || o.TokenHash == "" {
+		return fmt.Errorf("session %d with token hash %q: %w", o.ID, o.TokenHash, ErrInvalidRecord)
+	}
+	return nil
+}
+
 // sessionChanges is the net change recs make to the sessions table: the rows
 // to add and the ids to remove. A session opened and ended within recs is in
-// neither, so a backend may apply the two lists in any order.
+// neither. Backends remove before they add, so a session may end and a new
+// one take its token hash in one batch.
 func sessionChanges(recs []Record) (opens []Session, ends []uint64) {
 	for _, r := range recs {
 		if r.Opens != nil {

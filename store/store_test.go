@@ -42,6 +42,8 @@ var conformanceCases = []struct {
 	{"Closed", testClosed},
 	{"SessionsTable", testSessionsTable},
 	{"SessionsAllOrNothing", testSessionsAllOrNothing},
+	{"SessionsHashReusedInOneBatch", testSessionsHashReused},
+	{"AddSessions", testAddSessions},
 }
 
 // logView is everything Load reports.
@@ -448,8 +450,7 @@ func testSessionsTable(t *testing.T, open func() store.Store) {
 	wantSessions(t, st, 1, 2, 3)
 	mustAppend(t, st, []store.Record{ending(4, 2)})
 	wantSessions(t, st, 1, 3)
-	// Opened and ended in one batch: never in the table. Ended and then a
-	// new one opened with the same hash in one batch: the new one is.
+	// Opened and ended in one batch: never in the table.
 	mustAppend(t, st, []store.Record{opening(5, 4), ending(6, 4), ending(7, 1), opening(8, 5)})
 	wantSessions(t, st, 3, 5)
 	// Ending a session that has no row changes nothing.
@@ -502,4 +503,53 @@ func testSessionsAllOrNothing(t *testing.T, open func() store.Store) {
 	}
 	mustAppend(t, st, []store.Record{ending(3, 2), opening(4, 3)})
 	wantSessions(t, st, 1, 3)
+}
+
+// sessionsOf returns st's sessions table.
+func sessionsOf(t testing.TB, st store.Store) []store.Session {
+	t.Helper()
+	return append([]store.Session{}, loadAll(t, st).sessions...)
+}
+
+func testSessionsHashReused(t *testing.T, open func() store.Store) {
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, []store.Record{opening(1, 1)})
+	// Session 1 ends and session 2 takes its token hash, in one batch: the
+	// end is applied first, so the hash is free.
+	mustAppend(t, st, []store.Record{ending(2, 1), {Seq: 3, Opens: &store.Session{ID: 2, TokenHash: "h1"}}})
+	if got, want := sessionsOf(t, st), []store.Session{{ID: 2, TokenHash: "h1"}}; !slices.Equal(got, want) {
+		t.Errorf("sessions = %v, want %v", got, want)
+	}
+}
+
+func testAddSessions(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	mustAppend(t, st, []store.Record{opening(1, 1)})
+	if err := st.AddSessions(ctx, []store.Session{{ID: 7, TokenHash: "h7"}, {ID: 3, TokenHash: "h3"}}); err != nil {
+		t.Fatalf("AddSessions: %v", err)
+	}
+	wantSessions(t, st, 1, 3, 7)
+	// All or none: a taken id, a taken hash, or a bad row refuses the lot.
+	for _, rows := range [][]store.Session{
+		{{ID: 8, TokenHash: "h8"}, {ID: 1, TokenHash: "other"}},
+		{{ID: 8, TokenHash: "h8"}, {ID: 9, TokenHash: "h3"}},
+		{{ID: 8, TokenHash: "h8"}, {ID: 9}},
+		{{ID: 8, TokenHash: "h8"}, {TokenHash: "h0"}},
+	} {
+		if err := st.AddSessions(ctx, rows); err == nil {
+			t.Errorf("AddSessions(%v) = nil, want an error", rows)
+		}
+	}
+	wantSessions(t, st, 1, 3, 7)
+	// The rows are ordinary rows: they last, and an end removes them.
+	st.Close()
+	st = open()
+	defer st.Close()
+	mustAppend(t, st, []store.Record{ending(2, 7)})
+	wantSessions(t, st, 1, 3)
+	if err := st.AddSessions(ctx, nil); err != nil {
+		t.Errorf("AddSessions(nil) = %v", err)
+	}
 }
