@@ -21,13 +21,7 @@ import (
 // session does, and never in the event log; a restart takes them from
 // there, and refuses a table that disagrees with the log.
 func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
-	cfg := testConfig()
-	dbPath := filepath.Join(t.TempDir(), "governor.db")
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath}
-	srv, err := Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, dbPath, srv := startSQLite(t)
 	kept := session(t, srv.Addr(), "pay-key", 0)
 	closed := session(t, srv.Addr(), "recon-key", 0)
 	late := session(t, srv.Addr(), "admin-key", 0)
@@ -66,9 +60,7 @@ func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
 	// After a restart the live tokens work and the closed one does not.
 	srv = start(t, cfg)
 	for _, c := range []*client{kept, late, closed} {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+c.token)
-		gov, _ := dial(t, srv.Addr())
-		_, err := gov.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
+		err := heartbeatWith(t, srv.Addr(), c.token)
 		if c == closed {
 			wantCode(t, "heartbeat of the closed session after a restart", err, codes.Unauthenticated)
 		} else if err != nil {
@@ -111,13 +103,7 @@ func TestSessionTokensLiveInTheSessionsTable(t *testing.T) {
 // of live sessions in its snapshot and in its events, and has no rows. A
 // restart adds the rows, and the sessions go on working.
 func TestRestartAddsSessionsMissingFromAnOlderStore(t *testing.T) {
-	cfg := testConfig()
-	dbPath := filepath.Join(t.TempDir(), "governor.db")
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath}
-	srv, err := Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, dbPath, srv := startSQLite(t)
 	inSnapshot := session(t, srv.Addr(), "pay-key", 0)
 	if err := srv.snapshot(context.Background()); err != nil {
 		t.Fatal(err)
@@ -168,9 +154,7 @@ func TestRestartAddsSessionsMissingFromAnOlderStore(t *testing.T) {
 
 	srv = start(t, cfg)
 	for _, c := range []*client{inSnapshot, inEvent} {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+c.token)
-		gov, _ := dial(t, srv.Addr())
-		if _, err := gov.Heartbeat(ctx, &governorpb.HeartbeatRequest{}); err != nil {
+		if err := heartbeatWith(t, srv.Addr(), c.token); err != nil {
 			t.Fatalf("heartbeat of a live session of the older store: %v", err)
 		}
 	}
@@ -195,6 +179,28 @@ func TestRestartAddsSessionsMissingFromAnOlderStore(t *testing.T) {
 	if want := "one token hash in the sessions table and another in the log"; !errors.Is(err, engine.ErrCorrupt) || !strings.Contains(err.Error(), want) {
 		t.Errorf("Start with a row that differs = %v, want ErrCorrupt saying %q", err, want)
 	}
+}
+
+// startSQLite starts a server on a new SQLite store; the caller closes it.
+func startSQLite(t *testing.T) (Config, string, *Server) {
+	t.Helper()
+	cfg := testConfig()
+	dbPath := filepath.Join(t.TempDir(), "governor.db")
+	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath}
+	srv, err := Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, dbPath, srv
+}
+
+// heartbeatWith sends a heartbeat on a new connection to addr with token.
+func heartbeatWith(t *testing.T, addr, token string) error {
+	t.Helper()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+	gov, _ := dial(t, addr)
+	_, err := gov.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
+	return err
 }
 
 func openSQLite(t *testing.T, path string) *sql.DB {
