@@ -10,12 +10,8 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -24,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -32,11 +27,8 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/pgtest"
 )
-
-// benchPGDSNEnv names the PostgreSQL the postgres cases use; without it
-// they are skipped.
-const benchPGDSNEnv = "GOVERNOR_TEST_PG_DSN"
 
 var benchCallers = []int{1, 16, 64}
 
@@ -254,43 +246,10 @@ func benchStoreConfig(b *testing.B, driver string) StoreConfig {
 	case "sqlite":
 		return StoreConfig{Driver: "sqlite", DSN: filepath.Join(b.TempDir(), "governor.db")}
 	case "postgres":
-		return StoreConfig{Driver: "postgres", DSN: benchPostgresDSN(b)}
+		dsn, _ := pgtest.Database(b, "governor_bench_")
+		return StoreConfig{Driver: "postgres", DSN: dsn.String()}
 	}
 	return StoreConfig{Driver: "memory"}
-}
-
-// benchPostgresDSN creates a database of its own in the test PostgreSQL,
-// dropped when b's round ends. It skips b when no server is configured.
-func benchPostgresDSN(b *testing.B) string {
-	b.Helper()
-	base := os.Getenv(benchPGDSNEnv)
-	if base == "" {
-		b.Skipf("%s is not set: `source scripts/testpg.sh` first to benchmark PostgreSQL", benchPGDSNEnv)
-	}
-	u, err := url.Parse(base)
-	if err != nil {
-		b.Fatalf("%s: %v", benchPGDSNEnv, err)
-	}
-	var r [6]byte
-	rand.Read(r[:])
-	name := "governor_bench_" + hex.EncodeToString(r[:])
-	benchPGExec(b, base, "CREATE DATABASE "+name)
-	b.Cleanup(func() { benchPGExec(b, base, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
-	u.Path = "/" + name
-	return u.String()
-}
-
-func benchPGExec(b *testing.B, dsn, sql string) {
-	b.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		b.Fatalf("connect to %s: %v", benchPGDSNEnv, err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		b.Fatalf("%s: %v", sql, err)
-	}
 }
 
 // restartEvents is how many events BenchmarkRestart puts on record.

@@ -13,13 +13,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +29,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -44,12 +40,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/pgtest"
 )
 
 const (
-	// pgDSNEnv names the PostgreSQL the tests use; scripts/testpg.sh starts
-	// a throwaway server and sets it, and ./test.sh sources that script.
-	pgDSNEnv = "GOVERNOR_TEST_PG_DSN"
 	// crashCyclesEnv raises the number of kill -9 cycles of the crash tests.
 	crashCyclesEnv = "GOVERNOR_CRASH_CYCLES"
 
@@ -440,40 +434,11 @@ func sqliteStore(t *testing.T) storeSpec {
 // application_name.
 func postgresStore(t *testing.T, appName string) storeSpec {
 	t.Helper()
-	base := os.Getenv(pgDSNEnv)
-	if base == "" {
-		t.Skipf("%s is not set: run ./test.sh, or `source scripts/testpg.sh` first, to test against a throwaway PostgreSQL", pgDSNEnv)
-	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		t.Fatalf("%s must be a postgres:// URL", pgDSNEnv)
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	name := "governord_test_" + hex.EncodeToString(b[:])
-	pgExec(t, base, "CREATE DATABASE "+name)
-	t.Cleanup(func() { pgExec(t, base, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
-	u.Path = "/" + name
+	u, name := pgtest.Database(t, "governord_test_")
 	q := u.Query()
 	q.Set("application_name", appName)
 	u.RawQuery = q.Encode()
 	return storeSpec{driver: "postgres", dsn: u.String(), database: name}
-}
-
-func pgExec(t *testing.T, dsn, sql string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect to %s: %v", pgDSNEnv, err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	tag, err := conn.Exec(ctx, sql)
-	if err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return tag.RowsAffected()
 }
 
 // ---- Clients ----
@@ -1308,7 +1273,7 @@ func TestCommitFailureExits1(t *testing.T) {
 	terminate := fmt.Sprintf("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '%s' AND datname = '%s'",
 		appName, st.database)
 	cut := time.Now()
-	if n := pgExec(t, os.Getenv(pgDSNEnv), terminate); n == 0 {
+	if n := pgtest.Exec(t, pgtest.Base(t).String(), terminate); n == 0 {
 		t.Fatalf("no backend of governord was found to terminate")
 	}
 	code, gone := d.waitExit(exitTimeout)
