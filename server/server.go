@@ -106,8 +106,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		return nil, err
 	}
 	s.wg.Add(2)
-	go s.reapLoop(runCtx)
-	go s.snapshotLoop(runCtx)
+	go s.every(runCtx, s.cfg.ReapInterval, s.reap)
+	go s.every(runCtx, time.Second, s.snapshotWhenDue(runCtx))
 	s.log.Info("governord ready", "listen", s.Addr(), "metrics", s.MetricsAddr(), "store", cfg.Store.Driver,
 		"seq", s.eng.Seq(), "tenants", len(cfg.Tenants))
 	return s, nil
@@ -442,42 +442,41 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-func (s *Server) reapLoop(ctx context.Context) {
+// every calls f every d until ctx ends. It is one of the goroutines s.wg
+// counts.
+func (s *Server) every(ctx context.Context, d time.Duration, f func()) {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.ReapInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if sessions, nodes := s.eng.Reap(); sessions+nodes > 0 {
-				s.log.Info("reaped", "sessions", sessions, "nodes", nodes)
-			}
+			f()
 		}
 	}
 }
 
-// snapshotLoop saves a snapshot whenever SnapshotEvery events have been
-// committed since the last one. The store writes it and deletes the events
-// it covers in one transaction, after every event it covers is committed.
-func (s *Server) snapshotLoop(ctx context.Context) {
-	defer s.wg.Done()
+func (s *Server) reap() {
+	if sessions, nodes := s.eng.Reap(); sessions+nodes > 0 {
+		s.log.Info("reaped", "sessions", sessions, "nodes", nodes)
+	}
+}
+
+// snapshotWhenDue returns a func, to be called every second, that saves a
+// snapshot whenever SnapshotEvery events have been committed since the last
+// one. The store writes it and deletes the events it covers in one
+// transaction, after every event it covers is committed.
+func (s *Server) snapshotWhenDue(ctx context.Context) func() {
 	last := s.eng.Seq()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	return func() {
 		if s.events.Committed() < last+uint64(s.cfg.Store.SnapshotEvery) {
-			continue
+			return
 		}
 		if err := s.snapshot(ctx); err != nil {
 			s.log.Error("snapshot failed; the events stay on record", "err", err)
-			continue
+			return
 		}
 		last = s.eng.Seq()
 	}
