@@ -234,3 +234,39 @@ func sessionRows(t *testing.T, db *sql.DB) map[int64]string {
 	}
 	return got
 }
+
+// Once snapshot_every events are committed, a snapshot is saved on its own
+// and the events it covers are deleted; a restart recovers from it.
+func TestSnapshotTakenAfterSnapshotEveryEvents(t *testing.T) {
+	cfg := testConfig()
+	dbPath := filepath.Join(t.TempDir(), "governor.db")
+	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 5}
+	srv := start(t, cfg)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	task := pay.task(t, "t", map[string]int64{"calls": 100})
+	for range 6 {
+		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "calls", Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := openSQLite(t, dbPath)
+	var snapSeq, events int64
+	waitFor(t, func() bool {
+		if err := db.QueryRow("SELECT seq FROM governor_snapshot").Scan(&snapSeq); err != nil {
+			t.Fatal(err)
+		}
+		return snapSeq >= 5
+	})
+	if err := db.QueryRow("SELECT count(*) FROM governor_events WHERE seq <= ?", snapSeq).Scan(&events); err != nil || events != 0 {
+		t.Fatalf("%d events at or below the snapshot's seq %d are still on record (%v)", events, snapSeq, err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv = start(t, cfg)
+	pay = session(t, srv.Addr(), "pay-key", 0)
+	n, err := pay.GetNode(pay.ctx, &governorpb.GetNodeRequest{NodeId: task.Id})
+	if err != nil || n.Used["calls"] != 6 {
+		t.Fatalf("after a restart from the snapshot: used %v calls (%v), want 6", n.GetUsed()["calls"], err)
+	}
+}
