@@ -45,9 +45,16 @@ const (
 	kindCount = iota
 )
 
-var kindNames = [kindCount]string{classify.KindSelect, classify.KindInsert, classify.KindUpdate,
-	classify.KindDelete, classify.KindMerge, classify.KindCopy, classify.KindTruncate, classify.KindLock,
-	classify.KindCall, classify.KindDo, classify.KindDDL, classify.KindTransaction, classify.KindUtility}
+// kindNames are classify's kinds, in the order the bits above follow
+// (TestClassifySQL catches a bit that names the wrong kind).
+var kindNames = func() (n [kindCount]string) {
+	kinds := classify.SQLKinds()
+	if len(kinds) != kindCount {
+		panic("pgwire: the kind bits do not match classify.SQLKinds")
+	}
+	copy(n[:], kinds)
+	return n
+}()
 
 // kindLists interns the kind lists, so a Class holds a shared slice.
 var kindLists = func() (l [1 << kindCount][]string) {
