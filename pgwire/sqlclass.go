@@ -82,8 +82,7 @@ func ClassifySQL(sql string) *Class {
 		c.statement(start, end)
 		start = end + 1
 	}
-	out := &Class{Kinds: kindLists[c.kinds], Tables: c.tables, Prepares: c.prepares, Executes: c.executes}
-	return out
+	return &Class{Kinds: kindLists[c.kinds], Tables: c.tables, Prepares: c.prepares, Executes: c.executes}
 }
 
 // stmtEnd returns the index of the semicolon that ends the statement
@@ -397,11 +396,7 @@ func (c *classifier) explain(start, end int) kindSet {
 	if !analyze {
 		return kUtility
 	}
-	k := c.kindOf(i, end)
-	if k == kUtility {
-		return kUtility
-	}
-	return k
+	return c.kindOf(i, end)
 }
 
 func (c *classifier) prepare(start, end int) {
