@@ -16,24 +16,21 @@ type Step struct {
 // MatchHTTP, so an explanation cannot disagree with a match.
 func (rs *Rules) ExplainHTTP(req HTTPRequest) []Step {
 	q := normalizeHTTP(&req)
-	var steps []Step
-	for i := range rs.rulesOrNil() {
-		r := &rs.rules[i]
-		ok, why := r.matchHTTP(&q, true)
-		steps = append(steps, Step{Rule: r.decision.Rule, Matched: ok, Reason: why})
-		if ok {
-			break
-		}
-	}
-	return steps
+	return rs.explain(func(r *rule) (bool, string) { return r.matchHTTP(&q, true) })
 }
 
 // ExplainSQL is ExplainHTTP for a SQL statement.
 func (rs *Rules) ExplainSQL(st SQLStatement) []Step {
+	return rs.explain(func(r *rule) (bool, string) { return r.matchSQL(&st, true) })
+}
+
+// explain runs match on each rule in order, up to and including the first
+// that matches, and records each verdict.
+func (rs *Rules) explain(match func(*rule) (bool, string)) []Step {
 	var steps []Step
 	for i := range rs.rulesOrNil() {
 		r := &rs.rules[i]
-		ok, why := r.matchSQL(&st, true)
+		ok, why := match(r)
 		steps = append(steps, Step{Rule: r.decision.Rule, Matched: ok, Reason: why})
 		if ok {
 			break

@@ -154,18 +154,22 @@ const (
 	KindAny         = "any"         // in rules only: every statement
 )
 
-var sqlKindBits = map[string]uint32{
-	KindSelect: 1 << 0, KindInsert: 1 << 1, KindUpdate: 1 << 2, KindDelete: 1 << 3,
-	KindMerge: 1 << 4, KindCopy: 1 << 5, KindTruncate: 1 << 6, KindLock: 1 << 7,
-	KindCall: 1 << 8, KindDo: 1 << 9, KindDDL: 1 << 10, KindTransaction: 1 << 11,
-	KindUtility: 1 << 12,
-}
+// sqlKindOrder is the canonical order of the kinds; a kind's bit in a
+// rule's sqlKinds mask is its index here.
+var sqlKindOrder = [...]string{KindSelect, KindInsert, KindUpdate, KindDelete, KindMerge, KindCopy,
+	KindTruncate, KindLock, KindCall, KindDo, KindDDL, KindTransaction, KindUtility}
 
-// SQLKinds lists the statement kinds a rule may name (besides "any").
-func SQLKinds() []string {
-	return []string{KindSelect, KindInsert, KindUpdate, KindDelete, KindMerge, KindCopy,
-		KindTruncate, KindLock, KindCall, KindDo, KindDDL, KindTransaction, KindUtility}
-}
+var sqlKindBits = func() map[string]uint32 {
+	m := make(map[string]uint32, len(sqlKindOrder))
+	for i, k := range sqlKindOrder {
+		m[k] = 1 << i
+	}
+	return m
+}()
+
+// SQLKinds lists the statement kinds a rule may name (besides "any"), in
+// their canonical order.
+func SQLKinds() []string { return append([]string(nil), sqlKindOrder[:]...) }
 
 type ruleKind uint8
 
@@ -492,8 +496,8 @@ func kindList(s []string) string {
 
 func bitsToKinds(bits uint32) string {
 	var out []string
-	for _, k := range SQLKinds() {
-		if sqlKindBits[k]&bits != 0 {
+	for i, k := range sqlKindOrder {
+		if bits&(1<<i) != 0 {
 			out = append(out, k)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -435,7 +436,7 @@ func (c *conn) serverError(body []byte) []byte {
 		c.overloaded = true
 	}
 	if len(c.queue) > 0 {
-		if p := c.queue[0]; p.deny != nil && (bytes.Contains([]byte(msg), []byte(denyMarker)) || code == "25P02") {
+		if p := c.queue[0]; p.deny != nil && (strings.Contains(msg, denyMarker) || code == "25P02") {
 			d := p.deny
 			p.deny = nil
 			return d

@@ -102,20 +102,14 @@ func TestGovernedQuota(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			freshTable(t, "payments_q")
 			addr := governedProxy(t, srv, governor.Spec{Name: "quota-" + mode.String(), Quotas: map[string]int64{"db_writes": 3}}, nil)
-			cfg, _ := pgx.ParseConfig(superDSN(addr))
-			cfg.DefaultQueryExecMode = mode
 			ctx := context.Background()
-			c, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close(ctx)
+			c := connectMode(t, superDSN(addr), mode)
 			for i := range 3 {
 				if _, err := c.Exec(ctx, "INSERT INTO payments_q VALUES ($1)", i); err != nil {
 					t.Fatalf("insert %d: %v", i, err)
 				}
 			}
-			_, err = c.Exec(ctx, "INSERT INTO payments_q VALUES ($1)", 4)
+			_, err := c.Exec(ctx, "INSERT INTO payments_q VALUES ($1)", 4)
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || pe.Code != "53400" || pe.Severity != "ERROR" || !strings.Contains(pe.Message, "db_writes") {
 				t.Fatalf("4th insert: %v, want ERROR 53400 naming db_writes", err)
@@ -138,14 +132,8 @@ func TestDenialInsideTransaction(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			freshTable(t, "payments_tx")
 			addr := governedProxy(t, srv, governor.Spec{Name: "tx-" + mode.String(), Quotas: map[string]int64{"db_writes": 1}}, nil)
-			cfg, _ := pgx.ParseConfig(superDSN(addr))
-			cfg.DefaultQueryExecMode = mode
 			ctx := context.Background()
-			c, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close(ctx)
+			c := connectMode(t, superDSN(addr), mode)
 			tx, err := c.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)

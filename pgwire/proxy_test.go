@@ -71,9 +71,23 @@ func superDSN(addr string) string { return dsn(addr, "governor", "governor", "")
 
 func connect(t testing.TB, connString string) *pgx.Conn {
 	t.Helper()
+	return connectMode(t, connString, 0)
+}
+
+// connectMode is connect with pgx's default query exec mode set to mode;
+// 0, which is no mode, keeps the connection string's.
+func connectMode(t testing.TB, connString string, mode pgx.QueryExecMode) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		t.Fatalf("connect %s: %v", connString, err)
+	}
+	if mode != 0 {
+		cfg.DefaultQueryExecMode = mode
+	}
 	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 	defer stop()
-	c, err := pgx.Connect(ctx, connString)
+	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("connect %s: %v", connString, err)
 	}

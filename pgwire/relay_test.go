@@ -27,16 +27,7 @@ func TestPgxExecModes(t *testing.T) {
 	for i, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg, err := pgx.ParseConfig(superDSN(addr))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.DefaultQueryExecMode = mode
-			c, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close(ctx)
+			c := connectMode(t, superDSN(addr), mode)
 			for j := range 3 { // a second and third time hit the statement caches
 				id := i*10 + j
 				if _, err := c.Exec(ctx, "INSERT INTO pgx_modes VALUES ($1, $2, $3)", id, mode.String(), []byte{0, 1, byte(j)}); err != nil {

@@ -45,9 +45,16 @@ const (
 	kindCount = iota
 )
 
-var kindNames = [kindCount]string{classify.KindSelect, classify.KindInsert, classify.KindUpdate,
-	classify.KindDelete, classify.KindMerge, classify.KindCopy, classify.KindTruncate, classify.KindLock,
-	classify.KindCall, classify.KindDo, classify.KindDDL, classify.KindTransaction, classify.KindUtility}
+// kindNames are classify's kinds, in the order the bits above follow
+// (TestClassifySQL catches a bit that names the wrong kind).
+var kindNames = func() (n [kindCount]string) {
+	kinds := classify.SQLKinds()
+	if len(kinds) != kindCount {
+		panic("pgwire: the kind bits do not match classify.SQLKinds")
+	}
+	copy(n[:], kinds)
+	return n
+}()
 
 // kindLists interns the kind lists, so a Class holds a shared slice.
 var kindLists = func() (l [1 << kindCount][]string) {
@@ -75,8 +82,7 @@ func ClassifySQL(sql string) *Class {
 		c.statement(start, end)
 		start = end + 1
 	}
-	out := &Class{Kinds: kindLists[c.kinds], Tables: c.tables, Prepares: c.prepares, Executes: c.executes}
-	return out
+	return &Class{Kinds: kindLists[c.kinds], Tables: c.tables, Prepares: c.prepares, Executes: c.executes}
 }
 
 // stmtEnd returns the index of the semicolon that ends the statement
@@ -390,11 +396,7 @@ func (c *classifier) explain(start, end int) kindSet {
 	if !analyze {
 		return kUtility
 	}
-	k := c.kindOf(i, end)
-	if k == kUtility {
-		return kUtility
-	}
-	return k
+	return c.kindOf(i, end)
 }
 
 func (c *classifier) prepare(start, end int) {

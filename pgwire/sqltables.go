@@ -132,8 +132,8 @@ func isObjectKeyword(t token) bool {
 	}
 	switch t.text {
 	case "all", "schema", "database", "function", "procedure", "routine", "sequence", "foreign",
-		"language", "large", "type", "domain", "tablespace", "parameter", "only", "conflict":
-		return t.text != "only"
+		"language", "large", "type", "domain", "tablespace", "parameter", "conflict":
+		return true
 	}
 	return false
 }

@@ -192,7 +192,7 @@ func cstring(b []byte) (string, []byte, bool) {
 	return "", nil, false
 }
 
-// errorCode returns the SQLSTATE (field 'C') and message (field 'M') of an
+// errorFields returns the SQLSTATE (field 'C') and message (field 'M') of an
 // ErrorResponse or NoticeResponse body, without decoding the rest.
 func errorFields(body []byte) (code, msg string) {
 	for len(body) > 0 && body[0] != 0 {
