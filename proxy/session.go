@@ -503,7 +503,7 @@ func retryUnavailable(ctx context.Context, attempt func(ctx context.Context, req
 			return err
 		}
 		unavailable = err
-		if !sleep(ctx, retry.Jitter(min(200*time.Millisecond, 25*time.Millisecond<<try))) {
+		if !sleep(ctx, retry.Backoff(25*time.Millisecond, 200*time.Millisecond, try)) {
 			return err
 		}
 	}
@@ -516,7 +516,7 @@ func isContextErr(err error) bool {
 }
 
 func backoff(attempt int) time.Duration {
-	return retry.Jitter(min(redialMax, redialBase<<min(attempt, 10)))
+	return retry.Backoff(redialBase, redialMax, attempt)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
