@@ -254,7 +254,7 @@ func (c *Client) heartbeatLoop() {
 			continue
 		}
 		failures++
-		t.Reset(retry.Jitter(min(c.every, c.every/8<<min(failures-1, 8))))
+		t.Reset(retry.Backoff(c.every/8, c.every, failures-1))
 	}
 }
 
@@ -435,7 +435,7 @@ func sessionEnded(op string, cause, last error) error {
 // pause waits before attempt try+1: jittered exponential backoff. It
 // returns ctx's error if ctx ends first, or ErrSessionLost if stop closes.
 func pause(ctx context.Context, stop <-chan struct{}, try int) error {
-	t := time.NewTimer(retry.Jitter(min(retryMaxDelay, retryBaseDelay<<min(try, 10))))
+	t := time.NewTimer(retry.Backoff(retryBaseDelay, retryMaxDelay, try))
 	defer t.Stop()
 	select {
 	case <-t.C:

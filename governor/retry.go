@@ -65,6 +65,9 @@ func Retry(ctx context.Context, fn func(ctx context.Context) error, opts ...Retr
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.base <= 0 {
+		cfg.base = cfg.max // no first delay given: wait the ceiling
+	}
 	err := fn(ctx)
 	for attempt := 1; err != nil; attempt++ {
 		if !cfg.retryIf(err) || (cfg.attempts > 0 && attempt >= cfg.attempts) {
@@ -76,11 +79,7 @@ func Retry(ctx context.Context, fn func(ctx context.Context) error, opts ...Retr
 		if cerr := task.Consume(ctx, cfg.resource, 1); cerr != nil {
 			return fmt.Errorf("%w (not retried: %w)", err, cerr)
 		}
-		delay := cfg.base << min(attempt-1, 30)
-		if delay <= 0 || delay > cfg.max {
-			delay = cfg.max
-		}
-		t := time.NewTimer(retry.Jitter(delay))
+		t := time.NewTimer(retry.Backoff(cfg.base, cfg.max, attempt-1))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

@@ -257,18 +257,7 @@ func (d *deadline) UnmarshalYAML(n *yaml.Node) error {
 // LoadConfig reads, expands (${VAR}) and validates a governor-proxy
 // configuration file, rules included. Every problem is a *ConfigError naming
 // the key, e.g. "http.wait_timeout" or "rules[2].match.method".
-func LoadConfig(path string) (Config, error) {
-	text, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, &ConfigError{Key: "-config", Problem: err.Error()}
-	}
-	cfg, err := ParseConfig(text)
-	if err != nil {
-		return Config{}, err
-	}
-	cfg.Path = path
-	return cfg, nil
-}
+func LoadConfig(path string) (Config, error) { return loadConfig(path, true) }
 
 // ParseConfig is LoadConfig for text already read. The result has no Path,
 // so its rules are not reloaded.
@@ -278,12 +267,14 @@ func ParseConfig(text []byte) (Config, error) { return parseConfig(text, true) }
 // of it is parsed and every key's shape checked, but what only a running
 // sidecar needs (the API key, the task's name) may be missing, so that it
 // works without the worker's environment.
-func LoadClassification(path string) (Config, error) {
+func LoadClassification(path string) (Config, error) { return loadConfig(path, false) }
+
+func loadConfig(path string, complete bool) (Config, error) {
 	text, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, &ConfigError{Key: "-config", Problem: err.Error()}
 	}
-	cfg, err := parseConfig(text, false)
+	cfg, err := parseConfig(text, complete)
 	if err != nil {
 		return Config{}, err
 	}

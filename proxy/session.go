@@ -216,12 +216,7 @@ func (g *governance) connect(ctx context.Context) (*session, error) {
 	}
 	fctx, cancel := context.WithTimeout(ctx, governor.DefaultDialTimeout)
 	defer cancel()
-	var resp *governorpb.FindOrCreateNodeResponse
-	err = retryUnavailable(fctx, func(ctx context.Context, id string) error {
-		var err error
-		resp, err = s.rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{RequestId: id, ParentId: c.ScopeID(), Spec: spec})
-		return err
-	})
+	resp, err := s.findOrCreate(fctx, c.ScopeID(), spec)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("find or create task %q: %w", g.task.Name, err)
@@ -273,7 +268,8 @@ func (s *session) node(ctx context.Context, name string) (int64, error) {
 			st = &subtask{done: make(chan struct{})}
 			s.subtasks[name] = st
 			s.mu.Unlock()
-			st.id, st.err = s.findOrCreate(ctx, name)
+			resp, err := s.findOrCreate(ctx, s.task, &governorpb.NodeSpec{Name: name})
+			st.id, st.err = resp.GetNode().GetId(), err
 			if st.err != nil {
 				s.mu.Lock()
 				delete(s.subtasks, name) // the next request tries again
@@ -302,18 +298,15 @@ func (s *session) node(ctx context.Context, name string) (int64, error) {
 	}
 }
 
-func (s *session) findOrCreate(ctx context.Context, name string) (int64, error) {
+// findOrCreate finds the open child of parent named by spec, or creates it.
+func (s *session) findOrCreate(ctx context.Context, parent int64, spec *governorpb.NodeSpec) (*governorpb.FindOrCreateNodeResponse, error) {
 	var resp *governorpb.FindOrCreateNodeResponse
 	err := retryUnavailable(ctx, func(ctx context.Context, id string) error {
 		var err error
-		resp, err = s.rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{RequestId: id, ParentId: s.task,
-			Spec: &governorpb.NodeSpec{Name: name}})
+		resp, err = s.rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{RequestId: id, ParentId: parent, Spec: spec})
 		return err
 	})
-	if err != nil {
-		return 0, err
-	}
-	return resp.GetNode().GetId(), nil
+	return resp, err
 }
 
 var errTooManySubtasks = fmt.Errorf("more than %d subtask names in use", maxSubtasks)
@@ -503,7 +496,7 @@ func retryUnavailable(ctx context.Context, attempt func(ctx context.Context, req
 			return err
 		}
 		unavailable = err
-		if !sleep(ctx, retry.Jitter(min(200*time.Millisecond, 25*time.Millisecond<<try))) {
+		if !sleep(ctx, retry.Backoff(25*time.Millisecond, 200*time.Millisecond, try)) {
 			return err
 		}
 	}
@@ -516,7 +509,7 @@ func isContextErr(err error) bool {
 }
 
 func backoff(attempt int) time.Duration {
-	return retry.Jitter(min(redialMax, redialBase<<min(attempt, 10)))
+	return retry.Backoff(redialBase, redialMax, attempt)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

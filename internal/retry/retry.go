@@ -1,6 +1,7 @@
 // Package retry holds what the SDK and the proxy share when they retry a call
-// to governord: a request id, so a retry is recognised, and jitter, so
-// retries spread out. It may import only the standard library.
+// to governord: a request id, so a retry is recognised, and a jittered
+// exponential backoff, so retries spread out. It may import only the
+// standard library.
 package retry
 
 import (
@@ -23,4 +24,15 @@ func Jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// Backoff returns the jittered wait before retry n (0 for the first): base
+// doubled n times, but never more than ceiling. It does not overflow however
+// large n grows.
+func Backoff(base, ceiling time.Duration, n int) time.Duration {
+	d := ceiling
+	if n = max(n, 0); n < 63 && base <= ceiling>>n {
+		d = base << n
+	}
+	return Jitter(d)
 }

@@ -16,3 +16,26 @@ func TestRequestIDAndJitter(t *testing.T) {
 		}
 	}
 }
+
+func TestBackoff(t *testing.T) {
+	for _, c := range []struct {
+		base, ceiling time.Duration
+		n             int
+		want          time.Duration // before jitter
+	}{
+		{25 * time.Millisecond, time.Second, 0, 25 * time.Millisecond},
+		{25 * time.Millisecond, time.Second, 3, 200 * time.Millisecond},
+		{25 * time.Millisecond, time.Second, 6, time.Second},
+		{25 * time.Millisecond, time.Second, 1000, time.Second},
+		{time.Hour, time.Second, 0, time.Second},
+		{time.Minute, 100 * time.Hour, 62, 100 * time.Hour},
+		{0, time.Second, 5, 0},
+		{time.Millisecond, time.Second, -1, time.Millisecond},
+	} {
+		for range 100 {
+			if d := Backoff(c.base, c.ceiling, c.n); d < c.want/2 || d > c.want {
+				t.Fatalf("Backoff(%v, %v, %d) = %v, want in [%v, %v]", c.base, c.ceiling, c.n, d, c.want/2, c.want)
+			}
+		}
+	}
+}
