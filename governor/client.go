@@ -388,6 +388,11 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 			return nil
 		}
 		if cause := c.Err(); cause != nil {
+			if code := status.Code(err); last != nil && (code == codes.Canceled || code == codes.DeadlineExceeded) {
+				// The session's end cut this attempt off; the failures
+				// before it are what explain the end.
+				err = last
+			}
 			return sessionEnded(op, cause, err)
 		}
 		if ctx.Err() != nil {
