@@ -49,7 +49,10 @@ func (n *node) fits(class string) bool {
 	return true
 }
 
-func (e *Engine) enqueue(w *waiter) {
+// enqueue queues a copy of w, the one place a waiter is allocated, and
+// returns it.
+func (e *Engine) enqueue(wv waiter) *waiter {
+	w := &wv
 	w.ch = make(chan Outcome, 1)
 	e.arrival++
 	w.arrival = e.arrival
@@ -76,6 +79,7 @@ func (e *Engine) enqueue(w *waiter) {
 	tq.waiters = slices.Insert(tq.waiters, i, w)
 	q.waiting++
 	w.session.waiters = append(w.session.waiters, w)
+	return w
 }
 
 func (e *Engine) removeWaiter(w *waiter) {
