@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 )
@@ -68,13 +69,8 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 		q.ring = append(q.ring, tq)
 	}
 	i, _ := slices.BinarySearchFunc(tq.waiters, w, func(a, b *waiter) int {
-		if a.priority != b.priority {
-			if a.priority > b.priority {
-				return -1
-			}
-			return 1
-		}
-		return int(a.arrival) - int(b.arrival)
+		// Highest priority first, then arrival order.
+		return cmp.Or(cmp.Compare(b.priority, a.priority), cmp.Compare(a.arrival, b.arrival))
 	})
 	tq.waiters = slices.Insert(tq.waiters, i, w)
 	q.waiting++
