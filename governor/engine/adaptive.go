@@ -24,9 +24,10 @@ type controller struct {
 }
 
 func newController(a Adaptive, now int64) (*controller, error) {
+	if err := validName("adaptive class", a.Class); err != nil {
+		return nil, err
+	}
 	switch {
-	case validName("adaptive class", a.Class) != nil:
-		return nil, validName("adaptive class", a.Class)
 	case a.MinLimit < 1:
 		return nil, invalid("adaptive %q: min_limit %d is below 1", a.Class, a.MinLimit)
 	case a.MaxLimit < a.MinLimit:

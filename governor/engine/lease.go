@@ -100,13 +100,15 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 			RequestID: r.RequestID, Fingerprint: fp})
 		return Grant{Node: n.id}, nil, nil
 	}
-	w := &waiter{session: s, node: n, class: r.Class, charges: charges, requestID: r.RequestID,
+	// w stays on the stack when granted at once: only a queued waiter is
+	// allocated (by enqueue), so the uncontended path does not pay for it.
+	w := waiter{session: s, node: n, class: r.Class, charges: charges, requestID: r.RequestID,
 		fingerprint: fp, priority: n.priority}
 	if n.fits(r.Class) {
-		return e.grant(w, now), nil, nil
+		return e.grant(&w, now), nil, nil
 	}
-	e.enqueue(w)
-	return Grant{}, &Wait{C: w.ch, w: w}, nil
+	qw := e.enqueue(w)
+	return Grant{}, &Wait{C: qw.ch, w: qw}, nil
 }
 
 // CancelWait withdraws a queued Acquire. If it was granted in the meantime,

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 )
@@ -49,7 +50,10 @@ func (n *node) fits(class string) bool {
 	return true
 }
 
-func (e *Engine) enqueue(w *waiter) {
+// enqueue queues a copy of w, the one place a waiter is allocated, and
+// returns it.
+func (e *Engine) enqueue(wv waiter) *waiter {
+	w := &wv
 	w.ch = make(chan Outcome, 1)
 	e.arrival++
 	w.arrival = e.arrival
@@ -65,17 +69,13 @@ func (e *Engine) enqueue(w *waiter) {
 		q.ring = append(q.ring, tq)
 	}
 	i, _ := slices.BinarySearchFunc(tq.waiters, w, func(a, b *waiter) int {
-		if a.priority != b.priority {
-			if a.priority > b.priority {
-				return -1
-			}
-			return 1
-		}
-		return int(a.arrival) - int(b.arrival)
+		// Highest priority first, then arrival order.
+		return cmp.Or(cmp.Compare(b.priority, a.priority), cmp.Compare(a.arrival, b.arrival))
 	})
 	tq.waiters = slices.Insert(tq.waiters, i, w)
 	q.waiting++
 	w.session.waiters = append(w.session.waiters, w)
+	return w
 }
 
 func (e *Engine) removeWaiter(w *waiter) {

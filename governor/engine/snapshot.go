@@ -193,10 +193,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 	heap.Init(&deadlines)
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
 	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {
-		if d := tombs[a].at - tombs[b].at; d != 0 {
-			return cmp.Compare(tombs[a].at, tombs[b].at)
-		}
-		return cmp.Compare(a, b)
+		return cmp.Or(cmp.Compare(tombs[a].at, tombs[b].at), cmp.Compare(a, b))
 	})
 	e.system.scope = e.root
 	e.startAdaptive()

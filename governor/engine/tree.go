@@ -267,15 +267,27 @@ func validCaps(what string, m map[string]int64) error {
 	return nil
 }
 
+// validCapSets checks the four cap maps a NodeSpec or a CapsEdit carries, in
+// a fixed order.
+func validCapSets(quotas, limits, defQuotas, defLimits map[string]int64) error {
+	if err := validCaps("quota", quotas); err != nil {
+		return err
+	}
+	if err := validCaps("limit", limits); err != nil {
+		return err
+	}
+	if err := validCaps("default quota", defQuotas); err != nil {
+		return err
+	}
+	return validCaps("default limit", defLimits)
+}
+
 func (s *NodeSpec) validate() error {
 	if err := validName("node name", s.Name); err != nil {
 		return err
 	}
-	for what, m := range map[string]map[string]int64{"quota": s.Quotas, "limit": s.Limits,
-		"default quota": s.DefaultQuotas, "default limit": s.DefaultLimits} {
-		if err := validCaps(what, m); err != nil {
-			return err
-		}
+	if err := validCapSets(s.Quotas, s.Limits, s.DefaultQuotas, s.DefaultLimits); err != nil {
+		return err
 	}
 	if s.Weight < 0 {
 		return invalid("weight %d is negative", s.Weight)
@@ -287,11 +299,8 @@ func (s *NodeSpec) validate() error {
 }
 
 func (c *CapsEdit) validate() error {
-	for what, m := range map[string]map[string]int64{"quota": c.Quotas, "limit": c.Limits,
-		"default quota": c.DefaultQuotas, "default limit": c.DefaultLimits} {
-		if err := validCaps(what, m); err != nil {
-			return err
-		}
+	if err := validCapSets(c.Quotas, c.Limits, c.DefaultQuotas, c.DefaultLimits); err != nil {
+		return err
 	}
 	if c.Weight != nil && *c.Weight < 1 {
 		return invalid("weight %d is below 1", *c.Weight)
