@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"path/filepath"
 	"testing"
 )
@@ -26,5 +28,109 @@ func TestStoreSQLitePragmas(t *testing.T) {
 		if got != want {
 			t.Errorf("PRAGMA %s = %q, want %q", pragma, got, want)
 		}
+	}
+}
+
+// sqliteOldSchema is the schema as SQLite files were written before
+// governor_head existed: last_seq was a column of governor_snapshot.
+const sqliteOldSchema = `
+CREATE TABLE governor_events (
+	seq  INTEGER PRIMARY KEY,
+	data BLOB
+);
+CREATE TABLE governor_snapshot (
+	id       INTEGER PRIMARY KEY CHECK (id = 1),
+	seq      INTEGER NOT NULL,
+	data     BLOB,
+	last_seq INTEGER NOT NULL
+);
+INSERT INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0);
+CREATE TABLE governor_sessions (
+	id         INTEGER PRIMARY KEY,
+	token_hash TEXT NOT NULL UNIQUE
+);
+`
+
+// writeOldSQLite writes a file in the old schema, as the earlier code left
+// it: a snapshot at 3 ("snap"), records 4..6 ("r4".."r6"), last_seq 6, and
+// one live session.
+func writeOldSQLite(t *testing.T, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{
+		sqliteOldSchema,
+		"UPDATE governor_snapshot SET seq = 3, data = CAST('snap' AS BLOB), last_seq = 6 WHERE id = 1",
+		"INSERT INTO governor_events (seq, data) VALUES (4, CAST('r4' AS BLOB)), (5, CAST('r5' AS BLOB)), (6, CAST('r6' AS BLOB))",
+		"INSERT INTO governor_sessions (id, token_hash) VALUES (9, 'h9')",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// TestStoreSQLiteOldFile opens a file written before governor_head existed:
+// its last_seq moves to governor_head, nothing else changes, and the log
+// goes on from where it was.
+func TestStoreSQLiteOldFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "g.db")
+	writeOldSQLite(t, path)
+
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var oldColumn bool
+	if err := s.db.QueryRow("SELECT count(*) > 0 FROM pragma_table_info('governor_snapshot') WHERE name = 'last_seq'").Scan(&oldColumn); err != nil {
+		t.Fatal(err)
+	}
+	if oldColumn {
+		t.Errorf("governor_snapshot still has last_seq after the upgrade")
+	}
+
+	var snapSeq uint64
+	var snap string
+	var sessions []Session
+	var seqs []uint64
+	err = s.Load(ctx, LoadFuncs{
+		Snapshot: func(seq uint64, data []byte) error { snapSeq, snap = seq, string(data); return nil },
+		Session:  func(o Session) error { sessions = append(sessions, o); return nil },
+		Record:   func(r Record) error { seqs = append(seqs, r.Seq); return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snapSeq != 3 || snap != "snap" || len(sessions) != 1 || sessions[0] != (Session{9, "h9"}) || len(seqs) != 3 || seqs[0] != 4 || seqs[2] != 6 {
+		t.Errorf("after the upgrade: snapshot (%d, %q), sessions %v, records %v; want (3, \"snap\"), [{9 h9}], [4 5 6]", snapSeq, snap, sessions, seqs)
+	}
+
+	if err := s.Append(ctx, []Record{{Seq: 8, Data: []byte("r8")}}); !errors.Is(err, ErrOutOfSequence) {
+		t.Errorf("Append 8 after 6 = %v, want ErrOutOfSequence", err)
+	}
+	if err := s.Append(ctx, []Record{{Seq: 7, Data: []byte("r7")}}); err != nil {
+		t.Fatalf("Append 7: %v", err)
+	}
+	if err := s.SaveSnapshot(ctx, 8, []byte("x")); !errors.Is(err, ErrSnapshotSeq) {
+		t.Errorf("SaveSnapshot 8 with 7 held = %v, want ErrSnapshotSeq", err)
+	}
+	if err := s.SaveSnapshot(ctx, 7, []byte("snap7")); err != nil {
+		t.Fatalf("SaveSnapshot 7: %v", err)
+	}
+	s.Close()
+
+	// Opening it again finds the new shape and changes nothing.
+	s, err = OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Append(ctx, []Record{{Seq: 8, Data: []byte("r8")}}); err != nil {
+		t.Errorf("Append 8 after reopening: %v", err)
 	}
 }
