@@ -15,6 +15,12 @@ import (
 // SQLite is a Store in one SQLite file: the embedded default. It is pure Go
 // (modernc.org/sqlite, no cgo). The file is in WAL mode with
 // synchronous=FULL, so a commit has reached the disk when Append returns.
+//
+// The files stay in proportion to what the log holds now, not to its
+// history: the file is in auto_vacuum=INCREMENTAL mode and each snapshot
+// hands the pages it frees (the old snapshot's, the records it covers) back
+// to the file system, and the WAL, checkpointed automatically every 1,000
+// pages, is cut back to sqliteWALLimit after each checkpoint.
 type SQLite struct {
 	db     *sql.DB
 	closed atomic.Bool
@@ -23,6 +29,12 @@ type SQLite struct {
 // sqliteBusyTimeoutMS is how long a statement waits for a lock held by
 // another process (a backup, an operator's sqlite3 shell) before failing.
 const sqliteBusyTimeoutMS = 10000
+
+// sqliteWALLimit is the journal_size_limit: the size the WAL is cut back to
+// when it starts over after a checkpoint. It is above what one ordinary
+// checkpoint interval writes (1,000 pages and a batch), so the common cycle
+// reuses the file in place, and it undoes what a large snapshot grew.
+const sqliteWALLimit = 8 << 20
 
 // sqliteInsertChunk is how many records one INSERT statement carries: well
 // under SQLite's limit of 32766 bound parameters.
@@ -84,6 +96,10 @@ func OpenSQLite(path string) (*SQLite, error) {
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeoutMS))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", sqliteWALLimit))
+	// The driver sets auto_vacuum before anything else, while a new file is
+	// still empty: that is the only time it can be set without a VACUUM.
+	q.Set("_auto_vacuum", "INCREMENTAL")
 	// BEGIN IMMEDIATE takes the write lock up front, so a transaction never
 	// fails half-way with SQLITE_BUSY when it first writes.
 	q.Set("_txlock", "immediate")
@@ -140,7 +156,32 @@ func (s *SQLite) init() error {
 	if _, err := tx.ExecContext(ctx, sqliteFirstRows); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	s.convertAutoVacuum(ctx)
+	return nil
+}
+
+// convertAutoVacuum puts a file created before auto_vacuum was set (mode
+// NONE) into INCREMENTAL mode. That takes a VACUUM, which rewrites the file
+// once: about as long as reading it, and it needs as much free disk again
+// for its copy. It is worth it once, since such a file may hold the free
+// pages of every snapshot before.
+//
+// It is best effort: if the VACUUM fails (the disk is short of room for the
+// copy, or another process holds the file), the file is left as it was.
+// Such a file works as before, reusing its free pages rather than giving
+// them back; the next open tries again.
+func (s *SQLite) convertAutoVacuum(ctx context.Context) {
+	var mode int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&mode); err != nil || mode != 0 {
+		return // 2 (INCREMENTAL) as wanted, or 1 (FULL), which frees pages at every commit
+	}
+	if _, err := s.db.ExecContext(ctx, "PRAGMA auto_vacuum = INCREMENTAL"); err != nil {
+		return
+	}
+	_, _ = s.db.ExecContext(ctx, "VACUUM") // best effort, as said above
 }
 
 // Load implements Store.
@@ -338,9 +379,20 @@ func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_events WHERE seq <= ?", int64(seq)); err != nil {
 		return fmt.Errorf("store: save snapshot: %w", err)
 	}
+	// Give the pages just freed back to the file system: the file shrinks
+	// to what the log holds now. In the same transaction, so a failure
+	// leaves the store as it was.
+	if _, err := tx.ExecContext(ctx, "PRAGMA incremental_vacuum"); err != nil {
+		return fmt.Errorf("store: save snapshot: incremental vacuum: %w", err)
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("store: save snapshot: commit: %w", err)
 	}
+	// Copy the WAL into the file now, which also cuts the file to its new
+	// size, rather than at the next automatic checkpoint. PASSIVE never
+	// waits for another process's reader; if it cannot finish, the
+	// automatic checkpoints will. The snapshot is saved either way.
+	_, _ = s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return nil
 }
 

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
-// TestStoreSQLitePragmas checks the settings the durability promise rests
-// on, on the connection Append uses.
+// TestStoreSQLitePragmas checks the settings the durability promise, and
+// the bound on the files' size, rest on, on the connection Append uses.
 func TestStoreSQLitePragmas(t *testing.T) {
 	s, err := OpenSQLite(filepath.Join(t.TempDir(), "g.db"))
 	if err != nil {
@@ -17,9 +19,11 @@ func TestStoreSQLitePragmas(t *testing.T) {
 	}
 	defer s.Close()
 	for pragma, want := range map[string]string{
-		"journal_mode": "wal",
-		"synchronous":  "2", // FULL
-		"busy_timeout": "10000",
+		"journal_mode":       "wal",
+		"synchronous":        "2", // FULL
+		"busy_timeout":       "10000",
+		"auto_vacuum":        "2", // INCREMENTAL
+		"journal_size_limit": strconv.Itoa(sqliteWALLimit),
 	} {
 		var got string
 		if err := s.db.QueryRowContext(context.Background(), "PRAGMA "+pragma).Scan(&got); err != nil {
@@ -73,8 +77,9 @@ func writeOldSQLite(t *testing.T, path string) {
 	}
 }
 
-// TestStoreSQLiteOldFile opens a file written before governor_head existed:
-// its last_seq moves to governor_head, nothing else changes, and the log
+// TestStoreSQLiteOldFile opens a file written before governor_head existed,
+// and before auto_vacuum was set: its last_seq moves to governor_head, the
+// file turns to auto_vacuum=INCREMENTAL, nothing else changes, and the log
 // goes on from where it was.
 func TestStoreSQLiteOldFile(t *testing.T) {
 	ctx := context.Background()
@@ -92,6 +97,9 @@ func TestStoreSQLiteOldFile(t *testing.T) {
 	}
 	if oldColumn {
 		t.Errorf("governor_snapshot still has last_seq after the upgrade")
+	}
+	if mode := pragmaInt(t, s, "auto_vacuum"); mode != 2 {
+		t.Errorf("auto_vacuum after the upgrade = %d, want 2 (INCREMENTAL)", mode)
 	}
 
 	var snapSeq uint64
@@ -132,5 +140,77 @@ func TestStoreSQLiteOldFile(t *testing.T) {
 	defer s.Close()
 	if err := s.Append(ctx, []Record{{Seq: 8, Data: []byte("r8")}}); err != nil {
 		t.Errorf("Append 8 after reopening: %v", err)
+	}
+}
+
+func pragmaInt(t testing.TB, s *SQLite, name string) int64 {
+	t.Helper()
+	var n int64
+	if err := s.db.QueryRow("PRAGMA " + name).Scan(&n); err != nil {
+		t.Fatalf("PRAGMA %s: %v", name, err)
+	}
+	return n
+}
+
+func fileSize(t testing.TB, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// TestStoreSQLiteFilesFollowTheLiveState: after each snapshot the file has
+// no free pages and is about the size of what it now holds, however much
+// it held before; the WAL is cut back after a snapshot larger than its
+// limit.
+func TestStoreSQLiteFilesFollowTheLiveState(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "g.db")
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	data := make([]byte, 130)
+	var seq uint64
+	appendRecords := func(n int) {
+		t.Helper()
+		for range n / 100 {
+			rs := make([]Record, 100)
+			for i := range rs {
+				seq++
+				rs[i] = Record{Seq: seq, Data: data}
+			}
+			if err := s.Append(ctx, rs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A large snapshot first, then small ones: a file that kept its free
+	// pages would stay the size of the largest.
+	for i, snapSize := range []int{sqliteWALLimit + 2<<20, 64 << 10, 64 << 10} {
+		appendRecords(20_000)
+		if err := s.SaveSnapshot(ctx, seq, make([]byte, snapSize)); err != nil {
+			t.Fatal(err)
+		}
+		appendRecords(100) // the first commit after a checkpoint cuts the WAL
+		free, pages := pragmaInt(t, s, "freelist_count"), pragmaInt(t, s, "page_count")
+		db, wal := fileSize(t, path), fileSize(t, path+"-wal")
+		t.Logf("snapshot %d (%d bytes): %d pages, %d free; file %d bytes, WAL %d bytes", i+1, snapSize, pages, free, db, wal)
+		if free != 0 {
+			t.Errorf("snapshot %d: %d free pages, want 0", i+1, free)
+		}
+		// The snapshot, 100 records and each table's root: a few pages over.
+		if limit := int64(snapSize) + 256<<10; db > limit {
+			t.Errorf("snapshot %d: file is %d bytes, want at most %d", i+1, db, limit)
+		}
+		if wal > sqliteWALLimit {
+			t.Errorf("snapshot %d: WAL is %d bytes, want at most %d", i+1, wal, sqliteWALLimit)
+		}
 	}
 }
