@@ -87,6 +87,10 @@ func (c *controller) tick(e *Engine, now int64) {
 	}
 	if next, moved := c.decide(current); moved || !ok {
 		e.emit(Event{Kind: EvLimitAdjusted, At: now, Node: RootID, Resource: c.cfg.Class, Amount: next})
+		if next < current {
+			// Blocks follow the limit down: idle slots above it go back.
+			e.recallUnder(e.root, c.cfg.Class, "")
+		}
 		e.dispatch(c.cfg.Class)
 	}
 	c.last = now
@@ -131,4 +135,35 @@ func (e *Engine) AdaptiveLimit(class string) (int64, error) {
 		return v, nil
 	}
 	return e.adaptive[class].cfg.MaxLimit, nil
+}
+
+// Sample is how one call went, for an adaptive limit: what a release
+// reports, sent in batches for the slots of a block.
+type Sample struct {
+	Latency    time.Duration
+	Overloaded bool
+}
+
+// Observe reports calls made in slots of the session's blocks of class, as
+// releases report theirs. It is not recorded: adaptive samples are not
+// state. A class that is not adaptive ignores them.
+func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := e.session(sid, e.now()); err != nil {
+		return err
+	}
+	c := e.adaptive[class]
+	if c == nil {
+		return nil
+	}
+	for _, s := range samples {
+		if s.Latency < 0 {
+			return invalid("a sample's latency %v is negative", s.Latency)
+		}
+	}
+	for _, s := range samples {
+		c.observe(s.Latency, s.Overloaded)
+	}
+	return nil
 }

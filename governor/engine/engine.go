@@ -81,8 +81,9 @@ const (
 // Config is what an engine is built with. It is configuration, not state:
 // it is not part of snapshots.
 type Config struct {
-	Clock    Clock // nil means WallClock
-	Sink     Sink  // nil discards events
+	Clock    Clock    // nil means WallClock
+	Sink     Sink     // nil discards events
+	Notifier Notifier // nil tells nobody about changes to delegated budgets
 	Adaptive []Adaptive
 }
 
@@ -90,8 +91,9 @@ type Config struct {
 // serialize on one mutex (see SPEC.md for why one lock is enough).
 type Engine struct {
 	mu    sync.Mutex
-	clock Clock
-	sink  Sink
+	clock    Clock
+	sink     Sink
+	notifier Notifier
 
 	seq         uint64
 	nextNode    NodeID
@@ -106,6 +108,8 @@ type Engine struct {
 	tombs     map[LeaseID]tombstone
 	tombOrder []LeaseID // tombstones in the order they were made, for purging
 	deadlines deadlineHeap
+	blocks    map[string]map[LeaseID]*lease          // live blocks by class
+	reserved  map[string]map[*reservation]struct{} // live reservations by resource
 
 	// Not state: rebuilt empty by a restart.
 	queues   map[string]*classQueue
@@ -115,6 +119,7 @@ type Engine struct {
 
 	dispatching   bool
 	dispatchAgain bool
+	replaying     bool // Apply is running: tell nobody anything
 }
 
 type discard struct{}
@@ -126,6 +131,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		clock:     cfg.Clock,
 		sink:      cfg.Sink,
+		notifier:  cfg.Notifier,
 		nextNode:  RootID + 1,
 		nextLease: 1,
 		nodes:     make(map[NodeID]*node),
@@ -133,6 +139,8 @@ func New(cfg Config) (*Engine, error) {
 		byToken:   make(map[string]*session),
 		leases:    make(map[LeaseID]*lease),
 		tombs:     make(map[LeaseID]tombstone),
+		blocks:    make(map[string]map[LeaseID]*lease),
+		reserved:  make(map[string]map[*reservation]struct{}),
 		queues:    make(map[string]*classQueue),
 		adaptive:  make(map[string]*controller),
 	}
@@ -189,6 +197,8 @@ func (e *Engine) emit(ev Event) {
 func (e *Engine) Apply(events ...Event) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.replaying = true
+	defer func() { e.replaying = false }()
 	for i := range events {
 		ev := events[i]
 		if ev.Seq != e.seq+1 {

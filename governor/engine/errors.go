@@ -38,6 +38,11 @@ var (
 	ErrRequestIDReused = errors.New("request id reused with different arguments")
 	// ErrExists: an open sibling already has that name.
 	ErrExists = errors.New("already exists")
+	// ErrRecalling: a charge or reservation does not fit only because other
+	// sessions hold unspent reserved units on the chain. Those are being
+	// recalled; the same request is likely to fit, or be denied for good,
+	// when tried again shortly. Nothing was charged.
+	ErrRecalling = errors.New("quota held by reservations being recalled")
 	// ErrCorrupt: Restore or Apply was given a snapshot or event that does not
 	// follow from the state it is applied to.
 	ErrCorrupt = errors.New("corrupt record")

@@ -21,6 +21,8 @@ const (
 	EvLeaseGranted
 	EvLeaseReleased
 	EvLimitAdjusted
+	EvBlockResized
+	EvReserved
 )
 
 var kindNames = [...]string{
@@ -34,6 +36,8 @@ var kindNames = [...]string{
 	EvLeaseGranted:  "lease_granted",
 	EvLeaseReleased: "lease_released",
 	EvLimitAdjusted: "limit_adjusted",
+	EvBlockResized:  "block_resized",
+	EvReserved:      "reserved",
 }
 
 func (k EventKind) String() string {
@@ -66,9 +70,17 @@ type Event struct {
 	// Resource is the consumed resource, or the lease class of a grant or an
 	// adjusted limit.
 	Resource string `json:"r,omitempty"`
-	// Amount is the consumed amount, a session's TTL in nanoseconds, or an
-	// adjusted limit's new value.
+	// Amount is the consumed amount, a session's TTL in nanoseconds, an
+	// adjusted limit's new value, a new block's slots (EvLeaseGranted with
+	// Block), the slots a block grows (or, negative, shrinks) by, or the
+	// units a reservation adds (EvReserved).
 	Amount int64 `json:"a,omitempty"`
+	// Block marks the EvLeaseGranted of a block (block.go).
+	Block bool `json:"blk,omitempty"`
+	// Spent and Returned settle a reservation (EvReserved): units spent,
+	// now charged, and unspent units given back.
+	Spent    int64 `json:"sp,omitempty"`
+	Returned int64 `json:"rt,omitempty"`
 	// Token is the SHA-256 hash of a session's token (EvSessionOpened).
 	Token string `json:"tok,omitempty"`
 
@@ -164,6 +176,10 @@ func (e *Engine) applyKind(ev *Event) error {
 			return fmt.Errorf("%w: limit on node %d", ErrCorrupt, ev.Node)
 		}
 		n.limit.setCap(ev.Resource, ev.Amount)
+	case EvBlockResized:
+		return e.applyBlockResized(ev)
+	case EvReserved:
+		return e.applyReserved(ev)
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
 	}
@@ -176,7 +192,11 @@ func (e *Engine) remember(ev *Event) {
 		return
 	}
 	if s := e.sessions[ev.Session]; s != nil {
-		s.requests.add(ev.RequestID, requestResult{fingerprint: ev.Fingerprint, node: ev.Node, lease: ev.Lease})
+		r := requestResult{fingerprint: ev.Fingerprint, node: ev.Node, lease: ev.Lease}
+		if ev.Kind == EvBlockResized || ev.Kind == EvReserved || ev.Block {
+			r.amount = ev.Amount // what a block or reservation request granted
+		}
+		s.requests.add(ev.RequestID, r)
 	}
 }
 

@@ -1,17 +1,30 @@
 package engine
 
 // gauge is one resource (or lease class) on one node: its cap, if any, and
-// how much is in use (usage for a quota, leases held for a limit). Keeping
+// how much is in use (usage for a quota, slots held for a limit). Keeping
 // both behind one map entry means a chain walk hashes the name once per
 // level, and a charge reuses the entries its check found.
 type gauge struct {
 	cap    int64
 	capped bool
 	n      int64
+	// r is what the subtree's quota reservations hold unspent (quotas only):
+	// it counts against the cap like usage, but it is not spent.
+	r int64
 }
 
-// full reports whether amount more would go over the cap.
-func (g *gauge) full(amount int64) bool { return g.capped && amount > g.cap-g.n }
+// full reports whether amount more would go over the cap, counting what is
+// reserved.
+func (g *gauge) full(amount int64) bool { return g.capped && amount > g.cap-g.n-g.r }
+
+// room is how much more fits under the cap, counting what is reserved; ok is
+// false when there is no cap.
+func (g *gauge) room() (n int64, ok bool) {
+	if !g.capped {
+		return 0, false
+	}
+	return max(g.cap-g.n-g.r, 0), true
+}
 
 // gauges maps a name to its gauge. An entry exists while it is capped or has
 // been used.
@@ -31,7 +44,7 @@ func (gs *gauges) at(k string) *gauge {
 }
 
 func (gs gauges) tidy(k string, g *gauge) {
-	if !g.capped && g.n == 0 {
+	if !g.capped && g.n == 0 && g.r == 0 {
 		delete(gs, k)
 	}
 }
@@ -90,6 +103,20 @@ func (gs gauges) counts() map[string]int64 {
 				out = make(map[string]int64)
 			}
 			out[k] = g.n
+		}
+	}
+	return out
+}
+
+// reservedCounts returns what reservations hold unspent, nil when nothing.
+func (gs gauges) reservedCounts() map[string]int64 {
+	var out map[string]int64
+	for k, g := range gs {
+		if g.r != 0 {
+			if out == nil {
+				out = make(map[string]int64)
+			}
+			out[k] = g.r
 		}
 	}
 	return out

@@ -11,6 +11,10 @@ type lease struct {
 	node    *node
 	class   string
 	granted int64
+	// count is how many slots the lease holds: 1 for a lease, any number
+	// (0 included) for a block delegated to a session (block.go).
+	count int64
+	block bool
 }
 
 // tombstone remembers how a lease ended, for TombstoneTTL.
@@ -93,7 +97,7 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 		return Grant{}, nil, err
 	}
 	if err := n.checkAll(charges); err != nil {
-		return Grant{}, nil, err
+		return Grant{}, nil, e.recalled(err)
 	}
 	if r.Class == "" {
 		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
@@ -146,26 +150,47 @@ func (e *Engine) applyGrant(ev *Event) error {
 		return fmt.Errorf("%w: grant of lease %d (next %d) on node %d to session %d",
 			ErrCorrupt, ev.Lease, e.nextLease, ev.Node, ev.Session)
 	}
+	if ev.Block && (ev.Amount < 0 || s.blocks[blockKey{n.id, ev.Resource}] != nil) {
+		return fmt.Errorf("%w: block %d of %d slots of %s on node %d", ErrCorrupt, ev.Lease, ev.Amount, ev.Resource, ev.Node)
+	}
 	for _, c := range ev.Charges {
 		n.charge(c.Resource, c.Amount)
 	}
-	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At}
-	l.attach(e.leases)
+	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At, count: 1}
+	if ev.Block {
+		l.block, l.count = true, ev.Amount
+	}
+	e.attach(l)
 	for a := n; a != nil; a = a.parent {
-		a.limit.add(l.class, 1)
+		a.limit.add(l.class, l.count)
 	}
 	e.nextLease = l.id + 1
 	return nil
 }
 
-// attach files a lease under all, its session and its node.
-func (l *lease) attach(all map[LeaseID]*lease) {
+// attach files a lease under the engine, its session and its node, and a
+// block also under its class and the session's blocks.
+func (e *Engine) attach(l *lease) { attachLease(l, e.leases, e.blocks) }
+
+func attachLease(l *lease, all map[LeaseID]*lease, blocks map[string]map[LeaseID]*lease) {
 	all[l.id] = l
 	l.session.leases[l.id] = l
 	if l.node.leases == nil {
 		l.node.leases = make(map[LeaseID]*lease)
 	}
 	l.node.leases[l.id] = l
+	if l.block {
+		if l.session.blocks == nil {
+			l.session.blocks = make(map[blockKey]*lease)
+		}
+		l.session.blocks[blockKey{l.node.id, l.class}] = l
+		byClass := blocks[l.class]
+		if byClass == nil {
+			byClass = make(map[LeaseID]*lease)
+			blocks[l.class] = byClass
+		}
+		byClass[l.id] = l
+	}
 }
 
 // endLease ends a live lease and leaves its tombstone.
@@ -173,8 +198,15 @@ func (e *Engine) endLease(l *lease, why EndReason, at int64) {
 	delete(e.leases, l.id)
 	delete(l.session.leases, l.id)
 	delete(l.node.leases, l.id)
+	if l.block {
+		delete(l.session.blocks, blockKey{l.node.id, l.class})
+		delete(e.blocks[l.class], l.id)
+		if why == EndRevoked {
+			e.notify(Notice{Session: l.session.id, Kind: NoticeEnded, Node: l.node.id, Class: l.class})
+		}
+	}
 	for a := l.node; a != nil; a = a.parent {
-		a.limit.add(l.class, -1)
+		a.limit.add(l.class, -l.count)
 	}
 	e.tombs[l.id] = tombstone{session: l.session.id, node: l.node.id, class: l.class, reason: why, at: at}
 	e.tombOrder = append(e.tombOrder, l.id)
@@ -245,7 +277,9 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 		if l != nil {
 			e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: id,
 				RequestID: requestID, Fingerprint: fp})
-			if c := e.adaptive[l.class]; c != nil {
+			// A block's end reports no call: its slots' calls are reported
+			// by Observe as they end.
+			if c := e.adaptive[l.class]; c != nil && !l.block {
 				c.observe(latency, overloaded)
 			}
 			e.dispatch(l.class)

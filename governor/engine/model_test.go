@@ -18,8 +18,11 @@ type model struct {
 	defQ     map[NodeID]map[string]int64
 	defL     map[NodeID]map[string]int64
 	used     map[NodeID]map[string]int64
+	reserved map[NodeID]map[string]int64
 	held     map[NodeID]map[string]int64
 	leases   map[LeaseID]modelLease
+	// reservations are the sessions' unspent reserved units.
+	reservations map[modelRes]int64
 	scope    map[SessionID]NodeID
 	maxLease LeaseID
 	seq      uint64
@@ -31,6 +34,14 @@ type modelLease struct {
 	node    NodeID
 	class   string
 	charges []Charge
+	block   bool
+	count   int64 // slots held: 1 for a lease
+}
+
+type modelRes struct {
+	session  SessionID
+	node     NodeID
+	resource string
 }
 
 func newModel() *model {
@@ -38,6 +49,7 @@ func newModel() *model {
 		quotas: map[NodeID]map[string]int64{}, limits: map[NodeID]map[string]int64{},
 		defQ: map[NodeID]map[string]int64{}, defL: map[NodeID]map[string]int64{},
 		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{},
+		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{}}
 	m.state[RootID] = Open
 	return m
@@ -128,6 +140,16 @@ func (m *model) Emit(ev Event) {
 				m.endLease(id)
 			}
 		}
+		// Whatever it still had reserved may have been spent: it counts.
+		for k, amount := range m.reservations {
+			if k.session == ev.Session {
+				for _, a := range m.chain(k.node) {
+					add(m.used, a, k.resource, amount)
+					add(m.reserved, a, k.resource, -amount)
+				}
+				delete(m.reservations, k)
+			}
+		}
 		delete(m.scope, ev.Session)
 	case EvNodeCreated:
 		p, sp := ev.Parent, ev.Spec
@@ -184,14 +206,63 @@ func (m *model) Emit(ev Event) {
 			m.failf("I4 fencing: lease %d granted after lease %d", ev.Lease, m.maxLease)
 		}
 		m.maxLease = max(m.maxLease, ev.Lease)
-		for _, a := range m.chain(ev.Node) {
-			if limit, ok := m.limits[a][ev.Resource]; ok && m.held[a][ev.Resource] >= limit {
-				m.failf("I3 limits: lease %d of %s granted on node %d while node %d holds %d of limit %d",
-					ev.Lease, ev.Resource, ev.Node, a, m.held[a][ev.Resource], limit)
+		count := int64(1)
+		if ev.Block {
+			count = ev.Amount
+			for id, l := range m.leases {
+				if l.block && l.session == ev.Session && l.node == ev.Node && l.class == ev.Resource {
+					m.failf("event %d grants session %d a second block of %s on node %d (it holds lease %d)", ev.Seq, ev.Session, ev.Resource, ev.Node, id)
+				}
 			}
-			add(m.held, a, ev.Resource, 1)
 		}
-		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource, charges: ev.Charges}
+		m.hold(ev, ev.Node, ev.Resource, count)
+		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource, charges: ev.Charges,
+			block: ev.Block, count: count}
+	case EvBlockResized:
+		l, ok := m.leases[ev.Lease]
+		switch {
+		case !ok || !l.block:
+			m.failf("event %d resizes lease %d, which is not a live block", ev.Seq, ev.Lease)
+			return
+		case l.count+ev.Amount < 0:
+			m.failf("event %d shrinks block %d of %d slots by %d", ev.Seq, ev.Lease, l.count, -ev.Amount)
+			return
+		case ev.Amount > 0:
+			m.checkOpen(ev, l.node)
+			m.hold(ev, l.node, l.class, ev.Amount)
+		default:
+			for _, a := range m.chain(l.node) {
+				add(m.held, a, l.class, ev.Amount)
+			}
+		}
+		l.count += ev.Amount
+		m.leases[ev.Lease] = l
+	case EvReserved:
+		k := modelRes{session: ev.Session, node: ev.Node, resource: ev.Resource}
+		have := m.reservations[k]
+		settled := ev.Spent + ev.Returned
+		if settled > have || ev.Spent < 0 || ev.Returned < 0 || ev.Amount < 0 {
+			m.failf("event %d settles %d+%d of a reservation of %d, or reserves %d", ev.Seq, ev.Spent, ev.Returned, have, ev.Amount)
+			return
+		}
+		if ev.Amount > 0 {
+			m.checkOpen(ev, ev.Node)
+		}
+		for _, a := range m.chain(ev.Node) {
+			// I1: a new reservation fits under every quota, counting what
+			// is reserved; settling moves units from reserved to used.
+			if q, ok := m.quotas[a][ev.Resource]; ok && ev.Amount > 0 &&
+				m.used[a][ev.Resource]+m.reserved[a][ev.Resource]-ev.Returned+ev.Amount > q {
+				m.failf("I1 quotas: event %d reserves %d of %s on node %d; node %d had %d used and %d reserved of %d, %d returned",
+					ev.Seq, ev.Amount, ev.Resource, ev.Node, a, m.used[a][ev.Resource], m.reserved[a][ev.Resource], q, ev.Returned)
+			}
+			add(m.used, a, ev.Resource, ev.Spent)
+			add(m.reserved, a, ev.Resource, ev.Amount-settled)
+		}
+		m.reservations[k] = have + ev.Amount - settled
+		if m.reservations[k] == 0 {
+			delete(m.reservations, k)
+		}
 	case EvLeaseReleased:
 		l, ok := m.leases[ev.Lease]
 		if !ok {
@@ -227,21 +298,34 @@ func (m *model) checkOpen(ev Event, id NodeID) {
 	}
 }
 
-// charge checks I1 (no charge takes a node over a cap) and applies it.
+// charge checks I1 (no charge takes a node over a cap, counting what is
+// reserved) and applies it.
 func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.quotas[a][r]; ok && m.used[a][r]+amount > q {
-			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d of %d",
-				ev.Seq, amount, r, id, a, m.used[a][r], q)
+		if q, ok := m.quotas[a][r]; ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d used and %d reserved of %d",
+				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], q)
 		}
 		add(m.used, a, r, amount)
+	}
+}
+
+// hold checks I3 (no grant or block growth takes a node over a limit) and
+// takes count slots of class on id's chain.
+func (m *model) hold(ev Event, id NodeID, class string, count int64) {
+	for _, a := range m.chain(id) {
+		if limit, ok := m.limits[a][class]; ok && count > 0 && m.held[a][class]+count > limit {
+			m.failf("I3 limits: event %d (%s) takes %d slots of %s on node %d while node %d holds %d of limit %d",
+				ev.Seq, ev.Kind, count, class, id, a, m.held[a][class], limit)
+		}
+		add(m.held, a, class, count)
 	}
 }
 
 func (m *model) endLease(id LeaseID) {
 	l := m.leases[id]
 	for _, a := range m.chain(l.node) {
-		add(m.held, a, l.class, -1)
+		add(m.held, a, l.class, -l.count)
 	}
 	delete(m.leases, id)
 }

@@ -25,10 +25,11 @@ type waiter struct {
 // classQueue is the wait queue of one lease class: one FIFO-by-priority queue
 // per tenant, served by weighted deficit round robin.
 type classQueue struct {
-	ring    []*tenantQueue
-	byNode  map[*node]*tenantQueue
-	cursor  int // whose turn it is
-	waiting int
+	ring      []*tenantQueue
+	byNode    map[*node]*tenantQueue
+	cursor    int // whose turn it is
+	waiting   int
+	contended bool // what block holders were last told (notice.go)
 }
 
 // tenantQueue holds one tenant's waiters, highest priority first and in
@@ -75,6 +76,7 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 	tq.waiters = slices.Insert(tq.waiters, i, w)
 	q.waiting++
 	w.session.waiters = append(w.session.waiters, w)
+	e.contention(w.class, q)
 	return w
 }
 
@@ -88,6 +90,7 @@ func (e *Engine) removeWaiter(w *waiter) {
 	if i := slices.Index(w.session.waiters, w); i >= 0 {
 		w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
 	}
+	e.contention(w.class, q)
 }
 
 func (e *Engine) failWaiter(w *waiter, err error) {
@@ -189,7 +192,7 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			continue
 		}
 		if err := w.node.checkAll(w.charges); err != nil {
-			e.failWaiter(w, err) // a quota was spent while it waited
+			e.failWaiter(w, e.recalled(err)) // a quota was spent, or reserved, while it waited
 			continue
 		}
 		e.removeWaiter(w)

@@ -35,26 +35,38 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 		return err
 	}
 	if err := n.check(resource, amount); err != nil {
-		return err
+		return e.recalled(err)
 	}
 	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,
 		RequestID: requestID, Fingerprint: fp})
 	return nil
 }
 
-// check returns the denial if amount more of r would not fit on n's chain.
+// check returns nil if amount more of r fits on n's chain, counting
+// unspent reservations. When it does not, it returns the *Denial of the
+// first node (from n up) whose spent usage leaves no room, or, when only
+// unspent reservations are in the way, a *recallNeeded naming the highest
+// node they block (Engine.recalled turns that into ErrRecalling).
 func (n *node) check(r string, amount int64) error {
+	var blocked *node
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
 		if g == nil {
 			continue
 		}
-		if g.n > math.MaxInt64-amount {
+		if g.n > math.MaxInt64-amount-g.r {
 			return invalid("%s on %q would overflow", r, a.name)
 		}
-		if g.full(amount) {
+		if !g.full(amount) {
+			continue
+		}
+		if amount > g.cap-g.n {
 			return a.denial(r, amount, g.cap)
 		}
+		blocked = a
+	}
+	if blocked != nil {
+		return &recallNeeded{node: blocked, resource: r}
 	}
 	return nil
 }

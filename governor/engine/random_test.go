@@ -50,6 +50,7 @@ func TestRandomized(t *testing.T) {
 			w := newWorld(t, seed)
 			for w.step = 1; w.step <= *flagOps; w.step++ {
 				w.randomOp()
+				w.respond()
 				w.drain()
 				w.check()
 				if w.step == *flagOps/2 {
@@ -100,13 +101,32 @@ type world struct {
 	waits    []*pending
 	requests []doneRequest
 	nextReq  int
+
+	// A sidecar's side of delegated budgets: what each session has spent
+	// of its reservations and not yet settled, and what it holds unspent;
+	// the notices of this step; and what each block holder was last told
+	// about contention.
+	local   map[modelRes]*localRes
+	notices []Notice
+	told    map[blockKey2]NoticeKind
 }
+
+type localRes struct{ spent, unspent int64 }
+
+type blockKey2 struct {
+	session SessionID
+	node    NodeID
+	class   string
+}
+
+// Notify collects the engine's notices; respond acts on them after the step.
+func (w *world) Notify(n Notice) { w.notices = append(w.notices, n) }
 
 func newWorld(t *testing.T, seed int64) *world {
 	w := &world{t: t, seed: seed, rng: rand.New(rand.NewSource(seed)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
-		held: map[LeaseID]SessionID{}}
-	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Adaptive: []Adaptive{{Class: "llm",
+		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{}}
+	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Notifier: w, Adaptive: []Adaptive{{Class: "llm",
 		TargetP95: 50 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 5}}}
 	e, err := New(w.cfg)
 	if err != nil {
@@ -265,12 +285,13 @@ func (w *world) randomOp() {
 	e := w.e
 	sid := w.session()
 	before := e.Seq()
-	switch op := w.rng.Intn(100); {
+	switch op := w.rng.Intn(112); {
 	case op < 22: // consume
 		n, _ := w.nodeFor(sid, false)
 		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
 		err := e.Consume(sid, n, r, amt, rid)
-		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded)
+		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling)
+		w.checkRefusal(err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
 				return "", e.Consume(sid, n, r, amt+b2i(differ), id)
@@ -288,7 +309,10 @@ func (w *world) randomOp() {
 		}
 		rid := w.reqID()
 		g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid})
-		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid)
+		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling)
+		for r, amt := range charges {
+			w.checkRefusal(err, n, r, amt, 0)
+		}
 		if err != nil {
 			return
 		}
@@ -333,6 +357,13 @@ func (w *world) randomOp() {
 	case op < 52: // a waiter gives up, perhaps at the instant of its grant
 		if len(w.waits) > 0 {
 			i := w.rng.Intn(len(w.waits))
+			if w.rng.Intn(2) == 0 {
+				// Favour the race that matters: a grant that arrived and
+				// that its caller gives up before taking.
+				if j := slices.IndexFunc(w.waits, func(p *pending) bool { return p.arrived }); j >= 0 {
+					i = j
+				}
+			}
 			p := w.waits[i]
 			w.waits = slices.Delete(w.waits, i, i+1)
 			e.CancelWait(p.wait)
@@ -476,6 +507,10 @@ func (w *world) randomOp() {
 		if err == nil {
 			w.fail("request id %q reused with other arguments was accepted", r.id)
 		}
+	case op >= 100 && op < 106:
+		w.blockOp(sid, before)
+	case op >= 106:
+		w.reserveOp(sid, before)
 	default: // calls outside the scope, on purpose
 		if w.scope[sid] == RootID {
 			return
@@ -549,7 +584,7 @@ func (w *world) drain() {
 				return false
 			}
 		}
-		if w.rng.Intn(3) == 0 {
+		if w.rng.Intn(2) == 0 {
 			return false // the caller has not woken up yet
 		}
 		w.logf("wait of s%d -> %v %v", p.sid, p.outcome.Grant, p.outcome.Err)
@@ -592,10 +627,29 @@ func (w *world) check() {
 		if _, known := w.held[id]; !known && !w.arrived(id) {
 			w.fail("I5 lease %d (session %d) was granted but never handed to a caller: leaked", id, l.session.id)
 		}
+		if ml.block != l.block || ml.count != l.count {
+			w.fail("lease %d: engine block=%v count=%d, model block=%v count=%d", id, l.block, l.count, ml.block, ml.count)
+		}
 		for a := l.node; a != nil; a = a.parent {
-			add(heldCount, a.id, l.class, 1)
+			add(heldCount, a.id, l.class, l.count)
 		}
 	}
+	reservedCount := map[NodeID]map[string]int64{}
+	for r, byRes := range e.reserved {
+		for res := range byRes {
+			if res.amount <= 0 || e.sessions[res.session.id] != res.session || res.session.reservations[resKey{res.node.id, r}] != res {
+				w.fail("reservation of %s on node %d by session %d (%d units) is not filed where it belongs", r, res.node.id, res.session.id, res.amount)
+			}
+			if m.reservations[modelRes{res.session.id, res.node.id, r}] != res.amount {
+				w.fail("reservation of %s on node %d by session %d: engine %d, model %d", r, res.node.id, res.session.id, res.amount,
+					m.reservations[modelRes{res.session.id, res.node.id, r}])
+			}
+			for a := res.node; a != nil; a = a.parent {
+				add(reservedCount, a.id, r, res.amount)
+			}
+		}
+	}
+	w.checkDelegation()
 	if len(e.leases) != len(m.leases) {
 		w.fail("engine holds %d leases, model %d", len(e.leases), len(m.leases))
 	}
@@ -605,6 +659,8 @@ func (w *world) check() {
 			engine, want map[string]int64
 		}{
 			{"used (I2)", n.quota.counts(), m.used[id]},
+			{"reserved (I2)", n.quota.reservedCounts(), m.reserved[id]},
+			{"reserved recounted (I2)", n.quota.reservedCounts(), reservedCount[id]},
 			{"held (I2)", n.limit.counts(), m.held[id]},
 			{"held recounted (I2)", n.limit.counts(), heldCount[id]},
 			{"quotas", n.quota.caps(), m.quotas[id]},
@@ -738,4 +794,240 @@ func diffSnapshots(want, got Snapshot) string {
 		out = append(out, fmt.Sprintf("%s: live %+v, replay %+v", f, a, b))
 	}
 	return strings.Join(out, "\n")
+}
+
+// blockOp is a sidecar growing its block of a class, or giving idle slots
+// back. (Releasing a block is the release operation's: blocks are held
+// leases.)
+func (w *world) blockOp(sid SessionID, before uint64) {
+	e := w.e
+	n, _ := w.nodeFor(sid, false)
+	class := classes[w.rng.Intn(3)]
+	req := BlockRequest{Node: n, Class: class, Want: 1 + w.rng.Int63n(4), RequestID: w.reqID()}
+	if s := e.sessions[sid]; s != nil && w.rng.Intn(3) == 0 {
+		if l := s.blocks[blockKey{n, class}]; l != nil && l.count > 0 {
+			req.Want, req.Return = 0, 1+w.rng.Int63n(l.count)
+		}
+	}
+	contended := e.contended(class)
+	g, err := e.Block(sid, req)
+	w.expect(fmt.Sprintf("block s%d %+v: %+v", sid, req, g), before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired)
+	if err != nil {
+		return
+	}
+	if g.Granted > 0 && contended {
+		w.fail("I12 delegation: block %d of %s grew by %d while acquires of the class queued", g.Lease, class, g.Granted)
+	}
+	if now := e.contended(class); g.Contended != now {
+		w.fail("block %d says contended=%v, the queue says %v", g.Lease, g.Contended, now)
+	}
+	w.held[g.Lease] = sid
+	w.told[blockKey2{sid, n, class}] = map[bool]NoticeKind{true: NoticeContended, false: NoticeUncontended}[g.Contended]
+	w.remember(sid, req.RequestID, fmt.Sprint(g.Lease, g.Granted), func(id string, differ bool) (string, error) {
+		r := req
+		r.RequestID = id
+		if differ && r.Return > 0 {
+			r.Return++
+		} else if differ {
+			r.Want++
+		}
+		g, err := e.Block(sid, r)
+		return fmt.Sprint(g.Lease, g.Granted), err
+	})
+}
+
+// reserveOp is a sidecar spending its reservation locally, topping it up
+// (settling what it spent), or settling and giving unspent units back.
+func (w *world) reserveOp(sid SessionID, before uint64) {
+	n, _ := w.nodeFor(sid, false)
+	r := resources[w.rng.Intn(3)]
+	k := modelRes{sid, n, r}
+	loc := w.local[k]
+	if loc == nil {
+		loc = &localRes{}
+	}
+	req := ReserveRequest{Node: n, Resource: r, Spent: loc.spent, RequestID: w.reqID()}
+	switch x := w.rng.Intn(10); {
+	case x < 3 && loc.unspent > 0:
+		amt := 1 + w.rng.Int63n(loc.unspent)
+		loc.unspent -= amt
+		loc.spent += amt
+		w.logf("s%d spends %d of %s on n%d locally", sid, amt, r, n)
+		return
+	case x < 8:
+		req.Want = 1 + w.rng.Int63n(8)
+	default:
+		req.Return = w.rng.Int63n(loc.unspent + 1)
+		if req.Spent == 0 && req.Return == 0 {
+			req.Want = 1
+		}
+	}
+	w.reserve(sid, req, before)
+}
+
+func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
+	e := w.e
+	k := modelRes{sid, req.Node, req.Resource}
+	res, err := e.Reserve(sid, req)
+	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling)
+	w.checkRefusal(err, req.Node, req.Resource, 1, req.Return)
+	if err != nil {
+		return
+	}
+	loc := w.local[k]
+	if loc == nil {
+		loc = &localRes{}
+		w.local[k] = loc
+	}
+	loc.spent -= req.Spent
+	loc.unspent += res.Granted - req.Return
+	w.remember(sid, req.RequestID, fmt.Sprint(res.Granted), func(id string, differ bool) (string, error) {
+		r := req
+		r.RequestID = id
+		if differ {
+			r.Want++
+		}
+		res, err := e.Reserve(sid, r)
+		return fmt.Sprint(res.Granted), err
+	})
+}
+
+// respond is the sidecars acting on this step's notices, as they should
+// (most of the time: some are slow). Acting may bring more notices.
+func (w *world) respond() {
+	for round := 0; len(w.notices) > 0 && round < 8; round++ {
+		notices := w.notices
+		w.notices = nil
+		for _, nt := range notices {
+			w.logf("notice %+v", nt)
+			switch nt.Kind {
+			case NoticeContended, NoticeUncontended:
+				w.told[blockKey2{nt.Session, nt.Node, nt.Class}] = nt.Kind
+				continue
+			}
+			if w.rng.Intn(4) == 0 {
+				continue // slow to act
+			}
+			w.giveBack(nt)
+		}
+	}
+	w.notices = nil
+}
+
+// giveBack settles and gives back what a notice asks for.
+func (w *world) giveBack(nt Notice) {
+	e := w.e
+	s := e.sessions[nt.Session]
+	if s == nil {
+		return
+	}
+	if nt.Resource == "" {
+		for _, l := range sortedBlocks(e.blocks[nt.Class]) {
+			if nt.Class == "" {
+				break
+			}
+			if l.session == s && l.count > 0 && l.node.within(e.nodes[nt.Node]) && nt.Kind == NoticeRecall {
+				g, err := e.Block(s.id, BlockRequest{Node: l.node.id, Class: l.class, Return: l.count})
+				w.logf("give back block %d: %+v %v", l.id, g, err)
+			}
+		}
+		if nt.Class == "" {
+			for _, c := range slices.Sorted(maps.Keys(e.blocks)) {
+				for _, l := range sortedBlocks(e.blocks[c]) {
+					if l.session == s && l.count > 0 && l.node.within(e.nodes[nt.Node]) {
+						g, err := e.Block(s.id, BlockRequest{Node: l.node.id, Class: l.class, Return: l.count})
+						w.logf("give back block %d: %+v %v", l.id, g, err)
+					}
+				}
+			}
+		}
+	}
+	if nt.Class != "" && nt.Resource == "" {
+		return
+	}
+	for _, res := range s.sortedReservations() {
+		if (nt.Resource != "" && res.resource != nt.Resource) || !res.node.within(e.nodes[nt.Node]) {
+			continue
+		}
+		k := modelRes{s.id, res.node.id, res.resource}
+		loc := w.local[k]
+		if loc == nil {
+			w.fail("session %d holds a reservation of %s on node %d that its sidecar does not know", s.id, res.resource, res.node.id)
+		}
+		w.reserve(s.id, ReserveRequest{Node: res.node.id, Resource: res.resource, Spent: loc.spent, Return: loc.unspent}, e.Seq())
+	}
+}
+
+// checkRefusal checks what a refused charge of amount of r on node n says
+// (returned: units the same request gave back first). A *Denial must be
+// deserved by spent units alone (I14), and ErrRecalling must have told
+// every holder of a reservation in the way (I13).
+func (w *world) checkRefusal(err error, n NodeID, r string, amount, returned int64) {
+	var d *Denial
+	if errors.As(err, &d) && d.Resource == r && d.Used+d.Amount <= d.Limit {
+		w.fail("I14 denial: %v, but what is spent (%d) leaves room for %d more", d, d.Used, d.Amount)
+	}
+	if !errors.Is(err, ErrRecalling) {
+		return
+	}
+	// The highest node on n's chain that the charge fits under but for
+	// unspent reservations: every reservation below it must be recalled.
+	var blocked *node
+	for a := w.e.nodes[n]; a != nil; a = a.parent {
+		if g := a.quota[r]; g != nil && g.capped && amount > g.cap-g.n-g.r+returned && amount <= g.cap-g.n {
+			blocked = a
+		}
+	}
+	if blocked == nil {
+		w.fail("ErrRecalling for %d of %s on node %d, but no reservation is in the way", amount, r, n)
+	}
+	for _, res := range sortedReservations(w.e.reserved[r]) {
+		if !res.node.within(blocked) {
+			continue
+		}
+		told := slices.ContainsFunc(w.notices, func(nt Notice) bool {
+			return nt.Kind == NoticeRecall && nt.Session == res.session.id && (nt.Resource == r || nt.Resource == "") &&
+				res.node.within(w.e.nodes[nt.Node])
+		})
+		if !told {
+			w.fail("I13 recall: %s on node %d is recalled, but session %d, holding %d on node %d, was not told",
+				r, blocked.id, res.session.id, res.amount, res.node.id)
+		}
+	}
+}
+
+// checkDelegation checks the sidecars' view against the engine: every
+// reservation's units are the sidecar's spent plus unspent, and every block
+// holder was last told the contention its class has.
+func (w *world) checkDelegation() {
+	e := w.e
+	for k, loc := range w.local {
+		s := e.sessions[k.session]
+		if s == nil {
+			delete(w.local, k) // the session ended: its units count as spent
+			continue
+		}
+		if have := s.reservedOn(k.node, k.resource); have != loc.spent+loc.unspent {
+			w.fail("session %d reserves %d of %s on node %d; its sidecar spent %d and holds %d", k.session, have, k.resource, k.node, loc.spent, loc.unspent)
+		}
+		if loc.spent == 0 && loc.unspent == 0 {
+			delete(w.local, k)
+		}
+	}
+	for _, s := range e.sessions {
+		for key := range s.reservations {
+			if w.local[modelRes{s.id, key.node, key.resource}] == nil {
+				w.fail("session %d reserves %s on node %d, unknown to its sidecar", s.id, key.resource, key.node)
+			}
+		}
+	}
+	for class, byID := range e.blocks {
+		for _, l := range byID {
+			got := w.told[blockKey2{l.session.id, l.node.id, class}]
+			if want := map[bool]NoticeKind{true: NoticeContended, false: NoticeUncontended}[e.contended(class)]; got != want {
+				w.fail("the holder of block %d of %s was last told %v, but acquires of the class %s", l.id, class, got,
+					map[bool]string{true: "queue", false: "do not queue"}[e.contended(class)])
+			}
+		}
+	}
 }

@@ -35,9 +35,11 @@ type session struct {
 	ttl     time.Duration
 	expires int64 // not state: heartbeats move it and are not recorded
 
-	leases   map[LeaseID]*lease
-	waiters  []*waiter
-	requests requestMemory
+	leases       map[LeaseID]*lease
+	blocks       map[blockKey]*lease // its blocks, also in leases
+	reservations map[resKey]*reservation
+	waiters      []*waiter
+	requests     requestMemory
 }
 
 func (s *session) expired(now int64) bool { return s.id != System && now >= s.expires }
@@ -153,6 +155,7 @@ func (e *Engine) applySessionEnded(s *session, ev *Event) {
 	for _, id := range sortedKeys(s.leases) {
 		e.endLease(s.leases[id], reason, ev.At)
 	}
+	e.spendReservations(s)
 	delete(e.sessions, s.id)
 	if s.token != "" {
 		delete(e.byToken, s.token)
@@ -206,6 +209,7 @@ type requestResult struct {
 	fingerprint uint64
 	node        NodeID
 	lease       LeaseID
+	amount      int64 // what a block or reservation request granted
 }
 
 // requestMemory holds a session's last RequestMemory request ids.
@@ -268,6 +272,8 @@ const (
 	opCreate
 	opEnd
 	opCaps
+	opBlock
+	opReserve
 )
 
 // fingerprint hashes a request's arguments (FNV-1a) without allocating, so a

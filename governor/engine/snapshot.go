@@ -27,11 +27,19 @@ type Snapshot struct {
 
 // SessionSnapshot is a session as recorded.
 type SessionSnapshot struct {
-	ID       SessionID
-	Scope    NodeID
-	Token    string
-	TTL      time.Duration
-	Requests []RequestSnapshot // oldest first
+	ID           SessionID
+	Scope        NodeID
+	Token        string
+	TTL          time.Duration
+	Requests     []RequestSnapshot     // oldest first
+	Reservations []ReservationSnapshot `json:",omitempty"` // by node, then resource
+}
+
+// ReservationSnapshot is a session's unspent reservation.
+type ReservationSnapshot struct {
+	Node     NodeID
+	Resource string
+	Amount   int64
 }
 
 // RequestSnapshot is one remembered request id.
@@ -40,6 +48,7 @@ type RequestSnapshot struct {
 	Fingerprint uint64
 	Node        NodeID
 	Lease       LeaseID
+	Amount      int64 `json:",omitempty"`
 }
 
 // LeaseSnapshot is a live lease.
@@ -49,6 +58,9 @@ type LeaseSnapshot struct {
 	Node    NodeID
 	Class   string
 	Granted int64
+	// Block and Count: a block of Count slots (block.go). A lease holds one.
+	Block bool  `json:",omitempty"`
+	Count int64 `json:",omitempty"`
 }
 
 // TombstoneSnapshot is an ended lease still remembered.
@@ -78,19 +90,27 @@ func (e *Engine) Snapshot() Snapshot {
 		v := e.nodes[id].view()
 		// Gauges give nil maps when empty already; defaults are cloned maps.
 		v.DefaultQuotas, v.DefaultLimits = nilIfEmpty(v.DefaultQuotas), nilIfEmpty(v.DefaultLimits)
+		v.Reserved = nilIfEmpty(v.Reserved)
 		snap.Nodes = append(snap.Nodes, v)
 	}
 	for _, s := range e.sortedSessions() {
 		ss := SessionSnapshot{ID: s.id, Scope: s.scope.id, Token: s.token, TTL: s.ttl}
 		for _, id := range s.requests.ids() {
 			r := s.requests.byID[id]
-			ss.Requests = append(ss.Requests, RequestSnapshot{ID: id, Fingerprint: r.fingerprint, Node: r.node, Lease: r.lease})
+			ss.Requests = append(ss.Requests, RequestSnapshot{ID: id, Fingerprint: r.fingerprint, Node: r.node, Lease: r.lease, Amount: r.amount})
+		}
+		for _, res := range s.sortedReservations() {
+			ss.Reservations = append(ss.Reservations, ReservationSnapshot{Node: res.node.id, Resource: res.resource, Amount: res.amount})
 		}
 		snap.Sessions = append(snap.Sessions, ss)
 	}
 	for _, id := range sortedKeys(e.leases) {
 		l := e.leases[id]
-		snap.Leases = append(snap.Leases, LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted})
+		ls := LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted}
+		if l.block {
+			ls.Block, ls.Count = true, l.count
+		}
+		snap.Leases = append(snap.Leases, ls)
 	}
 	for _, id := range sortedKeys(e.tombs) {
 		if t, ok := e.tombstone(id, now); ok {
@@ -139,6 +159,9 @@ func (e *Engine) Restore(snap Snapshot) error {
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}
+		for k, r := range v.Reserved {
+			n.quota.at(k).r = r
+		}
 		for k, h := range v.Held {
 			n.limit.add(k, h)
 		}
@@ -156,6 +179,8 @@ func (e *Engine) Restore(snap Snapshot) error {
 	}
 	sessions := make(map[SessionID]*session, len(snap.Sessions))
 	byToken := make(map[string]*session, len(snap.Sessions))
+	reserved := make(map[string]map[*reservation]struct{})
+	reservedSums := make(map[NodeID]map[string]int64)
 	for _, ss := range snap.Sessions {
 		scope := nodes[ss.Scope]
 		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
@@ -164,7 +189,28 @@ func (e *Engine) Restore(snap Snapshot) error {
 		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: now + int64(ss.TTL),
 			leases: make(map[LeaseID]*lease)}
 		for _, r := range ss.Requests {
-			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease})
+			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
+		}
+		for _, rs := range ss.Reservations {
+			n := nodes[rs.Node]
+			if n == nil || rs.Amount <= 0 || rs.Resource == "" || s.reservations[resKey{rs.Node, rs.Resource}] != nil {
+				return fmt.Errorf("%w: snapshot reservation of %s on node %d by session %d", ErrCorrupt, rs.Resource, rs.Node, ss.ID)
+			}
+			res := &reservation{session: s, node: n, resource: rs.Resource, amount: rs.Amount}
+			if s.reservations == nil {
+				s.reservations = make(map[resKey]*reservation)
+			}
+			s.reservations[resKey{n.id, res.resource}] = res
+			if reserved[res.resource] == nil {
+				reserved[res.resource] = make(map[*reservation]struct{})
+			}
+			reserved[res.resource][res] = struct{}{}
+			for a := n; a != nil; a = a.parent {
+				if reservedSums[a.id] == nil {
+					reservedSums[a.id] = make(map[string]int64)
+				}
+				reservedSums[a.id][res.resource] += res.amount
+			}
 		}
 		sessions[s.id] = s
 		if s.token != "" {
@@ -174,14 +220,24 @@ func (e *Engine) Restore(snap Snapshot) error {
 			byToken[s.token] = s
 		}
 	}
+	for id, n := range nodes {
+		if !maps.Equal(n.quota.reservedCounts(), nilIfEmpty(reservedSums[id])) {
+			return fmt.Errorf("%w: snapshot node %d reserves %v, its reservations %v", ErrCorrupt, id, n.quota.reservedCounts(), reservedSums[id])
+		}
+	}
 	leases := make(map[LeaseID]*lease, len(snap.Leases))
+	blocks := make(map[string]map[LeaseID]*lease)
 	for _, ls := range snap.Leases {
 		s, n := sessions[ls.Session], nodes[ls.Node]
-		if s == nil || n == nil || ls.ID < 1 || ls.ID >= snap.NextLease || leases[ls.ID] != nil {
+		if s == nil || n == nil || ls.ID < 1 || ls.ID >= snap.NextLease || leases[ls.ID] != nil || ls.Count < 0 ||
+			(ls.Block && s.blocks[blockKey{n.id, ls.Class}] != nil) {
 			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
 		}
-		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted}
-		l.attach(leases)
+		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted, count: 1}
+		if ls.Block {
+			l.block, l.count = true, ls.Count
+		}
+		attachLease(l, leases, blocks)
 	}
 	tombs := make(map[LeaseID]tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {
@@ -192,6 +248,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 	}
 	heap.Init(&deadlines)
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
+	e.blocks, e.reserved = blocks, reserved
 	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {
 		return cmp.Or(cmp.Compare(tombs[a].at, tombs[b].at), cmp.Compare(a, b))
 	})
@@ -206,5 +263,16 @@ func (e *Engine) sortedSessions() []*session {
 	for _, id := range sortedKeys(e.sessions) {
 		out = append(out, e.sessions[id])
 	}
+	return out
+}
+
+func (s *session) sortedReservations() []*reservation {
+	out := make([]*reservation, 0, len(s.reservations))
+	for _, res := range s.reservations {
+		out = append(out, res)
+	}
+	slices.SortFunc(out, func(a, b *reservation) int {
+		return cmp.Or(cmp.Compare(a.node.id, b.node.id), cmp.Compare(a.resource, b.resource))
+	})
 	return out
 }

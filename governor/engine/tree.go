@@ -94,6 +94,7 @@ type NodeView struct {
 	State         State
 	Quotas        map[string]int64
 	Used          map[string]int64
+	Reserved      map[string]int64 // unspent units reserved in the subtree (reserve.go)
 	Limits        map[string]int64
 	Held          map[string]int64
 	DefaultQuotas map[string]int64
@@ -148,7 +149,7 @@ func (n *node) kind() Kind {
 
 func (n *node) view() NodeView {
 	v := NodeView{ID: n.id, Name: n.name, Kind: n.kind(), State: n.state,
-		Quotas: n.quota.caps(), Used: n.quota.counts(), Limits: n.limit.caps(),
+		Quotas: n.quota.caps(), Used: n.quota.counts(), Reserved: n.quota.reservedCounts(), Limits: n.limit.caps(),
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority}
 	if n.parent != nil {
@@ -531,6 +532,22 @@ func (e *Engine) applyNodeEnded(n *node, ev *Event) {
 		}
 	}
 	walk(n)
+	e.noticeReservationsEnded(n)
+}
+
+// noticeReservationsEnded tells the holders of reservations on n or below
+// it that their node has ended, so that they settle and grant no more.
+func (e *Engine) noticeReservationsEnded(n *node) {
+	if e.notifier == nil || e.replaying {
+		return
+	}
+	for _, r := range slices.Sorted(maps.Keys(e.reserved)) {
+		for _, res := range sortedReservations(e.reserved[r]) {
+			if res.node.within(n) {
+				e.notify(Notice{Session: res.session.id, Kind: NoticeEnded, Node: res.node.id, Resource: r})
+			}
+		}
+	}
 }
 
 // afterEnd fails the waiters on ended nodes, in one pass over each tenant's
@@ -555,6 +572,9 @@ func (e *Engine) afterEnd() {
 			clear(tq.waiters[len(kept):])
 			tq.waiters = kept
 		}
+	}
+	for _, class := range e.sortedQueues() {
+		e.contention(class, e.queues[class])
 	}
 	e.dispatchAll()
 }
@@ -599,6 +619,8 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	}
 	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit,
 		RequestID: requestID, Fingerprint: fp})
+	// What was delegated below n was sized under the old caps.
+	e.recallUnder(n, "", "")
 	if edit.Weight != nil {
 		// A turn in progress ends at the new weight.
 		for _, q := range e.queues {

@@ -1,0 +1,157 @@
+package engine
+
+import "fmt"
+
+// A block is a lease that holds any number of slots of one class on one
+// node: what governord delegates to a sidecar, which grants the slots
+// locally. Each session has at most one block per node and class. It is
+// charged against every limit on its chain exactly like that many leases,
+// so limits hold at every instant however many sessions hold blocks. It
+// grows only by what fits now and only while no acquire of its class
+// queues (so the fair queue stays exact under contention), and it shrinks
+// when its holder gives idle slots back. It ends like any lease: released,
+// with its session, or revoked with its node. Its slots share the block's
+// id, so a block is no fencing token for the work done in each slot.
+
+// blockKey names a session's block.
+type blockKey struct {
+	node  NodeID
+	class string
+}
+
+// BlockRequest grows or shrinks the session's block of Class on Node,
+// creating it (with the slots that fit, possibly none) when there is none.
+type BlockRequest struct {
+	Node  NodeID
+	Class string
+	// Want is how many slots to add. Fewer are added when fewer fit, and
+	// none while acquires of the class queue.
+	Want int64
+	// Return is how many idle slots to give back. A request either grows or
+	// shrinks: Want and Return are not both set.
+	Return    int64
+	RequestID string
+}
+
+// BlockGrant is a block after a BlockRequest.
+type BlockGrant struct {
+	Lease LeaseID
+	Node  NodeID
+	Class string
+	// Count is how many slots the block holds now.
+	Count int64
+	// Granted is how many slots this request added.
+	Granted int64
+	// Contended is set while acquires of the class queue: the holder should
+	// take single leases through Acquire rather than grow its block.
+	Contended bool
+}
+
+// Block grows or shrinks the session's block of r.Class on r.Node. Growing
+// adds the slots that fit under every limit on the chain now, up to
+// r.Want; it never waits. Shrinking gives r.Return idle slots back and
+// hands them to waiters. A retry with the same request id returns the
+// original grant and changes nothing.
+func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return BlockGrant{}, err
+	}
+	if s.id == System {
+		return BlockGrant{}, invalid("the system session holds no blocks")
+	}
+	if err := validName("lease class", r.Class); err != nil {
+		return BlockGrant{}, err
+	}
+	switch {
+	case r.Want < 0 || r.Return < 0:
+		return BlockGrant{}, invalid("want %d and return %d cannot be negative", r.Want, r.Return)
+	case r.Want > 0 && r.Return > 0:
+		return BlockGrant{}, invalid("a block request either grows (want) or shrinks (return), not both")
+	}
+	fp := uint64(0)
+	if r.RequestID != "" {
+		fp = fingerprint(opBlock, r.Node, r.Class, r.Want-r.Return)
+		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
+			if err != nil {
+				return BlockGrant{}, err
+			}
+			g := BlockGrant{Lease: res.lease, Node: r.Node, Class: r.Class, Granted: max(res.amount, 0),
+				Contended: e.contended(r.Class)}
+			if l := e.leases[res.lease]; l != nil {
+				g.Count = l.count
+			}
+			return g, nil
+		}
+	}
+	n, err := e.target(s, r.Node)
+	if err != nil {
+		return BlockGrant{}, err
+	}
+	l := s.blocks[blockKey{n.id, r.Class}]
+	if r.Return > 0 {
+		if l == nil {
+			if err := e.checkOpen(n, now); err != nil {
+				return BlockGrant{}, err
+			}
+			return BlockGrant{}, fmt.Errorf("%w: the session holds no block of %s on node %d", ErrNotFound, r.Class, n.id)
+		}
+		id := l.id
+		if l = e.touch(l, now); l == nil {
+			return BlockGrant{}, e.ended(s, id, now)
+		}
+		if r.Return > l.count {
+			return BlockGrant{}, invalid("cannot give back %d slots of a block of %d", r.Return, l.count)
+		}
+		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
+			Amount: -r.Return, RequestID: r.RequestID, Fingerprint: fp})
+		e.dispatch(l.class)
+		return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class)}, nil
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return BlockGrant{}, err
+	}
+	grow := int64(0)
+	contended := e.contended(r.Class)
+	if !contended {
+		grow = min(r.Want, n.headroom(r.Class, r.Want))
+	}
+	if l == nil {
+		id := e.nextLease
+		e.emit(Event{Kind: EvLeaseGranted, At: now, Session: s.id, Node: n.id, Lease: id, Resource: r.Class,
+			Block: true, Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
+		return BlockGrant{Lease: id, Node: n.id, Class: r.Class, Count: grow, Granted: grow, Contended: contended}, nil
+	}
+	if grow > 0 {
+		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
+			Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
+	}
+	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended}, nil
+}
+
+// headroom is how many more slots of class fit under every limit on n's
+// chain, at most want.
+func (n *node) headroom(class string, want int64) int64 {
+	room := want
+	for a := n; a != nil; a = a.parent {
+		if g := a.limit[class]; g != nil && g.capped {
+			room = min(room, max(g.cap-g.n, 0))
+		}
+	}
+	return room
+}
+
+func (e *Engine) applyBlockResized(ev *Event) error {
+	l := e.leases[ev.Lease]
+	if l == nil || !l.block || l.count+ev.Amount < 0 || ev.Amount == 0 {
+		return fmt.Errorf("%w: resize of block %d by %d", ErrCorrupt, ev.Lease, ev.Amount)
+	}
+	l.count += ev.Amount
+	for a := l.node; a != nil; a = a.parent {
+		a.limit.add(l.class, ev.Amount)
+	}
+	return nil
+}

@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// A reservation is a share of a quota delegated to a session: units of one
+// resource on one node that the session may spend without asking. Unspent
+// reserved units count against every quota on the chain exactly like
+// spent ones, so caps hold at every instant across any number of sessions.
+// The holder reports what it spent (which is then charged for good) and
+// gives back what it will not spend; giving back is not a refund, since
+// those units were never spent. When a charge does not fit only because
+// of other sessions' unspent reservations, the engine recalls them
+// (NoticeRecall) and answers ErrRecalling, and the caller tries again: so
+// a quota of N admits exactly N units, however they are spread. A session
+// that ends with units reserved has them counted as spent: it may have
+// spent them, and nobody can know.
+
+// ReserveShare bounds a new reservation to this fraction of the headroom
+// on its chain (but at least one unit), so that reservations shrink to
+// single units as a quota runs out and several holders can share the rest.
+const ReserveShare = 4
+
+type reservation struct {
+	session  *session
+	node     *node
+	resource string
+	amount   int64 // reserved and not known to be spent
+}
+
+// resKey names a session's reservation.
+type resKey struct {
+	node     NodeID
+	resource string
+}
+
+// ReserveRequest settles and tops up the session's reservation of Resource
+// on Node, in one step.
+type ReserveRequest struct {
+	Node     NodeID
+	Resource string
+	// Spent is how many reserved units the holder has spent since it last
+	// said: they are charged for good.
+	Spent int64
+	// Return is how many unspent units it gives back.
+	Return int64
+	// Want is how many more units to reserve. Fewer are reserved when the
+	// headroom is small (see ReserveShare); with no headroom the request is
+	// a *Denial, or ErrRecalling while other reservations hold what it needs.
+	Want      int64
+	RequestID string
+}
+
+// Reservation is a reservation after a ReserveRequest.
+type Reservation struct {
+	Node     NodeID
+	Resource string
+	// Reserved is how many unspent units the session holds now.
+	Reserved int64
+	// Granted is how many units this request added.
+	Granted int64
+}
+
+// Reserve settles what the session spent of its reservation of
+// r.Resource on r.Node, gives back what it returns, and reserves up to
+// r.Want more, all in one step or not at all. A request that only settles
+// (Want 0) is accepted on an ended node. A retry with the same request id
+// returns the original reservation and changes nothing.
+func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return Reservation{}, err
+	}
+	if s.id == System {
+		return Reservation{}, invalid("the system session holds no reservations")
+	}
+	if err := validName("resource", r.Resource); err != nil {
+		return Reservation{}, err
+	}
+	if r.Spent < 0 || r.Return < 0 || r.Want < 0 {
+		return Reservation{}, invalid("spent %d, return %d and want %d cannot be negative", r.Spent, r.Return, r.Want)
+	}
+	if r.Spent == 0 && r.Return == 0 && r.Want == 0 {
+		return Reservation{}, invalid("nothing to reserve, settle or return")
+	}
+	fp := uint64(0)
+	if r.RequestID != "" {
+		fp = fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
+		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
+			if err != nil {
+				return Reservation{}, err
+			}
+			return Reservation{Node: r.Node, Resource: r.Resource, Granted: res.amount,
+				Reserved: s.reservedOn(r.Node, r.Resource)}, nil
+		}
+	}
+	n, err := e.target(s, r.Node)
+	if err != nil {
+		return Reservation{}, err
+	}
+	have := s.reservedOn(n.id, r.Resource)
+	if r.Spent > have || r.Return > have-r.Spent {
+		return Reservation{}, invalid("spent %d and return %d settle more than the %d units reserved", r.Spent, r.Return, have)
+	}
+	grant := int64(0)
+	if r.Want > 0 {
+		if err := e.checkOpen(n, now); err != nil {
+			return Reservation{}, err
+		}
+		room, err := n.reserveRoom(r.Resource, r.Spent, r.Return)
+		if err != nil {
+			return Reservation{}, e.recalled(err)
+		}
+		grant = min(r.Want, max(1, room/ReserveShare))
+	}
+	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
+		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp})
+	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant}, nil
+}
+
+// reservedOn is how many units of resource the session holds on node.
+func (s *session) reservedOn(node NodeID, resource string) int64 {
+	if res := s.reservations[resKey{node, resource}]; res != nil {
+		return res.amount
+	}
+	return 0
+}
+
+// reserveRoom is the headroom on n's chain for a new reservation of r once
+// spent units of the session's reservation there are charged and returned
+// units given back. With no room it returns the *Denial of the first node
+// whose spent usage is at its cap, or, when only unspent reservations are
+// in the way, a *recallNeeded.
+func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
+	room := int64(math.MaxInt64)
+	var blocked *node
+	for a := n; a != nil; a = a.parent {
+		g := a.quota[r]
+		if g == nil || !g.capped {
+			continue
+		}
+		if g.n+spent >= g.cap {
+			d := a.denial(r, 1, g.cap)
+			d.Used += spent // what this request settles is spent too
+			return 0, d
+		}
+		free := g.cap - g.n - g.r + returned // spent units leave reserved for used: no change
+		if free <= 0 {
+			blocked = a
+		}
+		room = min(room, free)
+	}
+	if blocked != nil {
+		return 0, &recallNeeded{node: blocked, resource: r}
+	}
+	return room, nil
+}
+
+// recallNeeded is a charge that does not fit only because of unspent
+// reservations under node.
+type recallNeeded struct {
+	node     *node
+	resource string
+}
+
+func (r *recallNeeded) Error() string {
+	return fmt.Sprintf("%s on %q is held by reservations", r.resource, r.node.name)
+}
+
+// recalled turns a *recallNeeded into ErrRecalling, telling the holders of
+// the reservations in the way to give back what they have not spent. Other
+// errors pass through.
+func (e *Engine) recalled(err error) error {
+	var rn *recallNeeded
+	if !errors.As(err, &rn) {
+		return err
+	}
+	e.recallUnder(rn.node, "", rn.resource)
+	return fmt.Errorf("%w: %s on %q is held unspent by reservations, which are being recalled; try again shortly",
+		ErrRecalling, rn.resource, rn.node.name)
+}
+
+func (e *Engine) applyReserved(ev *Event) error {
+	s, n := e.sessions[ev.Session], e.nodes[ev.Node]
+	if s == nil || n == nil || ev.Resource == "" || ev.Spent < 0 || ev.Returned < 0 || ev.Amount < 0 {
+		return fmt.Errorf("%w: reservation of %s on node %d by session %d", ErrCorrupt, ev.Resource, ev.Node, ev.Session)
+	}
+	key := resKey{n.id, ev.Resource}
+	res := s.reservations[key]
+	settled := ev.Spent + ev.Returned
+	if settled > s.reservedOn(n.id, ev.Resource) {
+		return fmt.Errorf("%w: session %d settles %d units of %s on node %d, more than it holds", ErrCorrupt, ev.Session, settled, ev.Resource, ev.Node)
+	}
+	for a := n; a != nil; a = a.parent {
+		g := a.quota.at(ev.Resource)
+		g.n += ev.Spent
+		g.r += ev.Amount - settled
+	}
+	if res == nil {
+		if ev.Amount == 0 {
+			return nil
+		}
+		res = &reservation{session: s, node: n, resource: ev.Resource}
+		e.addReservation(res)
+	}
+	res.amount += ev.Amount - settled
+	if res.amount == 0 {
+		e.dropReservation(res)
+	}
+	return nil
+}
+
+func (e *Engine) addReservation(res *reservation) {
+	s := res.session
+	if s.reservations == nil {
+		s.reservations = make(map[resKey]*reservation)
+	}
+	s.reservations[resKey{res.node.id, res.resource}] = res
+	byRes := e.reserved[res.resource]
+	if byRes == nil {
+		byRes = make(map[*reservation]struct{})
+		e.reserved[res.resource] = byRes
+	}
+	byRes[res] = struct{}{}
+}
+
+func (e *Engine) dropReservation(res *reservation) {
+	delete(res.session.reservations, resKey{res.node.id, res.resource})
+	delete(e.reserved[res.resource], res)
+	if len(e.reserved[res.resource]) == 0 {
+		delete(e.reserved, res.resource)
+	}
+}
+
+// spendReservations counts a session's unspent reservations as spent, when
+// the session ends: nobody can know how much of them it used.
+func (e *Engine) spendReservations(s *session) {
+	for _, res := range s.reservations {
+		for a := res.node; a != nil; a = a.parent {
+			g := a.quota.at(res.resource)
+			g.n += res.amount
+			g.r -= res.amount
+		}
+		e.dropReservation(res)
+	}
+}
