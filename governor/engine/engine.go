@@ -90,7 +90,7 @@ type Config struct {
 // Engine is the governed tree. All methods are safe for concurrent use; they
 // serialize on one mutex (see SPEC.md for why one lock is enough).
 type Engine struct {
-	mu    sync.Mutex
+	mu       sync.Mutex
 	clock    Clock
 	sink     Sink
 	notifier Notifier
@@ -108,7 +108,7 @@ type Engine struct {
 	tombs     map[LeaseID]tombstone
 	tombOrder []LeaseID // tombstones in the order they were made, for purging
 	deadlines deadlineHeap
-	blocks    map[string]map[LeaseID]*lease          // live blocks by class
+	blocks    map[string]map[LeaseID]*lease        // live blocks by class
 	reserved  map[string]map[*reservation]struct{} // live reservations by resource
 
 	// Not state: rebuilt empty by a restart.

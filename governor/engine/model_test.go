@@ -23,10 +23,10 @@ type model struct {
 	leases   map[LeaseID]modelLease
 	// reservations are the sessions' unspent reserved units.
 	reservations map[modelRes]int64
-	scope    map[SessionID]NodeID
-	maxLease LeaseID
-	seq      uint64
-	errs     []string
+	scope        map[SessionID]NodeID
+	maxLease     LeaseID
+	seq          uint64
+	errs         []string
 }
 
 type modelLease struct {
