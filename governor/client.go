@@ -56,6 +56,8 @@ type Client struct {
 	scope int64
 	ttl   time.Duration
 	every time.Duration // how often to heartbeat
+	// unavailableFor bounds a call's retries of UNAVAILABLE (WithUnavailableRetry).
+	unavailableFor time.Duration
 
 	// life is the session's lifetime, not a request context. It is cancelled,
 	// with the reason as its cause, when the session is lost or closed, and
@@ -87,7 +89,7 @@ func Dial(ctx context.Context, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{log: cfg.logger, loopDone: make(chan struct{})}
+	c := &Client{log: cfg.logger, loopDone: make(chan struct{}), unavailableFor: cfg.unavailableFor}
 	c.life, c.end = context.WithCancelCause(context.Background())
 	dialOpts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -378,6 +380,7 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
 	id := retry.RequestID()
 	var last error // the last transient failure, to explain a give-up
+	var unavailableSince time.Time
 	cancels := 0
 	for try := 0; ; try++ {
 		if err := c.Err(); err != nil {
@@ -401,6 +404,11 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 		switch status.Code(err) {
 		case codes.Unavailable:
 			last = err
+			if unavailableSince.IsZero() {
+				unavailableSince = time.Now()
+			} else if c.unavailableFor > 0 && time.Since(unavailableSince) >= c.unavailableFor {
+				return fromStatus(op, err)
+			}
 		case codes.Canceled, codes.DeadlineExceeded:
 			if cancels++; cancels > serverCancelRetries {
 				return fromStatus(op, err)

@@ -48,6 +48,9 @@ type config struct {
 	ttl      time.Duration
 	grpcOpts []grpc.DialOption
 	logger   *slog.Logger
+	// unavailableFor bounds how long one call keeps retrying UNAVAILABLE;
+	// zero: until its context or the session ends.
+	unavailableFor time.Duration
 }
 
 // WithAddr sets governord's address, overriding GOVERNOR_ADDR. Any target
@@ -75,6 +78,13 @@ func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } 
 func WithGRPCOptions(opts ...grpc.DialOption) Option {
 	return func(c *config) { c.grpcOpts = append(c.grpcOpts, opts...) }
 }
+
+// WithUnavailableRetry bounds how long one call keeps trying again while
+// governord answers UNAVAILABLE (it retries, with backoff, under the same
+// request id). By default a call keeps trying until its context ends or the
+// session is given up. A proxy that would rather fail closed at once than
+// hold a request for its whole wait sets a short bound.
+func WithUnavailableRetry(d time.Duration) Option { return func(c *config) { c.unavailableFor = d } }
 
 // WithLogger sets where the client logs failed heartbeats and a lost
 // session. The default discards.

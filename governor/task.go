@@ -78,13 +78,9 @@ func TaskFromContext(ctx context.Context) *Task {
 //
 // On error the returned context is ctx itself.
 func (c *Client) NewTask(ctx context.Context, spec Spec) (context.Context, *Task, error) {
-	parent := TaskFromContext(ctx)
-	parentID := c.scope
-	if parent != nil {
-		if err := parent.alive(); err != nil {
-			return ctx, nil, err
-		}
-		parentID = parent.id
+	parent, parentID, err := c.parentOf(ctx)
+	if err != nil {
+		return ctx, nil, err
 	}
 	name := spec.Name
 	if name == "" {
@@ -92,7 +88,7 @@ func (c *Client) NewTask(ctx context.Context, spec Spec) (context.Context, *Task
 	}
 	req := &governorpb.CreateNodeRequest{ParentId: parentID, Spec: spec.proto(name)}
 	var node *governorpb.Node
-	err := c.call(ctx, "CreateNode", func(ctx context.Context, id string) error {
+	err = c.call(ctx, "CreateNode", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		node, err = c.rpc.CreateNode(ctx, req)
@@ -104,18 +100,71 @@ func (c *Client) NewTask(ctx context.Context, spec Spec) (context.Context, *Task
 		}
 		return ctx, nil, err
 	}
+	tctx, t := c.taskFor(ctx, parent, node, spec.Deadline)
+	return tctx, t, nil
+}
 
-	t := &Task{c: c, id: node.GetId(), name: node.GetName(), parent: parent, deadline: spec.Deadline}
+// FindOrCreateTask returns the open task named spec.Name under the task ctx
+// carries (or under the session's scope), leaving it as it is, or creates it
+// from spec when there is none; created says which. It is how a process
+// that restarts finds its task again: a sidecar names its task after its
+// pod. The returned context is like NewTask's. spec.Name is required; the
+// deadline is the one spec gives, whichever happened.
+func (c *Client) FindOrCreateTask(ctx context.Context, spec Spec) (tctx context.Context, t *Task, created bool, err error) {
+	if spec.Name == "" {
+		return ctx, nil, false, fmt.Errorf("governor: FindOrCreateTask: %w: the task needs a name", ErrInvalidArgument)
+	}
+	parent, parentID, err := c.parentOf(ctx)
+	if err != nil {
+		return ctx, nil, false, err
+	}
+	req := &governorpb.FindOrCreateNodeRequest{ParentId: parentID, Spec: spec.proto(spec.Name)}
+	var resp *governorpb.FindOrCreateNodeResponse
+	err = c.call(ctx, "FindOrCreateNode", func(ctx context.Context, id string) error {
+		req.RequestId = id
+		var err error
+		resp, err = c.rpc.FindOrCreateNode(ctx, req)
+		return err
+	})
+	if err != nil {
+		if parent != nil {
+			parent.observe(err)
+		}
+		return ctx, nil, false, err
+	}
+	tctx, t = c.taskFor(ctx, parent, resp.GetNode(), spec.Deadline)
+	return tctx, t, resp.GetCreated(), nil
+}
+
+// parentOf is the task ctx carries, if any, and the id of the node a new
+// task goes under: that task, or the session's scope.
+func (c *Client) parentOf(ctx context.Context) (*Task, int64, error) {
+	parent := TaskFromContext(ctx)
+	if parent == nil {
+		return nil, c.scope, nil
+	}
+	if err := parent.alive(); err != nil {
+		return nil, 0, err
+	}
+	return parent, parent.id, nil
+}
+
+// taskFor makes the Task for a node the server returned, and its context.
+func (c *Client) taskFor(ctx context.Context, parent *Task, node *governorpb.Node, deadline time.Time) (context.Context, *Task) {
+	if d := node.GetDeadline(); d != nil {
+		deadline = d.AsTime()
+	}
+	t := &Task{c: c, id: node.GetId(), name: node.GetName(), parent: parent, deadline: deadline}
 	tctx, cancel := context.WithCancelCause(context.WithValue(ctx, taskKey{}, t))
 	t.cancel = cancel
 	stopDeadline := func() {}
-	if !spec.Deadline.IsZero() {
-		tctx, stopDeadline = context.WithDeadlineCause(tctx, spec.Deadline, t.expired())
+	if !deadline.IsZero() {
+		tctx, stopDeadline = context.WithDeadlineCause(tctx, deadline, t.expired())
 	}
 	stopLife := context.AfterFunc(c.life, func() { cancel(context.Cause(c.life)) })
 	// Once the task's context is done, drop its hooks on the session.
 	context.AfterFunc(tctx, func() { stopLife(); stopDeadline() })
-	return tctx, t, nil
+	return tctx, t
 }
 
 // ID is the task's node id.

@@ -27,6 +27,7 @@ type metrics struct {
 	batch    prometheus.Histogram
 	waitTime prometheus.Histogram
 	waiters  prometheus.Gauge
+	notices  *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -35,7 +36,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "gRPC calls by method and status code."}, []string{"method", "code"})
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_events_total",
 		Help: "State changes recorded, by kind."}, []string{"kind"})
-	for k := engine.EvSessionOpened; k <= engine.EvLimitAdjusted; k++ {
+	for k := engine.EvSessionOpened; k <= engine.EvReserved; k++ {
 		m.events[k] = events.WithLabelValues(k.String())
 	}
 	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_seconds",
@@ -46,7 +47,9 @@ func newMetrics(s *Server) *metrics {
 		Help: "Time a queued acquire waited for its outcome.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
 	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_acquires_waiting",
 		Help: "Acquire calls blocked in the fair queue right now."})
-	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, treeCollector{m},
+	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_notices_total",
+		Help: "Notices sent on Watch streams to holders of delegated budgets, by kind."}, []string{"kind"})
+	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, treeCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -62,8 +65,9 @@ func (m *metrics) observeCommit(batch int, d time.Duration) {
 	m.commit.Observe(d.Seconds())
 }
 
-func (m *metrics) waiting(d float64)      { m.waiters.Add(d) }
-func (m *metrics) waited(d time.Duration) { m.waitTime.Observe(d.Seconds()) }
+func (m *metrics) waiting(d float64)              { m.waiters.Add(d) }
+func (m *metrics) noticeSent(k engine.NoticeKind) { m.notices.WithLabelValues(k.String()).Inc() }
+func (m *metrics) waited(d time.Duration)         { m.waitTime.Observe(d.Seconds()) }
 func (m *metrics) count(method string, err error) {
 	m.calls.WithLabelValues(path.Base(method), status.Code(err).String()).Inc()
 }
@@ -106,13 +110,15 @@ var (
 	descLimit    = prometheus.NewDesc("governor_pool_limit", "Concurrency limits, by tenant (\"\" is the root) and class.", []string{"tenant", "class"}, nil)
 	descUsed     = prometheus.NewDesc("governor_spend_total", "Quota spent so far, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
 	descQuota    = prometheus.NewDesc("governor_quota", "Quota caps, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
+	descReserved = prometheus.NewDesc("governor_reserved", "Quota reserved by sessions and not yet spent, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
+	descBlocks   = prometheus.NewDesc("governor_delegated_slots", "Slots held in blocks delegated to sessions (sidecars), by class; also counted in governor_pool_held.", []string{"class"}, nil)
 	descSessions = prometheus.NewDesc("governor_sessions", "Open sessions.", nil, nil)
 	descLeases   = prometheus.NewDesc("governor_leases", "Live leases.", nil, nil)
 	descSeq      = prometheus.NewDesc("governor_event_seq", "Sequence number of the newest event, and of the newest committed one.", []string{"state"}, nil)
 )
 
 func (treeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descSessions, descLeases, descSeq} {
+	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descSessions, descLeases, descSeq} {
 		ch <- d
 	}
 }
@@ -139,6 +145,12 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 		for r, n := range v.Quotas {
 			ch <- prometheus.MustNewConstMetric(descQuota, prometheus.GaugeValue, float64(n), tenant, r)
 		}
+		for r, n := range v.Reserved {
+			ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(n), tenant, r)
+		}
+	}
+	for class, n := range st.Delegated {
+		ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.GaugeValue, float64(n), class)
 	}
 	emit("", st.Root)
 	for _, t := range st.Tenants {

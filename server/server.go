@@ -38,6 +38,9 @@ type Server struct {
 	keys    map[[sha256.Size]byte]engine.NodeID // API key hash -> scope
 	flights flights
 
+	notices     notices // the engine's notices, to the Watch streams
+	settlements signal  // fires when reservations are settled (delegation.go)
+
 	grpc    *grpc.Server
 	health  *health.Server
 	lis     net.Listener
@@ -116,7 +119,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 // recover rebuilds the engine from the newest snapshot and the events after it.
 func (s *Server) recover(ctx context.Context) error {
 	began := time.Now()
-	eng, err := engine.New(engine.Config{Adaptive: s.cfg.Adaptive, Sink: s})
+	eng, err := engine.New(engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices})
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
@@ -209,6 +212,9 @@ func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]strin
 func (s *Server) Emit(ev engine.Event) {
 	s.metrics.event(ev.Kind)
 	s.events.Emit(ev)
+	if settles(ev) {
+		s.settlements.fire()
+	}
 }
 
 // configure brings the root and the tenants in line with the configuration.

@@ -260,7 +260,9 @@ func (s *Server) Consume(ctx context.Context, req *governorpb.ConsumeRequest) (*
 		return nil, err
 	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ConsumeResponse, error) {
-		return &governorpb.ConsumeResponse{}, s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
+		return &governorpb.ConsumeResponse{}, s.untilRecalled(ctx, func() error {
+			return s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
+		})
 	})
 }
 
@@ -302,6 +304,18 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 // that goes away, or a server that stops, withdraws the wait; a grant that
 // raced the withdrawal is given back by the engine.
 func (s *Server) acquire(ctx context.Context, sid engine.SessionID, r engine.AcquireRequest) (engine.Grant, error) {
+	var g engine.Grant
+	err := s.untilRecalled(ctx, func() error {
+		var err error
+		g, err = s.acquireOnce(ctx, sid, r)
+		return err
+	})
+	return g, err
+}
+
+// acquireOnce is one try of acquire. Its charges may meet reservations being
+// recalled, at once or when its turn comes in the queue.
+func (s *Server) acquireOnce(ctx context.Context, sid engine.SessionID, r engine.AcquireRequest) (engine.Grant, error) {
 	g, wait, err := s.eng.Acquire(sid, r)
 	if err != nil || wait == nil {
 		return g, err

@@ -48,6 +48,8 @@ func toStatus(err error) error {
 		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrRequestIDReused):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, engine.ErrRecalling): // only when the server gave up waiting for the recall
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

@@ -209,6 +209,69 @@ func (LeaseEndReason) EnumDescriptor() ([]byte, []int) {
 	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{2}
 }
 
+type Notice_Kind int32
+
+const (
+	Notice_KIND_UNSPECIFIED Notice_Kind = 0
+	// Acquires of class are queued: give idle slots of its blocks back now,
+	// and take single leases through Acquire until UNCONTENDED.
+	Notice_KIND_CONTENDED Notice_Kind = 1
+	// Nothing queues for class any more: blocks may grow again.
+	Notice_KIND_UNCONTENDED Notice_Kind = 2
+	// Give back the idle slots and unspent reserved units held on node_id or
+	// below it: of class only when it is set, of resource only when it is
+	// set, everything when neither is.
+	Notice_KIND_RECALL Notice_Kind = 3
+	// node_id has ended: its block of class is revoked, or its reservation
+	// of resource must be settled; grant nothing more from them.
+	Notice_KIND_ENDED Notice_Kind = 4
+)
+
+// Enum value maps for Notice_Kind.
+var (
+	Notice_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_CONTENDED",
+		2: "KIND_UNCONTENDED",
+		3: "KIND_RECALL",
+		4: "KIND_ENDED",
+	}
+	Notice_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_CONTENDED":   1,
+		"KIND_UNCONTENDED": 2,
+		"KIND_RECALL":      3,
+		"KIND_ENDED":       4,
+	}
+)
+
+func (x Notice_Kind) Enum() *Notice_Kind {
+	p := new(Notice_Kind)
+	*p = x
+	return p
+}
+
+func (x Notice_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Notice_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_governorpb_governor_proto_enumTypes[3].Descriptor()
+}
+
+func (Notice_Kind) Type() protoreflect.EnumType {
+	return &file_api_governorpb_governor_proto_enumTypes[3]
+}
+
+func (x Notice_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Notice_Kind.Descriptor instead.
+func (Notice_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33, 0}
+}
+
 type OpenSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The tenant's API key, or the operator's admin key. Required; empty or
@@ -1772,6 +1835,586 @@ func (x *ValidateRequest) GetLeaseId() int64 {
 	return 0
 }
 
+type ResizeBlockRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Idempotency key; see the service comment.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The node the block is on. Required.
+	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The lease class. Required.
+	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	// Slots to add, as many as fit now. Not negative.
+	Want int64 `protobuf:"varint,4,opt,name=want,proto3" json:"want,omitempty"`
+	// Idle slots to give back; at most the block's count. Not negative.
+	Return        int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeBlockRequest) Reset() {
+	*x = ResizeBlockRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeBlockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeBlockRequest) ProtoMessage() {}
+
+func (x *ResizeBlockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeBlockRequest.ProtoReflect.Descriptor instead.
+func (*ResizeBlockRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ResizeBlockRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ResizeBlockRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ResizeBlockRequest) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *ResizeBlockRequest) GetWant() int64 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *ResizeBlockRequest) GetReturn() int64 {
+	if x != nil {
+		return x.Return
+	}
+	return 0
+}
+
+// Block is a session's block of slots of a class on a node.
+type Block struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block's lease id. Its slots share it: it is no fencing token for
+	// the work in each slot. Release it to give every slot back.
+	LeaseId int64  `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	NodeId  int64  `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Class   string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	// The slots the block holds now.
+	Count int64 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// The slots this request added.
+	Granted int64 `protobuf:"varint,5,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Acquires of the class are queued: take single leases through Acquire
+	// rather than grow the block, and give idle slots back.
+	Contended     bool `protobuf:"varint,6,opt,name=contended,proto3" json:"contended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Block) Reset() {
+	*x = Block{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Block) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Block) ProtoMessage() {}
+
+func (x *Block) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Block.ProtoReflect.Descriptor instead.
+func (*Block) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *Block) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *Block) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *Block) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *Block) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Block) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *Block) GetContended() bool {
+	if x != nil {
+		return x.Contended
+	}
+	return false
+}
+
+type ReserveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Idempotency key; see the service comment.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The node the reservation is on. Required.
+	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The resource, e.g. "llm_calls". Required.
+	Resource string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
+	// Units of the reservation spent since the last Reserve: charged now.
+	Spent int64 `protobuf:"varint,4,opt,name=spent,proto3" json:"spent,omitempty"`
+	// Unspent units given back.
+	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
+	// Units to add. spent, return and want are not negative and not all 0.
+	Want          int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReserveRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetSpent() int64 {
+	if x != nil {
+		return x.Spent
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetReturn() int64 {
+	if x != nil {
+		return x.Return
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetWant() int64 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+// Reservation is a session's reservation of a resource on a node.
+type Reservation struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeId   int64                  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Resource string                 `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
+	// Unspent units the session holds now.
+	Reserved int64 `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	// Units this request added.
+	Granted       int64 `protobuf:"varint,4,opt,name=granted,proto3" json:"granted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reservation) Reset() {
+	*x = Reservation{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reservation) ProtoMessage() {}
+
+func (x *Reservation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reservation.ProtoReflect.Descriptor instead.
+func (*Reservation) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Reservation) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *Reservation) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *Reservation) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *Reservation) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+type ReportSamplesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease class the calls were made under.
+	Class         string    `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	Samples       []*Sample `protobuf:"bytes,2,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSamplesRequest) Reset() {
+	*x = ReportSamplesRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSamplesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSamplesRequest) ProtoMessage() {}
+
+func (x *ReportSamplesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSamplesRequest.ProtoReflect.Descriptor instead.
+func (*ReportSamplesRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ReportSamplesRequest) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *ReportSamplesRequest) GetSamples() []*Sample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
+// Sample is how one call went: what Release reports for one lease.
+type Sample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Latency       *durationpb.Duration   `protobuf:"bytes,1,opt,name=latency,proto3" json:"latency,omitempty"`
+	Overloaded    bool                   `protobuf:"varint,2,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Sample) Reset() {
+	*x = Sample{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Sample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Sample) ProtoMessage() {}
+
+func (x *Sample) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Sample.ProtoReflect.Descriptor instead.
+func (*Sample) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Sample) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
+func (x *Sample) GetOverloaded() bool {
+	if x != nil {
+		return x.Overloaded
+	}
+	return false
+}
+
+type ReportSamplesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSamplesResponse) Reset() {
+	*x = ReportSamplesResponse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSamplesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSamplesResponse) ProtoMessage() {}
+
+func (x *ReportSamplesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSamplesResponse.ProtoReflect.Descriptor instead.
+func (*ReportSamplesResponse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
+}
+
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
+}
+
+// Notice tells a session to act on its delegated budgets.
+type Notice struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          Notice_Kind            `protobuf:"varint,1,opt,name=kind,proto3,enum=governor.v1.Notice_Kind" json:"kind,omitempty"`
+	NodeId        int64                  `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Class         string                 `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	Resource      string                 `protobuf:"bytes,4,opt,name=resource,proto3" json:"resource,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Notice) Reset() {
+	*x = Notice{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Notice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Notice) ProtoMessage() {}
+
+func (x *Notice) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Notice.ProtoReflect.Descriptor instead.
+func (*Notice) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *Notice) GetKind() Notice_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Notice_KIND_UNSPECIFIED
+}
+
+func (x *Notice) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *Notice) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *Notice) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
 type SetCapsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Idempotency key; see the service comment. Empty means no deduplication.
@@ -1808,7 +2451,7 @@ type SetCapsRequest struct {
 
 func (x *SetCapsRequest) Reset() {
 	*x = SetCapsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2463,7 @@ func (x *SetCapsRequest) String() string {
 func (*SetCapsRequest) ProtoMessage() {}
 
 func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2476,7 @@ func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCapsRequest.ProtoReflect.Descriptor instead.
 func (*SetCapsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{25}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetCapsRequest) GetRequestId() string {
@@ -1938,7 +2581,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2593,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2606,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{26}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Denial) GetResource() string {
@@ -2044,7 +2687,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2699,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2712,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{27}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -2103,7 +2746,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2758,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2771,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{28}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -2295,7 +2938,56 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"overloaded\"\x11\n" +
 	"\x0fReleaseResponse\",\n" +
 	"\x0fValidateRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\x03R\aleaseId\"\xa7\x06\n" +
+	"\blease_id\x18\x01 \x01(\x03R\aleaseId\"\x8e\x01\n" +
+	"\x12ResizeBlockRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\x12\x12\n" +
+	"\x04want\x18\x04 \x01(\x03R\x04want\x12\x16\n" +
+	"\x06return\x18\x05 \x01(\x03R\x06return\"\x9f\x01\n" +
+	"\x05Block\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x18\n" +
+	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
+	"\tcontended\x18\x06 \x01(\bR\tcontended\"\xa6\x01\n" +
+	"\x0eReserveRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1a\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\x12\x14\n" +
+	"\x05spent\x18\x04 \x01(\x03R\x05spent\x12\x16\n" +
+	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
+	"\x04want\x18\x06 \x01(\x03R\x04want\"x\n" +
+	"\vReservation\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
+	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +
+	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x18\n" +
+	"\agranted\x18\x04 \x01(\x03R\agranted\"[\n" +
+	"\x14ReportSamplesRequest\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12-\n" +
+	"\asamples\x18\x02 \x03(\v2\x13.governor.v1.SampleR\asamples\"]\n" +
+	"\x06Sample\x123\n" +
+	"\alatency\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\alatency\x12\x1e\n" +
+	"\n" +
+	"overloaded\x18\x02 \x01(\bR\n" +
+	"overloaded\"\x17\n" +
+	"\x15ReportSamplesResponse\"\x0e\n" +
+	"\fWatchRequest\"\xea\x01\n" +
+	"\x06Notice\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.governor.v1.Notice.KindR\x04kind\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\x12\x1a\n" +
+	"\bresource\x18\x04 \x01(\tR\bresource\"g\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eKIND_CONTENDED\x10\x01\x12\x14\n" +
+	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
+	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
+	"\n" +
+	"KIND_ENDED\x10\x04\"\xa7\x06\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -2357,7 +3049,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xd1\b\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xea\n" +
+	"\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -2374,7 +3067,11 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\aAcquire\x12\x1b.governor.v1.AcquireRequest\x1a\x12.governor.v1.Lease\x12_\n" +
 	"\x10ChargeAndAcquire\x12$.governor.v1.ChargeAndAcquireRequest\x1a%.governor.v1.ChargeAndAcquireResponse\x12D\n" +
 	"\aRelease\x12\x1b.governor.v1.ReleaseRequest\x1a\x1c.governor.v1.ReleaseResponse\x12<\n" +
-	"\bValidate\x12\x1c.governor.v1.ValidateRequest\x1a\x12.governor.v1.Lease\x129\n" +
+	"\bValidate\x12\x1c.governor.v1.ValidateRequest\x1a\x12.governor.v1.Lease\x12B\n" +
+	"\vResizeBlock\x12\x1f.governor.v1.ResizeBlockRequest\x1a\x12.governor.v1.Block\x12@\n" +
+	"\aReserve\x12\x1b.governor.v1.ReserveRequest\x1a\x18.governor.v1.Reservation\x12V\n" +
+	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x129\n" +
+	"\x05Watch\x12\x19.governor.v1.WatchRequest\x1a\x13.governor.v1.Notice0\x01\x129\n" +
 	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.NodeB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
@@ -2389,127 +3086,148 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 	return file_api_governorpb_governor_proto_rawDescData
 }
 
-var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
 	(LeaseEndReason)(0),              // 2: governor.v1.LeaseEndReason
-	(*OpenSessionRequest)(nil),       // 3: governor.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),      // 4: governor.v1.OpenSessionResponse
-	(*HeartbeatRequest)(nil),         // 5: governor.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 6: governor.v1.HeartbeatResponse
-	(*CloseSessionRequest)(nil),      // 7: governor.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),     // 8: governor.v1.CloseSessionResponse
-	(*NodeSpec)(nil),                 // 9: governor.v1.NodeSpec
-	(*Node)(nil),                     // 10: governor.v1.Node
-	(*CreateNodeRequest)(nil),        // 11: governor.v1.CreateNodeRequest
-	(*GetNodeRequest)(nil),           // 12: governor.v1.GetNodeRequest
-	(*FindOrCreateNodeRequest)(nil),  // 13: governor.v1.FindOrCreateNodeRequest
-	(*FindOrCreateNodeResponse)(nil), // 14: governor.v1.FindOrCreateNodeResponse
-	(*ListChildrenRequest)(nil),      // 15: governor.v1.ListChildrenRequest
-	(*ListChildrenResponse)(nil),     // 16: governor.v1.ListChildrenResponse
-	(*CancelNodeRequest)(nil),        // 17: governor.v1.CancelNodeRequest
-	(*CloseNodeRequest)(nil),         // 18: governor.v1.CloseNodeRequest
-	(*ConsumeRequest)(nil),           // 19: governor.v1.ConsumeRequest
-	(*ConsumeResponse)(nil),          // 20: governor.v1.ConsumeResponse
-	(*AcquireRequest)(nil),           // 21: governor.v1.AcquireRequest
-	(*Lease)(nil),                    // 22: governor.v1.Lease
-	(*ChargeAndAcquireRequest)(nil),  // 23: governor.v1.ChargeAndAcquireRequest
-	(*ChargeAndAcquireResponse)(nil), // 24: governor.v1.ChargeAndAcquireResponse
-	(*ReleaseRequest)(nil),           // 25: governor.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 26: governor.v1.ReleaseResponse
-	(*ValidateRequest)(nil),          // 27: governor.v1.ValidateRequest
-	(*SetCapsRequest)(nil),           // 28: governor.v1.SetCapsRequest
-	(*Denial)(nil),                   // 29: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 30: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 31: governor.v1.NodeEnded
-	nil,                              // 32: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 33: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 34: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 35: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 36: governor.v1.Node.QuotasEntry
-	nil,                              // 37: governor.v1.Node.UsedEntry
-	nil,                              // 38: governor.v1.Node.LimitsEntry
-	nil,                              // 39: governor.v1.Node.HeldEntry
-	nil,                              // 40: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 41: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 42: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 43: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 44: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 45: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 46: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	(*durationpb.Duration)(nil),      // 47: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 48: google.protobuf.Timestamp
+	(Notice_Kind)(0),                 // 3: governor.v1.Notice.Kind
+	(*OpenSessionRequest)(nil),       // 4: governor.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),      // 5: governor.v1.OpenSessionResponse
+	(*HeartbeatRequest)(nil),         // 6: governor.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 7: governor.v1.HeartbeatResponse
+	(*CloseSessionRequest)(nil),      // 8: governor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),     // 9: governor.v1.CloseSessionResponse
+	(*NodeSpec)(nil),                 // 10: governor.v1.NodeSpec
+	(*Node)(nil),                     // 11: governor.v1.Node
+	(*CreateNodeRequest)(nil),        // 12: governor.v1.CreateNodeRequest
+	(*GetNodeRequest)(nil),           // 13: governor.v1.GetNodeRequest
+	(*FindOrCreateNodeRequest)(nil),  // 14: governor.v1.FindOrCreateNodeRequest
+	(*FindOrCreateNodeResponse)(nil), // 15: governor.v1.FindOrCreateNodeResponse
+	(*ListChildrenRequest)(nil),      // 16: governor.v1.ListChildrenRequest
+	(*ListChildrenResponse)(nil),     // 17: governor.v1.ListChildrenResponse
+	(*CancelNodeRequest)(nil),        // 18: governor.v1.CancelNodeRequest
+	(*CloseNodeRequest)(nil),         // 19: governor.v1.CloseNodeRequest
+	(*ConsumeRequest)(nil),           // 20: governor.v1.ConsumeRequest
+	(*ConsumeResponse)(nil),          // 21: governor.v1.ConsumeResponse
+	(*AcquireRequest)(nil),           // 22: governor.v1.AcquireRequest
+	(*Lease)(nil),                    // 23: governor.v1.Lease
+	(*ChargeAndAcquireRequest)(nil),  // 24: governor.v1.ChargeAndAcquireRequest
+	(*ChargeAndAcquireResponse)(nil), // 25: governor.v1.ChargeAndAcquireResponse
+	(*ReleaseRequest)(nil),           // 26: governor.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 27: governor.v1.ReleaseResponse
+	(*ValidateRequest)(nil),          // 28: governor.v1.ValidateRequest
+	(*ResizeBlockRequest)(nil),       // 29: governor.v1.ResizeBlockRequest
+	(*Block)(nil),                    // 30: governor.v1.Block
+	(*ReserveRequest)(nil),           // 31: governor.v1.ReserveRequest
+	(*Reservation)(nil),              // 32: governor.v1.Reservation
+	(*ReportSamplesRequest)(nil),     // 33: governor.v1.ReportSamplesRequest
+	(*Sample)(nil),                   // 34: governor.v1.Sample
+	(*ReportSamplesResponse)(nil),    // 35: governor.v1.ReportSamplesResponse
+	(*WatchRequest)(nil),             // 36: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 37: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 38: governor.v1.SetCapsRequest
+	(*Denial)(nil),                   // 39: governor.v1.Denial
+	(*LeaseEnded)(nil),               // 40: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 41: governor.v1.NodeEnded
+	nil,                              // 42: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 43: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 44: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 45: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 46: governor.v1.Node.QuotasEntry
+	nil,                              // 47: governor.v1.Node.UsedEntry
+	nil,                              // 48: governor.v1.Node.LimitsEntry
+	nil,                              // 49: governor.v1.Node.HeldEntry
+	nil,                              // 50: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 51: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 52: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 53: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 54: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 55: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 56: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	(*durationpb.Duration)(nil),      // 57: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	47, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	47, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	47, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	47, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	32, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	33, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	34, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	35, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	48, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	57, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	57, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	57, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	42, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	43, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	44, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	45, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	58, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	36, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	37, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	38, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	39, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	40, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	41, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	48, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 18: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	9,  // 19: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10, // 20: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	10, // 21: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	42, // 22: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	22, // 23: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	47, // 24: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	43, // 25: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	44, // 26: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	45, // 27: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	46, // 28: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	48, // 29: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 30: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 31: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	3,  // 32: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	5,  // 33: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	7,  // 34: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	11, // 35: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	12, // 36: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	13, // 37: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	15, // 38: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	17, // 39: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	18, // 40: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	19, // 41: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	21, // 42: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	23, // 43: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	25, // 44: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	27, // 45: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	28, // 46: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	4,  // 47: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	6,  // 48: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	8,  // 49: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	10, // 50: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	10, // 51: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	14, // 52: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	16, // 53: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	10, // 54: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	10, // 55: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	20, // 56: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	22, // 57: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	24, // 58: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	26, // 59: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	22, // 60: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	10, // 61: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	47, // [47:62] is the sub-list for method output_type
-	32, // [32:47] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	46, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	47, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	48, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	49, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	50, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	51, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	58, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	10, // 18: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10, // 19: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11, // 20: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11, // 21: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	52, // 22: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23, // 23: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	57, // 24: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	34, // 25: governor.v1.ReportSamplesRequest.samples:type_name -> governor.v1.Sample
+	57, // 26: governor.v1.Sample.latency:type_name -> google.protobuf.Duration
+	3,  // 27: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	53, // 28: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	54, // 29: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	55, // 30: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	56, // 31: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	58, // 32: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 33: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,  // 34: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	4,  // 35: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 36: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 37: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 38: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 39: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 40: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 41: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 42: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 43: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 44: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 45: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 46: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 47: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 48: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 49: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 50: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 51: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36, // 52: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	38, // 53: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	5,  // 54: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 55: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 56: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 57: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 58: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 59: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 60: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 61: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 62: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 63: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 64: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 65: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 66: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 67: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 68: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 69: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35, // 70: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37, // 71: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 72: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	54, // [54:73] is the sub-list for method output_type
+	35, // [35:54] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -2517,14 +3235,14 @@ func file_api_governorpb_governor_proto_init() {
 	if File_api_governorpb_governor_proto != nil {
 		return
 	}
-	file_api_governorpb_governor_proto_msgTypes[25].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   44,
+			NumEnums:      4,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

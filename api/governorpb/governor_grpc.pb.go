@@ -38,6 +38,10 @@ const (
 	Governor_ChargeAndAcquire_FullMethodName = "/governor.v1.Governor/ChargeAndAcquire"
 	Governor_Release_FullMethodName          = "/governor.v1.Governor/Release"
 	Governor_Validate_FullMethodName         = "/governor.v1.Governor/Validate"
+	Governor_ResizeBlock_FullMethodName      = "/governor.v1.Governor/ResizeBlock"
+	Governor_Reserve_FullMethodName          = "/governor.v1.Governor/Reserve"
+	Governor_ReportSamples_FullMethodName    = "/governor.v1.Governor/ReportSamples"
+	Governor_Watch_FullMethodName            = "/governor.v1.Governor/Watch"
 	Governor_SetCaps_FullMethodName          = "/governor.v1.Governor/SetCaps"
 )
 
@@ -197,6 +201,41 @@ type GovernorClient interface {
 	// detail if it ended in the last minute, and NOT_FOUND otherwise. Any
 	// session whose scope covers the lease's node may validate it.
 	Validate(ctx context.Context, in *ValidateRequest, opts ...grpc.CallOption) (*Lease, error)
+	// ResizeBlock grows or shrinks the session's block of a class on a node: one
+	// lease holding count slots, charged against every limit on the node's
+	// chain exactly like count leases. The session grants the slots to its
+	// own work without further calls. want adds up to that many slots, as
+	// many as fit now; it never waits, and adds none while any Acquire of the
+	// class is queued (contended is then true: take single leases through
+	// Acquire, which the fair queue serves, until Watch says uncontended).
+	// return gives that many idle slots back. A session has one block per
+	// node and class; the first ResizeBlock creates it (with the slots that fit,
+	// possibly none) and it lasts until released (Release of its id), its
+	// session ends, or its node ends. want and return are not both set.
+	ResizeBlock(ctx context.Context, in *ResizeBlockRequest, opts ...grpc.CallOption) (*Block, error)
+	// Reserve settles and tops up the session's reservation of a resource on
+	// a node in one step: spent units of it are charged for good, returned
+	// units go back (not a refund: they were never spent), and up to want
+	// more are reserved. Reserved units count against every quota on the
+	// chain like spent ones, so caps hold across any number of sessions; a
+	// new reservation takes at most a quarter of the headroom, at least one
+	// unit. When a reservation (or a Consume or ChargeAndAcquire) does not
+	// fit only because other sessions hold unspent reserved units, the
+	// server tells them to give those back (Watch) and waits for them, until
+	// the caller's deadline; a quota is RESOURCE_EXHAUSTED only when its
+	// spent units leave no room. Units reserved by a session that ends count
+	// as spent. With want 0 it only settles, which an ended node accepts.
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*Reservation, error)
+	// ReportSamples reports how calls made in slots of the session's blocks
+	// went, for adaptive (AIMD) limits, as Release does for one lease.
+	ReportSamples(ctx context.Context, in *ReportSamplesRequest, opts ...grpc.CallOption) (*ReportSamplesResponse, error)
+	// Watch streams the notices for the session's delegated budgets: when to
+	// stop growing blocks and take single leases (contended), when to give
+	// back idle slots or unspent units (recall), and when a node they are on
+	// has ended. The first message says which classes are contended now. A
+	// newer Watch of the same session replaces an older one, which ends. A
+	// session that is not watching loses nothing but promptness.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notice], error)
 	// SetCaps changes the caps and settings of a node inside the session's
 	// scope (not the scope node itself: PERMISSION_DENIED). Map keys not named
 	// are left unchanged; a value of -1 removes that cap. Lowering a cap below
@@ -353,6 +392,55 @@ func (c *governorClient) Validate(ctx context.Context, in *ValidateRequest, opts
 	}
 	return out, nil
 }
+
+func (c *governorClient) ResizeBlock(ctx context.Context, in *ResizeBlockRequest, opts ...grpc.CallOption) (*Block, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Block)
+	err := c.cc.Invoke(ctx, Governor_ResizeBlock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*Reservation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Reservation)
+	err := c.cc.Invoke(ctx, Governor_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) ReportSamples(ctx context.Context, in *ReportSamplesRequest, opts ...grpc.CallOption) (*ReportSamplesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportSamplesResponse)
+	err := c.cc.Invoke(ctx, Governor_ReportSamples_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notice], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Governor_ServiceDesc.Streams[0], Governor_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, Notice]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Governor_WatchClient = grpc.ServerStreamingClient[Notice]
 
 func (c *governorClient) SetCaps(ctx context.Context, in *SetCapsRequest, opts ...grpc.CallOption) (*Node, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -520,6 +608,41 @@ type GovernorServer interface {
 	// detail if it ended in the last minute, and NOT_FOUND otherwise. Any
 	// session whose scope covers the lease's node may validate it.
 	Validate(context.Context, *ValidateRequest) (*Lease, error)
+	// ResizeBlock grows or shrinks the session's block of a class on a node: one
+	// lease holding count slots, charged against every limit on the node's
+	// chain exactly like count leases. The session grants the slots to its
+	// own work without further calls. want adds up to that many slots, as
+	// many as fit now; it never waits, and adds none while any Acquire of the
+	// class is queued (contended is then true: take single leases through
+	// Acquire, which the fair queue serves, until Watch says uncontended).
+	// return gives that many idle slots back. A session has one block per
+	// node and class; the first ResizeBlock creates it (with the slots that fit,
+	// possibly none) and it lasts until released (Release of its id), its
+	// session ends, or its node ends. want and return are not both set.
+	ResizeBlock(context.Context, *ResizeBlockRequest) (*Block, error)
+	// Reserve settles and tops up the session's reservation of a resource on
+	// a node in one step: spent units of it are charged for good, returned
+	// units go back (not a refund: they were never spent), and up to want
+	// more are reserved. Reserved units count against every quota on the
+	// chain like spent ones, so caps hold across any number of sessions; a
+	// new reservation takes at most a quarter of the headroom, at least one
+	// unit. When a reservation (or a Consume or ChargeAndAcquire) does not
+	// fit only because other sessions hold unspent reserved units, the
+	// server tells them to give those back (Watch) and waits for them, until
+	// the caller's deadline; a quota is RESOURCE_EXHAUSTED only when its
+	// spent units leave no room. Units reserved by a session that ends count
+	// as spent. With want 0 it only settles, which an ended node accepts.
+	Reserve(context.Context, *ReserveRequest) (*Reservation, error)
+	// ReportSamples reports how calls made in slots of the session's blocks
+	// went, for adaptive (AIMD) limits, as Release does for one lease.
+	ReportSamples(context.Context, *ReportSamplesRequest) (*ReportSamplesResponse, error)
+	// Watch streams the notices for the session's delegated budgets: when to
+	// stop growing blocks and take single leases (contended), when to give
+	// back idle slots or unspent units (recall), and when a node they are on
+	// has ended. The first message says which classes are contended now. A
+	// newer Watch of the same session replaces an older one, which ends. A
+	// session that is not watching loses nothing but promptness.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Notice]) error
 	// SetCaps changes the caps and settings of a node inside the session's
 	// scope (not the scope node itself: PERMISSION_DENIED). Map keys not named
 	// are left unchanged; a value of -1 removes that cap. Lowering a cap below
@@ -578,6 +701,18 @@ func (UnimplementedGovernorServer) Release(context.Context, *ReleaseRequest) (*R
 }
 func (UnimplementedGovernorServer) Validate(context.Context, *ValidateRequest) (*Lease, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Validate not implemented")
+}
+func (UnimplementedGovernorServer) ResizeBlock(context.Context, *ResizeBlockRequest) (*Block, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ResizeBlock not implemented")
+}
+func (UnimplementedGovernorServer) Reserve(context.Context, *ReserveRequest) (*Reservation, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedGovernorServer) ReportSamples(context.Context, *ReportSamplesRequest) (*ReportSamplesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportSamples not implemented")
+}
+func (UnimplementedGovernorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Notice]) error {
+	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedGovernorServer) SetCaps(context.Context, *SetCapsRequest) (*Node, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetCaps not implemented")
@@ -855,6 +990,71 @@ func _Governor_Validate_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_ResizeBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResizeBlockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).ResizeBlock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_ResizeBlock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).ResizeBlock(ctx, req.(*ResizeBlockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Governor_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Governor_ReportSamples_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportSamplesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).ReportSamples(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_ReportSamples_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).ReportSamples(ctx, req.(*ReportSamplesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Governor_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GovernorServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Notice]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Governor_WatchServer = grpc.ServerStreamingServer[Notice]
+
 func _Governor_SetCaps_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetCapsRequest)
 	if err := dec(in); err != nil {
@@ -937,10 +1137,28 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Governor_Validate_Handler,
 		},
 		{
+			MethodName: "ResizeBlock",
+			Handler:    _Governor_ResizeBlock_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _Governor_Reserve_Handler,
+		},
+		{
+			MethodName: "ReportSamples",
+			Handler:    _Governor_ReportSamples_Handler,
+		},
+		{
 			MethodName: "SetCaps",
 			Handler:    _Governor_SetCaps_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _Governor_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "api/governorpb/governor.proto",
 }

@@ -152,3 +152,36 @@ func sortedReservations(m map[*reservation]struct{}) []*reservation {
 	})
 	return out
 }
+
+// Contention returns, for each of the session's blocks, a NoticeContended
+// or NoticeUncontended saying whether acquires of its class queue now: what
+// a session that starts to watch must know first.
+func (e *Engine) Contention(sid SessionID) ([]Notice, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, err := e.session(sid, e.now())
+	if err != nil {
+		return nil, err
+	}
+	var out []Notice
+	for _, l := range sortedBlocks(s.leases) {
+		if !l.block {
+			continue
+		}
+		kind := NoticeUncontended
+		if e.contended(l.class) {
+			kind = NoticeContended
+		}
+		out = append(out, Notice{Session: s.id, Kind: kind, Node: l.node.id, Class: l.class})
+	}
+	return out, nil
+}
+
+// Alive reports whether a session is open and within its TTL. It changes
+// nothing: an expired session is ended by the next call that touches it.
+func (e *Engine) Alive(sid SessionID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sessions[sid]
+	return s != nil && !s.expired(e.now())
+}

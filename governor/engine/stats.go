@@ -4,11 +4,13 @@ package engine
 // acquires wait per class. It is read once per metrics scrape; it never
 // lists tasks, so its size follows the configuration, not the work.
 type Stats struct {
-	Root     NodeView
-	Tenants  []NodeView
-	Waiting  map[string]int // queued acquires by class
-	Leases   int
-	Sessions int
+	Root    NodeView
+	Tenants []NodeView
+	Waiting map[string]int // queued acquires by class
+	// Delegated is the slots held in blocks, by class (also in Held).
+	Delegated map[string]int64
+	Leases    int
+	Sessions  int
 }
 
 // Stats returns the root, the tenants and the queue depths.
@@ -22,6 +24,12 @@ func (e *Engine) Stats() Stats {
 	}
 	for class, q := range e.queues {
 		st.Waiting[class] = q.waiting
+	}
+	st.Delegated = make(map[string]int64, len(e.blocks))
+	for class, blocks := range e.blocks {
+		for _, l := range blocks {
+			st.Delegated[class] += l.count
+		}
 	}
 	return st
 }

@@ -1,0 +1,198 @@
+package governor
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/retry"
+)
+
+// Delegated budgets are for a process that grants work to many callers of
+// its own, as governor-proxy does for the worker behind it: governord hands
+// its session a block of slots of a class and a reservation of quota units,
+// both charged against every cap above at once, and the process grants from
+// them locally, without a call per unit of work. It reports what it spent,
+// gives back what it does not need, and acts on the notices Watch streams.
+// Most programs want Task.Acquire and Task.Consume instead.
+
+// Block is a session's block of slots of a class on a task.
+type Block struct {
+	LeaseID int64 // the block's lease id; its slots share it
+	Count   int64 // slots the block holds now
+	Granted int64 // slots the request added
+	// Contended says acquires of the class are queued at governord: take
+	// single leases with Task.Acquire, through the fair queue, instead of
+	// growing the block, and give idle slots back.
+	Contended bool
+}
+
+// ResizeBlock grows the session's block of class on the task by up to want
+// slots (as many as fit now, none while acquires of the class queue), or
+// gives ret idle slots back. It never waits for a slot.
+func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (Block, error) {
+	if err := t.alive(); err != nil {
+		return Block{}, err
+	}
+	req := &governorpb.ResizeBlockRequest{NodeId: t.id, Class: class, Want: want, Return: ret}
+	var resp *governorpb.Block
+	err := t.c.call(ctx, "ResizeBlock", func(ctx context.Context, id string) error {
+		req.RequestId = id
+		var err error
+		resp, err = t.c.rpc.ResizeBlock(ctx, req)
+		return err
+	})
+	if err != nil {
+		t.observe(err)
+		return Block{}, err
+	}
+	return Block{LeaseID: resp.GetLeaseId(), Count: resp.GetCount(), Granted: resp.GetGranted(), Contended: resp.GetContended()}, nil
+}
+
+// Reservation is a session's reservation of a resource on a task.
+type Reservation struct {
+	Reserved int64 // unspent units the session holds now
+	Granted  int64 // units the request added
+}
+
+// Reserve settles and tops up the session's reservation of resource on the
+// task in one step: spent units are charged for good, ret unspent units go
+// back, and up to want more are reserved (at most a quarter of what is left
+// under the caps, at least one). A quota with no room left is a *Denial.
+// When other sessions hold what is needed unspent, governord recalls it and
+// the call waits. With want 0 it only settles, which is accepted on a task
+// that has ended (an ended task is otherwise a *TaskEndedError).
+func (t *Task) Reserve(ctx context.Context, resource string, spent, ret, want int64) (Reservation, error) {
+	if want > 0 {
+		if err := t.alive(); err != nil {
+			return Reservation{}, err
+		}
+	}
+	req := &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, Want: want}
+	var resp *governorpb.Reservation
+	err := t.c.call(ctx, "Reserve", func(ctx context.Context, id string) error {
+		req.RequestId = id
+		var err error
+		resp, err = t.c.rpc.Reserve(ctx, req)
+		return err
+	})
+	if err != nil {
+		if want > 0 {
+			t.observe(err)
+		}
+		return Reservation{}, err
+	}
+	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted()}, nil
+}
+
+// Sample is how one call made in a slot of a block went, for adaptive
+// limits: what Lease.Release reports for one lease.
+type Sample struct {
+	Latency    time.Duration
+	Overloaded bool
+}
+
+// ReportSamples reports calls made in slots of the session's blocks of
+// class, in one batch.
+func (c *Client) ReportSamples(ctx context.Context, class string, samples []Sample) error {
+	req := &governorpb.ReportSamplesRequest{Class: class, Samples: make([]*governorpb.Sample, len(samples))}
+	for i, s := range samples {
+		req.Samples[i] = &governorpb.Sample{Overloaded: s.Overloaded}
+		if s.Latency > 0 {
+			req.Samples[i].Latency = durationpb.New(s.Latency)
+		}
+	}
+	return c.call(ctx, "ReportSamples", func(ctx context.Context, _ string) error {
+		_, err := c.rpc.ReportSamples(ctx, req)
+		return err
+	})
+}
+
+// NoticeKind says what a holder of delegated budgets must do.
+type NoticeKind int
+
+// The kinds of notice.
+const (
+	// NoticeContended: acquires of Class queue at governord. Give idle slots
+	// of the block on NodeID back, and take single leases until
+	// NoticeUncontended.
+	NoticeContended NoticeKind = NoticeKind(governorpb.Notice_KIND_CONTENDED)
+	// NoticeUncontended: nothing queues for Class any more.
+	NoticeUncontended NoticeKind = NoticeKind(governorpb.Notice_KIND_UNCONTENDED)
+	// NoticeRecall: give back idle slots and unspent units held on NodeID
+	// or below it: of Class only, of Resource only, or (neither set) all.
+	NoticeRecall NoticeKind = NoticeKind(governorpb.Notice_KIND_RECALL)
+	// NoticeEnded: NodeID has ended. Its block of Class is revoked, or its
+	// reservation of Resource must be settled; grant nothing more there.
+	NoticeEnded NoticeKind = NoticeKind(governorpb.Notice_KIND_ENDED)
+)
+
+func (k NoticeKind) String() string {
+	switch k {
+	case NoticeContended:
+		return "contended"
+	case NoticeUncontended:
+		return "uncontended"
+	case NoticeRecall:
+		return "recall"
+	case NoticeEnded:
+		return "ended"
+	}
+	return "unknown"
+}
+
+// Notice is one message of Watch.
+type Notice struct {
+	Kind     NoticeKind
+	NodeID   int64
+	Class    string
+	Resource string
+}
+
+// Watch streams the session's notices to fn, one at a time, until ctx ends
+// or the session does; it returns why. When the stream breaks (governord
+// restarts, a network blip) it opens a new one, with backoff; each new
+// stream starts by saying which of the session's blocks are contended.
+// Notices sent while no stream was open are lost, which weakens no cap: a
+// recall is repeated for as long as someone waits for it.
+func (c *Client) Watch(ctx context.Context, fn func(Notice)) error {
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	defer context.AfterFunc(c.life, func() { stop(context.Cause(c.life)) })()
+	for try := 0; ; try++ {
+		stream, err := c.rpc.Watch(ctx, &governorpb.WatchRequest{})
+		if err == nil {
+			var n *governorpb.Notice
+			for n, err = stream.Recv(); err == nil; n, err = stream.Recv() {
+				try = 0
+				fn(Notice{Kind: NoticeKind(n.GetKind()), NodeID: n.GetNodeId(), Class: n.GetClass(), Resource: n.GetResource()})
+			}
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		switch status.Code(err) {
+		case codes.Unauthenticated:
+			c.giveUp(forgotten(err))
+			return fromStatus("Watch", err)
+		case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.Internal, codes.Unknown:
+		default:
+			if !errors.Is(err, io.EOF) {
+				return fromStatus("Watch", err)
+			}
+		}
+		t := time.NewTimer(retry.Backoff(retryBaseDelay, retryMaxDelay, try))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		}
+	}
+}

@@ -1,0 +1,46 @@
+// Package govtest starts a real governord for tests, in process, on :0
+// listeners: the one way tests across the repository get a server. It may
+// import the server and its configuration only.
+package govtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/governor-project/governor/server"
+)
+
+// The keys of the configuration Config returns.
+const (
+	// TenantKey is the API key of the tenant "payments".
+	TenantKey = "pay-key-for-tests"
+	// AdminKey is the operator's key, scoped to the root.
+	AdminKey = "admin-key-for-tests"
+	// Tenant is the name of the one tenant.
+	Tenant = "payments"
+)
+
+// Config is an in-process governord on the memory store with one tenant,
+// Tenant, whose key is TenantKey, a short session TTL and a quick reaper.
+func Config() server.Config {
+	return server.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
+		AdminKey: AdminKey, Store: server.StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
+		Tenants: []server.TenantConfig{{Name: Tenant, APIKey: TenantKey, Weight: 1}}}
+}
+
+// Start starts governord from Config, changed by edit when not nil, and
+// closes it when the test ends. It returns once the server is ready.
+func Start(t testing.TB, edit func(*server.Config)) *server.Server {
+	t.Helper()
+	cfg := Config()
+	if edit != nil {
+		edit(&cfg)
+	}
+	srv, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatalf("start governord: %v", err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
