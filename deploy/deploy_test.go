@@ -9,8 +9,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/sidecar"
 )
 
 // configMapFile returns data[key] of the ConfigMap named name in a manifest.
@@ -49,7 +49,7 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 	if cfg.TLS.CertFile == "" || !strings.HasPrefix(cfg.Listen, "0.0.0.0") {
 		t.Fatalf("governord's config: %+v", cfg)
 	}
-	pcfg, err := proxy.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
+	pcfg, err := sidecar.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
 	if err != nil {
 		t.Fatalf("the sidecar's config: %v", err)
 	}

@@ -23,7 +23,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/sidecar"
 )
 
 func main() {
@@ -50,17 +50,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg, err := proxy.LoadConfig(*configPath)
+	cfg, err := sidecar.LoadConfig(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	p, err := proxy.Start(ctx, cfg, proxy.Options{Logger: log})
+	p, err := sidecar.Start(ctx, cfg, sidecar.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
-		if proxy.IsConfigError(err) {
+		if sidecar.IsConfigError(err) {
 			return 2
 		}
 		return 1

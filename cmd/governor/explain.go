@@ -10,8 +10,9 @@ import (
 	"strings"
 
 	"github.com/governor-project/governor/classify"
-	"github.com/governor-project/governor/pgwire"
-	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/classify/sqlclass"
+	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/sidecar/httpproxy"
 )
 
 // headerFlags collects repeated -H "Name: value" flags.
@@ -58,7 +59,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cfg, err := proxy.LoadClassification(*configPath)
+	cfg, err := sidecar.LoadClassification(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "governor explain:", err)
 		return 2
@@ -123,11 +124,11 @@ func requestFrom(args []string, h http.Header) (*http.Request, error) {
 	return r, nil
 }
 
-func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
+func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 	routed := false
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		routed = true
-		u, rt, ok := proxy.RouteURL(cfg.Routes, r.URL)
+		u, rt, ok := httpproxy.RouteURL(cfg.Routes, r.URL)
 		if !ok {
 			fmt.Fprintf(w, "request: %s %s\n\nno base-URL route covers %s; governor-proxy answers 404.\n", r.Method, r.URL, r.URL.Path)
 			return 1
@@ -151,7 +152,7 @@ func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
 	d, ok := rules.MatchHTTP(q)
 	fmt.Fprintln(w)
 	if !ok {
-		if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+		if cfg.HTTP.Unmatched == sidecar.UnmatchedDeny {
 			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is deny, so the proxy answers 403 (Governor-Denied: unmatched)")
 		} else {
 			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is forward, so the proxy forwards it ungoverned (counted under rule \"(unmatched)\")")
@@ -168,7 +169,7 @@ func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request) int {
 
 // tunnelNote says what happens to the same https URL sent through
 // HTTPS_PROXY: it arrives as a CONNECT tunnel, matched on host and port only.
-func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
+func tunnelNote(w io.Writer, cfg sidecar.Config, u *url.URL) {
 	host := u.Host
 	if u.Port() == "" {
 		host += ":443"
@@ -177,7 +178,7 @@ func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
 	fmt.Fprintf(w, "\nnote: a worker that sends this through HTTPS_PROXY opens a tunnel, CONNECT %s, and only host and port are seen:\n", host)
 	if d, ok := cfg.Rules.MatchHTTP(q); ok {
 		fmt.Fprintf(w, "  the tunnel matches rule %q (class %q) instead; method and path rules need plain HTTP or a base-URL route\n", d.Rule, d.Class)
-	} else if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+	} else if cfg.HTTP.Unmatched == sidecar.UnmatchedDeny {
 		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is deny: it is refused (403)")
 	} else {
 		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is forward: it goes through ungoverned; use a base-URL route to govern it by path")
@@ -185,7 +186,7 @@ func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
 }
 
 // describe says in words what the proxy does with a decision.
-func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxy.Config) {
+func describe(w io.Writer, d classify.Decision, tunnel bool, cfg sidecar.Config) {
 	holds := "until the response body ends or the client goes away"
 	if tunnel {
 		holds = "until the tunnel's connection closes"
@@ -225,12 +226,12 @@ func chargeList(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func explainSQL(w io.Writer, cfg proxy.Config, stmt string, st classify.SQLStatement) int {
+func explainSQL(w io.Writer, cfg sidecar.Config, stmt string, st classify.SQLStatement) int {
 	fmt.Fprintf(w, "statement: %s\n\n", stmt)
 	how := "as given by hand"
 	if len(st.Kinds) == 0 {
 		// The same parser the pgwire listeners use.
-		c := pgwire.ClassifySQL(stmt)
+		c := sqlclass.Classify(stmt)
 		st.Kinds, st.Tables, how = c.Kinds, c.Tables, "as the pgwire parser reads it"
 	}
 	fmt.Fprintf(w, "%s: kinds %v, tables %v, database %q, user %q, application_name %q\n",

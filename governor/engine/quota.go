@@ -82,11 +82,20 @@ func (n *node) checkAll(charges []Charge) error {
 }
 
 func (n *node) denial(r string, amount, limit int64) *Denial {
-	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.quota.count(r), Limit: limit, Amount: amount}
+	return n.denialWith(r, amount, limit, nil, 0)
+}
+
+// denialWith is denial with extra units of r counted as if already charged
+// at node at (n or below it).
+func (n *node) denialWith(r string, amount, limit int64, at *node, extra int64) *Denial {
+	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.quota.count(r) + extra, Limit: limit, Amount: amount}
 	// What n was charged directly is its usage less its children's.
 	direct := d.Used
 	for _, c := range n.children {
 		u := c.quota.count(r)
+		if at != nil && at != n && at.within(c) {
+			u += extra
+		}
 		direct -= u
 		if u > d.Largest.Used || (d.Largest.Node == 0 && u > 0) {
 			d.Largest = Consumer{Node: c.id, Name: c.name, Used: u}

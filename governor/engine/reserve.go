@@ -146,9 +146,9 @@ func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
 			continue
 		}
 		if g.n+spent >= g.cap {
-			d := a.denial(r, 1, g.cap)
-			d.Used += spent // what this request settles is spent too
-			return 0, d
+			// What this request settles is spent too: the denial counts it
+			// where it was spent.
+			return 0, a.denialWith(r, 1, g.cap, n, spent)
 		}
 		free := g.cap - g.n - g.r + returned // spent units leave reserved for used: no change
 		if free <= 0 {

@@ -1,0 +1,65 @@
+package sqlclass
+
+import (
+	"container/list"
+	"sync"
+)
+
+// Bounds of a Cache.
+const (
+	// DefaultCacheEntries is how many distinct statement texts the cache
+	// keeps, least recently used first out.
+	DefaultCacheEntries = 4096
+	// maxCachedText: longer texts (typically bulk INSERTs with literal
+	// values, each one different) are classified every time, not kept.
+	maxCachedText = 8 << 10
+)
+
+// Cache is a bounded LRU of statement text to Class, safe for concurrent
+// use: a proxy's connections share one.
+type Cache struct {
+	mu  sync.Mutex
+	max int
+	m   map[string]*list.Element
+	l   list.List // of *cacheEntry, most recent first
+}
+
+type cacheEntry struct {
+	sql   string
+	class *Class
+}
+
+// NewCache returns a Cache of max entries; 0 means DefaultCacheEntries.
+func NewCache(max int) *Cache {
+	if max <= 0 {
+		max = DefaultCacheEntries
+	}
+	return &Cache{max: max, m: make(map[string]*list.Element)}
+}
+
+// Classify returns the Class of sql, from the cache when it is there.
+func (c *Cache) Classify(sql string) *Class {
+	if len(sql) > maxCachedText {
+		return Classify(sql)
+	}
+	c.mu.Lock()
+	if e, ok := c.m[sql]; ok {
+		c.l.MoveToFront(e)
+		cl := e.Value.(*cacheEntry).class
+		c.mu.Unlock()
+		return cl
+	}
+	c.mu.Unlock()
+	cl := Classify(sql)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[sql]; !ok {
+		c.m[sql] = c.l.PushFront(&cacheEntry{sql: sql, class: cl})
+		for c.l.Len() > c.max {
+			old := c.l.Back()
+			c.l.Remove(old)
+			delete(c.m, old.Value.(*cacheEntry).sql)
+		}
+	}
+	return cl
+}

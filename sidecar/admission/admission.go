@@ -1,0 +1,221 @@
+// Package admission is the sidecar's one admission layer, as its HTTP side
+// and its PostgreSQL side both see it: a Request for a unit of work (a class
+// to hold a slot of while it runs, quota to charge first, the subtask it is
+// for), an Admitter that grants it or refuses it, a Ticket that ends it,
+// and a Denial whose Cause each side renders in exactly one place (as an
+// HTTP status with Governor-Denied, or as a SQLSTATE).
+//
+// It may import the standard library and the Go SDK (for the details of a
+// denial) only. The Admitter governor-proxy runs is package budget's.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/governor-project/governor/governor"
+)
+
+// Request is one unit of work to admit.
+type Request struct {
+	// Subtask names the subtask of the worker's task the work is charged to
+	// (a Proxy-Authorization username, an application_name); "" is the task
+	// itself.
+	Subtask string
+	// Class is the lease class to hold a slot of while the work runs; ""
+	// holds none.
+	Class string
+	// Charges are quota amounts by resource, charged before the work runs:
+	// all of them or none.
+	Charges map[string]int64
+	// Spent marks work that has already run (a charge read from a response
+	// header): charge what is left under the caps, up to Charges, instead
+	// of refusing. Class is ignored.
+	Spent bool
+}
+
+// Ticket is admitted work. End it once, when the work is done.
+type Ticket interface {
+	// End gives the slot back and reports the work's latency (0: no
+	// sample) and whether the downstream signalled overload, for adaptive
+	// limits.
+	End(latency time.Duration, overloaded bool)
+}
+
+// Admitter admits work. Admit blocks while the work waits for a slot, until
+// ctx ends: a ctx from WithWaitTimeout ends as a wait-timeout denial, any
+// other as canceled. It returns a nil Ticket for work that holds no slot,
+// and a *Denial for work it refuses. Implementations are safe for
+// concurrent use.
+type Admitter interface {
+	Admit(ctx context.Context, r Request) (Ticket, error)
+}
+
+// Cause is why work was refused.
+type Cause uint8
+
+// The causes. Their names are the values of the Governor-Denied header and
+// of the "cause" metrics label.
+const (
+	CauseQuota       Cause = iota + 1 // a quota on the node or an ancestor is spent
+	CauseWaitTimeout                  // no slot within the wait timeout
+	CauseUnavailable                  // governord unreachable, or no session: fail closed
+	CauseTaskEnded                    // the task or subtask ended or passed its deadline
+	CauseUnmatched                    // no rule matched, and unmatched traffic is denied
+	CauseBadRequest                   // the request names a subtask badly, or too many
+	CauseCanceled                     // the client went away while it waited
+	CauseStopping                     // the sidecar is shutting down and admits nothing new
+)
+
+var causeNames = [...]string{
+	CauseQuota:       "quota",
+	CauseWaitTimeout: "wait-timeout",
+	CauseUnavailable: "unavailable",
+	CauseTaskEnded:   "task-ended",
+	CauseUnmatched:   "unmatched",
+	CauseBadRequest:  "bad-request",
+	CauseCanceled:    "canceled",
+	CauseStopping:    "stopping",
+}
+
+func (c Cause) String() string {
+	if int(c) < len(causeNames) && causeNames[c] != "" {
+		return causeNames[c]
+	}
+	return fmt.Sprintf("cause(%d)", uint8(c))
+}
+
+// Causes lists every cause, for metrics that start at zero.
+func Causes() []Cause {
+	return []Cause{CauseQuota, CauseWaitTimeout, CauseUnavailable, CauseTaskEnded, CauseUnmatched,
+		CauseBadRequest, CauseCanceled, CauseStopping}
+}
+
+// Denial is work that was refused.
+type Denial struct {
+	Cause Cause
+	// Class is the lease class the work asked for, if any.
+	Class string
+	// Wait is the wait timeout that ran out (CauseWaitTimeout).
+	Wait time.Duration
+	// Quota names the cap that was hit (CauseQuota), when governord said.
+	Quota *governor.Denial
+	// Ended names the node that ended (CauseTaskEnded), when governord said.
+	Ended *governor.TaskEndedError
+	// Err is what went wrong underneath, if anything.
+	Err error
+}
+
+func (d *Denial) Error() string {
+	if d.Err != nil {
+		return d.Cause.String() + ": " + d.Err.Error()
+	}
+	return d.Cause.String()
+}
+
+func (d *Denial) Unwrap() error { return d.Err }
+
+// Governed reports whether the refusal is the sidecar's answer, marked as
+// such on the wire (Governor-Denied): every cause but a client that went
+// away, which sees nothing.
+func (d *Denial) Governed() bool { return d.Cause != CauseCanceled }
+
+// ErrWaitTimeout is the cause of a context from WithWaitTimeout that ran
+// out: the work waited as long as it may.
+var ErrWaitTimeout = errors.New("the wait timeout passed")
+
+// WithWaitTimeout bounds an admission's wait by d, so that running out is
+// told apart from a client that went away.
+func WithWaitTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, d, ErrWaitTimeout)
+}
+
+// Deny is the one mapping from what went wrong while admitting work (an
+// error of the Go SDK, or ctx ending) to a Denial. ctx is the admission's
+// context; wait is its wait timeout, for the message.
+func Deny(ctx context.Context, err error, class string, wait time.Duration) *Denial {
+	var d *Denial
+	if errors.As(err, &d) {
+		if d.Cause == CauseWaitTimeout && wait > 0 {
+			d.Wait = wait
+		}
+		return d
+	}
+	d = &Denial{Cause: CauseUnavailable, Class: class, Wait: wait, Err: err}
+	var quota *governor.Denial
+	var ended *governor.TaskEndedError
+	switch {
+	case errors.As(err, &quota):
+		d.Cause, d.Quota = CauseQuota, quota
+	case errors.As(err, &ended):
+		d.Cause, d.Ended = CauseTaskEnded, ended
+	case errors.Is(err, governor.ErrTaskEnded):
+		d.Cause = CauseTaskEnded
+	case errors.Is(err, governor.ErrUnavailable), errors.Is(err, governor.ErrSessionLost), errors.Is(err, governor.ErrClosed),
+		errors.Is(err, governor.ErrUnauthenticated):
+		// governord could not be reached, or its session is gone: whatever
+		// the clock says, that is governord away, not a full limit.
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrWaitTimeout),
+		// governord may see the deadline (sent as grpc-timeout) a moment
+		// before this process does.
+		errors.Is(err, context.DeadlineExceeded):
+		d.Cause = CauseWaitTimeout
+	case ctx.Err() != nil:
+		d.Cause = CauseCanceled
+	}
+	return d
+}
+
+// Message is the denial as one sentence, for a person: it names the cap,
+// the node, used/limit and the largest consumer of a spent quota, the class
+// and the wait of a wait timeout, the node of an ended task. Both sides
+// show it (in the HTTP body, in the SQL error).
+func (d *Denial) Message() string {
+	switch d.Cause {
+	case CauseQuota:
+		q := d.Quota
+		if q == nil {
+			return "governor: quota spent"
+		}
+		s := fmt.Sprintf("governor: quota spent: %s on %q is %d of %d, this request asked %d more",
+			q.Resource, q.NodeName, q.Used, q.Limit, q.Amount)
+		if q.LargestConsumerID != 0 {
+			s += fmt.Sprintf("; the largest consumer is %q with %d", q.LargestConsumerName, q.LargestConsumerUsed)
+		}
+		return s
+	case CauseWaitTimeout:
+		return fmt.Sprintf("governor: waited %v for a %q lease; the limit stayed full", d.Wait, d.Class)
+	case CauseUnavailable:
+		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"
+	case CauseTaskEnded:
+		if e := d.Ended; e != nil {
+			return fmt.Sprintf("governor: the task %q has ended (%s); it admits no more work", e.NodeName, StateName(e.State))
+		}
+		return "governor: the task has ended; it admits no more work"
+	case CauseUnmatched:
+		return "governor: no rule matches this request and http.unmatched is deny"
+	case CauseStopping:
+		return "governor: governor-proxy is shutting down and admits no new work"
+	case CauseCanceled:
+		return "governor: the client went away while it waited"
+	}
+	if d.Err != nil {
+		return "governor-proxy: " + d.Err.Error()
+	}
+	return "governor-proxy: bad request"
+}
+
+// StateName is how a node's end reads in a denial.
+func StateName(s governor.NodeState) string {
+	switch s {
+	case governor.NodeClosed:
+		return "closed"
+	case governor.NodeCancelled:
+		return "cancelled"
+	case governor.NodeExpired:
+		return "past its deadline"
+	}
+	return "ended"
+}

@@ -1,0 +1,221 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/governor-project/governor/governor"
+)
+
+// reservation is a node's units of one resource that governord reserved
+// for the session. Every unit governord counts as reserved is in exactly
+// one of these states here, so that what is settled is exactly what work
+// was admitted with:
+//
+//	unspent   free to take
+//	held      taken by a request still waiting for its slot
+//	spent     taken by admitted work, not yet reported
+//	settling  being reported as spent
+//	returning being given back
+type reservation struct {
+	n        *node
+	resource string
+
+	mu         sync.Mutex
+	unspent    int64
+	held       int64
+	spent      int64
+	settling   int64
+	returning  int64
+	lastGrant  int64
+	lastUse    time.Time
+	lastSettle time.Time
+	topUp      *flight
+	waiting    int64
+}
+
+// take holds amount units for a request, topping the reservation up in one
+// call when it is short. The units are spent when the request is admitted
+// (spend) or freed again when it is not (untake).
+func (q *reservation) take(ctx context.Context, amount int64) error {
+	for {
+		q.mu.Lock()
+		if q.unspent >= amount {
+			q.unspent -= amount
+			q.held += amount
+			q.lastUse = time.Now()
+			q.mu.Unlock()
+			return nil
+		}
+		if f := q.topUp; f != nil {
+			q.waiting++
+			q.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				q.mu.Lock()
+				q.waiting--
+				q.mu.Unlock()
+				return ctx.Err()
+			}
+			q.mu.Lock()
+			q.waiting--
+			q.mu.Unlock()
+			if f.err != nil {
+				return f.err
+			}
+			continue
+		}
+		// Ask for what is short, or twice the last grant (demand is
+		// growing), whichever is more, within the maximum; an amount
+		// larger than the maximum is asked for whole.
+		need := amount - q.unspent
+		want := max(need, min(2*max(q.lastGrant, 1), q.n.s.a.cfg.MaxReservation))
+		f := &flight{done: make(chan struct{})}
+		q.topUp = f
+		spent := q.spent // settled by the same call
+		q.spent = 0
+		q.settling += spent
+		q.mu.Unlock()
+		q.n.s.a.bg.Go(func() { q.grow(f, spent, want) })
+	}
+}
+
+// grow settles spent units and reserves up to want more, in one call.
+func (q *reservation) grow(f *flight, spent, want int64) {
+	defer close(f.done)
+	ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
+	defer cancel()
+	r, err := q.n.t.Reserve(ctx, q.resource, spent, 0, want)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.topUp = nil
+	q.settling -= spent
+	if err != nil {
+		q.spent += spent // not reported: the next settlement does it
+		f.err = err
+		q.n.failed(err)
+		outcome := "failed"
+		if errors.Is(err, governor.ErrQuotaExhausted) {
+			outcome = "denied"
+		}
+		q.n.s.a.m.topUps.WithLabelValues("quota", outcome).Inc()
+		return
+	}
+	q.lastSettle = time.Now()
+	q.unspent += r.Granted
+	q.lastGrant = r.Granted
+	q.n.s.a.m.topUps.WithLabelValues("quota", "granted").Inc()
+}
+
+// spend marks held units as spent: their request was admitted.
+func (q *reservation) spend(amount int64) {
+	q.mu.Lock()
+	q.held -= amount
+	q.spent += amount
+	q.mu.Unlock()
+}
+
+// untake frees held units: their request was not admitted after all.
+func (q *reservation) untake(amount int64) {
+	q.mu.Lock()
+	q.held -= amount
+	q.unspent += amount
+	q.mu.Unlock()
+}
+
+// spendUpTo spends up to amount units for work that has already run: as
+// much as the reservation has and governord will still reserve. What was
+// spent was spent; beyond the quota nothing more is charged.
+func (q *reservation) spendUpTo(ctx context.Context, amount int64) int64 {
+	spent := int64(0)
+	for spent < amount {
+		q.mu.Lock()
+		k := min(amount-spent, q.unspent)
+		q.unspent -= k
+		q.spent += k
+		q.lastUse = time.Now()
+		q.mu.Unlock()
+		if spent += k; spent == amount {
+			break
+		}
+		if err := q.take(ctx, 1); err != nil {
+			break
+		}
+		q.spend(1)
+		spent++
+	}
+	return spent
+}
+
+// settle reports the spent units, and with all gives back the unspent ones
+// too, in the background.
+func (q *reservation) settle(all bool) {
+	q.mu.Lock()
+	spent, ret, ok := q.startSettle(all)
+	q.mu.Unlock()
+	if !ok {
+		return
+	}
+	q.n.s.a.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
+		defer cancel()
+		q.finishSettle(ctx, spent, ret)
+	})
+}
+
+// settleNow is settle, waiting for the answer (shutdown).
+func (q *reservation) settleNow(ctx context.Context, all bool) {
+	q.mu.Lock()
+	spent, ret, ok := q.startSettle(all)
+	q.mu.Unlock()
+	if ok {
+		q.finishSettle(ctx, spent, ret)
+	}
+}
+
+func (q *reservation) startSettle(all bool) (spent, ret int64, ok bool) {
+	spent = q.spent
+	if all {
+		ret = q.unspent
+	}
+	if spent == 0 && ret == 0 {
+		return 0, 0, false
+	}
+	q.spent -= spent
+	q.unspent -= ret
+	q.settling += spent
+	q.returning += ret
+	return spent, ret, true
+}
+
+func (q *reservation) finishSettle(ctx context.Context, spent, ret int64) {
+	_, err := q.n.t.Reserve(ctx, q.resource, spent, ret, 0)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.settling -= spent
+	q.returning -= ret
+	if err != nil {
+		// Kept for the next settlement. A session that ends first has all
+		// of it counted as spent by governord.
+		q.spent += spent
+		q.unspent += ret
+		q.n.s.a.log.Debug("governor-proxy: settling a reservation failed", "resource", q.resource, "err", err)
+		return
+	}
+	q.lastSettle = time.Now()
+}
+
+// tick settles what was spent a settle interval ago, and gives back what
+// has been unspent and unasked for for the linger.
+func (q *reservation) tick(now time.Time, linger, settleEvery time.Duration) {
+	q.mu.Lock()
+	idle := q.unspent > 0 && q.held == 0 && q.topUp == nil && now.Sub(q.lastUse) >= linger
+	due := q.spent > 0 && now.Sub(q.lastSettle) >= settleEvery
+	q.mu.Unlock()
+	if idle || due {
+		q.settle(idle)
+	}
+}

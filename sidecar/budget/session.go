@@ -1,0 +1,429 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/sidecar/admission"
+)
+
+// session is one session with governord, the nodes it charges and what is
+// delegated to it on each. Everything it holds dies with it: governord ends
+// a lost session's blocks, and counts its unspent reservations as spent,
+// when its TTL passes.
+type session struct {
+	a      *Admitter
+	client *governor.Client
+	task   *node
+
+	life context.Context // ends at stop
+	stop func()
+	wg   sync.WaitGroup // the watch and tick loops
+
+	mu    sync.Mutex
+	nodes map[string]*node // by subtask name; "" is the task
+	byID  map[int64]*node
+
+	samplesMu sync.Mutex
+	samples   map[string][]governor.Sample // calls made in slots, by class, not yet reported
+}
+
+// node is the task or a subtask: what work is charged to.
+type node struct {
+	s    *session
+	name string
+	t    *governor.Task
+	// ctx ends when the node does (Close, a deadline, a notice or a call
+	// that says so, the session's end), with the reason as its cause.
+	ctx  context.Context
+	end  context.CancelCauseFunc
+	done chan struct{} // closed once t is known (or err)
+	err  error
+
+	mu    sync.Mutex
+	pools map[string]*pool        // by class
+	quota map[string]*reservation // by resource
+}
+
+func newSession(a *Admitter, c *governor.Client, tctx context.Context, t *governor.Task) *session {
+	s := &session{a: a, client: c, nodes: map[string]*node{}, byID: map[int64]*node{}, samples: map[string][]governor.Sample{}}
+	s.life, s.stop = context.WithCancel(context.Background())
+	s.task = s.newNode("", t, tctx)
+	s.nodes[""] = s.task
+	s.byID[t.ID()] = s.task
+	return s
+}
+
+func (s *session) newNode(name string, t *governor.Task, tctx context.Context) *node {
+	n := &node{s: s, name: name, t: t, done: make(chan struct{}), pools: map[string]*pool{}, quota: map[string]*reservation{}}
+	n.ctx, n.end = context.WithCancelCause(tctx)
+	close(n.done)
+	return n
+}
+
+// start runs the session's loops: the notices of its Watch stream, and the
+// ticks that give back idle slots and units, settle spent ones and report
+// calls made in slots.
+func (s *session) start() {
+	if !s.a.cfg.Delegate {
+		return
+	}
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		err := s.client.Watch(s.life, s.onNotice)
+		if err != nil && s.life.Err() == nil && s.client.Err() == nil {
+			s.a.log.Warn("governor-proxy: the notice stream ended; delegated budgets go back more slowly", "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		every := min(s.a.cfg.Linger/2, sampleEvery)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.life.Done():
+				return
+			case now := <-t.C:
+				s.tick(now)
+			}
+		}
+	}()
+}
+
+// node returns the node for subtask name ("" is the task), finding or
+// creating the subtask the first time, once however many requests ask at
+// the same time. A creation carries on when the request that started it
+// gives up, so that a later request finds it done.
+func (s *session) node(ctx context.Context, name string) (*node, error) {
+	if name == "" {
+		return s.task, s.task.alive()
+	}
+	for {
+		s.mu.Lock()
+		n, ok := s.nodes[name]
+		if !ok {
+			if len(s.nodes) > MaxSubtasks {
+				s.mu.Unlock()
+				return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: errTooManySubtasks}
+			}
+			n = &node{s: s, name: name, done: make(chan struct{}), pools: map[string]*pool{}, quota: map[string]*reservation{}}
+			s.nodes[name] = n
+			s.a.bg.Go(func() { s.resolve(n) })
+		}
+		s.mu.Unlock()
+		select {
+		case <-n.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if n.err == nil {
+			return n, n.alive()
+		}
+		var ended *governor.TaskEndedError
+		if errors.As(n.err, &ended) || s.client.Err() != nil {
+			return nil, n.err
+		}
+		// It failed for a reason of its own (governord unreachable): let
+		// the next request try again.
+		s.mu.Lock()
+		if s.nodes[name] == n {
+			delete(s.nodes, name)
+		}
+		s.mu.Unlock()
+		return nil, n.err
+	}
+}
+
+var errTooManySubtasks = fmt.Errorf("more than %d subtask names in use", MaxSubtasks)
+
+// resolve finds or creates subtask n under the task.
+func (s *session) resolve(n *node) {
+	defer close(n.done)
+	tctx, t, _, err := s.client.FindOrCreateTask(s.task.ctx, governor.Spec{Name: n.name})
+	if err != nil {
+		n.err = fmt.Errorf("find or create subtask %q: %w", n.name, err)
+		return
+	}
+	n.t = t
+	n.ctx, n.end = context.WithCancelCause(tctx)
+	s.mu.Lock()
+	s.byID[t.ID()] = n
+	s.mu.Unlock()
+}
+
+// alive returns why nothing more may be granted on n, or nil.
+func (n *node) alive() error {
+	if n.ctx.Err() == nil {
+		return nil
+	}
+	if err := context.Cause(n.ctx); err != nil {
+		return err
+	}
+	return governor.ErrTaskEnded
+}
+
+// ended marks n, and so every node under it, as ended.
+func (n *node) ended(why error) { n.end(why) }
+
+// admit charges r's charges and takes a slot of its class on its node.
+func (s *session) admit(ctx context.Context, r admission.Request) (admission.Ticket, error) {
+	if err := s.client.Err(); err != nil {
+		return nil, err
+	}
+	n, err := s.node(ctx, r.Subtask)
+	if err != nil {
+		return nil, err
+	}
+	if !s.a.cfg.Delegate {
+		return n.admitDirect(ctx, r)
+	}
+	resources := slices.Sorted(maps.Keys(r.Charges))
+	if r.Spent {
+		for _, res := range resources {
+			n.reservation(res).spendUpTo(ctx, r.Charges[res])
+		}
+		return nil, nil
+	}
+	// All of the charges or none: each is held until the slot is granted.
+	for i, res := range resources {
+		if err := n.reservation(res).take(ctx, r.Charges[res]); err != nil {
+			for _, back := range resources[:i] {
+				n.reservation(back).untake(r.Charges[back])
+			}
+			return nil, err
+		}
+	}
+	var t admission.Ticket
+	if r.Class != "" {
+		pt, err := n.pool(r.Class).take(ctx)
+		if err != nil {
+			for _, res := range resources {
+				n.reservation(res).untake(r.Charges[res])
+			}
+			return nil, err
+		}
+		t = pt
+	}
+	for _, res := range resources {
+		n.reservation(res).spend(r.Charges[res])
+	}
+	return t, nil
+}
+
+func (n *node) pool(class string) *pool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.pools[class]
+	if p == nil {
+		p = &pool{n: n, class: class}
+		n.pools[class] = p
+	}
+	return p
+}
+
+func (n *node) reservation(resource string) *reservation {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	q := n.quota[resource]
+	if q == nil {
+		q = &reservation{n: n, resource: resource}
+		n.quota[resource] = q
+	}
+	return q
+}
+
+// each calls f for every resolved node, the task first.
+func (s *session) each(f func(*node)) {
+	s.mu.Lock()
+	nodes := make([]*node, 0, len(s.nodes))
+	for _, name := range slices.Sorted(maps.Keys(s.nodes)) {
+		n := s.nodes[name]
+		select {
+		case <-n.done:
+			if n.err == nil {
+				nodes = append(nodes, n)
+			}
+		default:
+		}
+	}
+	s.mu.Unlock()
+	for _, n := range nodes {
+		f(n)
+	}
+}
+
+// under lists the resolved nodes at or below the node with id: one
+// subtask, or the task and its subtasks, or (an ancestor of the task)
+// all of them.
+func (s *session) under(id int64) []*node {
+	s.mu.Lock()
+	n := s.byID[id]
+	s.mu.Unlock()
+	if n != nil && n != s.task {
+		return []*node{n}
+	}
+	var out []*node
+	s.each(func(n *node) { out = append(out, n) })
+	return out
+}
+
+// onNotice acts on one notice of the Watch stream.
+func (s *session) onNotice(nt governor.Notice) {
+	s.a.m.notices.WithLabelValues(nt.Kind.String()).Inc()
+	switch nt.Kind {
+	case governor.NoticeContended, governor.NoticeUncontended:
+		for _, n := range s.under(nt.NodeID) {
+			if n.t.ID() == nt.NodeID {
+				n.pool(nt.Class).setContended(nt.Kind == governor.NoticeContended)
+			}
+		}
+	case governor.NoticeRecall:
+		for _, n := range s.under(nt.NodeID) {
+			n.giveBack(nt.Class, nt.Resource)
+		}
+	case governor.NoticeEnded:
+		for _, n := range s.under(nt.NodeID) {
+			if n.t.ID() != nt.NodeID {
+				continue
+			}
+			n.ended(&governor.TaskEndedError{NodeID: nt.NodeID, NodeName: n.t.Name(), State: governor.NodeClosed})
+			if nt.Class != "" {
+				n.pool(nt.Class).revoked()
+			}
+			if nt.Resource != "" {
+				n.reservation(nt.Resource).settle(true)
+			}
+		}
+	}
+}
+
+// giveBack gives back the idle slots and unspent units held on n: of class
+// only, of resource only, or (both empty) all.
+func (n *node) giveBack(class, resource string) {
+	n.mu.Lock()
+	pools := slices.Collect(maps.Values(n.pools))
+	quota := slices.Collect(maps.Values(n.quota))
+	n.mu.Unlock()
+	if resource == "" {
+		for _, p := range pools {
+			if class == "" || p.class == class {
+				p.giveBackIdle()
+			}
+		}
+	}
+	if class == "" {
+		for _, q := range quota {
+			if resource == "" || q.resource == resource {
+				q.settle(true)
+			}
+		}
+	}
+}
+
+// tick gives back what has been idle for the linger, settles what was
+// spent a settle interval ago, and reports calls made in slots.
+func (s *session) tick(now time.Time) {
+	linger, settle := s.a.cfg.Linger, s.a.cfg.SettleEvery
+	s.each(func(n *node) {
+		n.mu.Lock()
+		pools := slices.Collect(maps.Values(n.pools))
+		quota := slices.Collect(maps.Values(n.quota))
+		n.mu.Unlock()
+		for _, p := range pools {
+			p.tick(now, linger)
+		}
+		for _, q := range quota {
+			q.tick(now, linger, settle)
+		}
+	})
+	s.report()
+}
+
+// sample notes one call made in a slot of class, for the next report.
+func (s *session) sample(class string, latency time.Duration, overloaded bool) {
+	s.samplesMu.Lock()
+	s.samples[class] = append(s.samples[class], governor.Sample{Latency: latency, Overloaded: overloaded})
+	s.samplesMu.Unlock()
+}
+
+// maxSamples bounds one report; beyond it the oldest samples are dropped,
+// as the engine keeps only the newest of an interval anyway.
+const maxSamples = 4096
+
+// report sends the calls made in slots since the last report, one batch
+// per class.
+func (s *session) report() {
+	s.samplesMu.Lock()
+	batches := s.samples
+	s.samples = map[string][]governor.Sample{}
+	s.samplesMu.Unlock()
+	classes := make([]string, 0, len(batches))
+	for c := range batches {
+		classes = append(classes, c)
+	}
+	sort.Strings(classes)
+	for _, class := range classes {
+		batch := batches[class]
+		if len(batch) > maxSamples {
+			batch = batch[len(batch)-maxSamples:]
+		}
+		ctx, cancel := context.WithTimeout(s.life, callTimeout)
+		if err := s.client.ReportSamples(ctx, class, batch); err != nil && s.life.Err() == nil {
+			s.a.log.Debug("governor-proxy: reporting calls for adaptive limits failed", "class", class, "err", err)
+		}
+		cancel()
+	}
+}
+
+// giveBackAll gives back every idle slot and settles and returns every
+// reservation, waiting until ctx ends: a sidecar that stops leaves nothing
+// unspent behind.
+func (s *session) giveBackAll(ctx context.Context) {
+	if !s.a.cfg.Delegate {
+		return
+	}
+	var wg sync.WaitGroup
+	s.each(func(n *node) {
+		n.mu.Lock()
+		pools := slices.Collect(maps.Values(n.pools))
+		quota := slices.Collect(maps.Values(n.quota))
+		n.mu.Unlock()
+		for _, p := range pools {
+			wg.Add(1)
+			go func() { defer wg.Done(); p.returnIdle(ctx) }()
+		}
+		for _, q := range quota {
+			wg.Add(1)
+			go func() { defer wg.Done(); q.settleNow(ctx, true) }()
+		}
+	})
+	wg.Wait()
+	s.report()
+}
+
+// settleAll reports every spent unit now and waits for the answers.
+func (s *session) settleAll(ctx context.Context) {
+	if !s.a.cfg.Delegate {
+		return
+	}
+	var wg sync.WaitGroup
+	s.each(func(n *node) {
+		n.mu.Lock()
+		quota := slices.Collect(maps.Values(n.quota))
+		n.mu.Unlock()
+		for _, q := range quota {
+			wg.Add(1)
+			go func() { defer wg.Done(); q.settleNow(ctx, false) }()
+		}
+	})
+	wg.Wait()
+}

@@ -1,0 +1,279 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/governor-project/governor/governor"
+)
+
+// pool is a node's slots of one class: the block governord delegated, and
+// the work holding its slots now.
+type pool struct {
+	n     *node
+	class string
+
+	mu        sync.Mutex
+	count     int64 // slots the block holds, as governord last said
+	inUse     int64 // slots held by work now
+	returning int64 // idle slots being given back
+	contended bool  // acquires of the class queue at governord
+	lastUse   time.Time
+	growth    *flight // the top-up in flight, if any
+	waiting   int64   // requests waiting on it
+	gen       uint64  // moves when the block is revoked: slots of an older one are not given back
+}
+
+// flight is a call that requests wait on.
+type flight struct {
+	done    chan struct{}
+	granted int64
+	err     error
+}
+
+// idle is how many slots are neither held by work nor being given back.
+func (p *pool) idle() int64 { return p.count - p.inUse - p.returning }
+
+// take takes a slot: from the block when one is idle and nothing queues at
+// governord; by growing the block in one call when the block is full; or,
+// while the class is contended or the block cannot grow, as a single lease
+// through governord's fair queue.
+func (p *pool) take(ctx context.Context) (ticket, error) {
+	for {
+		p.mu.Lock()
+		switch {
+		case !p.contended && p.idle() > 0:
+			p.inUse++
+			p.lastUse = time.Now()
+			gen := p.gen
+			p.mu.Unlock()
+			p.n.s.a.m.slotGrants.WithLabelValues("block").Inc()
+			return &blockTicket{p: p, gen: gen}, nil
+		case p.contended:
+			p.mu.Unlock()
+			return p.single(ctx)
+		case p.growth != nil:
+			f := p.growth
+			p.waiting++
+			p.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				p.mu.Lock()
+				p.waiting--
+				p.mu.Unlock()
+				return nil, ctx.Err()
+			}
+			p.mu.Lock()
+			p.waiting--
+			p.mu.Unlock()
+			if f.err != nil {
+				return nil, f.err
+			}
+			if f.granted == 0 {
+				return p.single(ctx) // no room now: queue at governord like anyone
+			}
+		default:
+			limit := p.n.s.a.cfg.MaxBlock
+			if p.count >= limit {
+				p.mu.Unlock()
+				return p.single(ctx)
+			}
+			// Ask for what the requests waiting now need, or double the
+			// block, whichever is more.
+			want := min(max(p.count, p.waiting+1), limit-p.count)
+			f := &flight{done: make(chan struct{})}
+			p.growth = f
+			p.mu.Unlock()
+			p.n.s.a.bg.Go(func() { p.grow(f, want) })
+		}
+	}
+}
+
+// grow asks governord for want more slots, and tells the waiters.
+func (p *pool) grow(f *flight, want int64) {
+	defer close(f.done)
+	ctx, cancel := context.WithTimeout(p.n.s.life, callTimeout)
+	defer cancel()
+	b, err := p.n.t.ResizeBlock(ctx, p.class, want, 0)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.growth = nil
+	if err != nil {
+		f.err = err
+		p.n.failed(err)
+		p.n.s.a.m.topUps.WithLabelValues("slots", "failed").Inc()
+		return
+	}
+	p.count += b.Granted
+	p.contended = b.Contended
+	f.granted = b.Granted
+	outcome := "granted"
+	if b.Granted == 0 {
+		outcome = "none"
+	}
+	p.n.s.a.m.topUps.WithLabelValues("slots", outcome).Inc()
+}
+
+// single takes one lease through governord's fair queue.
+func (p *pool) single(ctx context.Context) (ticket, error) {
+	l, err := p.n.t.Acquire(ctx, p.class)
+	if err != nil {
+		p.n.failed(err)
+		return nil, err
+	}
+	p.n.s.a.m.slotGrants.WithLabelValues("single").Inc()
+	return &leaseTicket{s: p.n.s, l: l}, nil
+}
+
+// put gives a block's slot back to the pool when its work ends. While the
+// class is contended the slot goes straight back to governord, whose queue
+// decides who gets it.
+func (p *pool) put(gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gen != p.gen {
+		return // the block was revoked meanwhile: there is nothing to give back
+	}
+	p.inUse--
+	p.lastUse = time.Now()
+	if p.contended {
+		p.giveBackLocked(p.idle())
+	}
+}
+
+// setContended records what governord said of the class; once contended,
+// idle slots go back at once.
+func (p *pool) setContended(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.contended = on
+	if on {
+		p.giveBackLocked(p.idle())
+	}
+}
+
+// giveBackIdle gives every idle slot back (a recall).
+func (p *pool) giveBackIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.giveBackLocked(p.idle())
+}
+
+// tick gives idle slots back once nothing has asked for one for linger.
+func (p *pool) tick(now time.Time, linger time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idle() > 0 && now.Sub(p.lastUse) >= linger {
+		p.giveBackLocked(p.idle())
+	}
+}
+
+// giveBackLocked gives k idle slots back in the background.
+func (p *pool) giveBackLocked(k int64) {
+	if k <= 0 {
+		return
+	}
+	p.returning += k
+	gen := p.gen
+	p.n.s.a.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(p.n.s.life, callTimeout)
+		defer cancel()
+		p.giveBack(ctx, gen, k)
+	})
+}
+
+// giveBack tells governord that k slots are back, and counts them out.
+func (p *pool) giveBack(ctx context.Context, gen uint64, k int64) {
+	_, err := p.n.t.ResizeBlock(ctx, p.class, 0, k)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gen != p.gen {
+		return
+	}
+	p.returning -= k
+	switch {
+	case err == nil:
+		p.count -= k
+	case errors.Is(err, governor.ErrTaskEnded), errors.Is(err, governor.ErrLeaseRevoked), errors.Is(err, governor.ErrNotFound):
+		p.revokedLocked()
+	default:
+		// The slots stay idle in the block; the next tick tries again.
+		p.n.s.a.log.Debug("governor-proxy: giving idle slots back failed", "class", p.class, "slots", k, "err", err)
+	}
+}
+
+// returnIdle gives every idle slot back and waits for the answer (shutdown).
+func (p *pool) returnIdle(ctx context.Context) {
+	p.mu.Lock()
+	k, gen := p.idle(), p.gen
+	p.returning += k
+	p.mu.Unlock()
+	if k > 0 {
+		p.giveBack(ctx, gen, k)
+	}
+}
+
+// revoked forgets the block: governord ended it with its node.
+func (p *pool) revoked() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.revokedLocked()
+}
+
+func (p *pool) revokedLocked() {
+	p.gen++
+	p.count, p.inUse, p.returning = 0, 0, 0
+}
+
+// failed marks n ended when a call says so.
+func (n *node) failed(err error) {
+	var ended *governor.TaskEndedError
+	if errors.As(err, &ended) {
+		n.ended(ended)
+	}
+}
+
+// ticket is admitted work holding a slot.
+type ticket interface {
+	End(latency time.Duration, overloaded bool)
+}
+
+// blockTicket is a slot of a block.
+type blockTicket struct {
+	p    *pool
+	gen  uint64
+	once sync.Once
+}
+
+func (t *blockTicket) End(latency time.Duration, overloaded bool) {
+	t.once.Do(func() {
+		t.p.put(t.gen)
+		t.p.n.s.sample(t.p.class, latency, overloaded)
+	})
+}
+
+// leaseTicket is a single lease, released in the background.
+type leaseTicket struct {
+	s    *session
+	l    *governor.Lease
+	once sync.Once
+}
+
+func (t *leaseTicket) End(latency time.Duration, overloaded bool) {
+	t.once.Do(func() {
+		t.s.a.bg.Go(func() {
+			if t.s.client.Err() != nil {
+				return // the session ended, and its leases with it
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			if err := t.l.Release(ctx, latency, overloaded); err != nil {
+				t.s.a.m.releaseFailures.Inc()
+				t.s.a.log.Warn("governor-proxy: release failed", "lease", t.l.ID(), "class", t.l.Class(), "err", err)
+			}
+		})
+	})
+}

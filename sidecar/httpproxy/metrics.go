@@ -1,0 +1,68 @@
+package httpproxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/governor-project/governor/sidecar/admission"
+)
+
+// ruleUnmatched is the rule label of traffic no rule matched.
+const ruleUnmatched = "(unmatched)"
+
+// Request outcomes, the "outcome" label of governor_proxy_requests_total.
+const (
+	outcomeForwarded     = "forwarded"      // sent upstream and answered (any status)
+	outcomeDenied        = "denied"         // refused by governance; see the denials by cause
+	outcomeRefused       = "refused"        // link-local, metadata or the proxy itself; a bad request
+	outcomeUpstreamError = "upstream_error" // 502: the upstream could not be reached or failed
+	outcomeTimeout       = "upstream_timeout"
+	outcomeCanceled      = "canceled" // the client went away first
+)
+
+// Metrics are the HTTP side's Prometheus series. Labels are rules,
+// classes, causes and outcomes only, never a task, a subtask or a URL, so
+// the number of series follows the configuration and not the traffic.
+type Metrics struct {
+	requests      *prometheus.CounterVec
+	denials       *prometheus.CounterVec
+	leaseWait     *prometheus.HistogramVec
+	upstream      *prometheus.HistogramVec
+	headerCharges *prometheus.CounterVec
+	tunnels       prometheus.Gauge
+	inflight      prometheus.Gauge
+}
+
+// NewMetrics returns the series, not yet registered.
+func NewMetrics() *Metrics {
+	m := &Metrics{}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_requests_total",
+		Help: "HTTP requests and CONNECT tunnels, by rule (\"(unmatched)\" for none) and outcome."}, []string{"rule", "outcome"})
+	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_denials_total",
+		Help: "Requests and tunnels refused, by cause (the Governor-Denied value)."}, []string{"cause"})
+	m.leaseWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_lease_wait_seconds",
+		Help:    "Time from a request's arrival to its admission or denial, by lease class (\"\" for charge only).",
+		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}, []string{"class"})
+	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_upstream_seconds",
+		Help:    "Time from forwarding a request to the upstream's response headers, by rule.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)}, []string{"rule"})
+	m.headerCharges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_header_charges_total",
+		Help: "charge_from_header charges after responses, by rule and outcome (charged, missing, not_a_number, failed)."}, []string{"rule", "outcome"})
+	m.tunnels = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_tunnels_open",
+		Help: "CONNECT tunnels and upgraded connections open now."})
+	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_requests_in_flight",
+		Help: "HTTP requests being served now (tunnels not counted)."})
+	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
+		m.denials.WithLabelValues(c.String())
+	}
+	return m
+}
+
+// Register registers the series with reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.tunnels, m.inflight} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
