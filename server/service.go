@@ -425,7 +425,7 @@ func nodeOrNil(v engine.NodeView, err error) (*governorpb.Node, error) {
 
 func toNode(v engine.NodeView) *governorpb.Node {
 	n := &governorpb.Node{Id: int64(v.ID), ParentId: int64(v.Parent), Name: v.Name, Kind: nodeKind(v.Kind),
-		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Limits: v.Limits, Held: v.Held,
+		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Reserved: v.Reserved, Limits: v.Limits, Held: v.Held,
 		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight

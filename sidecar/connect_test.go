@@ -3,7 +3,6 @@ package sidecar
 import (
 	"crypto/tls"
 	"fmt"
-	"github.com/governor-project/governor/sidecar/httpproxy"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/net/websocket"
+
+	"github.com/governor-project/governor/sidecar/httpproxy"
 )
 
 func TestConnectTunnelHoldsLeaseUntilItCloses(t *testing.T) {

@@ -7,8 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/sidecar/httpproxy"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +16,8 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/sidecar/httpproxy"
 )
 
 func hello(w http.ResponseWriter, r *http.Request) {

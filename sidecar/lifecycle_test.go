@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"fmt"
-	"github.com/governor-project/governor/sidecar/httpproxy"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/sidecar/httpproxy"
 )
 
 // configMap lays a file out as a Kubernetes ConfigMap volume does:

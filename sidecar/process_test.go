@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"fmt"
-	"github.com/governor-project/governor/sidecar/httpproxy"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/governor-project/governor/sidecar/httpproxy"
 )
 
 // The real governord binary, as an operator runs it: built once, started

@@ -713,7 +713,8 @@ type Node struct {
 	// Concurrency caps by lease class, as currently in force (for adaptive
 	// classes, the value AIMD has set). Absent = no cap.
 	Limits map[string]int64 `protobuf:"bytes,8,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	// Leases held right now by class, in this node's whole subtree. A class
+	// Slots held right now by class, in this node's whole subtree: leases,
+	// and the slots of blocks delegated to sessions (ResizeBlock). A class
 	// with none held is absent.
 	Held map[string]int64 `protobuf:"bytes,9,rep,name=held,proto3" json:"held,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Quotas each new child gets by default; see NodeSpec.default_quotas.
@@ -726,7 +727,11 @@ type Node struct {
 	// The tenant's fair-share weight (1 or more); 0 on other kinds.
 	Weight int64 `protobuf:"varint,13,opt,name=weight,proto3" json:"weight,omitempty"`
 	// The node's queue priority (higher first), as inherited or set.
-	Priority      int64 `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority int64 `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Units reserved by sessions (Reserve) and not yet spent, by resource, in
+	// this node's whole subtree. They count against quotas like used ones;
+	// used does not include them.
+	Reserved      map[string]int64 `protobuf:"bytes,15,rep,name=reserved,proto3" json:"reserved,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +862,13 @@ func (x *Node) GetPriority() int64 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *Node) GetReserved() map[string]int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return nil
 }
 
 type CreateNodeRequest struct {
@@ -2835,7 +2847,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xe2\a\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xdc\b\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -2851,7 +2863,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0edefault_limits\x18\v \x03(\v2$.governor.v1.Node.DefaultLimitsEntryR\rdefaultLimits\x126\n" +
 	"\bdeadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x16\n" +
 	"\x06weight\x18\r \x01(\x03R\x06weight\x12\x1a\n" +
-	"\bpriority\x18\x0e \x01(\x03R\bpriority\x1a9\n" +
+	"\bpriority\x18\x0e \x01(\x03R\bpriority\x12;\n" +
+	"\breserved\x18\x0f \x03(\v2\x1f.governor.v1.Node.ReservedEntryR\breserved\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -2868,6 +2881,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a;\n" +
+	"\rReservedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
@@ -3087,7 +3103,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -3141,24 +3157,25 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	nil,                              // 49: governor.v1.Node.HeldEntry
 	nil,                              // 50: governor.v1.Node.DefaultQuotasEntry
 	nil,                              // 51: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 52: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 53: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 54: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 55: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 56: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	(*durationpb.Duration)(nil),      // 57: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
+	nil,                              // 52: governor.v1.Node.ReservedEntry
+	nil,                              // 53: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 54: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 55: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 56: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 57: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	(*durationpb.Duration)(nil),      // 58: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 59: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	57, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	57, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	57, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	57, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	58, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	58, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	58, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	58, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
 	42, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
 	43, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
 	44, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
 	45, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	58, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	59, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
 	46, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
@@ -3167,67 +3184,68 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	49, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
 	50, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
 	51, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	58, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	10, // 18: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10, // 19: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11, // 20: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11, // 21: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	52, // 22: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23, // 23: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	57, // 24: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	34, // 25: governor.v1.ReportSamplesRequest.samples:type_name -> governor.v1.Sample
-	57, // 26: governor.v1.Sample.latency:type_name -> google.protobuf.Duration
-	3,  // 27: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	53, // 28: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	54, // 29: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	55, // 30: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	56, // 31: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	58, // 32: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 33: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 34: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	4,  // 35: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 36: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 37: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 38: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 39: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 40: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 41: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 42: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 43: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 44: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 45: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 46: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 47: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 48: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 49: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 50: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 51: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36, // 52: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	38, // 53: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	5,  // 54: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 55: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 56: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 57: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 58: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 59: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 60: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 61: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 62: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 63: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 64: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 65: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 66: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 67: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 68: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 69: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35, // 70: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37, // 71: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 72: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	54, // [54:73] is the sub-list for method output_type
-	35, // [35:54] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	59, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	52, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	10, // 19: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10, // 20: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11, // 21: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11, // 22: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	53, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23, // 24: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	58, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	34, // 26: governor.v1.ReportSamplesRequest.samples:type_name -> governor.v1.Sample
+	58, // 27: governor.v1.Sample.latency:type_name -> google.protobuf.Duration
+	3,  // 28: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	54, // 29: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	55, // 30: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	56, // 31: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	57, // 32: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	59, // 33: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 34: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,  // 35: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	4,  // 36: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 37: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 38: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 39: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 40: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 41: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 42: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 43: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 44: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 45: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 46: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 47: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 48: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 49: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 50: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 51: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 52: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36, // 53: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	38, // 54: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	5,  // 55: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 56: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 57: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 58: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 59: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 60: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 61: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 62: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 63: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 64: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 65: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 66: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 67: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 68: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 69: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 70: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35, // 71: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37, // 72: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 73: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	55, // [55:74] is the sub-list for method output_type
+	36, // [36:55] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -3242,7 +3260,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,7 +4,11 @@
 package govtest
 
 import (
+	"bufio"
 	"context"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,4 +47,27 @@ func Start(t testing.TB, edit func(*server.Config)) *server.Server {
 	}
 	t.Cleanup(func() { srv.Close() })
 	return srv
+}
+
+// Metric returns the value of one series of srv's /metrics, as its
+// exposition line names it (e.g. `governor_leases` or
+// `governor_calls_total{code="OK",method="Consume"}`); 0 when absent.
+func Metric(t testing.TB, srv *server.Server, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + srv.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err != nil {
+				t.Fatalf("%s: %v", series, err)
+			}
+			return v
+		}
+	}
+	return 0
 }

@@ -83,18 +83,35 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 	}
 }
 
-// grow settles spent units and reserves up to want more, in one call.
+// grow settles spent units, then reserves up to want more. The two are
+// separate calls: a top-up may wait while governord recalls units from
+// other sessions, and a settlement must never wait behind it (two sidecars
+// topping up at once would each hold the units the other waits for).
 func (q *reservation) grow(f *flight, spent, want int64) {
 	defer close(f.done)
 	ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
 	defer cancel()
-	r, err := q.n.t.Reserve(ctx, q.resource, spent, 0, want)
+	var err error
+	if spent > 0 {
+		_, err = q.n.t.Reserve(ctx, q.resource, spent, 0, 0)
+		q.mu.Lock()
+		q.settling -= spent
+		if err != nil {
+			q.spent += spent // not reported: the next settlement does it
+		} else {
+			q.lastSettle = time.Now()
+		}
+		spent = 0
+		q.mu.Unlock()
+	}
+	var r governor.Reservation
+	if err == nil {
+		r, err = q.n.t.Reserve(ctx, q.resource, 0, 0, want)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.topUp = nil
-	q.settling -= spent
 	if err != nil {
-		q.spent += spent // not reported: the next settlement does it
 		f.err = err
 		q.n.failed(err)
 		outcome := "failed"
