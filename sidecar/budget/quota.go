@@ -46,6 +46,7 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 			q.unspent -= amount
 			q.held += amount
 			q.lastUse = time.Now()
+			q.refillLocked()
 			q.mu.Unlock()
 			return nil
 		}
@@ -81,6 +82,22 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 		q.mu.Unlock()
 		q.n.s.a.bg.Go(func() { q.grow(f, spent, want) })
 	}
+}
+
+// refillLocked tops the reservation up in the background once less than
+// half of its last grant is left, so that requests rarely wait for a top-up
+// and a short governord outage finds units in hand.
+func (q *reservation) refillLocked() {
+	if q.topUp != nil || q.lastGrant == 0 || q.unspent >= q.lastGrant/2 {
+		return
+	}
+	want := min(2*q.lastGrant, q.n.s.a.cfg.MaxReservation)
+	f := &flight{done: make(chan struct{})}
+	q.topUp = f
+	spent := q.spent
+	q.spent = 0
+	q.settling += spent
+	q.n.s.a.bg.Go(func() { q.grow(f, spent, want) })
 }
 
 // grow settles spent units, then reserves up to want more. The two are

@@ -316,7 +316,7 @@ func (n *node) giveBack(class, resource string) {
 	if resource == "" {
 		for _, p := range pools {
 			if class == "" || p.class == class {
-				p.giveBackIdle()
+				p.recall()
 			}
 		}
 	}

@@ -20,6 +20,10 @@ type pool struct {
 	inUse     int64 // slots held by work now
 	returning int64 // idle slots being given back
 	contended bool  // acquires of the class queue at governord
+	// shrinking: governord lowered a limit above the block (a recall): each
+	// slot goes back as its work ends, until a growth shows the block fits
+	// under the limits again. No running work is revoked.
+	shrinking bool
 	lastUse   time.Time
 	growth    *flight // the top-up in flight, if any
 	waiting   int64   // requests waiting on it
@@ -44,7 +48,7 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 	for {
 		p.mu.Lock()
 		switch {
-		case !p.contended && p.idle() > 0:
+		case !p.contended && !p.shrinking && p.idle() > 0:
 			p.inUse++
 			p.lastUse = time.Now()
 			gen := p.gen
@@ -109,6 +113,9 @@ func (p *pool) grow(f *flight, want int64) {
 	}
 	p.count += b.Granted
 	p.contended = b.Contended
+	if b.Granted > 0 {
+		p.shrinking = false // the chain had room: the block fits again
+	}
 	f.granted = b.Granted
 	outcome := "granted"
 	if b.Granted == 0 {
@@ -139,7 +146,7 @@ func (p *pool) put(gen uint64) {
 	}
 	p.inUse--
 	p.lastUse = time.Now()
-	if p.contended {
+	if p.contended || p.shrinking {
 		p.giveBackLocked(p.idle())
 	}
 }
@@ -155,10 +162,12 @@ func (p *pool) setContended(on bool) {
 	}
 }
 
-// giveBackIdle gives every idle slot back (a recall).
-func (p *pool) giveBackIdle() {
+// recall gives every idle slot back, and each busy one as its work ends:
+// governord lowered a limit the block is charged against.
+func (p *pool) recall() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.shrinking = true
 	p.giveBackLocked(p.idle())
 }
 
