@@ -281,6 +281,29 @@ func (rs *Rules) MatchSQL(st SQLStatement) (Decision, bool) {
 	return Decision{}, false
 }
 
+// MatchSQLConnection matches a statement by what its connection alone says
+// (database, user, application_name; st's Kinds and Tables are ignored), so
+// that a proxy need not classify statements the rules cannot tell apart,
+// such as every statement under a rule of `sql: any`. decided is false when
+// a rule that could match needs the statement's kinds or tables: then
+// classify the statement and call MatchSQL. The answer depends only on the
+// rules and the connection, so a caller may keep it for as long as both.
+func (rs *Rules) MatchSQLConnection(st SQLStatement) (d Decision, ok, decided bool) {
+	for i := range rs.rulesOrNil() {
+		r := &rs.rules[i]
+		if r.kind == kindHTTP {
+			continue
+		}
+		if r.sqlKinds != 0 || r.tables != nil {
+			return Decision{}, false, false
+		}
+		if ok, _ := r.matchSQL(&st, false); ok {
+			return r.decision, true, true
+		}
+	}
+	return Decision{}, false, true
+}
+
 // httpReq is an HTTPRequest made ready for matching.
 type httpReq struct {
 	scheme  string

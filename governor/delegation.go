@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/retry"
@@ -101,11 +100,11 @@ type Sample struct {
 // ReportSamples reports calls made in slots of the session's blocks of
 // class, in one batch.
 func (c *Client) ReportSamples(ctx context.Context, class string, samples []Sample) error {
-	req := &governorpb.ReportSamplesRequest{Class: class, Samples: make([]*governorpb.Sample, len(samples))}
+	req := &governorpb.ReportSamplesRequest{Class: class, LatenciesNs: make([]int64, len(samples))}
 	for i, s := range samples {
-		req.Samples[i] = &governorpb.Sample{Overloaded: s.Overloaded}
-		if s.Latency > 0 {
-			req.Samples[i].Latency = durationpb.New(s.Latency)
+		req.LatenciesNs[i] = int64(max(s.Latency, 0))
+		if s.Overloaded {
+			req.Overloaded++
 		}
 	}
 	return c.call(ctx, "ReportSamples", func(ctx context.Context, _ string) error {

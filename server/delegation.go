@@ -59,15 +59,16 @@ func (s *Server) ReportSamples(ctx context.Context, req *governorpb.ReportSample
 	if err != nil {
 		return nil, err
 	}
-	samples := make([]engine.Sample, len(req.GetSamples()))
-	for i, p := range req.GetSamples() {
-		if d := p.GetLatency(); d != nil {
-			if d.CheckValid() != nil || d.AsDuration() < 0 {
-				return nil, status.Error(codes.InvalidArgument, "a sample's latency is not a valid non-negative duration")
-			}
-			samples[i].Latency = d.AsDuration()
+	lat := req.GetLatenciesNs()
+	if over := req.GetOverloaded(); over < 0 || over > int64(len(lat)) {
+		return nil, status.Errorf(codes.InvalidArgument, "overloaded is %d of %d calls", over, len(lat))
+	}
+	samples := make([]engine.Sample, len(lat))
+	for i, ns := range lat {
+		if ns < 0 {
+			return nil, status.Error(codes.InvalidArgument, "a latency is negative")
 		}
-		samples[i].Overloaded = p.GetOverloaded()
+		samples[i] = engine.Sample{Latency: time.Duration(ns), Overloaded: int64(i) < req.GetOverloaded()}
 	}
 	if err := s.eng.Observe(sid, req.GetClass(), samples); err != nil {
 		if derr := s.durable(ctx); derr != nil { // an expiry found on the way is recorded

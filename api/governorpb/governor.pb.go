@@ -269,7 +269,7 @@ func (x Notice_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Notice_Kind.Descriptor instead.
 func (Notice_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33, 0}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32, 0}
 }
 
 type OpenSessionRequest struct {
@@ -2183,8 +2183,13 @@ func (x *Reservation) GetGranted() int64 {
 type ReportSamplesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lease class the calls were made under.
-	Class         string    `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
-	Samples       []*Sample `protobuf:"bytes,2,rep,name=samples,proto3" json:"samples,omitempty"`
+	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	// Each call's latency in nanoseconds, as Release reports one lease's.
+	// Not negative.
+	LatenciesNs []int64 `protobuf:"varint,2,rep,packed,name=latencies_ns,json=latenciesNs,proto3" json:"latencies_ns,omitempty"`
+	// How many of those calls found the downstream overloaded; at most as
+	// many as there are latencies.
+	Overloaded    int64 `protobuf:"varint,3,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2226,64 +2231,18 @@ func (x *ReportSamplesRequest) GetClass() string {
 	return ""
 }
 
-func (x *ReportSamplesRequest) GetSamples() []*Sample {
+func (x *ReportSamplesRequest) GetLatenciesNs() []int64 {
 	if x != nil {
-		return x.Samples
+		return x.LatenciesNs
 	}
 	return nil
 }
 
-// Sample is how one call went: what Release reports for one lease.
-type Sample struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Latency       *durationpb.Duration   `protobuf:"bytes,1,opt,name=latency,proto3" json:"latency,omitempty"`
-	Overloaded    bool                   `protobuf:"varint,2,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Sample) Reset() {
-	*x = Sample{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[30]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Sample) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Sample) ProtoMessage() {}
-
-func (x *Sample) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[30]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Sample.ProtoReflect.Descriptor instead.
-func (*Sample) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
-}
-
-func (x *Sample) GetLatency() *durationpb.Duration {
-	if x != nil {
-		return x.Latency
-	}
-	return nil
-}
-
-func (x *Sample) GetOverloaded() bool {
+func (x *ReportSamplesRequest) GetOverloaded() int64 {
 	if x != nil {
 		return x.Overloaded
 	}
-	return false
+	return 0
 }
 
 type ReportSamplesResponse struct {
@@ -2294,7 +2253,7 @@ type ReportSamplesResponse struct {
 
 func (x *ReportSamplesResponse) Reset() {
 	*x = ReportSamplesResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2265,7 @@ func (x *ReportSamplesResponse) String() string {
 func (*ReportSamplesResponse) ProtoMessage() {}
 
 func (x *ReportSamplesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2278,7 @@ func (x *ReportSamplesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSamplesResponse.ProtoReflect.Descriptor instead.
 func (*ReportSamplesResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
 }
 
 type WatchRequest struct {
@@ -2330,7 +2289,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2301,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2314,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
 }
 
 // Notice tells a session to act on its delegated budgets.
@@ -2371,7 +2330,7 @@ type Notice struct {
 
 func (x *Notice) Reset() {
 	*x = Notice{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2342,7 @@ func (x *Notice) String() string {
 func (*Notice) ProtoMessage() {}
 
 func (x *Notice) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2355,7 @@ func (x *Notice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notice.ProtoReflect.Descriptor instead.
 func (*Notice) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Notice) GetKind() Notice_Kind {
@@ -2463,7 +2422,7 @@ type SetCapsRequest struct {
 
 func (x *SetCapsRequest) Reset() {
 	*x = SetCapsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2475,7 +2434,7 @@ func (x *SetCapsRequest) String() string {
 func (*SetCapsRequest) ProtoMessage() {}
 
 func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2488,7 +2447,7 @@ func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCapsRequest.ProtoReflect.Descriptor instead.
 func (*SetCapsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetCapsRequest) GetRequestId() string {
@@ -2593,7 +2552,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +2564,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +2577,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Denial) GetResource() string {
@@ -2699,7 +2658,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +2670,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +2683,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -2758,7 +2717,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +2729,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +2742,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -2981,14 +2940,12 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +
 	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x18\n" +
-	"\agranted\x18\x04 \x01(\x03R\agranted\"[\n" +
+	"\agranted\x18\x04 \x01(\x03R\agranted\"o\n" +
 	"\x14ReportSamplesRequest\x12\x14\n" +
-	"\x05class\x18\x01 \x01(\tR\x05class\x12-\n" +
-	"\asamples\x18\x02 \x03(\v2\x13.governor.v1.SampleR\asamples\"]\n" +
-	"\x06Sample\x123\n" +
-	"\alatency\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\alatency\x12\x1e\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12!\n" +
+	"\flatencies_ns\x18\x02 \x03(\x03R\vlatenciesNs\x12\x1e\n" +
 	"\n" +
-	"overloaded\x18\x02 \x01(\bR\n" +
+	"overloaded\x18\x03 \x01(\x03R\n" +
 	"overloaded\"\x17\n" +
 	"\x15ReportSamplesResponse\"\x0e\n" +
 	"\fWatchRequest\"\xea\x01\n" +
@@ -3103,7 +3060,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -3139,113 +3096,110 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*ReserveRequest)(nil),           // 31: governor.v1.ReserveRequest
 	(*Reservation)(nil),              // 32: governor.v1.Reservation
 	(*ReportSamplesRequest)(nil),     // 33: governor.v1.ReportSamplesRequest
-	(*Sample)(nil),                   // 34: governor.v1.Sample
-	(*ReportSamplesResponse)(nil),    // 35: governor.v1.ReportSamplesResponse
-	(*WatchRequest)(nil),             // 36: governor.v1.WatchRequest
-	(*Notice)(nil),                   // 37: governor.v1.Notice
-	(*SetCapsRequest)(nil),           // 38: governor.v1.SetCapsRequest
-	(*Denial)(nil),                   // 39: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 40: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 41: governor.v1.NodeEnded
-	nil,                              // 42: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 43: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 44: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 45: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 46: governor.v1.Node.QuotasEntry
-	nil,                              // 47: governor.v1.Node.UsedEntry
-	nil,                              // 48: governor.v1.Node.LimitsEntry
-	nil,                              // 49: governor.v1.Node.HeldEntry
-	nil,                              // 50: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 51: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 52: governor.v1.Node.ReservedEntry
-	nil,                              // 53: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 54: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 55: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 56: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 57: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	(*durationpb.Duration)(nil),      // 58: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 59: google.protobuf.Timestamp
+	(*ReportSamplesResponse)(nil),    // 34: governor.v1.ReportSamplesResponse
+	(*WatchRequest)(nil),             // 35: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 36: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 37: governor.v1.SetCapsRequest
+	(*Denial)(nil),                   // 38: governor.v1.Denial
+	(*LeaseEnded)(nil),               // 39: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 40: governor.v1.NodeEnded
+	nil,                              // 41: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 42: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 43: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 44: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 45: governor.v1.Node.QuotasEntry
+	nil,                              // 46: governor.v1.Node.UsedEntry
+	nil,                              // 47: governor.v1.Node.LimitsEntry
+	nil,                              // 48: governor.v1.Node.HeldEntry
+	nil,                              // 49: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 50: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 51: governor.v1.Node.ReservedEntry
+	nil,                              // 52: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 53: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 54: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 55: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 56: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	(*durationpb.Duration)(nil),      // 57: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	58, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	58, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	58, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	58, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	42, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	43, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	44, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	45, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	59, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	57, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	57, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	57, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	41, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	42, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	43, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	44, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	58, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	46, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	47, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	48, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	49, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	50, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	51, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	59, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	52, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	45, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	46, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	47, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	48, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	49, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	50, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	58, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	51, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
 	10, // 19: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10, // 20: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11, // 21: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11, // 22: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	53, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	52, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23, // 24: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	58, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	34, // 26: governor.v1.ReportSamplesRequest.samples:type_name -> governor.v1.Sample
-	58, // 27: governor.v1.Sample.latency:type_name -> google.protobuf.Duration
-	3,  // 28: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	54, // 29: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	55, // 30: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	56, // 31: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	57, // 32: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	59, // 33: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 34: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 35: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	4,  // 36: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 37: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 38: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 39: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 40: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 41: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 42: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 43: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 44: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 45: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 46: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 47: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 48: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 49: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 50: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 51: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 52: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36, // 53: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	38, // 54: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	5,  // 55: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 56: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 57: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 58: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 59: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 60: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 61: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 62: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 63: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 64: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 65: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 66: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 67: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 68: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 69: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 70: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35, // 71: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37, // 72: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 73: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	55, // [55:74] is the sub-list for method output_type
-	36, // [36:55] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	57, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	3,  // 26: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	53, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	54, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	55, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	56, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	58, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 32: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,  // 33: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	4,  // 34: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 35: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 36: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 37: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 38: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 39: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 40: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 41: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 42: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 43: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 44: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 45: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 46: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 47: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 48: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 49: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 50: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35, // 51: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	37, // 52: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	5,  // 53: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 54: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 55: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 56: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 57: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 58: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 59: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 60: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 61: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 62: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 63: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 64: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 65: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 66: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 67: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 68: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34, // 69: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	36, // 70: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 71: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	53, // [53:72] is the sub-list for method output_type
+	34, // [34:53] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -3253,14 +3207,14 @@ func file_api_governorpb_governor_proto_init() {
 	if File_api_governorpb_governor_proto != nil {
 		return
 	}
-	file_api_governorpb_governor_proto_msgTypes[34].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   54,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

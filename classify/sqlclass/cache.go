@@ -37,6 +37,22 @@ func NewCache(max int) *Cache {
 	return &Cache{max: max, m: make(map[string]*list.Element)}
 }
 
+// ClassifyBytes is Classify for text in a buffer: a text found in the cache
+// costs no allocation.
+func (c *Cache) ClassifyBytes(sql []byte) *Class {
+	if len(sql) <= maxCachedText {
+		c.mu.Lock()
+		if e, ok := c.m[string(sql)]; ok {
+			c.l.MoveToFront(e)
+			cl := e.Value.(*cacheEntry).class
+			c.mu.Unlock()
+			return cl
+		}
+		c.mu.Unlock()
+	}
+	return c.Classify(string(sql))
+}
+
 // Classify returns the Class of sql, from the cache when it is there.
 func (c *Cache) Classify(sql string) *Class {
 	if len(sql) > maxCachedText {

@@ -53,6 +53,16 @@ type Admitter interface {
 	Admit(ctx context.Context, r Request) (Ticket, error)
 }
 
+// Fast is an Admitter that can often admit work at once: without waiting
+// and without asking anyone, as from a budget held locally. A caller tries
+// TryAdmit first, and calls Admit, with the context that bounds a wait,
+// only when it says no.
+type Fast interface {
+	// TryAdmit admits r if that needs no wait and no call; ok is false
+	// otherwise, and then nothing was taken.
+	TryAdmit(r Request) (t Ticket, ok bool)
+}
+
 // Cause is why work was refused.
 type Cause uint8
 

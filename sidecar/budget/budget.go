@@ -47,7 +47,7 @@ import (
 const (
 	DefaultLinger         = 250 * time.Millisecond
 	DefaultMaxBlock       = 64
-	DefaultMaxReservation = 100
+	DefaultMaxReservation = 1000
 	DefaultSettleEvery    = time.Second
 	// DefaultUnavailableRetry is how long one call keeps retrying while
 	// governord is unreachable before the request fails closed, rather than
@@ -228,6 +228,17 @@ func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ti
 }
 
 var errNoSession = errors.New("no session with governord")
+
+// TryAdmit admits r from what the session holds, when that needs no wait and
+// no call to governord: the node known, its reservations and its block with
+// room, and the class not contended. See admission.Fast.
+func (a *Admitter) TryAdmit(r admission.Request) (admission.Ticket, bool) {
+	s := a.cur.Load()
+	if s == nil || !a.cfg.Delegate || r.Spent {
+		return nil, false
+	}
+	return s.tryAdmit(r)
+}
 
 // Settle reports every unit spent so far to governord now, as the periodic
 // settlement does, and returns when governord has them (or ctx ends).

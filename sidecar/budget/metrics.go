@@ -11,6 +11,7 @@ import (
 type Metrics struct {
 	sessionUp       prometheus.Gauge
 	slotGrants      *prometheus.CounterVec
+	blockGrants     prometheus.Counter // slotGrants{how="block"}, kept at hand for the hot path
 	topUps          *prometheus.CounterVec
 	notices         *prometheus.CounterVec
 	denials         *prometheus.CounterVec
@@ -26,6 +27,7 @@ func NewMetrics() *Metrics {
 		Help: "1 while the sidecar has a session with governord; 0 while it fails closed."})
 	m.slotGrants = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_slot_grants_total",
 		Help: "Slots granted to work, by how: from a block delegated to the sidecar (no call), or as a single lease from governord's queue."}, []string{"how"})
+	m.blockGrants = m.slotGrants.WithLabelValues("block")
 	m.topUps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_topups_total",
 		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed)."}, []string{"kind", "outcome"})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_notices_total",

@@ -100,6 +100,20 @@ func (q *reservation) refillLocked() {
 	q.n.s.a.bg.Go(func() { q.grow(f, spent, want) })
 }
 
+// tryTake holds amount units if the reservation has them now.
+func (q *reservation) tryTake(amount int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.unspent < amount {
+		return false
+	}
+	q.unspent -= amount
+	q.held += amount
+	q.lastUse = time.Now()
+	q.refillLocked()
+	return true
+}
+
 // grow settles spent units, then reserves up to want more. The two are
 // separate calls: a top-up may wait while governord recalls units from
 // other sessions, and a settlement must never wait behind it (two sidecars

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,9 +29,6 @@ type session struct {
 	mu    sync.Mutex
 	nodes map[string]*node // by subtask name; "" is the task
 	byID  map[int64]*node
-
-	samplesMu sync.Mutex
-	samples   map[string][]governor.Sample // calls made in slots, by class, not yet reported
 }
 
 // node is the task or a subtask: what work is charged to.
@@ -53,7 +49,7 @@ type node struct {
 }
 
 func newSession(a *Admitter, c *governor.Client, tctx context.Context, t *governor.Task) *session {
-	s := &session{a: a, client: c, nodes: map[string]*node{}, byID: map[int64]*node{}, samples: map[string][]governor.Sample{}}
+	s := &session{a: a, client: c, nodes: map[string]*node{}, byID: map[int64]*node{}}
 	s.life, s.stop = context.WithCancel(context.Background())
 	s.task = s.newNode("", t, tctx)
 	s.nodes[""] = s.task
@@ -219,6 +215,57 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 	return t, nil
 }
 
+// tryAdmit is admit when everything is in hand; ok is false, with nothing
+// taken, when anything would need a wait or a call.
+func (s *session) tryAdmit(r admission.Request) (admission.Ticket, bool) {
+	n := s.task
+	if r.Subtask != "" {
+		s.mu.Lock()
+		n = s.nodes[r.Subtask]
+		s.mu.Unlock()
+		if n == nil {
+			return nil, false
+		}
+		select {
+		case <-n.done:
+		default:
+			return nil, false
+		}
+		if n.err != nil {
+			return nil, false
+		}
+	}
+	if n.alive() != nil || s.client.Err() != nil {
+		return nil, false
+	}
+	var taken [4]string // most requests charge one resource or none
+	resources := taken[:0]
+	for res, amount := range r.Charges {
+		if !n.reservation(res).tryTake(amount) {
+			for _, back := range resources {
+				n.reservation(back).untake(r.Charges[back])
+			}
+			return nil, false
+		}
+		resources = append(resources, res)
+	}
+	var t admission.Ticket
+	if r.Class != "" {
+		pt, ok := n.pool(r.Class).tryTake()
+		if !ok {
+			for _, res := range resources {
+				n.reservation(res).untake(r.Charges[res])
+			}
+			return nil, false
+		}
+		t = pt
+	}
+	for _, res := range resources {
+		n.reservation(res).spend(r.Charges[res])
+	}
+	return t, true
+}
+
 func (n *node) pool(class string) *pool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -348,30 +395,25 @@ func (s *session) tick(now time.Time) {
 	s.report()
 }
 
-// sample notes one call made in a slot of class, for the next report.
-func (s *session) sample(class string, latency time.Duration, overloaded bool) {
-	s.samplesMu.Lock()
-	s.samples[class] = append(s.samples[class], governor.Sample{Latency: latency, Overloaded: overloaded})
-	s.samplesMu.Unlock()
-}
-
-// maxSamples bounds one report; beyond it the oldest samples are dropped,
-// as the engine keeps only the newest of an interval anyway.
+// maxSamples bounds what one pool notes between reports; the engine keeps
+// only so many of an interval anyway.
 const maxSamples = 4096
 
 // report sends the calls made in slots since the last report, one batch
 // per class.
 func (s *session) report() {
-	s.samplesMu.Lock()
-	batches := s.samples
-	s.samples = map[string][]governor.Sample{}
-	s.samplesMu.Unlock()
-	classes := make([]string, 0, len(batches))
-	for c := range batches {
-		classes = append(classes, c)
-	}
-	sort.Strings(classes)
-	for _, class := range classes {
+	batches := map[string][]governor.Sample{}
+	s.each(func(n *node) {
+		n.mu.Lock()
+		pools := slices.Collect(maps.Values(n.pools))
+		n.mu.Unlock()
+		for _, p := range pools {
+			if got := p.takeSamples(); len(got) > 0 {
+				batches[p.class] = append(batches[p.class], got...)
+			}
+		}
+	})
+	for _, class := range slices.Sorted(maps.Keys(batches)) {
 		batch := batches[class]
 		if len(batch) > maxSamples {
 			batch = batch[len(batch)-maxSamples:]

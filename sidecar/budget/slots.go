@@ -25,9 +25,10 @@ type pool struct {
 	// under the limits again. No running work is revoked.
 	shrinking bool
 	lastUse   time.Time
-	growth    *flight // the top-up in flight, if any
-	waiting   int64   // requests waiting on it
-	gen       uint64  // moves when the block is revoked: slots of an older one are not given back
+	growth    *flight           // the top-up in flight, if any
+	waiting   int64             // requests waiting on it
+	gen       uint64            // moves when the block is revoked: slots of an older one are not given back
+	samples   []governor.Sample // calls made in the block's slots, not yet reported
 }
 
 // flight is a call that requests wait on.
@@ -53,7 +54,7 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 			p.lastUse = time.Now()
 			gen := p.gen
 			p.mu.Unlock()
-			p.n.s.a.m.slotGrants.WithLabelValues("block").Inc()
+			p.n.s.a.m.blockGrants.Inc()
 			return &blockTicket{p: p, gen: gen}, nil
 		case p.contended:
 			p.mu.Unlock()
@@ -96,6 +97,21 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 	}
 }
 
+// tryTake takes an idle slot of the block, if there is one to take now.
+func (p *pool) tryTake() (ticket, bool) {
+	p.mu.Lock()
+	if p.contended || p.shrinking || p.idle() <= 0 {
+		p.mu.Unlock()
+		return nil, false
+	}
+	p.inUse++
+	p.lastUse = time.Now()
+	gen := p.gen
+	p.mu.Unlock()
+	p.n.s.a.m.blockGrants.Inc()
+	return &blockTicket{p: p, gen: gen}, true
+}
+
 // grow asks governord for want more slots, and tells the waiters.
 func (p *pool) grow(f *flight, want int64) {
 	defer close(f.done)
@@ -135,12 +151,15 @@ func (p *pool) single(ctx context.Context) (ticket, error) {
 	return &leaseTicket{s: p.n.s, l: l}, nil
 }
 
-// put gives a block's slot back to the pool when its work ends. While the
-// class is contended the slot goes straight back to governord, whose queue
-// decides who gets it.
-func (p *pool) put(gen uint64) {
+// put gives a block's slot back to the pool when its work ends, noting how
+// the call went for the next report. While the class is contended the slot
+// goes straight back to governord, whose queue decides who gets it.
+func (p *pool) put(gen uint64, latency time.Duration, overloaded bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.samples) < maxSamples {
+		p.samples = append(p.samples, governor.Sample{Latency: latency, Overloaded: overloaded})
+	}
 	if gen != p.gen {
 		return // the block was revoked meanwhile: there is nothing to give back
 	}
@@ -258,10 +277,16 @@ type blockTicket struct {
 }
 
 func (t *blockTicket) End(latency time.Duration, overloaded bool) {
-	t.once.Do(func() {
-		t.p.put(t.gen)
-		t.p.n.s.sample(t.p.class, latency, overloaded)
-	})
+	t.once.Do(func() { t.p.put(t.gen, latency, overloaded) })
+}
+
+// takeSamples returns the calls noted since the last report.
+func (p *pool) takeSamples() []governor.Sample {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.samples
+	p.samples = nil
+	return out
 }
 
 // leaseTicket is a single lease, released in the background.

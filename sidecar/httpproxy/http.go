@@ -84,11 +84,20 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
 	}
+	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges}
+	if f, ok := p.Admitter.(admission.Fast); ok {
+		if t, ok := f.TryAdmit(req); ok {
+			p.m.leaseWait.WithLabelValues(d.Class).Observe(0)
+			ex.ticket = t
+			p.logDecision(ex, q, "admitted", 0)
+			return nil
+		}
+	}
 	wait := p.waitTimeout()
 	wctx, cancel := admission.WithWaitTimeout(ctx, wait)
 	defer cancel()
 	began := time.Now()
-	t, err := p.Admitter.Admit(wctx, admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges})
+	t, err := p.Admitter.Admit(wctx, req)
 	waited := time.Since(began)
 	p.m.leaseWait.WithLabelValues(d.Class).Observe(waited.Seconds())
 	if err != nil {
@@ -121,11 +130,13 @@ func (p *Proxy) deny(ex *exchange, q classify.HTTPRequest, d *admission.Denial, 
 		slog.String("err", d.Error()))
 }
 
+// logDecision logs a request that went on, at debug level: a busy worker
+// makes thousands a second, and denials are logged at info (deny).
 func (p *Proxy) logDecision(ex *exchange, q classify.HTTPRequest, outcome string, wait time.Duration) {
-	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
+	if !p.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	p.log.LogAttrs(context.Background(), slog.LevelInfo, "decision",
+	p.log.LogAttrs(context.Background(), slog.LevelDebug, "decision",
 		slog.String("kind", ex.kind), slog.String("rule", ex.rule), slog.String("class", ex.decision.Class),
 		slog.String("subtask", ex.subtask), slog.String("outcome", outcome), slog.Duration("wait", wait),
 		slog.String("method", q.Method), slog.String("host", q.Host))

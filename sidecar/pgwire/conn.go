@@ -68,6 +68,11 @@ type conn struct {
 	overloaded bool
 
 	// The client goroutine's own state.
+	rulesSeen   *classify.Rules            // the rules connRule was decided under
+	connRule    classify.Decision          // what they decide by the connection alone,
+	connMatched bool                       // whether a rule matched that way,
+	connDecides bool                       // and whether that decides every statement
+	series      *ruleSeries                // the metrics last counted into
 	prepared    map[string]*sqlclass.Class // by prepared statement name
 	portals     map[string]*sqlclass.Class // by portal name
 	sqlPrepared map[string]*sqlclass.Class // SQL-level PREPARE, by name
@@ -399,11 +404,14 @@ func (c *conn) serverLoop() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 			}
+			// The transaction's state and slot are settled before the
+			// client learns it may go on: a client that sends its next
+			// statement at once must find the connection idle.
+			c.readyForQuery(body[0])
 			rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
 			if err := c.writeClient(rfq[:], c.sr.Buffered() == 0); err != nil {
 				return err
 			}
-			c.readyForQuery(body[0])
 		case MsgErrorResponse:
 			if body, err = readBody(c.sr, body, n); err != nil {
 				return err
@@ -419,11 +427,11 @@ func (c *conn) serverLoop() error {
 			c.cwMu.Lock()
 			_, err := c.cw.Write(hdr[:])
 			if err == nil {
-				_, err = io.CopyN(c.cw, c.sr, int64(n))
+				err = relay(c.cw, c.sr, n)
 			}
 			c.cwMu.Unlock()
 			if err != nil {
-				return noEOF(err)
+				return err
 			}
 		}
 	}
@@ -511,11 +519,11 @@ func (c *conn) clientLoop() error {
 			if err := c.readBody(n); err != nil {
 				return err
 			}
-			sql, _, ok := cstring(c.buf)
-			if !ok {
+			end := bytes.IndexByte(c.buf, 0)
+			if end < 0 {
 				return fmt.Errorf("query without terminator: %w", errProtocol)
 			}
-			cl := c.classifyQuery(sql)
+			cl := c.classifyQuery(c.buf[:end], true)
 			if deny := c.admit(cl); deny != nil {
 				if err := c.denySimple(deny); err != nil {
 					return err
@@ -541,11 +549,13 @@ func (c *conn) clientLoop() error {
 				return err
 			}
 			name, rest, ok := cstring(c.buf)
-			sql, _, ok2 := cstring(rest)
-			if !ok || !ok2 {
+			end := bytes.IndexByte(rest, 0)
+			if !ok || end < 0 {
 				return fmt.Errorf("malformed Parse: %w", errProtocol)
 			}
-			c.prepared[name] = c.classifyQuery(sql)
+			// A prepared statement is classified whole, whatever the rules
+			// say now: they may change before it runs.
+			c.prepared[name] = c.classifyQuery(rest[:end], false)
 			c.batch()
 			c.send(t, c.buf)
 		case MsgBind:
@@ -634,8 +644,28 @@ func (c *conn) forwardRaw(t MsgType, n int) error {
 	if _, err := c.sw.Write(c.hdr[:]); err != nil {
 		return err
 	}
-	_, err := io.CopyN(c.sw, c.cr, int64(n))
-	return noEOF(err)
+	return relay(c.sw, c.cr, n)
+}
+
+// relay copies the next n bytes of r to w straight from r's buffer: no
+// allocation, and no read while the buffer holds them.
+func relay(w *bufio.Writer, r *bufio.Reader, n int) error {
+	for n > 0 {
+		k := r.Buffered()
+		if k == 0 {
+			if _, err := r.Peek(1); err != nil {
+				return noEOF(err)
+			}
+			k = r.Buffered()
+		}
+		b, _ := r.Peek(min(k, n))
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		r.Discard(len(b))
+		n -= len(b)
+	}
+	return nil
 }
 
 // expect records that the server owes a ReadyForQuery for the message about
@@ -655,14 +685,19 @@ func (c *conn) batch() {
 }
 
 // classifyQuery classifies a Query's or Parse's text, with SQL-level
-// PREPARE/EXECUTE followed on this connection.
-// A passthrough proxy (no Admitter or no Rules) admits nothing, so it
-// classifies nothing; admit treats a nil class as "forward".
-func (c *conn) classifyQuery(sql string) *sqlclass.Class {
+// PREPARE/EXECUTE followed on this connection. A passthrough proxy (no
+// Admitter or no Rules) admits nothing, so it classifies nothing; admit
+// treats a nil class as "forward". With shortcut, a statement the rules
+// decide by its connection alone (say, under `sql: any`) is not classified
+// at all: it gets byConnection.
+func (c *conn) classifyQuery(sql []byte, shortcut bool) *sqlclass.Class {
 	if c.p.Admitter == nil || c.p.Rules == nil {
 		return nil
 	}
-	cl := c.p.cache.Classify(sql)
+	if shortcut && c.decidedByConnection() {
+		return byConnection
+	}
+	cl := c.p.cache.ClassifyBytes(sql)
 	for _, p := range cl.Prepares {
 		if c.sqlPrepared == nil {
 			c.sqlPrepared = make(map[string]*sqlclass.Class)
@@ -672,6 +707,30 @@ func (c *conn) classifyQuery(sql string) *sqlclass.Class {
 	return cl.Executing(func(name string) *sqlclass.Class { return c.sqlPrepared[name] })
 }
 
+// byConnection is the Class of a statement the rules in force decide by its
+// connection alone (classify.Rules.MatchSQLConnection).
+var byConnection = &sqlclass.Class{}
+
+// decidedByConnection reports whether the rules in force decide every
+// statement of this connection without looking at it, keeping the answer
+// for as long as the rules stay the same.
+func (c *conn) decidedByConnection() bool {
+	rules := c.p.Rules()
+	if rules != c.rulesSeen {
+		c.rulesSeen = rules
+		c.connRule, c.connMatched, c.connDecides = rules.MatchSQLConnection(c.statement(nil))
+	}
+	return c.connDecides
+}
+
+func (c *conn) statement(cl *sqlclass.Class) classify.SQLStatement {
+	st := classify.SQLStatement{Database: c.database, User: c.user, ApplicationName: c.appName}
+	if cl != nil {
+		st.Kinds, st.Tables = cl.Kinds, cl.Tables
+	}
+	return st
+}
+
 // admit asks the Admitter about a statement about to be sent. It returns
 // nil to forward it, or the ErrorResponse of its denial.
 func (c *conn) admit(cl *sqlclass.Class) []byte {
@@ -679,9 +738,13 @@ func (c *conn) admit(cl *sqlclass.Class) []byte {
 	if a == nil || cl == nil || c.p.Rules == nil {
 		return nil
 	}
-	rules := c.p.Rules()
-	d, ok := rules.MatchSQL(classify.SQLStatement{Kinds: cl.Kinds, Tables: cl.Tables,
-		Database: c.database, User: c.user, ApplicationName: c.appName})
+	var d classify.Decision
+	var ok bool
+	if cl == byConnection {
+		d, ok = c.connRule, c.connMatched
+	} else {
+		d, ok = c.p.Rules().MatchSQL(c.statement(cl))
+	}
 	if !ok || (d.Class == "" && len(d.Charges) == 0) {
 		return nil
 	}
@@ -702,6 +765,12 @@ func (c *conn) admit(cl *sqlclass.Class) []byte {
 		}
 		req.Subtask = c.appName
 	}
+	if f, ok := a.(admission.Fast); ok {
+		if t, ok := f.TryAdmit(req); ok {
+			c.admitted(d, req, t, 0)
+			return nil
+		}
+	}
 	// What was already forwarded must not wait behind our wait.
 	if err := c.sw.Flush(); err != nil {
 		return nil // the connection is failing; the next read says so
@@ -718,19 +787,26 @@ func (c *conn) admit(cl *sqlclass.Class) []byte {
 	if err != nil {
 		return c.deny(d, req, admission.Deny(ctx, err, req.Class, wait), waited)
 	}
+	c.admitted(d, req, t, waited)
+	return nil
+}
+
+// admitted takes on an admitted statement's ticket, counts it, and logs it
+// at debug level: a database client may run thousands of transactions a
+// second.
+func (c *conn) admitted(d classify.Decision, req admission.Request, t admission.Ticket, waited time.Duration) {
 	if t != nil {
 		c.mu.Lock()
 		c.ticket, c.txStart, c.overloaded = t, time.Now(), false
 		c.mu.Unlock()
 	}
-	c.p.Metrics.admitted(d.Rule, req.Class, waited)
+	c.p.Metrics.admitted(&c.series, d.Rule, req.Class, waited)
 	if c.p.Logger != nil && c.p.Logger.Enabled(context.Background(), slog.LevelDebug) {
 		c.p.Logger.LogAttrs(context.Background(), slog.LevelDebug, "decision",
 			slog.String("kind", "pgwire"), slog.String("rule", d.Rule), slog.String("class", req.Class),
 			slog.String("subtask", req.Subtask), slog.String("outcome", "admitted"), slog.Duration("wait", waited),
-			slog.String("database", c.database), slog.String("kinds", strings.Join(cl.Kinds, ",")))
+			slog.String("database", c.database))
 	}
-	return nil
 }
 
 // deny counts and logs a refused statement, and returns the ERROR the

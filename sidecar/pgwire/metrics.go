@@ -47,16 +47,37 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 	return nil
 }
 
-func (m *Metrics) admitted(rule, class string, waited time.Duration) {
+// ruleSeries are the series of one rule and class, looked up once per
+// connection rather than per statement.
+type ruleSeries struct {
+	rule, class string
+	admitted    prometheus.Counter
+	charged     prometheus.Counter
+	wait        prometheus.Observer
+}
+
+func (m *Metrics) series(rule, class string) *ruleSeries {
+	return &ruleSeries{rule: rule, class: class, admitted: m.transactions.WithLabelValues(rule, "admitted"),
+		charged: m.charges.WithLabelValues(rule, "charged"), wait: m.wait.WithLabelValues(class)}
+}
+
+// admitted counts an admitted statement; last is the caller's cache of the
+// series it used last, for the next call.
+func (m *Metrics) admitted(last **ruleSeries, rule, class string, waited time.Duration) {
 	if m == nil {
 		return
 	}
+	rs := *last
+	if rs == nil || rs.rule != rule || rs.class != class {
+		rs = m.series(rule, class)
+		*last = rs
+	}
 	if class != "" {
-		m.transactions.WithLabelValues(rule, "admitted").Inc()
-		m.wait.WithLabelValues(class).Observe(waited.Seconds())
+		rs.admitted.Inc()
+		rs.wait.Observe(waited.Seconds())
 		return
 	}
-	m.charges.WithLabelValues(rule, "charged").Inc()
+	rs.charged.Inc()
 }
 
 func (m *Metrics) denied(rule, class string, cause admission.Cause, waited time.Duration) {

@@ -1,0 +1,59 @@
+// Command govbench runs Governor's benchmark and failure scenarios against
+// real processes: governord and governor-proxy as an operator runs them,
+// PostgreSQL, pgbouncer, pgbench and wrk. It is a benchmark, not a test:
+// ./test.sh does not run it.
+//
+//	go run ./cmd/govbench sidecar [-T 10] [-rounds 3] [-out docs/bench]
+//	bash scripts/sidecarbench.sh          (installs and starts what it needs)
+//
+// Scenarios:
+//
+//   - sidecar: what the sidecar costs a worker. pgbench -S through pgwire at
+//     8 and 32 clients against PostgreSQL directly, pgbouncer in session
+//     mode, governor-proxy passing through (no rule matches SQL) and
+//     governor-proxy governing every transaction (governord in memory and
+//     on SQLite); wrk with 1 KiB responses over keep-alive at 1 and 32
+//     clients through bare goproxy and governor-proxy governing every
+//     request; and both contended (two tenants of weights 3 and 1 behind
+//     their own sidecars, a pool smaller than the clients), with each
+//     tenant's share. Runs are interleaved round by round so that the
+//     machine's noise falls on every target alike, and reported as the
+//     median and the range of the rounds.
+//
+// Each scenario prints its tables and, with -out, writes its raw results as
+// JSON there.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// scenarios are govbench's subcommands; the hidden ones serve the
+// processes the scenarios start (an origin, a bare goproxy).
+var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
+	"sidecar":       sidecarMain,
+	"serve-origin":  serveOrigin,
+	"serve-goproxy": serveGoproxy,
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || scenarios[args[0]] == nil {
+		fmt.Fprintln(stderr, "usage: govbench sidecar [flags]   (govbench sidecar -h for the flags)")
+		return 2
+	}
+	return scenarios[args[0]](args[1:], stdout, stderr)
+}
+
+// flagSet is a FlagSet that reports to stderr and exits 2 on bad flags.
+func flagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("govbench "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}

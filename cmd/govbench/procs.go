@@ -1,0 +1,386 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// proc is a process a scenario started: its log, its CPU time, its end.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	log  strings.Builder
+	done chan struct{}
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.Write(b)
+}
+
+func (p *proc) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+func start(name string, cmd *exec.Cmd) (*proc, error) {
+	dieWithUs(cmd)
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p, p
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop ends the process (SIGTERM, then SIGKILL).
+func (p *proc) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// cpu is the process's user and system time so far.
+func (p *proc) cpu() time.Duration { return cpuOf(p.cmd.Process.Pid) }
+
+// cpuOf reads a process's user and system time from /proc.
+func cpuOf(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command may hold spaces: the fields that follow come after ')'.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ is 100 on Linux
+}
+
+// logLine waits for the process's log line whose msg is msg (JSON or
+// slog's text format) and returns its fields.
+func (p *proc) logLine(msg string, within time.Duration) (map[string]any, error) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		for _, l := range strings.Split(p.logText(), "\n") {
+			m := map[string]any{}
+			if json.Unmarshal([]byte(l), &m) != nil {
+				m = logfmt(l)
+			}
+			if m["msg"] == msg {
+				return m, nil
+			}
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited:\n%s", p.name, lastLines(p.logText(), 10))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("%s: no %q in its log within %v:\n%s", p.name, msg, within, lastLines(p.logText(), 10))
+}
+
+// logfmt parses a line of slog's text format.
+func logfmt(line string) map[string]any {
+	m := map[string]any{}
+	for line != "" {
+		line = strings.TrimLeft(line, " ")
+		key, rest, ok := strings.Cut(line, "=")
+		if !ok {
+			break
+		}
+		var val string
+		if strings.HasPrefix(rest, `"`) {
+			q, err := strconv.QuotedPrefix(rest)
+			if err != nil {
+				break
+			}
+			val, _ = strconv.Unquote(q)
+			rest = rest[len(q):]
+		} else {
+			val, rest, _ = strings.Cut(rest, " ")
+		}
+		m[key] = val
+		line = rest
+	}
+	return m
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// binaries builds governord and governor-proxy from this module into dir.
+func binaries(dir string) (governord, proxy string, err error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", "", err
+	}
+	governord, proxy = filepath.Join(dir, "governord"), filepath.Join(dir, "governor-proxy")
+	for bin, pkg := range map[string]string{governord: "./cmd/governord", proxy: "./cmd/governor-proxy"} {
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return governord, proxy, nil
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
+		return "", errors.New("run govbench from a checkout of the governor module (go env GOMOD is empty)")
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// daemon is a governord or governor-proxy process and its addresses.
+type daemon struct {
+	*proc
+	addr, metrics, pg string
+}
+
+// startGovernord starts governord on yaml (listen addresses are added) and
+// waits until it serves.
+func startGovernord(bin, dir, name, yaml string) (*daemon, error) {
+	cfg := filepath.Join(dir, name+".yaml")
+	text := "listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n" + yaml
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		return nil, err
+	}
+	p, err := start(name, exec.Command(bin, "-config", cfg))
+	if err != nil {
+		return nil, err
+	}
+	line, err := p.logLine("governord ready", 30*time.Second)
+	if err != nil {
+		p.stop()
+		return nil, err
+	}
+	return &daemon{proc: p, addr: fmt.Sprint(line["listen"]), metrics: fmt.Sprint(line["metrics"])}, nil
+}
+
+// startSidecar starts governor-proxy with yaml (its HTTP and metrics
+// listeners on :0 are added) and waits until it is ready.
+func startSidecar(bin, dir, name, yaml string) (*daemon, error) {
+	cfg := filepath.Join(dir, name+".yaml")
+	text := "http: {listen: 127.0.0.1:0}\nmetrics_listen: 127.0.0.1:0\n" + yaml
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "-config", cfg)
+	cmd.Env = append(os.Environ(), "HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=")
+	p, err := start(name, cmd)
+	if err != nil {
+		return nil, err
+	}
+	line, err := p.logLine("governor-proxy listening", 30*time.Second)
+	if err != nil {
+		p.stop()
+		return nil, err
+	}
+	d := &daemon{proc: p, addr: fmt.Sprint(line["http"]), metrics: fmt.Sprint(line["metrics"])}
+	if pg, ok := line["pgwire"].([]any); ok && len(pg) > 0 {
+		d.pg = fmt.Sprint(pg[0])
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := http.Get("http://" + d.metrics + "/readyz")
+		if err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				return d, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("%s never got ready:\n%s", name, lastLines(p.logText(), 10))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startSelf starts this binary in one of its hidden serving modes and reads
+// the address it prints.
+func startSelf(mode string, args ...string) (*proc, string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(self, append([]string{mode}, args...)...)
+	cmd.Env = append(os.Environ(), "HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	dieWithUs(cmd)
+	p := &proc{name: mode, cmd: cmd, done: make(chan struct{})}
+	cmd.Stderr = p
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		p.stop()
+		return nil, "", fmt.Errorf("%s: %v", mode, err)
+	}
+	go io.Copy(io.Discard, out)
+	return p, strings.TrimSpace(line), nil
+}
+
+// serveOrigin is the origin of the HTTP runs: 1 KiB per response, after an
+// optional delay. It prints its address.
+func serveOrigin(args []string, stdout, stderr io.Writer) int {
+	fs := flagSet("serve-origin", stderr)
+	delay := fs.Duration("delay", 0, "how long each response waits")
+	size := fs.Int("size", 1024, "response bytes")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	body := strings.Repeat("x", *size)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, ln.Addr())
+	return serveUntilKilled(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if *delay > 0 {
+			time.Sleep(*delay)
+		}
+		io.WriteString(w, body)
+	}), stderr)
+}
+
+// serveGoproxy is bare goproxy, as the baseline: no governance. It prints
+// its address.
+func serveGoproxy(args []string, stdout, stderr io.Writer) int {
+	if flagSet("serve-goproxy", stderr).Parse(args) != nil {
+		return 2
+	}
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = log.New(io.Discard, "", 0)
+	gp.Tr = &http.Transport{Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, ln.Addr())
+	return serveUntilKilled(ln, gp, stderr)
+}
+
+func serveUntilKilled(ln net.Listener, h http.Handler, stderr io.Writer) int {
+	if err := (&http.Server{Handler: h}).Serve(ln); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// startPgbouncer starts pgbouncer in session mode in front of the server
+// on pgPort, as the postgres user when this is root (pgbouncer refuses to
+// run as root), and returns its port.
+func startPgbouncer(dir, pgPort string) (*proc, string, error) {
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/pgbouncer"); serr != nil {
+			return nil, "", errors.New("pgbouncer is not installed")
+		}
+		bin = "/usr/sbin/pgbouncer"
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	bdir := filepath.Join(dir, "pgbouncer")
+	if err := os.MkdirAll(bdir, 0o777); err != nil {
+		return nil, "", err
+	}
+	os.Chmod(bdir, 0o777)
+	ini := fmt.Sprintf(`[databases]
+governor = host=127.0.0.1 port=%s dbname=governor
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %s
+auth_type = trust
+auth_file = %s/users.txt
+pool_mode = session
+max_client_conn = 400
+default_pool_size = 200
+unix_socket_dir =
+`, pgPort, port, bdir)
+	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"governor" "governor"` + "\n"} {
+		if err := os.WriteFile(filepath.Join(bdir, name), []byte(text), 0o644); err != nil {
+			return nil, "", err
+		}
+	}
+	cmd := exec.Command(bin, filepath.Join(bdir, "pgbouncer.ini"))
+	if os.Getuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, "", fmt.Errorf("pgbouncer refuses root, and there is no postgres user: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	}
+	p, err := start("pgbouncer", cmd)
+	if err != nil {
+		return nil, "", err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			return p, port, nil
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, "", fmt.Errorf("pgbouncer never listened:\n%s", lastLines(p.logText(), 10))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dieWithUs has the kernel kill the process when govbench dies, however it
+// dies, so that no daemon of a run outlives it.
+func dieWithUs(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+}
