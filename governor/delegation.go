@@ -30,6 +30,9 @@ type Block struct {
 	// single leases with Task.Acquire, through the fair queue, instead of
 	// growing the block, and give idle slots back.
 	Contended bool
+	// Adaptive says the class has an adaptive limit: report how the slots'
+	// calls went with ReportSamples.
+	Adaptive bool
 }
 
 // ResizeBlock grows the session's block of class on the task by up to want
@@ -51,7 +54,8 @@ func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (
 		t.observe(err)
 		return Block{}, err
 	}
-	return Block{LeaseID: resp.GetLeaseId(), Count: resp.GetCount(), Granted: resp.GetGranted(), Contended: resp.GetContended()}, nil
+	return Block{LeaseID: resp.GetLeaseId(), Count: resp.GetCount(), Granted: resp.GetGranted(), Contended: resp.GetContended(),
+		Adaptive: resp.GetAdaptive()}, nil
 }
 
 // Reservation is a session's reservation of a resource on a task.

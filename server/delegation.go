@@ -29,7 +29,7 @@ func (s *Server) ResizeBlock(ctx context.Context, req *governorpb.ResizeBlockReq
 			return nil, err
 		}
 		return &governorpb.Block{LeaseId: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class, Count: g.Count,
-			Granted: g.Granted, Contended: g.Contended}, nil
+			Granted: g.Granted, Contended: g.Contended, Adaptive: g.Adaptive}, nil
 	})
 }
 

@@ -108,9 +108,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		s.Close()
 		return nil, err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.every(runCtx, s.cfg.ReapInterval, s.reap)
 	go s.every(runCtx, time.Second, s.snapshotWhenDue(runCtx))
+	go s.every(runCtx, time.Second, s.eng.RemindContention)
 	s.log.Info("governord ready", "listen", s.Addr(), "metrics", s.MetricsAddr(), "store", cfg.Store.Driver,
 		"seq", s.eng.Seq(), "tenants", len(cfg.Tenants))
 	return s, nil

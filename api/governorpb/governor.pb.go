@@ -1942,7 +1942,10 @@ type Block struct {
 	Granted int64 `protobuf:"varint,5,opt,name=granted,proto3" json:"granted,omitempty"`
 	// Acquires of the class are queued: take single leases through Acquire
 	// rather than grow the block, and give idle slots back.
-	Contended     bool `protobuf:"varint,6,opt,name=contended,proto3" json:"contended,omitempty"`
+	Contended bool `protobuf:"varint,6,opt,name=contended,proto3" json:"contended,omitempty"`
+	// The class has an adaptive limit: report how the slots' calls went
+	// (ReportSamples). Otherwise nobody reads those reports.
+	Adaptive      bool `protobuf:"varint,7,opt,name=adaptive,proto3" json:"adaptive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2015,6 +2018,13 @@ func (x *Block) GetGranted() int64 {
 func (x *Block) GetContended() bool {
 	if x != nil {
 		return x.Contended
+	}
+	return false
+}
+
+func (x *Block) GetAdaptive() bool {
+	if x != nil {
+		return x.Adaptive
 	}
 	return false
 }
@@ -2920,14 +2930,15 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12\x12\n" +
 	"\x04want\x18\x04 \x01(\x03R\x04want\x12\x16\n" +
-	"\x06return\x18\x05 \x01(\x03R\x06return\"\x9f\x01\n" +
+	"\x06return\x18\x05 \x01(\x03R\x06return\"\xbb\x01\n" +
 	"\x05Block\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12\x14\n" +
 	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x18\n" +
 	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
-	"\tcontended\x18\x06 \x01(\bR\tcontended\"\xa6\x01\n" +
+	"\tcontended\x18\x06 \x01(\bR\tcontended\x12\x1a\n" +
+	"\badaptive\x18\a \x01(\bR\badaptive\"\xa6\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +

@@ -45,6 +45,9 @@ type BlockGrant struct {
 	// Contended is set while acquires of the class queue: the holder should
 	// take single leases through Acquire rather than grow its block.
 	Contended bool
+	// Adaptive says the class has an adaptive limit: the holder should
+	// report how its slots' calls went (Observe).
+	Adaptive bool
 }
 
 // Block grows or shrinks the session's block of r.Class on r.Node. Growing
@@ -80,7 +83,7 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 				return BlockGrant{}, err
 			}
 			g := BlockGrant{Lease: res.lease, Node: r.Node, Class: r.Class, Granted: max(res.amount, 0),
-				Contended: e.contended(r.Class)}
+				Contended: e.contended(r.Class), Adaptive: e.adaptive[r.Class] != nil}
 			if l := e.leases[res.lease]; l != nil {
 				g.Count = l.count
 			}
@@ -109,7 +112,8 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
 			Amount: -r.Return, RequestID: r.RequestID, Fingerprint: fp})
 		e.dispatch(l.class)
-		return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class)}, nil
+		return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class),
+			Adaptive: e.adaptive[l.class] != nil}, nil
 	}
 	if err := e.checkOpen(n, now); err != nil {
 		return BlockGrant{}, err
@@ -123,13 +127,15 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 		id := e.nextLease
 		e.emit(Event{Kind: EvLeaseGranted, At: now, Session: s.id, Node: n.id, Lease: id, Resource: r.Class,
 			Block: true, Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
-		return BlockGrant{Lease: id, Node: n.id, Class: r.Class, Count: grow, Granted: grow, Contended: contended}, nil
+		return BlockGrant{Lease: id, Node: n.id, Class: r.Class, Count: grow, Granted: grow, Contended: contended,
+			Adaptive: e.adaptive[r.Class] != nil}, nil
 	}
 	if grow > 0 {
 		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
 			Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
 	}
-	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended}, nil
+	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended,
+		Adaptive: e.adaptive[l.class] != nil}, nil
 }
 
 // headroom is how many more slots of class fit under every limit on n's

@@ -425,3 +425,32 @@ func TestReservationsAdmitExactlyTheQuota(t *testing.T) {
 		t.Errorf("the last reservation was %d units; at the edge they shrink to 1", last)
 	}
 }
+
+func TestContentionIsRemindedWhileAcquiresQueue(t *testing.T) {
+	f, log := delegationFixture(t, psp)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 2, "psp": 2}})
+	if g := f.block(f.sA, f.job, "db", 2, 0); g.Adaptive {
+		t.Errorf("db is not adaptive, but its block says so")
+	}
+	if g := f.block(f.sA, f.job2, "psp", 1, 0); !g.Adaptive {
+		t.Errorf("psp is adaptive, but its block does not say so")
+	}
+	f.e.RemindContention()
+	if got := log.take(); len(got) != 0 {
+		t.Fatalf("nothing queues, yet reminders %+v", got)
+	}
+	w := f.enqueue(f.sB, f.otherJob, "db")
+	log.take()
+	f.e.RemindContention() // the holder missed the first notice: it is told again
+	want := []Notice{{Session: f.sA, Kind: NoticeContended, Node: f.job, Class: "db"}}
+	if got := log.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("reminders %+v, want %+v", got, want)
+	}
+	f.block(f.sA, f.job, "db", 0, 2)
+	granted(t, w, "after the holder gave its slots back")
+	log.take()
+	f.e.RemindContention() // a block of no slots keeps nothing from anyone
+	if got := log.take(); len(got) != 0 {
+		t.Errorf("reminders %+v to an empty block", got)
+	}
+}

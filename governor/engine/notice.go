@@ -185,3 +185,23 @@ func (e *Engine) Alive(sid SessionID) bool {
 	s := e.sessions[sid]
 	return s != nil && !s.expired(e.now())
 }
+
+// RemindContention tells the holders of busy blocks of every class that
+// acquires still queue for, again. Notices can be lost (a holder's stream
+// breaks, an answer overtakes one), and a holder that missed one would keep
+// its slots from the queue; a server calls this now and then so that such a
+// holder catches up.
+func (e *Engine) RemindContention() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, class := range e.sortedQueues() {
+		if !e.contended(class) {
+			continue
+		}
+		for _, l := range sortedBlocks(e.blocks[class]) {
+			if l.count > 0 {
+				e.notify(Notice{Session: l.session.id, Kind: NoticeContended, Node: l.node.id, Class: class})
+			}
+		}
+	}
+}

@@ -29,6 +29,7 @@ type pool struct {
 	waiting   int64             // requests waiting on it
 	gen       uint64            // moves when the block is revoked: slots of an older one are not given back
 	samples   []governor.Sample // calls made in the block's slots, not yet reported
+	adaptive  bool              // the class has an adaptive limit: note its calls
 }
 
 // flight is a call that requests wait on.
@@ -128,7 +129,13 @@ func (p *pool) grow(f *flight, want int64) {
 		return
 	}
 	p.count += b.Granted
-	p.contended = b.Contended
+	p.adaptive = b.Adaptive
+	// The answer may be older than a notice already acted on: it can say
+	// that acquires queue, never that they stopped (only a notice does).
+	if b.Contended && !p.contended {
+		p.contended = true
+		p.giveBackLocked(p.idle())
+	}
 	if b.Granted > 0 {
 		p.shrinking = false // the chain had room: the block fits again
 	}
@@ -157,7 +164,7 @@ func (p *pool) single(ctx context.Context) (ticket, error) {
 func (p *pool) put(gen uint64, latency time.Duration, overloaded bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.samples) < maxSamples {
+	if p.adaptive && len(p.samples) < maxSamples {
 		p.samples = append(p.samples, governor.Sample{Latency: latency, Overloaded: overloaded})
 	}
 	if gen != p.gen {
