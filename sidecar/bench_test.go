@@ -19,6 +19,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
 
@@ -88,7 +89,7 @@ const leaseAndCharge = ", class: bench, charge: {calls: 1}"
 // front of it, with one rule that matches every request and yields what
 // rule says (the rest of its flow mapping).
 func benchGovernor(b *testing.B, driver, rule string) (string, func()) {
-	cfg := governordConfig()
+	cfg := govtest.Config()
 	cfg.Store.Driver = driver
 	if driver == "sqlite" {
 		cfg.Store.DSN = filepath.Join(b.TempDir(), "governor.db")

@@ -438,11 +438,12 @@ delegation: {linger: 1m, max_reservation: 1000}
 		}
 		return nil
 	}
-	// Warm the budget: a block of 4 and a reservation grown past what a
-	// second of this load spends.
+	// Warm the budget: a burst grows the block to 8 slots and the
+	// reservation to hundreds of units, more than a second of the lighter
+	// load below spends.
 	var wg sync.WaitGroup
-	run := func(until time.Time, failures *atomic.Int64, served *atomic.Int64) {
-		for w := 0; w < 4; w++ {
+	run := func(workers int, pause time.Duration, until time.Time, failures, served *atomic.Int64) {
+		for w := 0; w < workers; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -453,19 +454,22 @@ delegation: {linger: 1m, max_reservation: 1000}
 					} else {
 						served.Add(1)
 					}
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(pause)
 				}
 			}()
 		}
 	}
 	var warmFail, warm atomic.Int64
-	run(time.Now().Add(2*time.Second), &warmFail, &warm)
+	run(8, 0, time.Now().Add(2*time.Second), &warmFail, &warm)
 	wg.Wait()
 	if warmFail.Load() != 0 {
 		t.Fatalf("%d requests failed before the restart", warmFail.Load())
 	}
+	if units := s.metric(t, `governor_proxy_reserved_units{resource="calls",state="unspent"}`); units < 200 {
+		t.Fatalf("the sidecar holds %v units unspent; the test needs a budget that covers a second of its load", units)
+	}
 	var fail, served atomic.Int64
-	run(time.Now().Add(3*time.Second), &fail, &served)
+	run(2, 20*time.Millisecond, time.Now().Add(3*time.Second), &fail, &served)
 	time.Sleep(500 * time.Millisecond)
 	g.kill()
 	time.Sleep(time.Second)

@@ -1,8 +1,6 @@
 package sidecar
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/internal/logline"
 )
 
 // A fleet is what delegated budgets are for: several governor-proxy
@@ -127,17 +128,9 @@ func (c *child) logLine(t *testing.T, msg string) map[string]any {
 	t.Helper()
 	var found map[string]any
 	eventually(t, c.name+"'s "+strconv.Quote(msg), func() bool {
-		for _, l := range strings.Split(c.logs.String(), "\n") {
-			m := map[string]any{}
-			if json.Unmarshal([]byte(l), &m) != nil {
-				m = logfmt(l)
-			}
-			if m["msg"] == msg {
-				found = m
-				return true
-			}
-		}
-		return false
+		var ok bool
+		found, ok = logline.Find(c.logs.String(), msg)
+		return ok
 	})
 	return found
 }
@@ -164,22 +157,7 @@ func ready(addr string) bool {
 }
 
 // scrape reads one series of a /metrics endpoint; 0 when absent.
-func scrape(t *testing.T, addr, series string) float64 {
-	t.Helper()
-	resp, err := noProxyClient.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v
-		}
-	}
-	return 0
-}
+func scrape(t *testing.T, addr, series string) float64 { return govtest.Scrape(t, addr, series) }
 
 // meter is an origin that counts the requests it serves, in all and by a
 // header, and how many it serves at once.
@@ -237,31 +215,4 @@ func originURL(t *testing.T, h http.Handler) string {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
-}
-
-// logfmt parses a line of slog's text format (key=value, values quoted when
-// they need it).
-func logfmt(line string) map[string]any {
-	m := map[string]any{}
-	for line != "" {
-		line = strings.TrimLeft(line, " ")
-		key, rest, ok := strings.Cut(line, "=")
-		if !ok {
-			break
-		}
-		var val string
-		if strings.HasPrefix(rest, `"`) {
-			q, err := strconv.QuotedPrefix(rest)
-			if err != nil {
-				break
-			}
-			val, _ = strconv.Unquote(q)
-			rest = rest[len(q):]
-		} else {
-			val, rest, _ = strings.Cut(rest, " ")
-		}
-		m[key] = val
-		line = rest
-	}
-	return m
 }

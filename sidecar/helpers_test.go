@@ -26,6 +26,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
 
@@ -49,31 +50,16 @@ func TestMain(m *testing.M) {
 }
 
 const (
-	tenantKey = "pay-key"
-	adminKey  = "admin-key"
+	tenantKey = govtest.TenantKey // of the tenant "payments"
+	adminKey  = govtest.AdminKey
 	// waitFor bounds every wait for a condition in these tests.
 	waitFor = 10 * time.Second
 )
 
-// governordConfig is an in-process governord with one tenant, "payments".
-func governordConfig() server.Config {
-	return server.Config{Listen: "127.0.0.1:0", SessionTTL: 5 * time.Second, AdminKey: adminKey,
-		Store: server.StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
-		Tenants: []server.TenantConfig{{Name: "payments", APIKey: tenantKey, Weight: 1}}}
-}
-
+// startGovernord starts an in-process governord with one tenant,
+// "payments" (internal/govtest), changed by edit.
 func startGovernord(t testing.TB, edit func(*server.Config)) *server.Server {
-	t.Helper()
-	cfg := governordConfig()
-	if edit != nil {
-		edit(&cfg)
-	}
-	srv, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
+	return govtest.Start(t, edit)
 }
 
 // hosts is the proxy's resolver in tests: names that look like anyone's

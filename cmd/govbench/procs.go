@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+
+	"github.com/governor-project/governor/internal/logline"
 )
 
 // proc is a process a scenario started: its log, its CPU time, its end.
@@ -90,14 +91,8 @@ func cpuOf(pid int) time.Duration {
 func (p *proc) logLine(msg string, within time.Duration) (map[string]any, error) {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		for _, l := range strings.Split(p.logText(), "\n") {
-			m := map[string]any{}
-			if json.Unmarshal([]byte(l), &m) != nil {
-				m = logfmt(l)
-			}
-			if m["msg"] == msg {
-				return m, nil
-			}
+		if m, ok := logline.Find(p.logText(), msg); ok {
+			return m, nil
 		}
 		select {
 		case <-p.done:
@@ -106,32 +101,6 @@ func (p *proc) logLine(msg string, within time.Duration) (map[string]any, error)
 		}
 	}
 	return nil, fmt.Errorf("%s: no %q in its log within %v:\n%s", p.name, msg, within, lastLines(p.logText(), 10))
-}
-
-// logfmt parses a line of slog's text format.
-func logfmt(line string) map[string]any {
-	m := map[string]any{}
-	for line != "" {
-		line = strings.TrimLeft(line, " ")
-		key, rest, ok := strings.Cut(line, "=")
-		if !ok {
-			break
-		}
-		var val string
-		if strings.HasPrefix(rest, `"`) {
-			q, err := strconv.QuotedPrefix(rest)
-			if err != nil {
-				break
-			}
-			val, _ = strconv.Unquote(q)
-			rest = rest[len(q):]
-		} else {
-			val, rest, _ = strings.Cut(rest, " ")
-		}
-		m[key] = val
-		line = rest
-	}
-	return m
 }
 
 func lastLines(s string, n int) string {

@@ -54,7 +54,14 @@ func Start(t testing.TB, edit func(*server.Config)) *server.Server {
 // `governor_calls_total{code="OK",method="Consume"}`); 0 when absent.
 func Metric(t testing.TB, srv *server.Server, series string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + srv.MetricsAddr() + "/metrics")
+	return Scrape(t, srv.MetricsAddr(), series)
+}
+
+// Scrape is Metric for any /metrics endpoint, at addr.
+func Scrape(t testing.TB, addr, series string) float64 {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{Proxy: nil}} // never through a proxy from the environment
+	resp, err := c.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -258,6 +258,7 @@ func (a *Admitter) Close(ctx context.Context) error {
 	if s != nil {
 		s.giveBackAll(ctx)
 		s.stop()
+		s.wg.Wait()
 	}
 	drained := make(chan struct{})
 	go func() { a.bg.Wait(); close(drained) }()
@@ -290,7 +291,9 @@ type background struct {
 // maxIdleWorkers bounds the workers kept waiting for background calls.
 const maxIdleWorkers = 32
 
-// Go runs f in the background; once closed, in the caller.
+// Go runs f in the background; once closed, in the caller, so that what
+// follows a ticket still happens during a shutdown. A caller that holds a
+// lock f takes uses Spawn.
 func (b *background) Go(f func()) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -298,6 +301,23 @@ func (b *background) Go(f func()) {
 		f()
 		return
 	}
+	b.start(f)
+}
+
+// Spawn is Go that never runs f in the caller: once closed, f gets a
+// goroutine of its own.
+func (b *background) Spawn(f func()) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		go f()
+		return
+	}
+	b.start(f)
+}
+
+// start hands f to an idle worker, or to a new one. b.mu is read-locked.
+func (b *background) start(f func()) {
 	select {
 	case b.idle <- f:
 		return

@@ -266,6 +266,13 @@ func (s *session) tryAdmit(r admission.Request) (admission.Ticket, bool) {
 	return t, true
 }
 
+// holdings lists n's pools and reservations as they are now.
+func (n *node) holdings() ([]*pool, []*reservation) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Collect(maps.Values(n.pools)), slices.Collect(maps.Values(n.quota))
+}
+
 func (n *node) pool(class string) *pool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -356,10 +363,7 @@ func (s *session) onNotice(nt governor.Notice) {
 // giveBack gives back the idle slots and unspent units held on n: of class
 // only, of resource only, or (both empty) all.
 func (n *node) giveBack(class, resource string) {
-	n.mu.Lock()
-	pools := slices.Collect(maps.Values(n.pools))
-	quota := slices.Collect(maps.Values(n.quota))
-	n.mu.Unlock()
+	pools, quota := n.holdings()
 	if resource == "" {
 		for _, p := range pools {
 			if class == "" || p.class == class {
@@ -381,10 +385,7 @@ func (n *node) giveBack(class, resource string) {
 func (s *session) tick(now time.Time) {
 	linger, settle := s.a.cfg.Linger, s.a.cfg.SettleEvery
 	s.each(func(n *node) {
-		n.mu.Lock()
-		pools := slices.Collect(maps.Values(n.pools))
-		quota := slices.Collect(maps.Values(n.quota))
-		n.mu.Unlock()
+		pools, quota := n.holdings()
 		for _, p := range pools {
 			p.tick(now, linger)
 		}
@@ -404,9 +405,7 @@ const maxSamples = 4096
 func (s *session) report() {
 	batches := map[string][]governor.Sample{}
 	s.each(func(n *node) {
-		n.mu.Lock()
-		pools := slices.Collect(maps.Values(n.pools))
-		n.mu.Unlock()
+		pools, _ := n.holdings()
 		for _, p := range pools {
 			if got := p.takeSamples(); len(got) > 0 {
 				batches[p.class] = append(batches[p.class], got...)
@@ -430,41 +429,29 @@ func (s *session) report() {
 // reservation, waiting until ctx ends: a sidecar that stops leaves nothing
 // unspent behind.
 func (s *session) giveBackAll(ctx context.Context) {
-	if !s.a.cfg.Delegate {
-		return
-	}
-	var wg sync.WaitGroup
-	s.each(func(n *node) {
-		n.mu.Lock()
-		pools := slices.Collect(maps.Values(n.pools))
-		quota := slices.Collect(maps.Values(n.quota))
-		n.mu.Unlock()
-		for _, p := range pools {
-			wg.Add(1)
-			go func() { defer wg.Done(); p.returnIdle(ctx) }()
-		}
-		for _, q := range quota {
-			wg.Add(1)
-			go func() { defer wg.Done(); q.settleNow(ctx, true) }()
-		}
-	})
-	wg.Wait()
+	s.settleEach(ctx, true)
 	s.report()
 }
 
 // settleAll reports every spent unit now and waits for the answers.
-func (s *session) settleAll(ctx context.Context) {
+func (s *session) settleAll(ctx context.Context) { s.settleEach(ctx, false) }
+
+// settleEach settles every reservation, all at once; with all it also
+// gives back every unspent unit and idle slot.
+func (s *session) settleEach(ctx context.Context, all bool) {
 	if !s.a.cfg.Delegate {
 		return
 	}
 	var wg sync.WaitGroup
 	s.each(func(n *node) {
-		n.mu.Lock()
-		quota := slices.Collect(maps.Values(n.quota))
-		n.mu.Unlock()
+		pools, quota := n.holdings()
+		for _, p := range pools {
+			if all {
+				wg.Go(func() { p.returnIdle(ctx) })
+			}
+		}
 		for _, q := range quota {
-			wg.Add(1)
-			go func() { defer wg.Done(); q.settleNow(ctx, false) }()
+			wg.Go(func() { q.settleNow(ctx, all) })
 		}
 	})
 	wg.Wait()

@@ -48,15 +48,13 @@ func (p *pool) idle() int64 { return p.count - p.inUse - p.returning }
 // through governord's fair queue.
 func (p *pool) take(ctx context.Context) (ticket, error) {
 	for {
+		if t, ok := p.tryTake(); ok {
+			return t, nil
+		}
 		p.mu.Lock()
 		switch {
 		case !p.contended && !p.shrinking && p.idle() > 0:
-			p.inUse++
-			p.lastUse = time.Now()
-			gen := p.gen
-			p.mu.Unlock()
-			p.n.s.a.m.blockGrants.Inc()
-			return &blockTicket{p: p, gen: gen}, nil
+			p.mu.Unlock() // freed since tryTake looked: look again
 		case p.contended:
 			p.mu.Unlock()
 			return p.single(ctx)
@@ -79,6 +77,9 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 				return nil, f.err
 			}
 			if f.granted == 0 {
+				if t, ok := p.tryTake(); ok { // a slot of ours came back meanwhile
+					return t, nil
+				}
 				return p.single(ctx) // no room now: queue at governord like anyone
 			}
 		default:

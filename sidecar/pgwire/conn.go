@@ -404,12 +404,15 @@ func (c *conn) serverLoop() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 			}
-			// The transaction's state and slot are settled before the
-			// client learns it may go on: a client that sends its next
-			// statement at once must find the connection idle.
-			c.readyForQuery(body[0])
+			// The transaction's state is settled before the client learns
+			// it may go on: a client that sends its next statement at once
+			// must find the connection idle, not inside the old
+			// transaction. Its slot goes back right after.
+			end := c.readyForQuery(body[0])
 			rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
-			if err := c.writeClient(rfq[:], c.sr.Buffered() == 0); err != nil {
+			err := c.writeClient(rfq[:], c.sr.Buffered() == 0)
+			end()
+			if err != nil {
 				return err
 			}
 		case MsgErrorResponse:
@@ -459,7 +462,7 @@ func (c *conn) serverError(body []byte) []byte {
 
 // readyForQuery records the server's transaction state and ends the
 // admitted transaction when the connection is idle again.
-func (c *conn) readyForQuery(status byte) {
+func (c *conn) readyForQuery(status byte) (end func()) {
 	c.mu.Lock()
 	if len(c.queue) > 0 {
 		c.queue[0] = nil
@@ -467,22 +470,30 @@ func (c *conn) readyForQuery(status byte) {
 	}
 	c.status = status
 	c.mu.Unlock()
-	c.endTx(false)
+	return c.detachTx(false)
 }
 
-// endTx releases the transaction's lease when the connection is idle (or,
+// endTx ends the transaction's ticket when the connection is idle (or,
 // with dropped, regardless).
-func (c *conn) endTx(dropped bool) {
+func (c *conn) endTx(dropped bool) { c.detachTx(dropped)() }
+
+// detachTx takes the transaction's ticket off the connection when it is
+// idle (or, with dropped, regardless) and returns what ends it. The
+// connection's state is settled at once; the slot is given back by the
+// caller, after the client has been told (so that a shutdown waiting for
+// the last transaction cannot close the connection before its
+// ReadyForQuery is out).
+func (c *conn) detachTx(dropped bool) (end func()) {
 	c.mu.Lock()
 	t := c.ticket
 	if t == nil || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch)) {
 		c.mu.Unlock()
-		return
+		return func() {}
 	}
 	c.ticket = nil
 	latency, over := time.Since(c.txStart), c.overloaded
 	c.mu.Unlock()
-	t.End(latency, over)
+	return func() { t.End(latency, over) }
 }
 
 // clientLoop relays the client's messages to the server, classifying and

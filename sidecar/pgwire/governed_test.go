@@ -14,6 +14,7 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 	"github.com/governor-project/governor/sidecar/admission"
 	"github.com/governor-project/governor/sidecar/budget"
@@ -31,18 +32,10 @@ rules:
     class: db
 `
 
-// governord starts an in-memory governord whose tenant "app" may hold
-// dbLimit db leases at once.
+// governord starts an in-process governord whose tenant may hold dbLimit
+// db leases at once.
 func governord(t testing.TB, dbLimit int64) *server.Server {
-	t.Helper()
-	srv, err := server.Start(context.Background(), server.Config{Listen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
-		Store: server.StoreConfig{Driver: "memory"}, ReapInterval: 50 * time.Millisecond,
-		Tenants: []server.TenantConfig{{Name: "app", APIKey: "app-key", Weight: 1, Limits: map[string]int64{"db": dbLimit}}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
+	return govtest.Start(t, func(c *server.Config) { c.Tenants[0].Limits = map[string]int64{"db": dbLimit} })
 }
 
 // governedProxy starts a sidecar's pgwire side on the sidecar's admission
@@ -57,7 +50,7 @@ func governedProxy(t testing.TB, srv *server.Server, spec governor.Spec, tweak f
 		t.Fatal(err)
 	}
 	adm := budget.New(budget.Config{Task: spec, Delegate: true,
-		Dial: []governor.Option{governor.WithAddr(srv.Addr()), governor.WithAPIKey("app-key")}})
+		Dial: []governor.Option{governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey)}})
 	ctx, stop := context.WithCancel(context.Background())
 	go adm.Run(ctx)
 	select {
