@@ -192,9 +192,7 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 	// All of the charges or none: each is held until the slot is granted.
 	for i, res := range resources {
 		if err := n.reservation(res).take(ctx, r.Charges[res]); err != nil {
-			for _, back := range resources[:i] {
-				n.reservation(back).untake(r.Charges[back])
-			}
+			n.untake(resources[:i], r.Charges)
 			return nil, err
 		}
 	}
@@ -202,17 +200,27 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 	if r.Class != "" {
 		pt, err := n.pool(r.Class).take(ctx)
 		if err != nil {
-			for _, res := range resources {
-				n.reservation(res).untake(r.Charges[res])
-			}
+			n.untake(resources, r.Charges)
 			return nil, err
 		}
 		t = pt
 	}
-	for _, res := range resources {
-		n.reservation(res).spend(r.Charges[res])
-	}
+	n.spend(resources, r.Charges)
 	return t, nil
+}
+
+// untake puts back the units taken for resources.
+func (n *node) untake(resources []string, charges map[string]int64) {
+	for _, res := range resources {
+		n.reservation(res).untake(charges[res])
+	}
+}
+
+// spend spends the units taken for resources, once the slot is granted.
+func (n *node) spend(resources []string, charges map[string]int64) {
+	for _, res := range resources {
+		n.reservation(res).spend(charges[res])
+	}
 }
 
 // tryAdmit is admit when everything is in hand; ok is false, with nothing
@@ -242,9 +250,7 @@ func (s *session) tryAdmit(r admission.Request) (admission.Ticket, bool) {
 	resources := taken[:0]
 	for res, amount := range r.Charges {
 		if !n.reservation(res).tryTake(amount) {
-			for _, back := range resources {
-				n.reservation(back).untake(r.Charges[back])
-			}
+			n.untake(resources, r.Charges)
 			return nil, false
 		}
 		resources = append(resources, res)
@@ -253,16 +259,12 @@ func (s *session) tryAdmit(r admission.Request) (admission.Ticket, bool) {
 	if r.Class != "" {
 		pt, ok := n.pool(r.Class).tryTake()
 		if !ok {
-			for _, res := range resources {
-				n.reservation(res).untake(r.Charges[res])
-			}
+			n.untake(resources, r.Charges)
 			return nil, false
 		}
 		t = pt
 	}
-	for _, res := range resources {
-		n.reservation(res).spend(r.Charges[res])
-	}
+	n.spend(resources, r.Charges)
 	return t, true
 }
 
