@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
-	"gopkg.in/yaml.v3"
 
 	"github.com/governor-project/governor/internal/envsubst"
 )
@@ -87,7 +86,11 @@ func TestValidFiles(t *testing.T) {
 			}
 			text, _ := os.ReadFile(file)
 			var fc fileCases
-			if err := yaml.Unmarshal(envsubst.Expand(text), &fc); err != nil {
+			doc, _, err := envsubst.Parse(text)
+			if err == nil {
+				err = doc.Decode(&fc)
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 			if len(fc.HTTP)+len(fc.SQL) == 0 {

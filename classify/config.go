@@ -148,15 +148,13 @@ func (l *stringList) UnmarshalYAML(n *yaml.Node) error {
 	return n.Decode(&l.items)
 }
 
-// Load reads the YAML file at path, expands ${VAR} references in it from the
-// environment (the braced form only, as governord's config does, so that a
-// "$" elsewhere is left alone), and parses its rules: key like Parse.
+// Load reads the YAML file at path and parses its rules: key like Parse.
 func Load(path string) (*Rules, error) {
 	text, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return Parse(envsubst.Expand(text))
+	return Parse(text)
 }
 
 func readFile(path string) ([]byte, error) {
@@ -177,7 +175,9 @@ func readFile(path string) ([]byte, error) {
 
 // Parse compiles the rules: key of a YAML document: the proxy's whole config
 // file, of which it reads only that key and ignores every other top-level
-// key. It does not expand ${VAR} (Load does). A document without a rules: key
+// key. ${VAR} references in values are expanded after parsing (package
+// envsubst), and an error shows a reference rather than the value it
+// expanded to. A document without a rules: key
 // (or with "rules: []") has no rules and matches nothing; an empty document
 // is an error, so that a file caught half-written is not taken for "no
 // rules".
@@ -197,10 +197,21 @@ func parse(text []byte) (*Rules, bool, error) {
 }
 
 func parseDoc(text []byte) (*Rules, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(text, &doc); err != nil {
+	doc, exps, err := envsubst.Parse(text)
+	if err != nil {
 		return nil, &Error{Index: -1, Problem: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
+	rs, err := parseNode(doc)
+	var e *Error
+	if errors.As(err, &e) {
+		// A value that came from ${VAR} is shown as its reference, never
+		// as what it expanded to, which may be a secret.
+		e.Rule, e.Problem = exps.Redact(e.Key(), e.Rule), exps.Redact(e.Key(), e.Problem)
+	}
+	return rs, err
+}
+
+func parseNode(doc *yaml.Node) (*Rules, error) {
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, &Error{Index: -1, Problem: "the document is empty"}
 	}

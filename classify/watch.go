@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/governor-project/governor/internal/envsubst"
 )
 
 // DefaultInterval is how often a Watcher polls its file.
@@ -81,7 +79,7 @@ func NewWatcher(path string, onReload func(*Rules, error), opts ...WatchOption) 
 	if err != nil {
 		return nil, err
 	}
-	rules, err := Parse(envsubst.Expand(text))
+	rules, err := Parse(text)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +144,7 @@ func (w *Watcher) poll() {
 		w.report(nil, readErr)
 		return
 	}
-	rules, listed, err := parse(envsubst.Expand(text))
+	rules, listed, err := parse(text)
 	if err == nil && !listed {
 		// A file that lost its rules: list (a half-written one, a bad edit)
 		// must not turn every rule off; removing them all takes "rules: []".

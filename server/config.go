@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	"github.com/spf13/viper"
+	"gopkg.in/yaml.v3"
 
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/internal/envsubst"
 	"github.com/governor-project/governor/store"
 )
@@ -39,6 +42,9 @@ type Config struct {
 	AllowPlaintext bool
 	TLS            TLSConfig
 	AdminKey       string // empty: no operator sessions
+	// AdminKeySHA256 stands for AdminKey by its SHA-256, so that the file
+	// holds no secret; zero: none. At most one of the two is set.
+	AdminKeySHA256 [sha256.Size]byte
 	Store          StoreConfig
 	Root           Caps
 	Adaptive       []engine.Adaptive
@@ -72,12 +78,44 @@ type Caps struct {
 
 // TenantConfig is one tenant as the operator configures it.
 type TenantConfig struct {
-	Name     string
-	APIKey   string
-	Weight   int64
-	Quotas   map[string]int64
-	Limits   map[string]int64
-	Defaults Caps // what each new task of the tenant starts with
+	Name   string
+	APIKey string
+	// APIKeySHA256 stands for APIKey by its SHA-256, so that the file
+	// holds no secret; zero: none. At most one of the two is set.
+	APIKeySHA256 [sha256.Size]byte
+	Weight       int64
+	Quotas       map[string]int64
+	Limits       map[string]int64
+	Defaults     Caps // what each new task of the tenant starts with
+}
+
+// keyHash is the SHA-256 of the tenant's key, whichever way it was given.
+func (t TenantConfig) keyHash() ([sha256.Size]byte, bool) { return hashOf(t.APIKey, t.APIKeySHA256) }
+
+// adminKeyHash is the SHA-256 of the operator's key, whichever way it was
+// given.
+func (c Config) adminKeyHash() ([sha256.Size]byte, bool) { return hashOf(c.AdminKey, c.AdminKeySHA256) }
+
+func hashOf(key string, sum [sha256.Size]byte) ([sha256.Size]byte, bool) {
+	if key != "" {
+		return sha256.Sum256([]byte(key)), true
+	}
+	return sum, sum != [sha256.Size]byte{}
+}
+
+// shortKeys names the keys given in the clear that are shorter than
+// apikey.MinLen, for a warning at start.
+func (c Config) shortKeys() []string {
+	var short []string
+	if c.AdminKey != "" && len(c.AdminKey) < apikey.MinLen {
+		short = append(short, "admin_key")
+	}
+	for i, t := range c.Tenants {
+		if t.APIKey != "" && len(t.APIKey) < apikey.MinLen {
+			short = append(short, fmt.Sprintf("tenants[%d].api_key", i))
+		}
+	}
+	return short
 }
 
 // ConfigError names the configuration key that is wrong and why. A daemon
@@ -102,6 +140,7 @@ type fileConfig struct {
 	AllowPlaintext bool           `mapstructure:"allow_plaintext"`
 	TLS            fileTLS        `mapstructure:"tls"`
 	AdminKey       string         `mapstructure:"admin_key"`
+	AdminKeySHA256 string         `mapstructure:"admin_key_sha256"`
 	Store          fileStore      `mapstructure:"store"`
 	Root           fileCaps       `mapstructure:"root"`
 	Adaptive       []fileAdaptive `mapstructure:"adaptive"`
@@ -138,6 +177,7 @@ type fileAdaptive struct {
 type fileTenant struct {
 	Name     string           `mapstructure:"name"`
 	APIKey   string           `mapstructure:"api_key"`
+	KeyHash  string           `mapstructure:"api_key_sha256"`
 	Weight   int64            `mapstructure:"weight"`
 	Quotas   map[string]int64 `mapstructure:"quotas"`
 	Limits   map[string]int64 `mapstructure:"limits"`
@@ -156,9 +196,39 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig is LoadConfig for text already read.
 func ParseConfig(text []byte) (Config, error) {
+	doc, exps, err := envsubst.Parse(text)
+	if err != nil {
+		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
+	}
+	cfg, err := decodeConfig(doc, exps)
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		// A value that came from ${VAR} is shown as its reference, never
+		// as what it expanded to, which may be a secret.
+		ce.Problem = exps.Redact(ce.Key, ce.Problem)
+	}
+	return cfg, err
+}
+
+// decodeConfig hands the expanded document to viper as text. Each expanded
+// value goes back as a quoted string, which mapstructure turns into the
+// field's type, so that no value is read as YAML a second time.
+func decodeConfig(doc *yaml.Node, exps envsubst.Expansions) (Config, error) {
+	for _, e := range exps {
+		if e.Node.ShortTag() != "!!null" {
+			e.Node.Tag, e.Node.Style = "!!str", yaml.DoubleQuotedStyle
+		}
+	}
+	var text []byte
+	if doc.Kind != 0 {
+		var err error
+		if text, err = yaml.Marshal(doc); err != nil {
+			return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
+		}
+	}
 	v := viper.New()
 	v.SetConfigType("yaml")
-	if err := v.ReadConfig(bytes.NewReader(envsubst.Expand(text))); err != nil {
+	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
 		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
 	}
 	var raw fileConfig
@@ -251,9 +321,12 @@ func (f fileConfig) validate() (Config, error) {
 		}
 		c.Adaptive = append(c.Adaptive, ad)
 	}
-	names, keys := map[string]bool{}, map[string]string{}
-	if c.AdminKey != "" {
-		keys[c.AdminKey] = "admin_key"
+	names, keys := map[string]bool{}, map[[sha256.Size]byte]string{}
+	if err := parseKeyHash("admin_key", f.AdminKey, f.AdminKeySHA256, &c.AdminKeySHA256); err != nil {
+		return Config{}, err
+	}
+	if h, ok := c.adminKeyHash(); ok {
+		keys[h] = "admin_key"
 	}
 	for i, t := range f.Tenants {
 		key := fmt.Sprintf("tenants[%d]", i)
@@ -267,11 +340,15 @@ func (f fileConfig) validate() (Config, error) {
 			return Config{}, keyErr(key+".name", "%q is used by another tenant", t.Name)
 		}
 		names[t.Name] = true
-		if t.APIKey != "" {
-			if other, dup := keys[t.APIKey]; dup {
+		tc := TenantConfig{Name: t.Name, APIKey: t.APIKey}
+		if err := parseKeyHash(key+".api_key", t.APIKey, t.KeyHash, &tc.APIKeySHA256); err != nil {
+			return Config{}, err
+		}
+		if h, ok := tc.keyHash(); ok {
+			if other, dup := keys[h]; dup {
 				return Config{}, keyErr(key+".api_key", "is the same key as %s", other)
 			}
-			keys[t.APIKey] = key + ".api_key"
+			keys[h] = key + ".api_key"
 		}
 		switch {
 		case t.Weight == 0:
@@ -285,10 +362,27 @@ func (f fileConfig) validate() (Config, error) {
 		if err := checkCaps(key+".defaults", t.Defaults.Quotas, t.Defaults.Limits); err != nil {
 			return Config{}, err
 		}
-		c.Tenants = append(c.Tenants, TenantConfig{Name: t.Name, APIKey: t.APIKey, Weight: t.Weight,
-			Quotas: t.Quotas, Limits: t.Limits, Defaults: Caps(t.Defaults)})
+		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, t.Quotas, t.Limits, Caps(t.Defaults)
+		c.Tenants = append(c.Tenants, tc)
 	}
 	return c, nil
+}
+
+// parseKeyHash reads KEY_sha256, the hex SHA-256 that stands for KEY, into
+// sum; giving both is an error.
+func parseKeyHash(key, clear, hexSum string, sum *[sha256.Size]byte) error {
+	if hexSum == "" {
+		return nil
+	}
+	if clear != "" {
+		return keyErr(key+"_sha256", "and %s are both set; give one", key)
+	}
+	h, err := apikey.ParseHash(hexSum)
+	if err != nil {
+		return keyErr(key+"_sha256", "%v", err)
+	}
+	*sum = h
+	return nil
 }
 
 func checkCaps(key string, quotas, limits map[string]int64) error {

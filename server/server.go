@@ -22,6 +22,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/store"
 )
 
@@ -240,8 +241,8 @@ func (s *Server) configure(ctx context.Context) error {
 			return fmt.Errorf("configure root: %w", err)
 		}
 	}
-	if s.cfg.AdminKey != "" {
-		s.keys[sha256.Sum256([]byte(s.cfg.AdminKey))] = engine.RootID
+	if h, ok := s.cfg.adminKeyHash(); ok {
+		s.keys[h] = engine.RootID
 	}
 	for _, t := range s.cfg.Tenants {
 		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
@@ -256,14 +257,18 @@ func (s *Server) configure(ctx context.Context) error {
 				}
 			}
 		}
-		if t.APIKey != "" {
-			s.keys[sha256.Sum256([]byte(t.APIKey))] = v.ID
+		if h, ok := t.keyHash(); ok {
+			s.keys[h] = v.ID
 		} else {
 			s.log.Warn("tenant has no api_key; it cannot open sessions", "tenant", t.Name)
 		}
 	}
-	if s.cfg.AdminKey == "" {
+	if _, ok := s.cfg.adminKeyHash(); !ok {
 		s.log.Warn("no admin_key; no operator sessions can be opened")
+	}
+	for _, key := range s.cfg.shortKeys() {
+		s.log.Warn(fmt.Sprintf("an API key shorter than %d bytes can be guessed; use %d random bytes or more (openssl rand -hex %d)",
+			apikey.MinLen, apikey.MinLen, apikey.MinLen), "key", key)
 	}
 	return s.events.WaitDurable(ctx, s.eng.Seq())
 }

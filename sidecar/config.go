@@ -319,11 +319,21 @@ func loadConfig(path string, complete bool) (Config, error) {
 }
 
 func parseConfig(text []byte, complete bool) (Config, error) {
-	text = envsubst.Expand(text)
-	var doc yaml.Node
-	if err := yaml.Unmarshal(text, &doc); err != nil {
+	doc, exps, err := envsubst.Parse(text)
+	if err != nil {
 		return Config{}, keyErr("(file)", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
+	cfg, err := buildConfig(doc, text, complete)
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		// A value that came from ${VAR} is shown as its reference, never
+		// as what it expanded to, which may be a secret.
+		ce.Problem = exps.Redact(ce.Key, ce.Problem)
+	}
+	return cfg, err
+}
+
+func buildConfig(doc *yaml.Node, text []byte, complete bool) (Config, error) {
 	var raw fileConfig
 	if len(doc.Content) == 0 {
 		return Config{}, keyErr("(file)", "the document is empty")

@@ -92,6 +92,7 @@ type testProxy struct {
 
 type proxyOpts struct {
 	gaddr  string
+	key    string // governor.api_key as written in the file; default the tenant's key
 	yaml   string // added to the generated config (rules:, routes:, task: ...)
 	task   string // task.name; default "pod-7"
 	tls    *x509.CertPool
@@ -106,7 +107,10 @@ func startProxy(t testing.TB, o proxyOpts) *testProxy {
 	if o.task == "" {
 		o.task = "pod-7"
 	}
-	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\nmetrics_listen: 127.0.0.1:0\n", o.gaddr, tenantKey)
+	if o.key == "" {
+		o.key = tenantKey
+	}
+	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\nmetrics_listen: 127.0.0.1:0\n", o.gaddr, o.key)
 	if !strings.Contains(o.yaml, "task:") {
 		text += fmt.Sprintf("task: {name: %s}\n", o.task)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/sidecar/budget"
 	"github.com/governor-project/governor/sidecar/httpproxy"
 	"github.com/governor-project/governor/sidecar/pgwire"
@@ -99,6 +101,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 		}
 	}
 	s.warnUnenforced(s.rules())
+	s.warnShortKey()
 	s.admitter = s.newAdmitter(opts)
 	s.pgGate = gate{next: s.admitter, gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_pgwire_transactions_open",
 		Help: "pgwire transactions holding a slot now."})}
@@ -235,6 +238,19 @@ func (s *Sidecar) reloaded(r *classify.Rules, err error, hook func(error)) {
 	}
 	if hook != nil {
 		hook(err)
+	}
+}
+
+// warnShortKey warns of an API key that could be guessed. It names where
+// the key came from, never the key.
+func (s *Sidecar) warnShortKey() {
+	key, from := s.cfg.Governor.APIKey, "governor.api_key"
+	if key == "" {
+		key, from = os.Getenv(governor.EnvAPIKey), governor.EnvAPIKey
+	}
+	if key != "" && len(key) < apikey.MinLen {
+		s.log.Warn(fmt.Sprintf("governor-proxy: an API key shorter than %d bytes can be guessed; use %d random bytes or more (openssl rand -hex %d)",
+			apikey.MinLen, apikey.MinLen, apikey.MinLen), "key", from)
 	}
 }
 
