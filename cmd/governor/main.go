@@ -2,11 +2,13 @@
 //
 //	governor explain -config proxy.yaml GET https://api.example.com/v1/x
 //	governor explain -config proxy.yaml --sql "INSERT INTO payments ..."
+//	printf %s "$KEY" | governor hash-key
 //
 // explain says which of governor-proxy's rules a request matches, why each
 // earlier rule did not, and what the proxy would charge and hold for it.
-// The other subcommands DESIGN.md names (hook, top, caps, doctor) are not
-// written yet.
+// hash-key prints the SHA-256 of an API key read from stdin, for
+// governord's api_key_sha256. The other subcommands DESIGN.md names (hook,
+// top, caps, doctor) are not written yet.
 //
 // Bad flags or arguments exit with status 2; a config file that fails to
 // load also exits 2, naming the key.
@@ -19,19 +21,20 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 const usage = `usage: governor COMMAND [flags] [args]
 
 commands:
   explain   which proxy rule a request or SQL statement matches, and why
+  hash-key  the SHA-256 of an API key read from stdin, for api_key_sha256
   hook, top, caps, doctor   (not written yet)
 
 run "governor explain -h" for its flags.
 `
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
@@ -39,8 +42,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "explain":
 		return explain(args[1:], stdout, stderr)
+	case "hash-key":
+		return hashKey(args[1:], stdin, stdout, stderr)
 	case "hook", "top", "caps", "doctor":
-		fmt.Fprintf(stderr, "governor %s: not written yet; only explain is available in this build\n", args[0])
+		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
 		return 2
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)

@@ -35,7 +35,7 @@ func TestExplain(t *testing.T) {
 			[]string{"payment-writes: MATCH", "charge db_writes=1 and take a lease of class db"}},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(append([]string{"explain"}, tc.args...), &out, &errOut)
+		code := run(append([]string{"explain"}, tc.args...), nil, &out, &errOut)
 		if code != tc.code {
 			t.Errorf("%v: exit %d, want %d\n%s%s", tc.args, code, tc.code, out.String(), errOut.String())
 		}
@@ -52,7 +52,7 @@ func TestUsageErrors(t *testing.T) {
 		{"explain", "-config", example, "GET"}, {"explain", "-config", "/no/such/file", "GET", "https://x/"},
 		{"explain", "-config", example, "CONNECT", "https://x/"}, {"explain", "-config", example, "-H", "nocolon", "https://x/"}} {
 		var out, errOut bytes.Buffer
-		if code := run(args, &out, &errOut); code != 2 {
+		if code := run(args, nil, &out, &errOut); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
 	}
