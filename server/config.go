@@ -52,6 +52,9 @@ type Config struct {
 	// ReapInterval is how often expired sessions, deadlines and tombstones
 	// are reaped and adaptive limits decide. Zero means DefaultReapInterval.
 	ReapInterval time.Duration
+	// TLSReloadInterval is how often the TLS files are polled for a new
+	// pair. Zero means tlsreload.DefaultInterval.
+	TLSReloadInterval time.Duration
 	// OpenStore, when set, opens the store instead of Store.Driver and
 	// Store.DSN; tests use it to inject a store that fails.
 	OpenStore func(ctx context.Context) (store.Store, error)

@@ -28,6 +28,9 @@ type metrics struct {
 	waitTime prometheus.Histogram
 	waiters  prometheus.Gauge
 	notices  *prometheus.CounterVec
+
+	// tlsReloads counts changes to the TLS files, by outcome.
+	tlsReloads *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -49,6 +52,9 @@ func newMetrics(s *Server) *metrics {
 		Help: "Acquire calls blocked in the fair queue right now."})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_notices_total",
 		Help: "Notices sent on Watch streams to holders of delegated budgets, by kind."}, []string{"kind"})
+	m.tlsReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_tls_reloads_total",
+		Help: "Changes to the TLS certificate and key files, by outcome (success, failure). A failure keeps the pair in force."}, []string{"outcome"})
+	m.reg.MustRegister(m.tlsReloads)
 	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, treeCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -23,6 +23,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/apikey"
+	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/store"
 )
 
@@ -43,6 +44,7 @@ type Server struct {
 	settlements signal  // fires when reservations are settled (delegation.go)
 
 	grpc    *grpc.Server
+	certs   *tlsreload.Reloader // the certificate in force; nil without TLS
 	health  *health.Server
 	lis     net.Listener
 	httpSrv *http.Server
@@ -322,11 +324,16 @@ const grpcStreamWorkers = 64
 func (s *Server) serve() error {
 	var opts []grpc.ServerOption
 	if s.cfg.TLS.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile)
+		// The files are watched: each new handshake gets the pair in force,
+		// so a rotated certificate needs no restart, and connections
+		// already open keep theirs.
+		certs, err := tlsreload.New(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile,
+			tlsreload.Options{Interval: s.cfg.TLSReloadInterval, OnReload: s.certReloaded})
 		if err != nil {
 			return &ConfigError{Key: "tls", Problem: err.Error()}
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}})))
+		s.certs = certs
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: certs.GetCertificate})))
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary), grpc.ChainStreamInterceptor(s.metrics.stream),
 		// Fixed flow-control windows turn off gRPC's BDP estimation, which
@@ -347,6 +354,7 @@ func (s *Server) serve() error {
 	reflection.Register(s.grpc)
 	lis, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
+		s.closeCerts()
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
 	}
 	s.lis = lis
@@ -354,6 +362,7 @@ func (s *Server) serve() error {
 		hl, err := net.Listen("tcp", s.cfg.MetricsListen)
 		if err != nil {
 			lis.Close()
+			s.closeCerts()
 			return fmt.Errorf("listen %s: %w", s.cfg.MetricsListen, err)
 		}
 		s.httpLis = hl
@@ -376,6 +385,25 @@ func (s *Server) serve() error {
 		}
 	}()
 	return nil
+}
+
+// certReloaded logs and counts a change to the TLS files.
+func (s *Server) certReloaded(cert *tls.Certificate, err error) {
+	if err != nil {
+		s.metrics.tlsReloads.WithLabelValues("failure").Inc()
+		s.log.Error("the TLS certificate failed to load; the one in force stays", "cert_file", s.cfg.TLS.CertFile,
+			"key_file", s.cfg.TLS.KeyFile, "err", err)
+		return
+	}
+	s.metrics.tlsReloads.WithLabelValues("success").Inc()
+	s.log.Info("TLS certificate reloaded", "cert_file", s.cfg.TLS.CertFile, "subject", cert.Leaf.Subject.String(),
+		"not_after", cert.Leaf.NotAfter)
+}
+
+func (s *Server) closeCerts() {
+	if s.certs != nil {
+		s.certs.Close()
+	}
 }
 
 // Addr is the address gRPC listens on.
@@ -446,6 +474,7 @@ func (s *Server) Close() error {
 		if s.cancelRun != nil {
 			s.cancelRun()
 		}
+		s.closeCerts()
 		s.wg.Wait()
 		if s.st != nil {
 			s.closeErr = s.st.Close()

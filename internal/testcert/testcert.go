@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -68,4 +69,57 @@ func New(t testing.TB, hosts ...string) Cert {
 	}
 	c.Pool.AddCert(leaf)
 	return c
+}
+
+// Volume is a folder laid out as the kubelet mounts a Kubernetes Secret,
+// which is how cert-manager's certificates reach a pod: tls.crt and tls.key
+// are symlinks into "..data", itself a symlink to a timestamped folder.
+// Rotate writes a new folder and swaps "..data" to it in one rename, so a
+// reader sees the old pair or the new one, never half of each.
+type Volume struct {
+	Dir      string
+	CertFile string // Dir/tls.crt
+	KeyFile  string // Dir/tls.key
+	t        testing.TB
+	n        int
+}
+
+// NewVolume makes a Volume holding the pair in certFile and keyFile.
+func NewVolume(t testing.TB, certFile, keyFile string) *Volume {
+	t.Helper()
+	v := &Volume{Dir: t.TempDir(), t: t}
+	v.CertFile, v.KeyFile = filepath.Join(v.Dir, "tls.crt"), filepath.Join(v.Dir, "tls.key")
+	v.Rotate(certFile, keyFile)
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(v.Dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+// Rotate makes the pair in certFile and keyFile the Volume's, atomically.
+func (v *Volume) Rotate(certFile, keyFile string) {
+	v.t.Helper()
+	v.n++
+	gen := fmt.Sprintf("..%s_%d", time.Now().UTC().Format("2006_01_02_15_04_05"), v.n)
+	if err := os.Mkdir(filepath.Join(v.Dir, gen), 0o700); err != nil {
+		v.t.Fatal(err)
+	}
+	for name, from := range map[string]string{"tls.crt": certFile, "tls.key": keyFile} {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(v.Dir, gen, name), b, 0o600); err != nil {
+			v.t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(v.Dir, "..data_tmp")
+	if err := os.Symlink(gen, tmp); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(v.Dir, "..data")); err != nil {
+		v.t.Fatal(err)
+	}
 }
