@@ -101,7 +101,7 @@ func benchGovernor(b *testing.B, driver, rule string) (string, func()) {
 	pcfg, err := ParseConfig([]byte(fmt.Sprintf(`
 governor: {addr: %q, api_key: %s}
 task: {name: bench, quotas: {calls: 1000000000}, limits: {bench: 1000}}
-http: {listen: 127.0.0.1:0}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost]}
 metrics_listen: ""
 rules:
   - {name: bench%s}

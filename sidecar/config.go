@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"reflect"
@@ -99,6 +100,19 @@ type HTTPConfig struct {
 	IdleTimeout           time.Duration // an idle keep-alive client connection is closed after this
 	DialTimeout           time.Duration // connecting to an upstream; over it is 504
 	ResponseHeaderTimeout time.Duration // waiting for an upstream's headers; 0 = no limit; over it is 504
+
+	// AllowRemoteClients lets Listen be an address other hosts reach; then
+	// Password is required, or anyone who can reach the port could spend
+	// the tenant's budgets and reach what the sidecar reaches.
+	AllowRemoteClients bool
+	// Password, when not "", must be the password of every request's
+	// Proxy-Authorization (407 otherwise).
+	Password string
+	// AllowTargets lifts the refusal of loopback and link-local targets
+	// they cover, and of governord's for an entry naming its port.
+	AllowTargets []httpproxy.Target
+	// ConnectPorts are the ports a CONNECT may reach. Nil: 443 only.
+	ConnectPorts []httpproxy.PortRange
 }
 
 // PGWireConfig is one PostgreSQL wire listener, served by package pgwire
@@ -158,12 +172,14 @@ type DelegationConfig struct {
 	SettleEvery time.Duration
 }
 
-// proxyConfig is what the HTTP side runs with.
-func (h HTTPConfig) proxyConfig() httpproxy.Config {
+// proxyConfig is what the HTTP side runs with; governord are governord's
+// addresses, refused as targets.
+func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 	return httpproxy.Config{WaitTimeout: h.WaitTimeout, DenyUnmatched: h.Unmatched == UnmatchedDeny,
 		TunnelIdleTimeout: h.TunnelIdleTimeout, BodyIdleTimeout: h.BodyIdleTimeout, AllowLinkLocal: h.AllowLinkLocal,
 		ReadHeaderTimeout: h.ReadHeaderTimeout, MaxHeaderBytes: h.MaxHeaderBytes, IdleTimeout: h.IdleTimeout,
-		DialTimeout: h.DialTimeout, ResponseHeaderTimeout: h.ResponseHeaderTimeout}
+		DialTimeout: h.DialTimeout, ResponseHeaderTimeout: h.ResponseHeaderTimeout,
+		AllowTargets: h.AllowTargets, ConnectPorts: h.ConnectPorts, Password: h.Password, Governord: governord}
 }
 
 // ConfigError names the configuration key that is wrong and why. The command
@@ -224,6 +240,10 @@ type fileHTTP struct {
 	IdleTimeout           *time.Duration `yaml:"idle_timeout"`
 	DialTimeout           *time.Duration `yaml:"dial_timeout"`
 	ResponseHeaderTimeout *time.Duration `yaml:"response_header_timeout"`
+	AllowRemoteClients    *bool          `yaml:"allow_remote_clients"`
+	Password              *string        `yaml:"password"`
+	AllowTargets          []string       `yaml:"allow_targets"`
+	ConnectPorts          *[]string      `yaml:"connect_ports"`
 }
 
 type filePGWire struct {
@@ -391,6 +411,11 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		set(&c.HTTP.IdleTimeout, h.IdleTimeout)
 		set(&c.HTTP.DialTimeout, h.DialTimeout)
 		set(&c.HTTP.ResponseHeaderTimeout, h.ResponseHeaderTimeout)
+		set(&c.HTTP.AllowRemoteClients, h.AllowRemoteClients)
+		set(&c.HTTP.Password, h.Password)
+		if err := c.HTTP.parseTargets(h.AllowTargets, h.ConnectPorts); err != nil {
+			return Config{}, err
+		}
 	}
 	set(&c.MetricsListen, f.MetricsListen)
 	c.Delegation = DefaultDelegation
@@ -492,6 +517,9 @@ func (c *Config) validate(complete bool) error {
 	if err := checkHostPort("http.listen", c.HTTP.Listen); err != nil {
 		return err
 	}
+	if err := c.HTTP.checkExposure(); err != nil {
+		return err
+	}
 	if c.MetricsListen != "" {
 		if err := checkHostPort("metrics_listen", c.MetricsListen); err != nil {
 			return err
@@ -565,6 +593,82 @@ func (c *Config) validate(complete bool) error {
 		}
 	}
 	return nil
+}
+
+// governordAddrs are the host:port pairs governord is reached at, as the
+// SDK will dial them (governor.addr, else GOVERNOR_ADDR, else the default;
+// a comma-separated list with standbys; a gRPC scheme such as dns:/// is
+// dropped). The HTTP side refuses them as targets.
+func (c *Config) governordAddrs() []string {
+	addr := c.Governor.Addr
+	if addr == "" {
+		addr = os.Getenv(governor.EnvAddr)
+	}
+	if addr == "" {
+		addr = governor.DefaultAddr
+	}
+	var out []string
+	for _, a := range strings.Split(addr, ",") {
+		a = strings.TrimSpace(a)
+		if i := strings.Index(a, ":///"); i >= 0 {
+			a = a[i+len(":///"):]
+		}
+		if _, _, err := net.SplitHostPort(a); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// parseTargets reads http.allow_targets and http.connect_ports.
+func (h *HTTPConfig) parseTargets(allow []string, ports *[]string) error {
+	for i, a := range allow {
+		t, err := httpproxy.ParseTarget(a)
+		if err != nil {
+			return keyErr(fmt.Sprintf("http.allow_targets[%d]", i), "%v", err)
+		}
+		h.AllowTargets = append(h.AllowTargets, t...)
+	}
+	if ports != nil {
+		h.ConnectPorts = []httpproxy.PortRange{} // given, even if empty: no CONNECT at all
+		for i, s := range *ports {
+			r, err := httpproxy.ParsePortRange(s)
+			if err != nil {
+				return keyErr(fmt.Sprintf("http.connect_ports[%d]", i), "%v", err)
+			}
+			h.ConnectPorts = append(h.ConnectPorts, r)
+		}
+	}
+	return nil
+}
+
+// checkExposure refuses an open proxy: a listen address other hosts reach
+// needs http.allow_remote_clients, and that needs a password.
+func (h *HTTPConfig) checkExposure() error {
+	if !h.AllowRemoteClients && !isLoopbackListen(h.Listen) {
+		return keyErr("http.listen", "%q is not a loopback address: other hosts could use the proxy, spend the tenant's budgets and reach "+
+			"whatever the sidecar reaches; listen on 127.0.0.1, or set http.allow_remote_clients: true with an http.password", h.Listen)
+	}
+	if h.AllowRemoteClients && h.Password == "" {
+		return keyErr("http.password", "is empty, and http.allow_remote_clients is true: remote clients must send a password "+
+			"in Proxy-Authorization (http://subtask:PASSWORD@host:port); name one, e.g. password: ${GOVERNOR_PROXY_PASSWORD}")
+	}
+	return nil
+}
+
+// isLoopbackListen reports whether a listen address is reached only from
+// this host: a loopback address or localhost (an empty host, 0.0.0.0 or ::
+// listen on every address).
+func isLoopbackListen(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 func checkHostPort(key, v string) error {

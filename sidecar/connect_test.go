@@ -85,7 +85,7 @@ func TestTunnelIdleTimeout(t *testing.T) {
 	g := startGovernord(t, nil)
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, tunnel_idle_timeout: 300ms}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], tunnel_idle_timeout: 300ms}
 rules:
   - {name: tunnel, match: {host: origin.test}, class: tunnel}
 `})
@@ -280,7 +280,7 @@ func TestTunnelIdleAfterUpstreamHalfCloses(t *testing.T) {
 	}()
 	_, lport, _ := net.SplitHostPort(ln.Addr().String())
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, tunnel_idle_timeout: 300ms}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], tunnel_idle_timeout: 300ms}
 rules:
   - {name: tunnel, match: {host: origin.test}, class: tunnel}
 `})

@@ -106,7 +106,7 @@ type sidecarProc struct {
 // waits until it is ready. Its addresses are read from its log.
 func startSidecarProc(t *testing.T, g *govProc, key, task, yaml string) *sidecarProc {
 	t.Helper()
-	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: %s}\nhttp: {listen: 127.0.0.1:0, shutdown_timeout: 2s}\nmetrics_listen: 127.0.0.1:0\n",
+	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: %s}\nhttp: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], shutdown_timeout: 2s}\nmetrics_listen: 127.0.0.1:0\n",
 		g.addr, key, task) + strings.ReplaceAll(yaml, "listen: PG", "listen: 127.0.0.1:0")
 	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(text), 0o600))

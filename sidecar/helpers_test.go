@@ -115,7 +115,7 @@ func startProxy(t testing.TB, o proxyOpts) *testProxy {
 		text += fmt.Sprintf("task: {name: %s}\n", o.task)
 	}
 	if !strings.Contains(o.yaml, "http:") {
-		text += "http: {listen: 127.0.0.1:0}\n"
+		text += "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535]}\n"
 	}
 	text += o.yaml
 	var cfg Config

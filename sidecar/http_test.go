@@ -203,7 +203,7 @@ func TestUpstreamErrorsAre502And504(t *testing.T) {
 	closedPort := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, response_header_timeout: 200ms}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], response_header_timeout: 200ms}
 rules:
   - {name: any, class: api}
 `})
@@ -479,7 +479,7 @@ func TestWaitTimeout(t *testing.T) {
 	}), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
 task: {name: pod-7, limits: {slow: 1}}
-http: {listen: 127.0.0.1:0, wait_timeout: 200ms}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], wait_timeout: 200ms}
 rules:
   - {name: slow, match: {host: origin.test}, class: slow}
 `})
@@ -613,7 +613,7 @@ func TestUnmatchedDenyAndBadProxyAuthorization(t *testing.T) {
 	g := startGovernord(t, nil)
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, unmatched: deny}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], unmatched: deny}
 rules:
   - {name: known, match: {path: /known}}
 `})
@@ -869,7 +869,7 @@ rules:
 func TestHeaderBounds(t *testing.T) {
 	g := startGovernord(t, nil)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, read_header_timeout: 200ms, max_header_bytes: 4096}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], read_header_timeout: 200ms, max_header_bytes: 4096}
 `})
 	// A client that never finishes its headers is cut off.
 	slow := dialRaw(t, p.Addr())

@@ -38,7 +38,7 @@ func TestStalledClientReleasesItsLease(t *testing.T) {
 		}
 	}), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
-http: {listen: 127.0.0.1:0, body_idle_timeout: 300ms}
+http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], body_idle_timeout: 300ms}
 rules:
   - {name: up, match: {host: origin.test}, class: up}
 `})

@@ -68,7 +68,7 @@ func TestReloadKeepsOldRulesOnABrokenFile(t *testing.T) {
 	}
 	o.Start()
 	t.Cleanup(o.Close)
-	head := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: pod-7}\nhttp: {listen: 127.0.0.1:0}\nmetrics_listen: 127.0.0.1:0\n", g.Addr(), tenantKey)
+	head := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: pod-7}\nhttp: {listen: 127.0.0.1:0, allow_targets: [localhost]}\nmetrics_listen: 127.0.0.1:0\n", g.Addr(), tenantKey)
 	rules := func(resource string) string {
 		return head + fmt.Sprintf("rules:\n  - {name: api, match: {host: origin.test}, class: api, charge: {%s: 1}}\n", resource)
 	}

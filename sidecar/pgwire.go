@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/sidecar/admission"
 	"github.com/governor-project/governor/sidecar/pgwire"
 )
@@ -30,6 +31,7 @@ type pgListener struct {
 	key   string // "pgwire[i]", for logs
 	ln    net.Listener
 	proxy *pgwire.Proxy
+	certs *tlsreload.Reloader // the client leg's certificate; nil without TLS
 }
 
 // startPGWire listens on every pgwire[i]. On error nothing is left open.
@@ -37,18 +39,21 @@ type pgListener struct {
 func (s *Sidecar) startPGWire() error {
 	for i, pc := range s.cfg.PGWire {
 		key := fmt.Sprintf("pgwire[%d]", i)
-		clientTLS, err := clientTLSConfig(key, pc.TLS)
+		upTLS, err := upstreamTLSConfig(key, pc.UpstreamTLS)
 		if err != nil {
 			s.closePGListeners()
 			return err
 		}
-		upTLS, err := upstreamTLSConfig(key, pc.UpstreamTLS)
+		certs, clientTLS, err := s.clientTLSConfig(key, pc.TLS)
 		if err != nil {
 			s.closePGListeners()
 			return err
 		}
 		ln, err := net.Listen("tcp", pc.Listen)
 		if err != nil {
+			if certs != nil {
+				certs.Close()
+			}
 			s.closePGListeners()
 			return fmt.Errorf("listen on %s (%s.listen): %w", pc.Listen, key, err)
 		}
@@ -63,7 +68,7 @@ func (s *Sidecar) startPGWire() error {
 			Logger:                  s.log,
 			Metrics:                 s.pgMetrics,
 		}
-		s.pg = append(s.pg, &pgListener{key: key, ln: ln, proxy: px})
+		s.pg = append(s.pg, &pgListener{key: key, ln: ln, proxy: px, certs: certs})
 	}
 	if len(s.pg) > 0 {
 		if err := s.pgMetrics.Register(s.reg); err != nil {
@@ -77,7 +82,6 @@ func (s *Sidecar) startPGWire() error {
 // servePGWire serves every listener until shutdown closes it.
 func (s *Sidecar) servePGWire() {
 	for _, l := range s.pg {
-		s.http.AddSelf(l.ln.Addr())
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -89,9 +93,14 @@ func (s *Sidecar) servePGWire() {
 	}
 }
 
+// closePGListeners stops accepting, and stops watching the TLS files: no
+// handshake is to come.
 func (s *Sidecar) closePGListeners() {
 	for _, l := range s.pg {
 		l.ln.Close()
+		if l.certs != nil {
+			l.certs.Close()
+		}
 	}
 }
 
@@ -131,15 +140,32 @@ func (s *Sidecar) stopPGWire(ctx context.Context) <-chan struct{} {
 	return done
 }
 
-func clientTLSConfig(key string, f TLSFiles) (*tls.Config, error) {
+// clientTLSConfig is the TLS a listener answers SSLRequest with. The files
+// are watched: each new handshake gets the pair in force, so a rotated
+// certificate needs no restart, and connections already open keep theirs.
+func (s *Sidecar) clientTLSConfig(key string, f TLSFiles) (*tlsreload.Reloader, *tls.Config, error) {
 	if f.CertFile == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+	certs, err := tlsreload.New(f.CertFile, f.KeyFile, tlsreload.Options{Interval: s.reloadInterval,
+		OnReload: func(cert *tls.Certificate, err error) { s.certReloaded(key, f, cert, err) }})
 	if err != nil {
-		return nil, &ConfigError{Key: key + ".tls", Problem: err.Error()}
+		return nil, nil, &ConfigError{Key: key + ".tls", Problem: err.Error()}
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+	return certs, &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}, nil
+}
+
+// certReloaded logs and counts a change to a listener's TLS files.
+func (s *Sidecar) certReloaded(key string, f TLSFiles, cert *tls.Certificate, err error) {
+	if err != nil {
+		s.tlsReloads.WithLabelValues("failure").Inc()
+		s.log.Error("governor-proxy: the TLS certificate failed to load; the one in force stays", "listener", key,
+			"cert_file", f.CertFile, "key_file", f.KeyFile, "err", err)
+		return
+	}
+	s.tlsReloads.WithLabelValues("success").Inc()
+	s.log.Info("governor-proxy: TLS certificate reloaded", "listener", key, "cert_file", f.CertFile,
+		"subject", cert.Leaf.Subject.String(), "not_after", cert.Leaf.NotAfter)
 }
 
 func upstreamTLSConfig(key string, u UpstreamTLS) (*tls.Config, error) {

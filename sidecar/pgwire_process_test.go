@@ -38,7 +38,7 @@ func TestPGWireThroughTheBinaryWithPsql(t *testing.T) {
 	cfgPath := filepath.Join(dir, "proxy.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(fmt.Sprintf(`governor: {addr: %q, api_key: %s}
 task: {name: pod-bin, quotas: {db_writes: 4}}
-http: {listen: %q, shutdown_timeout: 5s}
+http: {listen: %q, allow_targets: [localhost], shutdown_timeout: 5s}
 metrics_listen: %q
 pgwire:
   - {listen: %q, upstream: %q, task_from: application_name, wait_timeout: 5s}

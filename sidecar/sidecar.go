@@ -36,8 +36,9 @@ type Options struct {
 	// UpstreamTLS is the TLS configuration for HTTP upstreams (routes, and
 	// https:// URLs sent to the proxy). Nil means the system roots.
 	UpstreamTLS *tls.Config
-	// ReloadInterval is how often the rule file is polled. Zero means
-	// classify.DefaultInterval.
+	// ReloadInterval is how often the rule file, and the pgwire listeners'
+	// TLS files, are polled. Zero means classify.DefaultInterval (and
+	// tlsreload.DefaultInterval).
 	ReloadInterval time.Duration
 	// OnReload, if not nil, is called after each reload of the rules that
 	// changed something, with the error if it failed (the old rules then
@@ -65,6 +66,11 @@ type Sidecar struct {
 	static    *classify.Rules
 	stopping  atomic.Bool
 
+	// tlsReloads counts changes to the pgwire listeners' TLS files, polled
+	// every reloadInterval.
+	tlsReloads     *prometheus.CounterVec
+	reloadInterval time.Duration
+
 	ln, mln   net.Listener
 	msrv      *http.Server
 	stopRun   context.CancelFunc
@@ -90,10 +96,15 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 	s := &Sidecar{cfg: cfg, log: log, reg: prometheus.NewRegistry(), static: cfg.Rules, pgMetrics: pgwire.NewMetrics()}
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_rule_reloads_total",
 		Help: "Rule file reloads, by outcome (success, failure). A failed reload keeps the old rules."}, []string{"outcome"})
+	s.tlsReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_tls_reloads_total",
+		Help: "Changes to the pgwire listeners' TLS certificate and key files, by outcome (success, failure). A failure keeps the pair in force."},
+		[]string{"outcome"})
 	for _, o := range []string{"success", "failure"} {
 		s.reloads.WithLabelValues(o)
+		s.tlsReloads.WithLabelValues(o)
 	}
-	s.reg.MustRegister(s.reloads, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reloadInterval = opts.ReloadInterval
+	s.reg.MustRegister(s.reloads, s.tlsReloads, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	if cfg.Path != "" {
 		if err := s.watch(opts); err != nil {
@@ -106,7 +117,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 	s.pgGate = gate{next: s.admitter, gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_pgwire_transactions_open",
 		Help: "pgwire transactions holding a slot now."})}
 	hm := httpproxy.NewMetrics()
-	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.proxyConfig(),
+	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.proxyConfig(cfg.governordAddrs()),
 		Resolver: opts.Resolver, UpstreamTLS: opts.UpstreamTLS, Logger: log, Metrics: hm}
 	if err := hm.Register(s.reg); err != nil {
 		s.closeWatcher()
@@ -181,6 +192,11 @@ func (s *Sidecar) listen() error {
 			s.mln.Close()
 		}
 		return err
+	}
+	// Before anything is served: a request that arrives first must find
+	// the pgwire listeners refused already.
+	for _, l := range s.pg {
+		s.http.AddSelf(l.ln.Addr())
 	}
 	return nil
 }

@@ -160,10 +160,12 @@ func startGovernord(bin, dir, name, yaml string) (*daemon, error) {
 }
 
 // startSidecar starts governor-proxy with yaml (its HTTP and metrics
-// listeners on :0 are added) and waits until it is ready.
+// listeners on :0 are added) and waits until it is ready. The origins the
+// scenarios use listen on loopback, which the proxy refuses as a target
+// unless its config allows it.
 func startSidecar(bin, dir, name, yaml string) (*daemon, error) {
 	cfg := filepath.Join(dir, name+".yaml")
-	text := "http: {listen: 127.0.0.1:0}\nmetrics_listen: 127.0.0.1:0\n" + yaml
+	text := "http: {listen: 127.0.0.1:0, allow_targets: [localhost]}\nmetrics_listen: 127.0.0.1:0\n" + yaml
 	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 		return nil, err
 	}

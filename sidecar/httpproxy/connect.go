@@ -3,9 +3,11 @@ package httpproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,10 +77,13 @@ func (pt *pendingTunnel) claim() bool { return pt.claimed.CompareAndSwap(false, 
 // client's request context. A non-nil error is a *denial or *refusal,
 // already counted and logged.
 func (p *Proxy) admitConnect(req *http.Request, addr string) (*pendingTunnel, error) {
-	ex := &exchange{kind: "connect"}
-	if err := p.dialer.refuseLiteral(addr, "443"); err != nil {
-		ex.rule = ruleUnmatched
-		p.finish(ex, outcomeRefused)
+	ex := &exchange{kind: "connect", rule: ruleUnmatched}
+	if err := p.checkConnectPort(addr); err != nil {
+		p.refused(ex, addr, err)
+		return nil, err
+	}
+	if err := p.dialer.refuseLiteral(req.Context(), addr, "443"); err != nil {
+		p.refused(ex, addr, err)
 		return nil, err
 	}
 	q := classify.HTTPRequestFrom(req)
@@ -103,11 +108,41 @@ func (p *Proxy) admitConnect(req *http.Request, addr string) (*pendingTunnel, er
 	return &pendingTunnel{ex: ex, target: t}, nil
 }
 
+// checkConnectPort refuses a CONNECT to a port outside
+// http.connect_ports, before anything else is done for it: a tunnel to
+// port 22 or 5432 is a way into SSH or a database, not an HTTPS request.
+func (p *Proxy) checkConnectPort(addr string) error {
+	_, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return &refusal{code: http.StatusBadRequest, reason: "Bad Request", err: fmt.Errorf("CONNECT %q: not host:port", addr)}
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err == nil && connectAllowed(p.Config.ConnectPorts, uint16(port)) {
+		return nil
+	}
+	return forbidden("Forbidden CONNECT port",
+		"CONNECT to port %s is refused: http.connect_ports allows %s", portStr, portList(p.Config.ConnectPorts))
+}
+
+// refused counts and logs a target the proxy refused before anything was
+// charged for it.
+func (p *Proxy) refused(ex *exchange, addr string, err error) {
+	p.finish(ex, outcomeRefused)
+	var ref *refusal
+	if errors.As(err, &ref) && ref.cause != "" {
+		p.m.denials.WithLabelValues(ref.cause).Inc()
+	}
+	p.log.Info("refused", "kind", ex.kind, "host", addr, "err", err)
+}
+
 // connectFailed counts and logs a CONNECT whose upstream could not be
 // reached or was refused, and returns the answer.
 func (p *Proxy) connectFailed(req *http.Request, ex *exchange, addr string, err error) *refusal {
 	ref := upstreamRefusal(err)
 	p.finish(ex, ref.outcome(req))
+	if ref.cause != "" {
+		p.m.denials.WithLabelValues(ref.cause).Inc()
+	}
 	p.log.Info("upstream failed", "kind", "connect", "rule", ex.rule, "subtask", ex.subtask, "host", addr,
 		"status", ref.code, "err", err)
 	return ref

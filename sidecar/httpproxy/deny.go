@@ -21,6 +21,19 @@ const HeaderDenied = "Governor-Denied"
 // client will queue again anyway.
 const retryAfter = "1"
 
+// The Governor-Denied values of the proxy's own refusals, which are not
+// admission decisions (package admission's causes are) but are the proxy's
+// answer all the same.
+const (
+	// causeForbiddenTarget: a target the proxy does not reach (the proxy
+	// itself, governord, loopback, link-local or metadata addresses, a
+	// CONNECT port outside http.connect_ports).
+	causeForbiddenTarget = "forbidden-target"
+	// causeProxyAuth: Proxy-Authorization lacks the password http.password
+	// names (407).
+	causeProxyAuth = "proxy-auth"
+)
+
 // denial renders a refusal of the admission layer as HTTP: this is the one
 // place a Cause becomes a status, a Governor-Denied value (the cause's
 // name), a CONNECT status line and a JSON body.
@@ -149,12 +162,17 @@ func (d denial) response(req *http.Request) *http.Response {
 	return localResponse(req, d.status(), d.reason(), d.header(), d.body())
 }
 
-// refusal is a request the proxy will not forward for its own safety (a
-// link-local or metadata address, the proxy itself) or because the upstream
-// failed. It is not a governance decision: no Governor-Denied header.
+// refusal is a request the proxy will not forward: for its own safety (a
+// forbidden target, a missing proxy password), with cause set, or because
+// the upstream failed (502, 504), with no cause. A refusal with a cause
+// carries it in Governor-Denied and a JSON body like a denial's, so that a
+// client can tell it from the upstream's answer; an upstream failure
+// carries no Governor-Denied.
 type refusal struct {
 	code   int
 	reason string // the status line's reason phrase for CONNECT
+	cause  string // the Governor-Denied value; "" for an upstream failure
+	header http.Header
 	err    error
 }
 
@@ -163,7 +181,17 @@ func (r *refusal) Unwrap() error { return r.err }
 
 func (r *refusal) response(req *http.Request) *http.Response {
 	h := http.Header{"Content-Type": {"text/plain; charset=utf-8"}, "Cache-Control": {"no-store"}}
-	return localResponse(req, r.code, r.reason, h, []byte("governor-proxy: "+r.err.Error()+"\n"))
+	body := []byte("governor-proxy: " + r.err.Error() + "\n")
+	if r.cause != "" {
+		h.Set("Content-Type", "application/json")
+		h.Set(HeaderDenied, r.cause)
+		body, _ = json.Marshal(denialBody{Error: denialError{Type: "governor_denied", Cause: r.cause, Message: "governor-proxy: " + r.err.Error()}})
+		body = append(body, '\n')
+	}
+	for k, v := range r.header {
+		h[k] = v
+	}
+	return localResponse(req, r.code, r.reason, h, body)
 }
 
 // localResponse is a response the proxy makes itself.

@@ -27,11 +27,14 @@ var metadataV6 = netip.MustParseAddr("fd00:ec2::254")
 // never reads HTTP_PROXY or HTTPS_PROXY: a sidecar that inherits the
 // worker's environment would otherwise proxy to itself. It resolves names
 // itself and dials the addresses it checked, so a name that points at a
-// link-local or metadata address, or at the proxy, is refused too (and a
-// second lookup cannot change the answer between the check and the dial).
+// refused address (the proxy, governord, loopback, link-local or metadata)
+// is refused too, and a second lookup cannot change the answer between the
+// check and the dial.
 type dialer struct {
 	resolver       Resolver
 	allowLinkLocal bool
+	allow          []Target
+	governord      *governordAddrs
 	timeout        time.Duration
 
 	mu   sync.RWMutex
@@ -83,9 +86,10 @@ func (d *dialer) lookup(ctx context.Context, addr string) (target, error) {
 	if err != nil {
 		return target{}, err
 	}
+	gov := d.governord.get(ctx, d.resolver)
 	t := target{host: host, port: uint16(port)}
 	for _, ip := range ips {
-		if err := d.check(ip, t.port); err != nil {
+		if err := d.check(ip, t.port, gov); err != nil {
 			t.refused = err
 			continue
 		}
@@ -142,14 +146,54 @@ func (d *dialer) resolve(ctx context.Context, host string) ([]netip.Addr, error)
 	return ips, nil
 }
 
-// check refuses link-local and metadata addresses (unless allowed) and the
-// proxy's own listeners.
-func (d *dialer) check(ip netip.Addr, port uint16) error {
+// check refuses, in order: the proxy's own listeners (always), governord
+// (unless an http.allow_targets entry names its port), then, unless an
+// entry covers the address, link-local and metadata addresses (unless
+// http.allow_link_local) and loopback ones, 0.0.0.0 and :: among them.
+func (d *dialer) check(ip netip.Addr, port uint16, gov []netip.AddrPort) error {
 	ip = ip.Unmap()
-	if !d.allowLinkLocal && (ip.IsLinkLocalUnicast() || ip == metadataV6) {
-		return &refusal{code: http.StatusForbidden, reason: "Forbidden link-local destination",
-			err: fmt.Errorf("%s is a link-local or metadata address; set http.allow_link_local: true to allow it", ip)}
+	if err := d.checkSelf(ip, port); err != nil {
+		return err
 	}
+	ap := netip.AddrPortFrom(ip, port)
+	if isGovernord(gov, ip, port) && !d.allowed(ip, port, true) {
+		return forbidden("Forbidden governord destination",
+			"%s is governord; a worker reaches it through its own session, not through the proxy (an http.allow_targets entry with this port allows it)", ap)
+	}
+	if d.allowed(ip, port, false) {
+		return nil
+	}
+	if !d.allowLinkLocal && (ip.IsLinkLocalUnicast() || ip == metadataV6) {
+		return forbidden("Forbidden link-local destination",
+			"%s is a link-local or metadata address; set http.allow_link_local: true, or list it in http.allow_targets, to allow it", ip)
+	}
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return forbidden("Forbidden loopback destination",
+			"%s is a loopback address, this host's own services; list it in http.allow_targets (e.g. %s) to allow it", ap, ap)
+	}
+	return nil
+}
+
+// allowed reports whether an http.allow_targets entry covers ip:port; with
+// portNamed, only an entry that names the port counts.
+func (d *dialer) allowed(ip netip.Addr, port uint16, portNamed bool) bool {
+	for _, t := range d.allow {
+		if t.covers(ip, port) && (!portNamed || t.Port != 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// forbidden is the refusal of a target the proxy will not reach: 403 with
+// Governor-Denied: forbidden-target.
+func forbidden(reason, format string, args ...any) *refusal {
+	return &refusal{code: http.StatusForbidden, reason: reason, cause: causeForbiddenTarget, err: fmt.Errorf(format, args...)}
+}
+
+// checkSelf refuses the proxy's own listeners: a proxy does not proxy to
+// itself.
+func (d *dialer) checkSelf(ip netip.Addr, port uint16) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for _, s := range d.self {
@@ -162,7 +206,7 @@ func (d *dialer) check(ip netip.Addr, port uint16) error {
 			(ip.IsUnspecified() && (s.Addr().IsLoopback() || s.Addr().IsUnspecified())) ||
 			(s.Addr().IsUnspecified() && (ip.IsLoopback() || isLocalAddr(ip)))
 		if same {
-			return &refusal{code: http.StatusLoopDetected, reason: "Loop Detected",
+			return &refusal{code: http.StatusLoopDetected, reason: "Loop Detected", cause: causeForbiddenTarget,
 				err: fmt.Errorf("%s is governor-proxy itself; a proxy does not proxy to itself", netip.AddrPortFrom(ip, port))}
 		}
 	}
@@ -173,7 +217,7 @@ func (d *dialer) check(ip netip.Addr, port uint16) error {
 // before anything is charged for it: neither needs a lookup. Other names
 // are checked when they are resolved (a CONNECT before it is charged, a
 // plain request when its transport dials).
-func (d *dialer) refuseLiteral(hostport, defaultPort string) error {
+func (d *dialer) refuseLiteral(ctx context.Context, hostport, defaultPort string) error {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		host, port = hostport, defaultPort
@@ -188,8 +232,9 @@ func (d *dialer) refuseLiteral(hostport, defaultPort string) error {
 	} else if !isLocalhost(host) {
 		return nil
 	}
+	gov := d.governord.get(ctx, d.resolver)
 	for _, ip := range ips {
-		if err := d.check(ip, uint16(p)); err != nil {
+		if err := d.check(ip, uint16(p), gov); err != nil {
 			return err
 		}
 	}

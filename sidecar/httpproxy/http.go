@@ -152,9 +152,9 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 	ex := &exchange{kind: "http"}
 	pctx.UserData = ex
 	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
-	if err := p.dialer.refuseLiteral(r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
+	if err := p.dialer.refuseLiteral(r.Context(), r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
 		ex.rule, ex.local = ruleUnmatched, true
-		p.finish(ex, outcomeRefused)
+		p.refused(ex, r.URL.Host, err)
 		return r, asResponder(err).response(r)
 	}
 	if err := p.decide(r.Context(), r, classify.HTTPRequestFrom(r), ex); err != nil {
@@ -262,6 +262,9 @@ func (p *Proxy) onResponse(resp *http.Response, pctx *goproxy.ProxyCtx) *http.Re
 		ex.local = true
 		ref := upstreamRefusal(pctx.Error)
 		p.finish(ex, ref.outcome(pctx.Req))
+		if ref.cause != "" {
+			p.m.denials.WithLabelValues(ref.cause).Inc()
+		}
 		p.log.Info("upstream failed", "rule", ex.rule, "subtask", ex.subtask, "host", pctx.Req.URL.Host,
 			"status", ref.code, "err", pctx.Error)
 		return ref.response(pctx.Req)

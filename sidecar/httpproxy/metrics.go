@@ -13,7 +13,7 @@ const ruleUnmatched = "(unmatched)"
 const (
 	outcomeForwarded     = "forwarded"      // sent upstream and answered (any status)
 	outcomeDenied        = "denied"         // refused by governance; see the denials by cause
-	outcomeRefused       = "refused"        // link-local, metadata or the proxy itself; a bad request
+	outcomeRefused       = "refused"        // a forbidden target, a missing proxy password; a bad request
 	outcomeUpstreamError = "upstream_error" // 502: the upstream could not be reached or failed
 	outcomeTimeout       = "upstream_timeout"
 	outcomeCanceled      = "canceled" // the client went away first
@@ -54,6 +54,8 @@ func NewMetrics() *Metrics {
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
+	m.denials.WithLabelValues(causeForbiddenTarget)
+	m.denials.WithLabelValues(causeProxyAuth)
 	return m
 }
 

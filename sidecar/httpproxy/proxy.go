@@ -18,7 +18,11 @@
 //     connection over and ended when the tunnel closes; the idle watchdog.
 //   - idle.go: the watchdog of a plain exchange whose client stalls.
 //   - dial.go: upstream dialing that never reads HTTP(S)_PROXY and refuses
-//     link-local, metadata and the sidecar's own addresses.
+//     the targets the proxy must not reach, checked on the addresses it
+//     dials: the sidecar's own listeners, governord, loopback, link-local
+//     and metadata addresses (targets.go: the allow list, CONNECT's ports,
+//     governord's addresses).
+//   - auth.go: the proxy password, when the config names one.
 //   - deny.go: the one rendering of a denial as HTTP.
 //   - metrics.go: the HTTP side's series.
 //
@@ -43,7 +47,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,6 +80,21 @@ type Config struct {
 	// AllowLinkLocal allows 169.254.0.0/16, fe80::/10 and fd00:ec2::254 as
 	// upstreams.
 	AllowLinkLocal bool
+	// AllowTargets lifts the refusal of the loopback and link-local
+	// addresses they cover, and of governord's for an entry that names its
+	// port. The proxy's own listeners are refused whatever they say.
+	AllowTargets []Target
+	// Governord are governord's addresses (host:port), refused as targets:
+	// the worker has its own way there. Names are looked up, and looked up
+	// again every 30s.
+	Governord []string
+	// ConnectPorts are the ports a CONNECT may reach; others get 403
+	// forbidden-target. Nil: DefaultConnectPorts (443 only).
+	ConnectPorts []PortRange
+	// Password, when not "", is the password every request's
+	// Proxy-Authorization (Basic) must carry; without it the answer is 407
+	// Proxy Authentication Required. The username still names the subtask.
+	Password string
 	// ReadHeaderTimeout, MaxHeaderBytes and IdleTimeout bound client
 	// connections (http.Server's fields of the same names).
 	ReadHeaderTimeout time.Duration
@@ -158,7 +179,8 @@ func (p *Proxy) setup() {
 		if timeout <= 0 {
 			timeout = DefaultDialTimeout
 		}
-		p.dialer = &dialer{resolver: resolver, allowLinkLocal: p.Config.AllowLinkLocal, timeout: timeout}
+		p.dialer = &dialer{resolver: resolver, allowLinkLocal: p.Config.AllowLinkLocal, allow: p.Config.AllowTargets,
+			governord: &governordAddrs{configured: p.Config.Governord}, timeout: timeout}
 		p.transport = newTransport(p.Config, p.dialer, p.UpstreamTLS)
 		p.gp = p.newGoproxy()
 	})
@@ -308,6 +330,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.setup()
 	p.m.inflight.Add(1)
 	defer p.m.inflight.Add(-1)
+	if p.Config.Password != "" && !p.authorized(r) {
+		p.proxyAuthRequired(w, r)
+		return
+	}
 	if idle := p.Config.BodyIdleTimeout; idle > 0 && r.Method != http.MethodConnect {
 		iw := newIdleExchange(w, r, idle)
 		defer iw.done()
@@ -335,17 +361,27 @@ func (p *Proxy) isSelf(hostport, scheme string) bool {
 	if err != nil {
 		host, port = hostport, "80"
 	}
-	if strings.EqualFold(host, "localhost") {
-		host = "127.0.0.1"
-	}
 	p.mu.Lock()
 	own := p.port
 	p.mu.Unlock()
-	if port != own {
+	n, err := strconv.ParseUint(port, 10, 16)
+	if port != own || err != nil {
 		return false
 	}
-	var r *refusal
-	return errors.As(p.dialer.refuseLiteral(net.JoinHostPort(host, port), "80"), &r) && r.code == http.StatusLoopDetected
+	ips := loopbacks
+	if !isLocalhost(host) {
+		ip, err := netip.ParseAddr(trimBrackets(host))
+		if err != nil {
+			return false
+		}
+		ips = []netip.Addr{ip.Unmap()}
+	}
+	for _, ip := range ips {
+		if p.dialer.checkSelf(ip, uint16(n)) != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // route rewrites an origin-form request under a route's prefix into a
@@ -398,8 +434,9 @@ func unescapePath(esc string) (path, raw string) {
 func (p *Proxy) notFound(w http.ResponseWriter, r *http.Request) {
 	p.m.requests.WithLabelValues(ruleUnmatched, outcomeRefused).Inc()
 	if r.URL.IsAbs() {
+		p.m.denials.WithLabelValues(causeForbiddenTarget).Inc()
 		// An absolute URL naming the proxy itself, outside the routes.
-		ref := &refusal{code: http.StatusLoopDetected, reason: "Loop Detected",
+		ref := &refusal{code: http.StatusLoopDetected, reason: "Loop Detected", cause: causeForbiddenTarget,
 			err: fmt.Errorf("%s is governor-proxy itself, and %s is under no base-URL route; a proxy does not proxy to itself", r.URL.Host, r.URL.Path)}
 		resp := ref.response(r)
 		for k, v := range resp.Header {

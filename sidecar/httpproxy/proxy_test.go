@@ -67,8 +67,13 @@ func newProxy(t *testing.T, adm admission.Admitter, rules string) *url.URL {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The origins are on loopback, which the proxy refuses unless allowed.
+	local, err := httpproxy.ParseTarget("localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := &httpproxy.Proxy{Admitter: adm, Rules: func() *classify.Rules { return rs }, Resolver: loopback{},
-		Config: httpproxy.Config{WaitTimeout: time.Second}}
+		Config: httpproxy.Config{WaitTimeout: time.Second, AllowTargets: local}}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	u, _ := url.Parse(srv.URL)
