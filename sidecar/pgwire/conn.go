@@ -49,8 +49,9 @@ type conn struct {
 	sr *bufio.Reader
 	sw *bufio.Writer // written by the client goroutine only
 
-	cwMu sync.Mutex // guards cw: both goroutines and the wait notice write to the client
-	cw   *bufio.Writer
+	cwMu   sync.Mutex // guards cw: both goroutines and the wait notice write to the client
+	cw     *bufio.Writer
+	cwDone bool // the proxy has said its last word to the client
 
 	database, user, appName string
 	upTLS                   bool
@@ -66,6 +67,12 @@ type conn struct {
 	ticket     admission.Ticket
 	txStart    time.Time
 	overloaded bool
+	relaying   bool // both loops run, or ran (lifecycle.go)
+	stopping   bool // Proxy.Close is ending the connection
+	clientDone bool // clientLoop has returned
+	serverDone bool // serverLoop has returned
+
+	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
 
 	// The client goroutine's own state.
 	rulesSeen   *classify.Rules            // the rules connRule was decided under
@@ -137,8 +144,7 @@ func (c *conn) serve() {
 	c.sw = bufio.NewWriterSize(up, bufSize)
 	c.prepared = make(map[string]*sqlclass.Class)
 	c.portals = make(map[string]*sqlclass.Class)
-	c.key = c.p.register(c)
-	defer c.p.unregister(c.key)
+	defer c.p.unregister(c)
 
 	if minor != 0 {
 		// We speak 3.0 upstream; tell the client so, as a server would.
@@ -150,6 +156,13 @@ func (c *conn) serve() {
 		return
 	}
 	if err := c.authenticate(); err != nil {
+		if errors.Is(err, ErrMessageTooLarge) {
+			c.fail(FailTooLarge, err)
+			c.writeFatalNow("08P01", "governor-proxy: "+err.Error())
+			closeWrite(c.client)
+			c.linger()
+			return
+		}
 		c.fail(FailAuth, err)
 		return
 	}
@@ -157,8 +170,16 @@ func (c *conn) serve() {
 	up.SetDeadline(time.Time{})
 
 	done := make(chan error, 1)
-	go func() { done <- c.serverLoop() }()
+	if !c.startRelay() {
+		return
+	}
+	go func() {
+		err := c.serverLoop()
+		c.serverEnded(err)
+		done <- err
+	}()
 	err = c.clientLoop()
+	c.clientEnded(err)
 	c.abort()
 	serr := <-done
 	c.endTx(true)
@@ -295,7 +316,9 @@ func (c *conn) authenticate() error {
 			}
 			switch code {
 			case authCleartextPassword, authMD5Password, authSASL, authSASLContinue, authGSS, authGSSContinue, authSSPI:
-				ct, cn, err := readHeader(c.cr, &c.hdr, max)
+				// Before login, a client's message is held to the server's
+				// own cap on it, not to the cap after login.
+				ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
 				if err != nil {
 					return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
 				}
@@ -316,6 +339,7 @@ func (c *conn) authenticate() error {
 			}
 			c.upPID = binary.BigEndian.Uint32(body)
 			c.upKey = bytes.Clone(body[4:])
+			c.key = c.p.register(c, c.upPID)
 			b, _ := (&pgproto3.BackendKeyData{ProcessID: c.key.pid, SecretKey: binary.BigEndian.AppendUint32(nil, c.key.secret)}).Encode(nil)
 			c.cw.Write(b)
 		case MsgErrorResponse:
@@ -367,6 +391,9 @@ func (c *conn) writeFatalNow(code, msg string) {
 func (c *conn) writeClient(b []byte, flush bool) error {
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()
+	if c.cwDone {
+		return net.ErrClosed
+	}
 	if _, err := c.cw.Write(b); err != nil {
 		return err
 	}
@@ -404,21 +431,20 @@ func (c *conn) serverLoop() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 			}
-			// The transaction's state is settled before the client learns
-			// it may go on: a client that sends its next statement at once
-			// must find the connection idle, not inside the old
-			// transaction. Its slot goes back right after.
-			end := c.readyForQuery(body[0])
+			// The transaction's state is settled, and its slot given back,
+			// before the client learns it may go on: a client that sends
+			// its next statement at once, on this connection or another,
+			// must find the connection idle and the slot free.
+			c.readyForQuery(body[0])()
 			rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
-			err := c.writeClient(rfq[:], c.sr.Buffered() == 0)
-			end()
-			if err != nil {
+			if err := c.writeClient(rfq[:], c.sr.Buffered() == 0); err != nil {
 				return err
 			}
 		case MsgErrorResponse:
 			if body, err = readBody(c.sr, body, n); err != nil {
 				return err
 			}
+			c.srvFatal = fatal(body)
 			out := c.serverError(body)
 			if out == nil {
 				out = appendMsg(nil, t, body)
@@ -426,11 +452,17 @@ func (c *conn) serverLoop() error {
 			if err := c.writeClient(out, false); err != nil {
 				return err
 			}
+			body = shrink(body)
 		default:
 			c.cwMu.Lock()
-			_, err := c.cw.Write(hdr[:])
+			err := net.ErrClosed
+			if !c.cwDone {
+				_, err = c.cw.Write(hdr[:])
+			}
 			if err == nil {
-				err = relay(c.cw, c.sr, n)
+				if err = relay(c.cw, c.sr, n); err != nil {
+					err = fmt.Errorf("%w: %w", errCut, err)
+				}
 			}
 			c.cwMu.Unlock()
 			if err != nil {
@@ -478,11 +510,11 @@ func (c *conn) readyForQuery(status byte) (end func()) {
 func (c *conn) endTx(dropped bool) { c.detachTx(dropped)() }
 
 // detachTx takes the transaction's ticket off the connection when it is
-// idle (or, with dropped, regardless) and returns what ends it. The
-// connection's state is settled at once; the slot is given back by the
-// caller, after the client has been told (so that a shutdown waiting for
-// the last transaction cannot close the connection before its
-// ReadyForQuery is out).
+// idle (or, with dropped, regardless) and returns what ends it, to be
+// called outside c.mu. The serverLoop calls it before it forwards the
+// ReadyForQuery; a shutdown waiting for the last transaction cannot cut that
+// ReadyForQuery off, since Proxy.Close ends a connection by its server leg
+// (conn.stop).
 func (c *conn) detachTx(dropped bool) (end func()) {
 	c.mu.Lock()
 	t := c.ticket
@@ -501,6 +533,7 @@ func (c *conn) detachTx(dropped bool) (end func()) {
 func (c *conn) clientLoop() error {
 	max := c.p.maxMessage()
 	for {
+		c.buf = shrink(c.buf)
 		if c.cr.Buffered() == 0 {
 			if err := c.sw.Flush(); err != nil {
 				return err

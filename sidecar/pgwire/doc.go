@@ -13,9 +13,11 @@
 // # A connection's life, by file
 //
 //   - wire.go: framing. Typed message constants; the startup packet is
-//     capped at MaxStartupPacketSize and every later message at
-//     Proxy.MaxMessageSize, checked on the header before any buffer is
-//     allocated.
+//     capped at MaxStartupPacketSize, a client's password or SASL message
+//     at MaxAuthMessageSize (PostgreSQL's own caps, before login), and
+//     every later message at Proxy.MaxMessageSize, checked on the header
+//     before any buffer is allocated. A buffer grown for one large message
+//     is let go after it.
 //   - proxy.go: Proxy.Serve accepts; Close stops it and waits; failures are
 //     counted by kind (Counts); CancelRequest routing by the proxy's own
 //     (pid, key); the upstream dial, plain or TLS.
@@ -23,10 +25,16 @@
 //     GSSENCRequest 'N', CancelRequest served, protocol 3.x, forced to 3.0
 //     upstream); authentication relayed (trust, cleartext, MD5, SCRAM;
 //     SCRAM-SHA-256-PLUS hidden when the upstream leg is TLS);
-//     BackendKeyData replaced; then two goroutines relay both directions
+//     BackendKeyData's secret replaced (its pid is the server's, so that
+//     pg_backend_pid() and pg_terminate_backend agree with the client);
+//     then two goroutines relay both directions
 //     at once, streaming raw bytes and decoding only Query, Parse, Bind,
 //     Execute, Close, Sync and FunctionCall from the client and
 //     ReadyForQuery and ErrorResponse from the server.
+//   - lifecycle.go: how a connection ends, from either side. When the
+//     server's side ends (pg_terminate_backend, a crash, Proxy.Close), the
+//     client gets what the server sent and a FATAL, the transaction's slot
+//     goes back, and the client's connection closes, at once.
 //   - admit.go: the one rendering of a denial as a SQLSTATE.
 //   - metrics.go: the side's series.
 //
@@ -40,10 +48,13 @@
 // later statements in it are only charged. A pipelined client may keep a
 // connection busy across several implicit transactions; the lease spans
 // them. The lease is released with the span's latency and overloaded set
-// when the server sent SQLSTATE class 53, 57014 or 40001; a dropped
-// connection releases it too. Statements are admitted on Query,
-// FunctionCall (kind "call") and Execute (classified by the Parse behind
-// its portal); Parse and Bind run nothing and are not admitted.
+// when the server sent SQLSTATE class 53, 57014 or 40001, before the
+// ReadyForQuery that ends the span is forwarded (a client that starts its
+// next transaction at once, on any connection, finds the slot free); a
+// connection that ends, on either side, releases it too. Statements are
+// admitted on Query, FunctionCall (kind "call") and Execute (classified by
+// the Parse behind its portal); Parse and Bind run nothing and are not
+// admitted.
 //
 // # Denials
 //

@@ -208,7 +208,10 @@ func (p *Proxy) Serve(ln net.Listener) error {
 }
 
 // Close stops every Serve, closes every connection (releasing their
-// leases) and waits for their goroutines to end.
+// leases) and waits for their goroutines to end. A client gets what its
+// server had sent, then a FATAL (57P01) saying the proxy is shutting down,
+// then EOF; a client that does not close its end is cut off after
+// closeGrace.
 func (p *Proxy) Close() error {
 	p.setup()
 	p.mu.Lock()
@@ -217,21 +220,24 @@ func (p *Proxy) Close() error {
 		ln.Close()
 	}
 	for c := range p.conns {
-		c.abort()
+		c.stop()
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
 	return nil
 }
 
-// cancelKey is the (pid, secret) the proxy handed a client.
+// cancelKey is the (pid, secret) the proxy handed a client. The pid is the
+// server's own, so that what the client knows as its backend's pid is what
+// pg_backend_pid(), pg_stat_activity and pg_terminate_backend know; the
+// secret is the proxy's, so the server's never leaves the proxy.
 type cancelKey struct {
 	pid    uint32
 	secret uint32
 }
 
-// register gives c a fresh key of its own.
-func (p *Proxy) register(c *conn) cancelKey {
+// register gives c a key of its own for the backend pid: a fresh secret.
+func (p *Proxy) register(c *conn, pid uint32) cancelKey {
 	var b [8]byte
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -239,17 +245,23 @@ func (p *Proxy) register(c *conn) cancelKey {
 		if _, err := rand.Read(b[:]); err != nil {
 			panic(err) // crypto/rand does not fail on supported platforms
 		}
-		k := cancelKey{pid: binary.BigEndian.Uint32(b[:4]) & 0x7fffffff, secret: binary.BigEndian.Uint32(b[4:])}
-		if _, taken := p.keys[k]; !taken && k.pid != 0 {
+		k := cancelKey{pid: pid, secret: binary.BigEndian.Uint32(b[4:])}
+		if pid == 0 { // no server gives pid 0; if one did, the client gets a random pid
+			k.pid = binary.BigEndian.Uint32(b[:4])&0x7fffffff | 1
+		}
+		if _, taken := p.keys[k]; !taken {
 			p.keys[k] = c
 			return k
 		}
 	}
 }
 
-func (p *Proxy) unregister(k cancelKey) {
+// unregister forgets c's key, if c was given one.
+func (p *Proxy) unregister(c *conn) {
 	p.mu.Lock()
-	delete(p.keys, k)
+	if p.keys[c.key] == c {
+		delete(p.keys, c.key)
+	}
 	p.mu.Unlock()
 }
 

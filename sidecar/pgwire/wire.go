@@ -94,6 +94,16 @@ const (
 	// (CopyData, DataRow) are streamed, never held whole; the cap still
 	// applies so a peer cannot announce an absurd length.
 	DefaultMaxMessageSize = 256 << 20
+	// MaxAuthMessageSize caps the body of a client's answer to an
+	// authentication request (PasswordMessage, SASLInitialResponse,
+	// SASLResponse, GSSResponse), read before login: PostgreSQL's own cap,
+	// PG_MAX_AUTH_TOKEN_LENGTH, 65,535 bytes with the length word. The
+	// server holds some to less (1,024 bytes for SCRAM's messages).
+	MaxAuthMessageSize = 65535 - 4
+	// keepBuffer is the largest message buffer a connection keeps from one
+	// message to the next; one grown past it for a large message is let go
+	// after that message, so that an idle connection holds little.
+	keepBuffer = 64 << 10
 
 	headerLen = 5 // type byte + Int32 length
 )
@@ -158,6 +168,36 @@ func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
 		return buf, noEOF(err)
 	}
 	return buf, nil
+}
+
+// shrink returns b to be reused for the next message, or nil when it is
+// over keepBuffer.
+func shrink(b []byte) []byte {
+	if cap(b) > keepBuffer {
+		return nil
+	}
+	return b
+}
+
+// fatal reports whether an ErrorResponse body has severity FATAL or PANIC:
+// the server's last word before it closes.
+func fatal(body []byte) bool {
+	var severity string
+	for len(body) > 0 && body[0] != 0 {
+		f := body[0]
+		v, rest, ok := cstring(body[1:])
+		if !ok {
+			break
+		}
+		switch {
+		case f == 'V': // never localized (PostgreSQL 9.6 and later)
+			return v == "FATAL" || v == "PANIC"
+		case f == 'S':
+			severity = v
+		}
+		body = rest
+	}
+	return severity == "FATAL" || severity == "PANIC"
 }
 
 // noEOF turns an EOF in the middle of a message into ErrUnexpectedEOF.
