@@ -18,6 +18,7 @@ import (
 	"github.com/governor-project/governor/internal/envsubst"
 	"github.com/governor-project/governor/sidecar/budget"
 	"github.com/governor-project/governor/sidecar/httpproxy"
+	"github.com/governor-project/governor/sidecar/pgwire"
 )
 
 // Defaults for every key the config file may leave out.
@@ -133,7 +134,20 @@ type PGWireConfig struct {
 	TLS TLSFiles
 	// UpstreamTLS makes the leg to the server TLS.
 	UpstreamTLS UpstreamTLS
+	// MaxMessageBytes caps one protocol message after login, either way (a
+	// statement, a row, a COPY chunk); a larger one ends the connection
+	// with FATAL 08P01. Before login a password or SASL message is held to
+	// PostgreSQL's own 65,535 bytes whatever this says.
+	MaxMessageBytes int
 }
+
+// The range pgwire[i].max_message_bytes may take: PostgreSQL sends and takes
+// no message over 1 GiB, and below 64 KiB ordinary statements and rows stop
+// fitting.
+const (
+	MinPGWireMaxMessageBytes = 64 << 10
+	MaxPGWireMaxMessageBytes = 1 << 30
+)
 
 // TLSFiles are a PEM certificate (chain) and its key, read at start.
 type TLSFiles struct {
@@ -253,6 +267,7 @@ type filePGWire struct {
 	WaitTimeout *time.Duration   `yaml:"wait_timeout"`
 	TLS         *fileTLS         `yaml:"tls"`
 	UpstreamTLS *fileUpstreamTLS `yaml:"upstream_tls"`
+	MaxMessage  *int             `yaml:"max_message_bytes"`
 }
 
 type fileTLS struct {
@@ -428,8 +443,9 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 	}
 	for i, p := range f.PGWire {
 		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
-			WaitTimeout: c.HTTP.WaitTimeout})
+			WaitTimeout: c.HTTP.WaitTimeout, MaxMessageBytes: pgwire.DefaultMaxMessageSize})
 		set(&c.PGWire[i].WaitTimeout, p.WaitTimeout)
+		set(&c.PGWire[i].MaxMessageBytes, p.MaxMessage)
 		if t := p.TLS; t != nil {
 			c.PGWire[i].TLS = TLSFiles{CertFile: deref(t.CertFile), KeyFile: deref(t.KeyFile)}
 		}
@@ -559,6 +575,10 @@ func (c *Config) validate(complete bool) error {
 		}
 		if p.WaitTimeout < 0 {
 			return keyErr(key+".wait_timeout", "%v is not a positive duration", p.WaitTimeout)
+		}
+		if p.MaxMessageBytes < MinPGWireMaxMessageBytes || p.MaxMessageBytes > MaxPGWireMaxMessageBytes {
+			return keyErr(key+".max_message_bytes", "%d is outside [%d, %d]", p.MaxMessageBytes,
+				MinPGWireMaxMessageBytes, MaxPGWireMaxMessageBytes)
 		}
 		if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
 			return keyErr(key+".tls", "cert_file and key_file go together: give both, or neither for no TLS on the client leg")

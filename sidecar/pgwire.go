@@ -65,6 +65,7 @@ func (s *Sidecar) startPGWire() error {
 			Admitter:                &s.pgGate,
 			WaitTimeout:             pc.WaitTimeout,
 			TaskFromApplicationName: pc.TaskFrom == "application_name",
+			MaxMessageSize:          pc.MaxMessageBytes,
 			Logger:                  s.log,
 			Metrics:                 s.pgMetrics,
 		}
