@@ -94,6 +94,9 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	if err != nil {
 		return BlockGrant{}, err
 	}
+	if err := e.checkClass(n.tenant, r.Class); err != nil {
+		return BlockGrant{}, err
+	}
 	l := s.blocks[blockKey{n.id, r.Class}]
 	if r.Return > 0 {
 		if l == nil {

@@ -35,6 +35,9 @@ const (
 	MaxDepth = 16
 	// MaxNameLen bounds node names, resources and classes.
 	MaxNameLen = 256
+	// DefaultRetention is how long an ended node is kept when
+	// Config.Retention is zero (see reclaim.go).
+	DefaultRetention = 5 * time.Minute
 )
 
 // Clock tells the engine the time. Tests inject a fake one.
@@ -85,6 +88,13 @@ type Config struct {
 	Sink     Sink     // nil discards events
 	Notifier Notifier // nil tells nobody about changes to delegated budgets
 	Adaptive []Adaptive
+	// Retention is how long an ended node is kept, answering as ended,
+	// before Reap reclaims it (reclaim.go). Zero means DefaultRetention.
+	Retention time.Duration
+	// Bounds are what each tenant may hold (bounds.go); a zero field is no
+	// bound. TenantBounds replaces them for the tenants it names.
+	Bounds       Bounds
+	TenantBounds map[string]Bounds
 }
 
 // Engine is the governed tree. All methods are safe for concurrent use; they
@@ -110,6 +120,17 @@ type Engine struct {
 	deadlines deadlineHeap
 	blocks    map[string]map[LeaseID]*lease        // live blocks by class
 	reserved  map[string]map[*reservation]struct{} // live reservations by resource
+
+	// Ended nodes waiting for their retention to pass (reclaim.go), oldest
+	// first from endedHead, and those found due but still pinned.
+	endedQ    []endedEntry
+	endedHead int
+	pinnedQ   []endedEntry
+
+	// Configuration, not state.
+	retention    time.Duration
+	bounds       Bounds
+	tenantBounds map[string]Bounds
 
 	// Not state: rebuilt empty by a restart.
 	queues   map[string]*classQueue
@@ -143,8 +164,26 @@ func New(cfg Config) (*Engine, error) {
 		reserved:  make(map[string]map[*reservation]struct{}),
 		queues:    make(map[string]*classQueue),
 		adaptive:  make(map[string]*controller),
+
+		retention:    cfg.Retention,
+		bounds:       cfg.Bounds,
+		tenantBounds: cfg.TenantBounds,
 	}
 	e.nextSession = 1
+	if e.retention < 0 {
+		return nil, invalid("retention %v is negative", e.retention)
+	}
+	if e.retention == 0 {
+		e.retention = DefaultRetention
+	}
+	for name, b := range cfg.TenantBounds {
+		if err := b.validate(); err != nil {
+			return nil, fmt.Errorf("tenant %q: %w", name, err)
+		}
+	}
+	if err := cfg.Bounds.validate(); err != nil {
+		return nil, err
+	}
 	if e.clock == nil {
 		e.clock = WallClock{}
 	}
@@ -213,8 +252,9 @@ func (e *Engine) Apply(events ...Event) error {
 }
 
 // Reap ends whatever is overdue: sessions past their TTL, nodes past their
-// deadline, and tombstones older than TombstoneTTL. It also lets adaptive
-// limits decide. It returns how many sessions and nodes it ended.
+// deadline, and tombstones older than TombstoneTTL. It reclaims nodes ended
+// longer ago than the retention (reclaim.go), and lets adaptive limits
+// decide. It returns how many sessions and nodes it ended.
 func (e *Engine) Reap() (sessions, nodes int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -247,6 +287,8 @@ func (e *Engine) Reap() (sessions, nodes int) {
 		}
 	}
 	e.purgeTombstones(now)
+	e.reclaim(now)
+	e.compactDeadlines()
 	for _, class := range e.sortedAdaptive() {
 		e.adaptive[class].tick(e, now)
 	}

@@ -27,7 +27,7 @@ const (
 // sentinels is every sentinel error; an engine error wraps exactly one.
 var sentinels = []error{ErrInvalid, ErrNotFound, ErrPermission, ErrUnauthenticated, ErrSessionExpired,
 	ErrTaskEnded, ErrQuotaExhausted, ErrLeaseExpired, ErrLeaseRevoked, ErrLeaseReleased,
-	ErrRequestIDReused, ErrExists, ErrRecalling, ErrCorrupt}
+	ErrRequestIDReused, ErrExists, ErrRecalling, ErrCorrupt, ErrBound}
 
 // fixture is an engine on a fake clock. newFixture gives it this tree, with
 // one long-lived session per tenant:
@@ -2274,7 +2274,7 @@ func TestGetReportsANode(t *testing.T) {
 			Used: map[string]int64{"tokens": 4}, Limits: map[string]int64{"db": 2}, Held: map[string]int64{"db": 1}}},
 		{f.step, NodeView{Parent: f.job, Name: "step", Kind: KindSubtask, Used: map[string]int64{"tokens": 4}, Held: map[string]int64{"db": 1}}},
 		{deep, NodeView{Parent: f.step, Name: "deep", Kind: KindSubtask}},
-		{f.job2, NodeView{Parent: f.acme, Name: "job2", Kind: KindTask, State: Cancelled}},
+		{f.job2, NodeView{Parent: f.acme, Name: "job2", Kind: KindTask, State: Cancelled, Ended: f.clock.Now().UnixNano()}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want.Name, func(t *testing.T) {

@@ -46,6 +46,10 @@ var (
 	// ErrCorrupt: Restore or Apply was given a snapshot or event that does not
 	// follow from the state it is applied to.
 	ErrCorrupt = errors.New("corrupt record")
+	// ErrBound: the tenant holds as much as its bounds allow (open sessions,
+	// open nodes, queued acquires, distinct names). The error is a
+	// *BoundError naming the bound (bounds.go).
+	ErrBound = errors.New("tenant bound reached")
 )
 
 // Consumer names the part of a node that spent most of a resource: one of its

@@ -23,6 +23,7 @@ const (
 	EvLimitAdjusted
 	EvBlockResized
 	EvReserved
+	EvNodesReclaimed
 )
 
 var kindNames = [...]string{
@@ -38,6 +39,8 @@ var kindNames = [...]string{
 	EvLimitAdjusted: "limit_adjusted",
 	EvBlockResized:  "block_resized",
 	EvReserved:      "reserved",
+
+	EvNodesReclaimed: "nodes_reclaimed",
 }
 
 func (k EventKind) String() string {
@@ -91,6 +94,10 @@ type Event struct {
 	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet
 	State   State     `json:"st,omitempty"`   // EvNodeEnded
 	Reason  EndReason `json:"why,omitempty"`  // EvSessionEnded
+
+	// Nodes are the ended nodes reclaimed, each with its whole subtree, in
+	// this order (EvNodesReclaimed).
+	Nodes []NodeID `json:"ns,omitempty"`
 
 	// RequestID and Fingerprint are remembered by the session, so a retry
 	// returns this event's result, even after a restart.
@@ -180,6 +187,8 @@ func (e *Engine) applyKind(ev *Event) error {
 		return e.applyBlockResized(ev)
 	case EvReserved:
 		return e.applyReserved(ev)
+	case EvNodesReclaimed:
+		return e.applyReclaimed(ev)
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
 	}
@@ -221,6 +230,7 @@ func (e *Engine) applySessionOpened(ev *Event) error {
 	if s.token != "" {
 		e.byToken[s.token] = s
 	}
+	scope.pinSession()
 	e.nextSession = s.id + 1
 	return nil
 }

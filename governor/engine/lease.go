@@ -96,6 +96,9 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	if err := e.checkOpen(n, now); err != nil {
 		return Grant{}, nil, err
 	}
+	if err := e.checkUse(n.tenant, r.Class, charges); err != nil {
+		return Grant{}, nil, err
+	}
 	if err := n.checkAll(charges); err != nil {
 		return Grant{}, nil, e.recalled(err)
 	}
@@ -110,6 +113,9 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 		fingerprint: fp, priority: n.priority}
 	if n.fits(r.Class) {
 		return e.grant(&w, now), nil, nil
+	}
+	if err := e.checkNewWaiter(n.tenant); err != nil {
+		return Grant{}, nil, err
 	}
 	qw := e.enqueue(w)
 	return Grant{}, &Wait{C: qw.ch, w: qw}, nil
@@ -295,7 +301,11 @@ func (e *Engine) ended(s *session, id LeaseID, now int64) error {
 	if !ok {
 		return fmt.Errorf("%w: lease %d", ErrNotFound, id)
 	}
-	if n := e.nodes[t.node]; n == nil || !n.within(s.scope) {
+	n := e.nodes[t.node]
+	if n == nil { // its node was reclaimed: the lease is as forgotten
+		return fmt.Errorf("%w: lease %d", ErrNotFound, id)
+	}
+	if !n.within(s.scope) {
 		return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
 	}
 	if t.reason == EndReleased && t.session == s.id {

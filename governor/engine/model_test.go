@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"maps"
+	"time"
 )
 
 // model is a deliberately simple second implementation of the tree's
@@ -27,6 +28,11 @@ type model struct {
 	maxLease     LeaseID
 	seq          uint64
 	errs         []string
+	// endedAt is when each ended node ended; gone is what each node's
+	// reclaimed children spent; retention is the engine's.
+	endedAt   map[NodeID]int64
+	gone      map[NodeID]map[string]int64
+	retention time.Duration
 }
 
 type modelLease struct {
@@ -44,13 +50,14 @@ type modelRes struct {
 	resource string
 }
 
-func newModel() *model {
+func newModel(retention time.Duration) *model {
 	m := &model{parent: map[NodeID]NodeID{}, state: map[NodeID]State{}, deadline: map[NodeID]int64{},
 		quotas: map[NodeID]map[string]int64{}, limits: map[NodeID]map[string]int64{},
 		defQ: map[NodeID]map[string]int64{}, defL: map[NodeID]map[string]int64{},
 		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{},
 		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
-		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{}}
+		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
+		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention}
 	m.state[RootID] = Open
 	return m
 }
@@ -170,6 +177,7 @@ func (m *model) Emit(ev Event) {
 		for _, id := range m.subtree(ev.Node) {
 			if m.state[id] == Open {
 				m.state[id] = ev.State
+				m.endedAt[id] = ev.At
 			}
 			for lid, l := range m.leases {
 				if l.node == id {
@@ -283,6 +291,57 @@ func (m *model) Emit(ev Event) {
 		m.endLease(ev.Lease)
 	case EvLimitAdjusted:
 		m.limits[ev.Node] = overlay(m.limits[ev.Node], map[string]int64{ev.Resource: ev.Amount})
+	case EvNodesReclaimed:
+		for _, id := range ev.Nodes {
+			m.reclaim(ev, id)
+		}
+	}
+}
+
+// reclaim checks I15 (a node is reclaimed only once it and its whole
+// subtree have been ended for the retention, with nothing pinning them) and
+// forgets the subtree, leaving what it spent with the parent.
+func (m *model) reclaim(ev Event, root NodeID) {
+	if _, ok := m.state[root]; !ok || root == RootID {
+		m.failf("event %d reclaims node %d, which the model does not hold (or is the root)", ev.Seq, root)
+		return
+	}
+	for _, id := range m.subtree(root) {
+		switch {
+		case m.state[id] == Open:
+			m.failf("I15 reclaim: event %d reclaims node %d, which is open", ev.Seq, id)
+		case ev.At-m.endedAt[id] < int64(m.retention):
+			m.failf("I15 reclaim: event %d reclaims node %d %v after its end; the retention is %v",
+				ev.Seq, id, time.Duration(ev.At-m.endedAt[id]), m.retention)
+		}
+		for sid, scope := range m.scope {
+			if scope == id {
+				m.failf("I15 reclaim: event %d reclaims node %d, the scope of open session %d", ev.Seq, id, sid)
+			}
+		}
+		for k, amount := range m.reservations {
+			if k.node == id {
+				m.failf("I15 reclaim: event %d reclaims node %d, where session %d reserves %d of %s", ev.Seq, id, k.session, amount, k.resource)
+			}
+		}
+		for lid, l := range m.leases {
+			if l.node == id {
+				m.failf("I15 reclaim: event %d reclaims node %d, which holds lease %d", ev.Seq, id, lid)
+			}
+		}
+	}
+	p := m.parent[root]
+	for r, u := range m.used[root] {
+		add(m.gone, p, r, u)
+	}
+	for _, id := range m.subtree(root) {
+		for _, tbl := range []map[NodeID]map[string]int64{m.quotas, m.limits, m.defQ, m.defL, m.used, m.reserved, m.held, m.gone} {
+			delete(tbl, id)
+		}
+		delete(m.parent, id)
+		delete(m.state, id)
+		delete(m.deadline, id)
+		delete(m.endedAt, id)
 	}
 }
 

@@ -69,6 +69,17 @@ var mutants = []mutant{
 		"\t\tif amount > g.cap-g.n {\n\t\t\treturn a.denial(r, amount, g.cap)", "\t\tif true {\n\t\t\treturn a.denial(r, amount, g.cap)", `I14 denial`},
 	{"an ended session's reservations vanish unspent", "session.go",
 		"\te.spendReservations(s)\n", "\tfor _, res := range s.reservations {\n\t\tfor a := res.node; a != nil; a = a.parent {\n\t\t\ta.quota.at(res.resource).r -= res.amount\n\t\t}\n\t\te.dropReservation(res)\n\t}\n", `used \(I2\)`},
+	// Reclaiming ended nodes, and tenants' bounds.
+	{"reclaim before the retention has passed", "reclaim.go",
+		"cutoff := now - int64(e.retention)", "cutoff := now", `I15 reclaim`},
+	{"reclaim a node a session or a reservation pins", "reclaim.go",
+		"if n.pins > 0 {\n\t\treturn true", "if n.pins < 0 {\n\t\treturn true", `I15 reclaim`},
+	{"never reclaim", "engine.go",
+		"\te.reclaim(now)\n", "", `I16 reclaim`},
+	{"let one node past the bound", "bounds.go",
+		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow > b.Nodes", `I17 bounds`},
+	{"a failed waiter still counts against its tenant", "tree.go",
+		"\t\t\t\tw.node.tenant.waiting--\n", "", `counts \d+ open nodes, \d+ sessions, \d+ waiters`},
 	{"serve the longest queue first", "queue.go",
 		"\t\ttq.deficit = 0\n\t\tq.cursor = (q.cursor + 1) % len(q.ring)\n", "\t\ttq.deficit = 0\n\t\tq.cursor = 0\n", `TestFairQueue|fits but waits`},
 }

@@ -75,6 +75,7 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 	})
 	tq.waiters = slices.Insert(tq.waiters, i, w)
 	q.waiting++
+	w.node.tenant.waiting++
 	w.session.waiters = append(w.session.waiters, w)
 	e.contention(w.class, q)
 	return w
@@ -86,6 +87,7 @@ func (e *Engine) removeWaiter(w *waiter) {
 	if i := slices.Index(tq.waiters, w); i >= 0 {
 		tq.waiters = slices.Delete(tq.waiters, i, i+1)
 		q.waiting--
+		w.node.tenant.waiting--
 	}
 	if i := slices.Index(w.session.waiters, w); i >= 0 {
 		w.session.waiters = slices.Delete(w.session.waiters, i, i+1)

@@ -34,6 +34,9 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 	if err := e.checkOpen(n, now); err != nil {
 		return err
 	}
+	if err := e.checkResource(n.tenant, resource); err != nil {
+		return err
+	}
 	if err := n.check(resource, amount); err != nil {
 		return e.recalled(err)
 	}
@@ -100,6 +103,12 @@ func (n *node) denialWith(r string, amount, limit int64, at *node, extra int64) 
 		if u > d.Largest.Used || (d.Largest.Node == 0 && u > 0) {
 			d.Largest = Consumer{Node: c.id, Name: c.name, Used: u}
 		}
+	}
+	// Children already reclaimed spent their share too; it is neither
+	// n's own nor a live child's.
+	gone := n.gone[r]
+	if direct -= gone; gone > d.Largest.Used {
+		d.Largest = Consumer{Name: ReclaimedConsumer, Used: gone}
 	}
 	if direct > d.Largest.Used {
 		d.Largest = Consumer{Node: n.id, Name: n.name, Used: direct}

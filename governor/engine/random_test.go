@@ -77,6 +77,9 @@ type doneRequest struct {
 	id     string
 	result string
 	call   func(requestID string, differ bool) (string, error)
+	// node is the node a create, end or edit named: once it is reclaimed,
+	// a retry answers ErrNotFound.
+	node NodeID
 }
 
 type world struct {
@@ -97,6 +100,7 @@ type world struct {
 	quiet    map[SessionID]bool // sessions that stopped heartbeating: dead workers
 	tenants  []NodeID
 	nodes    []NodeID
+	gone     []NodeID // reclaimed
 	held     map[LeaseID]SessionID
 	waits    []*pending
 	requests []doneRequest
@@ -109,6 +113,11 @@ type world struct {
 	local   map[modelRes]*localRes
 	notices []Notice
 	told    map[blockKey2]NoticeKind
+
+	// reaped says this step ran Reap; names is how many resources and
+	// classes each tenant knew after the last step.
+	reaped bool
+	names  map[NodeID][2]int
 }
 
 type localRes struct{ spent, unspent int64 }
@@ -123,11 +132,14 @@ type blockKey2 struct {
 func (w *world) Notify(n Notice) { w.notices = append(w.notices, n) }
 
 func newWorld(t *testing.T, seed int64) *world {
-	w := &world{t: t, seed: seed, rng: rand.New(rand.NewSource(seed)), clock: newFakeClock(),
-		rec: &recorder{}, m: newModel(), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
+	rng := rand.New(rand.NewSource(seed))
+	retention := time.Duration(2+rng.Intn(9)) * time.Second
+	w := &world{t: t, seed: seed, rng: rng, clock: newFakeClock(),
+		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{}}
 	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Notifier: w, Adaptive: []Adaptive{{Class: "llm",
-		TargetP95: 50 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 5}}}
+		TargetP95: 50 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 5}},
+		Retention: retention, Bounds: w.randBounds(), TenantBounds: map[string]Bounds{"tenant0": w.randBounds()}}
 	e, err := New(w.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +166,18 @@ func newWorld(t *testing.T, seed int64) *world {
 	w.openSession(RootID) // an operator's session
 	w.check()
 	return w
+}
+
+// randBounds are small bounds, so that histories reach them; a zero field
+// is no bound.
+func (w *world) randBounds() Bounds {
+	pick := func(lo, hi int) int {
+		if w.rng.Intn(3) == 0 {
+			return 0
+		}
+		return lo + w.rng.Intn(hi-lo+1)
+	}
+	return Bounds{Sessions: pick(2, 6), Nodes: pick(3, 12), Waiters: pick(1, 4), Resources: pick(1, 3), Classes: pick(1, 3)}
 }
 
 func (w *world) must(_ NodeView, err error) {
@@ -220,6 +244,11 @@ func (w *world) nodeFor(sid SessionID, out bool) (NodeID, bool) {
 		}
 		return w.pick(outside), true
 	}
+	if len(in) == 0 {
+		// Its scope was reclaimed: the session ended before (a live one
+		// pins its scope), and the call is refused as unauthenticated.
+		return w.scope[sid], true
+	}
 	return w.pick(in), true
 }
 
@@ -232,8 +261,15 @@ func (w *world) reqID() string {
 }
 
 func (w *world) openSession(scope NodeID) {
+	before := w.e.Seq()
 	id, err := w.e.OpenSession(scope, fmt.Sprintf("hash-%d-%d", w.seed, w.e.Seq()), sessionTTL)
-	w.logf("open session on %d: %d %v", scope, id, err)
+	w.expect(fmt.Sprintf("open session on %d: %d", scope, id), before, err, ErrTaskEnded, ErrNotFound, ErrBound)
+	var be *BoundError
+	if errors.As(err, &be) {
+		if t := w.e.nodes[scope].tenant; be.Bound != BoundSessions || t.sessions < be.Limit {
+			w.fail("opening a session on %d was refused by %v, but its tenant holds %d sessions", scope, err, t.sessions)
+		}
+	}
 	if err != nil {
 		return
 	}
@@ -265,7 +301,8 @@ func (w *world) expect(what string, before uint64, err error, allowed ...error) 
 		w.fail("%s: unexpected error %v", what, err)
 	}
 	// These refusals are decided before anything could end lazily.
-	if errors.Is(err, ErrPermission) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrRequestIDReused) || errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrPermission) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrRequestIDReused) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, ErrBound) {
 		if w.e.Seq() != before {
 			w.fail("%s: refused with %v but emitted events %d..%d", what, err, before+1, w.e.Seq())
 		}
@@ -276,8 +313,13 @@ func (w *world) expect(what string, before uint64, err error, allowed ...error) 
 // request id is stored in the event it caused, so one that caused none (a
 // no-op release) is not remembered.
 func (w *world) remember(sid SessionID, id, result string, call func(string, bool) (string, error)) {
+	w.rememberOn(sid, 0, id, result, call)
+}
+
+// rememberOn is remember for a request that names node.
+func (w *world) rememberOn(sid SessionID, node NodeID, id, result string, call func(string, bool) (string, error)) {
 	if id != "" && w.caused(sid, id) {
-		w.requests = append(w.requests, doneRequest{sid: sid, id: id, result: result, call: call})
+		w.requests = append(w.requests, doneRequest{sid: sid, id: id, result: result, call: call, node: node})
 	}
 }
 
@@ -285,12 +327,12 @@ func (w *world) randomOp() {
 	e := w.e
 	sid := w.session()
 	before := e.Seq()
-	switch op := w.rng.Intn(112); {
+	switch op := w.rng.Intn(118); {
 	case op < 22: // consume
 		n, _ := w.nodeFor(sid, false)
 		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
 		err := e.Consume(sid, n, r, amt, rid)
-		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling)
+		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
 		w.checkRefusal(err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
@@ -309,7 +351,7 @@ func (w *world) randomOp() {
 		}
 		rid := w.reqID()
 		g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid})
-		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling)
+		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
 		for r, amt := range charges {
 			w.checkRefusal(err, n, r, amt, 0)
 		}
@@ -391,13 +433,13 @@ func (w *world) randomOp() {
 		} else {
 			v, err = e.CreateNode(sid, parent, spec, rid)
 		}
-		w.expect(fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID), before, err, ErrTaskEnded, ErrExists, ErrInvalid)
+		w.expect(fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID), before, err, ErrTaskEnded, ErrExists, ErrInvalid, ErrBound)
 		if err == nil {
 			if !slices.Contains(w.nodes, v.ID) {
 				w.nodes = append(w.nodes, v.ID)
 			}
 			if !find {
-				w.remember(sid, rid, fmt.Sprint(v.ID), func(id string, differ bool) (string, error) {
+				w.rememberOn(sid, v.ID, rid, fmt.Sprint(v.ID), func(id string, differ bool) (string, error) {
 					s := spec
 					if differ {
 						s.Name += "x"
@@ -439,7 +481,7 @@ func (w *world) randomOp() {
 		}
 		rid := w.reqID()
 		_, err := e.SetCaps(sid, n, edit, rid)
-		w.expect(fmt.Sprintf("caps s%d n%d %+v %q", sid, n, edit, rid), before, err, ErrPermission, ErrTaskEnded)
+		w.expect(fmt.Sprintf("caps s%d n%d %+v %q", sid, n, edit, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
 		switch {
 		case n == w.scope[sid] && err == nil:
 			w.fail("session %d edited its own scope node %d", sid, n)
@@ -473,6 +515,7 @@ func (w *world) randomOp() {
 		w.logf("advance %v", d)
 	case op < 84:
 		s, n := e.Reap()
+		w.reaped = true
 		w.logf("reap: %d sessions, %d nodes", s, n)
 	case op < 87: // validate
 		id := LeaseID(w.rng.Int63n(int64(e.nextLease) + 2))
@@ -490,6 +533,9 @@ func (w *world) randomOp() {
 		w.logf("retry s%d %q -> %q %v", r.sid, r.id, got, err)
 		if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrSessionExpired) {
 			return
+		}
+		if errors.Is(err, ErrNotFound) && r.node != 0 && e.nodes[r.node] == nil {
+			return // the node it named was reclaimed: forgotten, as SPEC.md says
 		}
 		if err != nil || got != r.result {
 			w.fail("retry of %q by session %d returned %q, %v; the original returned %q", r.id, r.sid, got, err, r.result)
@@ -509,8 +555,10 @@ func (w *world) randomOp() {
 		}
 	case op >= 100 && op < 106:
 		w.blockOp(sid, before)
-	case op >= 106:
+	case op >= 106 && op < 112:
 		w.reserveOp(sid, before)
+	case op >= 112:
+		w.askAboutEnded(sid, before)
 	default: // calls outside the scope, on purpose
 		if w.scope[sid] == RootID {
 			return
@@ -606,6 +654,15 @@ func (w *world) check() {
 	if len(e.nodes) != len(m.state) {
 		w.fail("engine has %d nodes, model %d", len(e.nodes), len(m.state))
 	}
+	w.nodes = slices.DeleteFunc(w.nodes, func(id NodeID) bool {
+		if e.nodes[id] == nil {
+			w.gone = append(w.gone, id)
+			return true
+		}
+		return false
+	})
+	w.checkReclaimed()
+	w.checkBounds()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
 		ml, ok := m.leases[id]
@@ -811,7 +868,7 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 	}
 	contended := e.contended(class)
 	g, err := e.Block(sid, req)
-	w.expect(fmt.Sprintf("block s%d %+v: %+v", sid, req, g), before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired)
+	w.expect(fmt.Sprintf("block s%d %+v: %+v", sid, req, g), before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound)
 	if err != nil {
 		return
 	}
@@ -869,7 +926,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	e := w.e
 	k := modelRes{sid, req.Node, req.Resource}
 	res, err := e.Reserve(sid, req)
-	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling)
+	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
 	w.checkRefusal(err, req.Node, req.Resource, 1, req.Return)
 	if err != nil {
 		return
@@ -1029,5 +1086,149 @@ func (w *world) checkDelegation() {
 					map[bool]string{true: "queue", false: "do not queue"}[e.contended(class)])
 			}
 		}
+	}
+}
+
+// askAboutEnded asks about a reclaimed node, which must be ErrNotFound, or
+// about an ended node still kept, which must answer as ended.
+func (w *world) askAboutEnded(sid SessionID, before uint64) {
+	e := w.e
+	if len(w.gone) > 0 && w.rng.Intn(2) == 0 {
+		n := w.gone[w.rng.Intn(len(w.gone))]
+		var err error
+		switch w.rng.Intn(3) {
+		case 0:
+			_, err = e.Get(sid, n)
+		case 1:
+			err = e.Consume(sid, n, "tokens", 1, "")
+		default:
+			_, err = e.CreateNode(sid, n, NodeSpec{Name: "child"}, "")
+		}
+		w.expect(fmt.Sprintf("ask s%d about reclaimed n%d", sid, n), before, err, ErrNotFound)
+		if err == nil {
+			w.fail("a call on node %d, reclaimed, succeeded", n)
+		}
+		return
+	}
+	var ended []NodeID
+	for _, id := range w.nodes {
+		if n := e.nodes[id]; n != nil && n.state != Open && n.within(e.sessions[sid].scopeOr(e)) {
+			ended = append(ended, id)
+		}
+	}
+	if len(ended) == 0 {
+		return
+	}
+	id := ended[w.rng.Intn(len(ended))]
+	v, err := e.Get(sid, id)
+	w.expect(fmt.Sprintf("get s%d ended n%d: %s", sid, id, v.State), before, err)
+	if err == nil && (!v.State.Ended() || v.Ended == 0) {
+		w.fail("node %d ended but Get says %s, ended at %d", id, v.State, v.Ended)
+	}
+	err = e.Consume(sid, id, "tokens", 1, "")
+	w.expect(fmt.Sprintf("consume s%d on ended n%d", sid, id), before, err, ErrTaskEnded)
+	if err == nil {
+		w.fail("a consume on node %d, ended, succeeded", id)
+	}
+}
+
+// scopeOr is the session's scope; the system session's for a session the
+// engine no longer holds (its calls are refused as unauthenticated anyway).
+func (s *session) scopeOr(e *Engine) *node {
+	if s == nil {
+		return e.root
+	}
+	return s.scope
+}
+
+// checkReclaimed checks what reclamation keeps: every node's end time and
+// reclaimed usage against the model, the pins recounted, and (I16) after
+// a Reap, that no ended node whose retention has passed is still held
+// unless something pins it.
+func (w *world) checkReclaimed() {
+	e, m := w.e, w.m
+	pins := map[NodeID]int{}
+	for _, s := range e.sessions {
+		pins[s.scope.id]++
+		for _, res := range s.reservations {
+			pins[res.node.id]++
+		}
+	}
+	for id, n := range e.nodes {
+		if n.endedAt != m.endedAt[id] {
+			w.fail("node %d ended at %d, the model says %d", id, n.endedAt, m.endedAt[id])
+		}
+		if !maps.Equal(nilIfEmpty(n.gone), nilIfEmpty(m.gone[id])) {
+			w.fail("node %d's reclaimed usage: engine %v, model %v", id, n.gone, m.gone[id])
+		}
+		if n.pins != pins[id] {
+			w.fail("node %d counts %d pins; it has %d", id, n.pins, pins[id])
+		}
+	}
+	if !w.reaped {
+		return
+	}
+	w.reaped = false
+	cutoff := e.now() - int64(e.retention)
+	for _, n := range e.nodes {
+		top := n.parent != nil && n.state != Open && (n.parent.state == Open || n.parent.endedAt > n.endedAt)
+		if top && n.endedAt <= cutoff && !n.pinnedBelow() {
+			w.fail("I16 reclaim: node %d ended %v ago (retention %v), nothing pins it, and Reap kept it",
+				n.id, time.Duration(e.now()-n.endedAt), e.retention)
+		}
+	}
+}
+
+// checkBounds checks I17: what each tenant holds, recounted, and that no
+// step took a tenant past a bound.
+func (w *world) checkBounds() {
+	e := w.e
+	type counts struct{ open, sessions, waiting int }
+	got := map[*node]*counts{}
+	for _, t := range e.root.children {
+		got[t] = &counts{}
+	}
+	for _, n := range e.nodes {
+		if n.depth >= int(KindTask) && n.state == Open {
+			got[n.tenant].open++
+		}
+	}
+	for _, s := range e.sessions {
+		if c := got[s.scope.tenant]; c != nil {
+			c.sessions++
+		}
+	}
+	for _, q := range e.queues {
+		for _, tq := range q.ring {
+			if c := got[tq.tenant]; c != nil {
+				c.waiting += len(tq.waiters)
+			}
+		}
+	}
+	if w.names == nil {
+		w.names = map[NodeID][2]int{}
+	}
+	for t, c := range got {
+		if t.openBelow != c.open || t.sessions != c.sessions || t.waiting != c.waiting {
+			w.fail("tenant %d counts %d open nodes, %d sessions, %d waiters; recounted %d, %d, %d",
+				t.id, t.openBelow, t.sessions, t.waiting, c.open, c.sessions, c.waiting)
+		}
+		b, _ := e.boundsOf(t)
+		for _, x := range []struct {
+			what     string
+			n, bound int
+		}{{"open nodes", c.open, b.Nodes}, {"sessions", c.sessions, b.Sessions}, {"waiters", c.waiting, b.Waiters}} {
+			if x.bound > 0 && x.n > x.bound {
+				w.fail("I17 bounds: tenant %d holds %d %s, its bound is %d", t.id, x.n, x.what, x.bound)
+			}
+		}
+		prev, had := w.names[t.id]
+		now := [2]int{len(t.quota), len(t.limit)}
+		for i, bound := range []int{b.Resources, b.Classes} {
+			if had && now[i] > prev[i] && bound > 0 && now[i] > bound {
+				w.fail("I17 bounds: tenant %d went from %d to %d names (resources, classes: %d), past its bound %d", t.id, prev[i], now[i], i, bound)
+			}
+		}
+		w.names[t.id] = now
 	}
 }

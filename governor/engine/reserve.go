@@ -104,6 +104,9 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	if err != nil {
 		return Reservation{}, err
 	}
+	if err := e.checkResource(n.tenant, r.Resource); err != nil {
+		return Reservation{}, err
+	}
 	have := s.reservedOn(n.id, r.Resource)
 	if r.Spent > have || r.Return > have-r.Spent {
 		return Reservation{}, invalid("spent %d and return %d settle more than the %d units reserved", r.Spent, r.Return, have)
@@ -222,6 +225,7 @@ func (e *Engine) addReservation(res *reservation) {
 		s.reservations = make(map[resKey]*reservation)
 	}
 	s.reservations[resKey{res.node.id, res.resource}] = res
+	res.node.pins++
 	byRes := e.reserved[res.resource]
 	if byRes == nil {
 		byRes = make(map[*reservation]struct{})
@@ -232,6 +236,7 @@ func (e *Engine) addReservation(res *reservation) {
 
 func (e *Engine) dropReservation(res *reservation) {
 	delete(res.session.reservations, resKey{res.node.id, res.resource})
+	res.node.pins--
 	delete(e.reserved[res.resource], res)
 	if len(e.reserved[res.resource]) == 0 {
 		delete(e.reserved, res.resource)

@@ -63,6 +63,9 @@ func (e *Engine) OpenSession(scope NodeID, tokenHash string, ttl time.Duration) 
 	if err := e.checkOpen(n, now); err != nil {
 		return 0, err
 	}
+	if err := e.checkNewSession(n.tenant); err != nil {
+		return 0, err
+	}
 	id := e.nextSession
 	e.emit(Event{Kind: EvSessionOpened, At: now, Session: id, Node: scope, Token: tokenHash, Amount: int64(ttl)})
 	return id, nil
@@ -156,6 +159,7 @@ func (e *Engine) applySessionEnded(s *session, ev *Event) {
 		e.endLease(s.leases[id], reason, ev.At)
 	}
 	e.spendReservations(s)
+	s.scope.unpinSession()
 	delete(e.sessions, s.id)
 	if s.token != "" {
 		delete(e.byToken, s.token)
@@ -183,7 +187,7 @@ func (e *Engine) session(sid SessionID, now int64) (*session, error) {
 func (e *Engine) target(s *session, id NodeID) (*node, error) {
 	n := e.nodes[id]
 	if n == nil {
-		return nil, fmt.Errorf("%w: node %d", ErrNotFound, id)
+		return nil, e.notFound(id)
 	}
 	if !n.within(s.scope) {
 		return nil, fmt.Errorf("%w: node %d is outside the session's scope (node %d)", ErrPermission, id, s.scope.id)

@@ -166,6 +166,10 @@ func (e *Engine) Restore(snap Snapshot) error {
 			n.limit.add(k, h)
 		}
 		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
+		n.endedAt, n.gone = v.Ended, maps.Clone(v.Reclaimed)
+		if n.state == Open && n.endedAt != 0 {
+			return fmt.Errorf("%w: snapshot node %d is %s but ended at %d", ErrCorrupt, v.ID, n.state, n.endedAt)
+		}
 		nodes[n.id] = n
 		if parent != nil {
 			if n.state == Open && parent.open[n.name] != nil {
@@ -197,6 +201,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 				return fmt.Errorf("%w: snapshot reservation of %s on node %d by session %d", ErrCorrupt, rs.Resource, rs.Node, ss.ID)
 			}
 			res := &reservation{session: s, node: n, resource: rs.Resource, amount: rs.Amount}
+			n.pins++
 			if s.reservations == nil {
 				s.reservations = make(map[resKey]*reservation)
 			}
@@ -213,6 +218,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 			}
 		}
 		sessions[s.id] = s
+		scope.pinSession()
 		if s.token != "" {
 			if byToken[s.token] != nil {
 				return fmt.Errorf("%w: snapshot sessions share a token", ErrCorrupt)
@@ -247,6 +253,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 		tombs[t.Lease] = tombstone{session: t.Session, node: t.Node, class: t.Class, reason: t.Reason, at: t.At}
 	}
 	heap.Init(&deadlines)
+	e.restoreEnded(nodes, now)
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
 	e.blocks, e.reserved = blocks, reserved
 	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {

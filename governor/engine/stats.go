@@ -11,6 +11,9 @@ type Stats struct {
 	Delegated map[string]int64
 	Leases    int
 	Sessions  int
+	// Nodes is how many nodes are held: open, and ended but not yet
+	// reclaimed.
+	Nodes int
 }
 
 // Stats returns the root, the tenants and the queue depths.
@@ -18,7 +21,7 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := Stats{Root: e.root.view(), Waiting: make(map[string]int, len(e.queues)),
-		Leases: len(e.leases), Sessions: len(e.sessions)}
+		Leases: len(e.leases), Sessions: len(e.sessions), Nodes: len(e.nodes)}
 	for _, t := range e.root.children {
 		st.Tenants = append(st.Tenants, t.view())
 	}

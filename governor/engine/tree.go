@@ -102,6 +102,12 @@ type NodeView struct {
 	Deadline      int64
 	Weight        int64
 	Priority      int64
+	// Ended is when the node ended (unix nanoseconds), 0 while it is open.
+	// It is reclaimed once it has been ended for the retention (reclaim.go).
+	Ended int64 `json:",omitempty"`
+	// Reclaimed is what children already reclaimed spent, by resource: part
+	// of Used that no child shows any more.
+	Reclaimed map[string]int64 `json:",omitempty"`
 }
 
 type node struct {
@@ -123,6 +129,19 @@ type node struct {
 	children []*node
 	open     map[string]*node // open children by name
 	leases   map[LeaseID]*lease
+
+	endedAt int64            // when it ended (unix nanoseconds); 0 while open
+	gone    map[string]int64 // what reclaimed children spent, by resource
+	// pins counts what names the node by id and must not outlive it: open
+	// sessions scoped to it and reservations on it. A node with a pin in
+	// its subtree is not reclaimed (reclaim.go).
+	pins int
+
+	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
+	// sessions scoped inside it, and (not state) its queued acquires.
+	openBelow int
+	sessions  int
+	waiting   int
 }
 
 func newNode(id NodeID, parent *node, name string) *node {
@@ -151,7 +170,7 @@ func (n *node) view() NodeView {
 	v := NodeView{ID: n.id, Name: n.name, Kind: n.kind(), State: n.state,
 		Quotas: n.quota.caps(), Used: n.quota.counts(), Reserved: n.quota.reservedCounts(), Limits: n.limit.caps(),
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
-		Deadline: n.deadline, Weight: n.weight, Priority: n.priority}
+		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone)}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -367,7 +386,7 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 		if n := e.nodes[r.node]; n != nil {
 			return n.view(), true, nil
 		}
-		return NodeView{}, false, fmt.Errorf("%w: node %d", ErrNotFound, r.node)
+		return NodeView{}, false, e.notFound(r.node)
 	}
 	parent, err := e.target(s, parentID)
 	if err != nil {
@@ -384,6 +403,11 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 	}
 	if parent.depth+1 >= MaxDepth {
 		return NodeView{}, false, invalid("the tree is at most %d levels deep", MaxDepth)
+	}
+	if s.id != System { // the operator's configuration is not bounded
+		if err := e.checkNewNode(parent, &spec); err != nil {
+			return NodeView{}, false, err
+		}
 	}
 	id := e.nextNode
 	e.emit(Event{Kind: EvNodeCreated, At: now, Session: s.id, Node: id, Parent: parent.id,
@@ -419,7 +443,10 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 		heap.Push(&e.deadlines, deadlineEntry{at: n.deadline, node: n.id})
 	}
 	if parent.state != Open {
-		n.state = parent.state
+		n.state, n.endedAt = parent.state, ev.At
+	}
+	if n.state == Open && n.depth >= int(KindTask) {
+		n.tenant.openBelow++
 	}
 	e.nodes[n.id] = n
 	parent.adopt(n)
@@ -516,12 +543,18 @@ func (e *Engine) endNode(n *node, state State, now int64) {
 }
 
 func (e *Engine) applyNodeEnded(n *node, ev *Event) {
+	if n.state == Open {
+		e.endedQ = append(e.endedQ, endedEntry{at: ev.At, node: n.id})
+	}
 	var walk func(*node)
 	walk = func(m *node) {
 		if m.state == Open {
-			m.state = ev.State
+			m.state, m.endedAt = ev.State, ev.At
 			if m.parent != nil && m.parent.open[m.name] == m {
 				delete(m.parent.open, m.name)
+			}
+			if m.depth >= int(KindTask) {
+				m.tenant.openBelow--
 			}
 		}
 		for _, id := range sortedKeys(m.leases) {
@@ -563,6 +596,7 @@ func (e *Engine) afterEnd() {
 					continue
 				}
 				q.waiting--
+				w.node.tenant.waiting--
 				if i := slices.Index(w.session.waiters, w); i >= 0 {
 					w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
 				}
@@ -589,7 +623,11 @@ func (e *Engine) remembered(s *session, requestID string, fp uint64, id NodeID) 
 	if !ok {
 		return NodeView{}, false, nil
 	}
-	return e.nodes[id].view(), true, nil
+	n := e.nodes[id]
+	if n == nil { // it ended, and the retention has passed
+		return NodeView{}, true, e.notFound(id)
+	}
+	return n.view(), true, nil
 }
 
 // SetCaps edits a node's caps, defaults, weight, priority or deadline.
@@ -616,6 +654,11 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	}
 	if err := e.checkOpen(n, now); err != nil {
 		return NodeView{}, err
+	}
+	if s.id != System {
+		if err := e.checkCapNames(n.tenant, edit.Quotas, edit.DefaultQuotas, edit.Limits, edit.DefaultLimits); err != nil {
+			return NodeView{}, err
+		}
 	}
 	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit,
 		RequestID: requestID, Fingerprint: fp})
