@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,7 +33,19 @@ const (
 	DefaultReapInterval  = 100 * time.Millisecond
 	MinSessionTTL        = 100 * time.Millisecond
 	MaxSessionTTL        = time.Hour
+	// DefaultMaxSessionTTL is the longest TTL a client may ask for when
+	// max_session_ttl is not set; a longer ask gets this.
+	DefaultMaxSessionTTL = 5 * time.Minute
+	// DefaultNodeRetention is how long an ended node is kept (answering as
+	// ended) before it is reclaimed; MinNodeRetention keeps it at least as
+	// long as a lease's tombstone, so a tombstone never outlives its node.
+	DefaultNodeRetention = engine.DefaultRetention
+	MinNodeRetention     = engine.TombstoneTTL
+	MaxNodeRetention     = 24 * time.Hour
 )
+
+// DefaultBounds are each tenant's bounds when tenant_bounds leaves them out.
+var DefaultBounds = engine.Bounds{Sessions: 1000, Nodes: 100_000, Waiters: 10_000, Resources: 1000, Classes: 1000}
 
 // Config is governord's validated runtime configuration.
 type Config struct {
@@ -49,6 +62,16 @@ type Config struct {
 	Root           Caps
 	Adaptive       []engine.Adaptive
 	Tenants        []TenantConfig
+	// MaxSessionTTL is the longest TTL a client may ask for; a longer ask
+	// gets this. Zero means DefaultMaxSessionTTL.
+	MaxSessionTTL time.Duration
+	// NodeRetention is how long an ended node is kept before it is
+	// reclaimed. Zero means DefaultNodeRetention.
+	NodeRetention time.Duration
+	// Bounds are what each tenant may hold, unless its TenantConfig says
+	// otherwise. All zero means DefaultBounds.
+	Bounds engine.Bounds
+
 	// ReapInterval is how often expired sessions, deadlines and tombstones
 	// are reaped and adaptive limits decide. Zero means DefaultReapInterval.
 	ReapInterval time.Duration
@@ -90,6 +113,8 @@ type TenantConfig struct {
 	Quotas       map[string]int64
 	Limits       map[string]int64
 	Defaults     Caps // what each new task of the tenant starts with
+	// Bounds are what the tenant may hold. All zero means Config.Bounds.
+	Bounds engine.Bounds
 }
 
 // keyHash is the SHA-256 of the tenant's key, whichever way it was given.
@@ -140,6 +165,9 @@ type fileConfig struct {
 	Listen         string         `mapstructure:"listen"`
 	MetricsListen  *string        `mapstructure:"metrics_listen"`
 	SessionTTL     time.Duration  `mapstructure:"session_ttl"`
+	MaxSessionTTL  time.Duration  `mapstructure:"max_session_ttl"`
+	NodeRetention  time.Duration  `mapstructure:"node_retention"`
+	TenantBounds   fileBounds     `mapstructure:"tenant_bounds"`
 	AllowPlaintext bool           `mapstructure:"allow_plaintext"`
 	TLS            fileTLS        `mapstructure:"tls"`
 	AdminKey       string         `mapstructure:"admin_key"`
@@ -185,6 +213,36 @@ type fileTenant struct {
 	Quotas   map[string]int64 `mapstructure:"quotas"`
 	Limits   map[string]int64 `mapstructure:"limits"`
 	Defaults fileCaps         `mapstructure:"defaults"`
+	Bounds   fileBounds       `mapstructure:"bounds"`
+}
+
+// fileBounds are bounds as written: a key left out takes the default.
+type fileBounds struct {
+	MaxSessions  *int `mapstructure:"max_sessions"`
+	MaxNodes     *int `mapstructure:"max_nodes"`
+	MaxWaiters   *int `mapstructure:"max_waiters"`
+	MaxResources *int `mapstructure:"max_resources"`
+	MaxClasses   *int `mapstructure:"max_classes"`
+}
+
+// over returns base with the keys f sets, each checked to be at least 1.
+func (f fileBounds) over(key string, base engine.Bounds) (engine.Bounds, error) {
+	for _, b := range []struct {
+		name string
+		v    *int
+		dst  *int
+	}{{engine.BoundSessions, f.MaxSessions, &base.Sessions}, {engine.BoundNodes, f.MaxNodes, &base.Nodes},
+		{engine.BoundWaiters, f.MaxWaiters, &base.Waiters}, {engine.BoundResources, f.MaxResources, &base.Resources},
+		{engine.BoundClasses, f.MaxClasses, &base.Classes}} {
+		if b.v == nil {
+			continue
+		}
+		if *b.v < 1 {
+			return base, keyErr(key+"."+b.name, "%d is below 1", *b.v)
+		}
+		*b.dst = *b.v
+	}
+	return base, nil
 }
 
 // LoadConfig reads, expands and validates a governord configuration file.
@@ -281,6 +339,9 @@ func (f fileConfig) validate() (Config, error) {
 	case c.SessionTTL < MinSessionTTL || c.SessionTTL > MaxSessionTTL:
 		return Config{}, keyErr("session_ttl", "%v is outside [%v, %v]", c.SessionTTL, MinSessionTTL, MaxSessionTTL)
 	}
+	if err := f.limits(&c); err != nil {
+		return Config{}, err
+	}
 	if c.ReapInterval < 0 {
 		return Config{}, keyErr("reap_interval", "%v is negative", c.ReapInterval)
 	}
@@ -366,6 +427,11 @@ func (f fileConfig) validate() (Config, error) {
 			return Config{}, err
 		}
 		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, t.Quotas, t.Limits, Caps(t.Defaults)
+		bounds, err := t.Bounds.over(key+".bounds", c.Bounds)
+		if err != nil {
+			return Config{}, err
+		}
+		tc.Bounds = bounds
 		c.Tenants = append(c.Tenants, tc)
 	}
 	return c, nil
@@ -419,4 +485,47 @@ func isLoopback(hostport string) bool {
 func IsConfigError(err error) bool {
 	var ce *ConfigError
 	return errors.As(err, &ce)
+}
+
+// fillLimits gives the limits a Config built in code left zero their
+// defaults, as the file's validation does.
+func (c *Config) fillLimits() {
+	if c.MaxSessionTTL == 0 {
+		c.MaxSessionTTL = max(DefaultMaxSessionTTL, c.SessionTTL)
+	}
+	if c.NodeRetention == 0 {
+		c.NodeRetention = DefaultNodeRetention
+	}
+	if c.Bounds == (engine.Bounds{}) {
+		c.Bounds = DefaultBounds
+	}
+	c.Tenants = slices.Clone(c.Tenants) // the caller's stay as they were
+	for i := range c.Tenants {
+		if c.Tenants[i].Bounds == (engine.Bounds{}) {
+			c.Tenants[i].Bounds = c.Bounds
+		}
+	}
+}
+
+// limits validates what bounds governord's memory: the longest session TTL
+// a client may ask for, how long ended nodes are kept, and the tenants'
+// default bounds.
+func (f fileConfig) limits(c *Config) error {
+	switch c.MaxSessionTTL = f.MaxSessionTTL; {
+	case c.MaxSessionTTL == 0:
+		c.MaxSessionTTL = max(DefaultMaxSessionTTL, c.SessionTTL)
+	case c.MaxSessionTTL < MinSessionTTL || c.MaxSessionTTL > MaxSessionTTL:
+		return keyErr("max_session_ttl", "%v is outside [%v, %v]", c.MaxSessionTTL, MinSessionTTL, MaxSessionTTL)
+	case c.MaxSessionTTL < c.SessionTTL:
+		return keyErr("max_session_ttl", "%v is shorter than session_ttl (%v), the TTL a session gets by default", c.MaxSessionTTL, c.SessionTTL)
+	}
+	switch c.NodeRetention = f.NodeRetention; {
+	case c.NodeRetention == 0:
+		c.NodeRetention = DefaultNodeRetention
+	case c.NodeRetention < MinNodeRetention || c.NodeRetention > MaxNodeRetention:
+		return keyErr("node_retention", "%v is outside [%v, %v]", c.NodeRetention, MinNodeRetention, MaxNodeRetention)
+	}
+	var err error
+	c.Bounds, err = f.TenantBounds.over("tenant_bounds", DefaultBounds)
+	return err
 }

@@ -28,6 +28,7 @@ type metrics struct {
 	waitTime prometheus.Histogram
 	waiters  prometheus.Gauge
 	notices  *prometheus.CounterVec
+	snapSize prometheus.Gauge
 
 	// tlsReloads counts changes to the TLS files, by outcome.
 	tlsReloads *prometheus.CounterVec
@@ -39,7 +40,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "gRPC calls by method and status code."}, []string{"method", "code"})
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_events_total",
 		Help: "State changes recorded, by kind."}, []string{"kind"})
-	for k := engine.EvSessionOpened; k <= engine.EvReserved; k++ {
+	for k := engine.EvSessionOpened; k <= engine.EvNodesReclaimed; k++ {
 		m.events[k] = events.WithLabelValues(k.String())
 	}
 	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_seconds",
@@ -55,7 +56,9 @@ func newMetrics(s *Server) *metrics {
 	m.tlsReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_tls_reloads_total",
 		Help: "Changes to the TLS certificate and key files, by outcome (success, failure). A failure keeps the pair in force."}, []string{"outcome"})
 	m.reg.MustRegister(m.tlsReloads)
-	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, treeCollector{m},
+	m.snapSize = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_snapshot_bytes",
+		Help: "Size of the newest snapshot saved, encoded."})
+	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.snapSize, treeCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -120,11 +123,12 @@ var (
 	descBlocks   = prometheus.NewDesc("governor_delegated_slots", "Slots held in blocks delegated to sessions (sidecars), by class; also counted in governor_pool_held.", []string{"class"}, nil)
 	descSessions = prometheus.NewDesc("governor_sessions", "Open sessions.", nil, nil)
 	descLeases   = prometheus.NewDesc("governor_leases", "Live leases.", nil, nil)
+	descNodes    = prometheus.NewDesc("governor_nodes", "Nodes held: open, and ended but not yet reclaimed (node_retention).", nil, nil)
 	descSeq      = prometheus.NewDesc("governor_event_seq", "Sequence number of the newest event, and of the newest committed one.", []string{"state"}, nil)
 )
 
 func (treeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descSessions, descLeases, descSeq} {
+	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descSessions, descLeases, descNodes, descSeq} {
 		ch <- d
 	}
 }
@@ -164,6 +168,7 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(st.Sessions))
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases))
+	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, float64(st.Nodes))
 	ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.eng.Seq()), "emitted")
 	if s.events != nil {
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.events.Committed()), "committed")

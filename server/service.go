@@ -118,7 +118,9 @@ func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionReq
 			return nil, status.Error(codes.InvalidArgument, "ttl is not a valid non-negative duration")
 		}
 		if d.AsDuration() > 0 {
-			ttl = min(max(d.AsDuration(), MinSessionTTL), MaxSessionTTL)
+			// A longer ask gets max_session_ttl: the client uses the TTL
+			// the answer carries.
+			ttl = min(max(d.AsDuration(), MinSessionTTL), s.cfg.MaxSessionTTL)
 		}
 	}
 	raw := make([]byte, 32)

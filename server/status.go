@@ -38,6 +38,8 @@ func toStatus(err error) error {
 	case errors.As(err, &lease):
 		return withDetail(codes.FailedPrecondition, err, &governorpb.LeaseEnded{LeaseId: int64(lease.Lease),
 			Reason: leaseReason(lease.Reason)})
+	case errors.Is(err, engine.ErrBound):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, engine.ErrUnauthenticated), errors.Is(err, engine.ErrSessionExpired):
 		return status.Error(codes.Unauthenticated, err.Error())
 	case errors.Is(err, engine.ErrPermission):
