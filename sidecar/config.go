@@ -82,6 +82,10 @@ type TaskConfig struct {
 	// when the configuration is loaded (a relative deadline counts from
 	// then), so a task created again after a lost session keeps it.
 	Deadline time.Time
+	// SubtaskIdle is how long a subtask (a username's, an
+	// application_name's) may hold and run nothing before it is closed;
+	// its next use creates it again. Zero: budget.DefaultSubtaskIdle.
+	SubtaskIdle time.Duration
 }
 
 // HTTPConfig is the HTTP proxy's listener and its bounds.
@@ -239,6 +243,8 @@ type fileTask struct {
 	Quotas   map[string]int64 `yaml:"quotas"`
 	Limits   map[string]int64 `yaml:"limits"`
 	Deadline *deadline        `yaml:"deadline"`
+	// SubtaskIdle: see TaskConfig.
+	SubtaskIdle *time.Duration `yaml:"subtask_idle"`
 }
 
 type fileHTTP struct {
@@ -405,7 +411,10 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		c.Governor.APIKey = deref(g.APIKey)
 	}
 	if t := f.Task; t != nil {
-		c.Task = TaskConfig{Name: deref(t.Name), Quotas: t.Quotas, Limits: t.Limits}
+		c.Task = TaskConfig{Name: deref(t.Name), Quotas: t.Quotas, Limits: t.Limits, SubtaskIdle: deref(t.SubtaskIdle)}
+		if t.SubtaskIdle != nil && *t.SubtaskIdle < time.Second {
+			return Config{}, keyErr("task.subtask_idle", "%v is under 1s", *t.SubtaskIdle)
+		}
 		if d := t.Deadline; d != nil {
 			c.Task.Deadline = d.at
 			if d.after > 0 {

@@ -39,6 +39,13 @@ func TestConfigEnvAndDeadline(t *testing.T) {
 	if d := cfg.Task.Deadline.Sub(before); d < 2*time.Hour || d > 2*time.Hour+time.Minute {
 		t.Errorf("a deadline of 2h is %v away", d)
 	}
+	if cfg.Task.SubtaskIdle != 0 {
+		t.Errorf("subtask_idle left out is %v; want 0, budget's default", cfg.Task.SubtaskIdle)
+	}
+	cfg, err = ParseConfig([]byte("task: {name: x, subtask_idle: 90s}\n"))
+	if err != nil || cfg.Task.SubtaskIdle != 90*time.Second {
+		t.Errorf("subtask_idle: 90s is %v, %v", cfg.Task.SubtaskIdle, err)
+	}
 	cfg, err = ParseConfig([]byte("task: {name: x, deadline: \"2030-01-02T15:04:05Z\"}\n"))
 	if err != nil || !cfg.Task.Deadline.Equal(time.Date(2030, 1, 2, 15, 4, 5, 0, time.UTC)) {
 		t.Errorf("an RFC 3339 deadline: %v %v", cfg.Task.Deadline, err)
@@ -52,6 +59,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"governor: {api_key: k}\n", "task.name"},
 		{"governor: {api_key: k}\ntask: {name: ''}\n", "task.name"},
 		{"governor: {api_key: k}\ntask: {name: ${UNSET_POD_NAME}}\n", "task.name"},
+		{"governor: {api_key: k}\ntask: {name: x, subtask_idle: 10ms}\n", "task.subtask_idle"},
+		{"governor: {api_key: k}\ntask: {name: x, subtask_idle: later}\n", "task.subtask_idle"},
 		{"governor: {api_key: ${UNSET_KEY}}\ntask: {name: x}\n", "governor.api_key"},
 		{minimal + "http: {listen: nope}\n", "http.listen"},
 		{minimal + "http: {wait_timeout: 0s}\n", "http.wait_timeout"},

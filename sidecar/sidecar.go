@@ -163,7 +163,7 @@ func (s *Sidecar) newAdmitter(opts Options) *budget.Admitter {
 	a := budget.New(budget.Config{
 		Task: governor.Spec{Name: t.Name, Quotas: t.Quotas, Limits: t.Limits, Deadline: t.Deadline},
 		Dial: append(dial, opts.GovernorOptions...), Delegate: d.Enabled, Linger: d.Linger,
-		MaxBlock: d.MaxBlock, MaxReservation: d.MaxReservation, SettleEvery: d.SettleEvery,
+		MaxBlock: d.MaxBlock, MaxReservation: d.MaxReservation, SettleEvery: d.SettleEvery, SubtaskIdle: t.SubtaskIdle,
 		Logger: s.log, Metrics: m,
 	})
 	if err := m.Register(s.reg, a); err != nil {

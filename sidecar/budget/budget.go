@@ -62,6 +62,9 @@ const (
 	// client inventing names cannot grow the sidecar (or the tree) without
 	// end.
 	MaxSubtasks = 10_000
+	// DefaultSubtaskIdle is how long a subtask may hold nothing and run
+	// nothing before the sidecar ends it.
+	DefaultSubtaskIdle = 5 * time.Minute
 )
 
 // Config is what the Admitter is built with.
@@ -83,6 +86,11 @@ type Config struct {
 	// SettleEvery is how often spent units are reported. Zero:
 	// DefaultSettleEvery.
 	SettleEvery time.Duration
+	// SubtaskIdle is how long a subtask (one per Proxy-Authorization
+	// username or application_name) may hold nothing and run nothing
+	// before the sidecar closes it at governord and forgets it; its next
+	// use finds or creates it again. Zero: DefaultSubtaskIdle.
+	SubtaskIdle time.Duration
 	// Logger receives the session's events. Nil discards.
 	Logger *slog.Logger
 	// Metrics, if not nil, receives the admitter's series.
@@ -101,6 +109,9 @@ func (c *Config) fill() {
 	}
 	if c.SettleEvery <= 0 {
 		c.SettleEvery = DefaultSettleEvery
+	}
+	if c.SubtaskIdle <= 0 {
+		c.SubtaskIdle = DefaultSubtaskIdle
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -27,7 +27,7 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 		return nil, nil
 	}
 	n.s.a.m.slotGrants.WithLabelValues("single").Inc()
-	return &leaseTicket{s: n.s, l: l}, nil
+	return &leaseTicket{s: n.s, n: n, l: l}, nil
 }
 
 // consumeUpTo charges up to amount of resource for work that already ran:

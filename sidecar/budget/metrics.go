@@ -16,6 +16,7 @@ type Metrics struct {
 	notices         *prometheus.CounterVec
 	denials         *prometheus.CounterVec
 	releaseFailures prometheus.Counter
+	subtasksIdle    prometheus.Counter
 
 	a *Admitter // for the gauges read at each scrape
 }
@@ -36,6 +37,8 @@ func NewMetrics() *Metrics {
 		Help: "Work the admission layer refused, HTTP and SQL together, by cause."}, []string{"cause"})
 	m.releaseFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_release_failures_total",
 		Help: "Lease releases that failed (the lease ends with its session anyway)."})
+	m.subtasksIdle = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_idle_subtasks_closed_total",
+		Help: "Subtasks (one per username or application_name) closed after subtask_idle with nothing held or running."})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -48,7 +51,7 @@ func (m *Metrics) denied(c admission.Cause) { m.denials.WithLabelValues(c.String
 // read from a at each scrape.
 func (m *Metrics) Register(reg prometheus.Registerer, a *Admitter) error {
 	m.a = a
-	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, delegated{a}} {
+	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, delegated{a}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/governor-project/governor/governor"
@@ -43,6 +44,14 @@ type node struct {
 	done chan struct{} // closed once t is known (or err)
 	err  error
 
+	// A subtask's use, so that an idle one can be ended (idle.go): the
+	// requests between finding it and their end, and when the last ended.
+	users   atomic.Int64
+	lastUse atomic.Int64 // unix nanoseconds
+	// retiring, set under s.mu, is closed once the subtask is ended at
+	// governord and forgotten here; a request for its name waits for it.
+	retiring chan struct{}
+
 	mu    sync.Mutex
 	pools map[string]*pool        // by class
 	quota map[string]*reservation // by resource
@@ -64,21 +73,22 @@ func (s *session) newNode(name string, t *governor.Task, tctx context.Context) *
 	return n
 }
 
-// start runs the session's loops: the notices of its Watch stream, and the
-// ticks that give back idle slots and units, settle spent ones and report
-// calls made in slots.
+// start runs the session's loops: the notices of its Watch stream (with
+// delegation), and the ticks that close idle subtasks and (with delegation)
+// give back idle slots and units, settle spent ones and report calls made
+// in slots.
 func (s *session) start() {
-	if !s.a.cfg.Delegate {
-		return
+	if s.a.cfg.Delegate {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			err := s.client.Watch(s.life, s.onNotice)
+			if err != nil && s.life.Err() == nil && s.client.Err() == nil {
+				s.a.log.Warn("governor-proxy: the notice stream ended; delegated budgets go back more slowly", "err", err)
+			}
+		}()
 	}
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		err := s.client.Watch(s.life, s.onNotice)
-		if err != nil && s.life.Err() == nil && s.client.Err() == nil {
-			s.a.log.Warn("governor-proxy: the notice stream ended; delegated budgets go back more slowly", "err", err)
-		}
-	}()
+	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		every := min(s.a.cfg.Linger/2, sampleEvery)
@@ -99,6 +109,9 @@ func (s *session) start() {
 // creating the subtask the first time, once however many requests ask at
 // the same time. A creation carries on when the request that started it
 // gives up, so that a later request finds it done.
+//
+// A subtask it returns is in use (n.use) until the caller's unuse: nil with
+// an error.
 func (s *session) node(ctx context.Context, name string) (*node, error) {
 	if name == "" {
 		return s.task, s.task.alive()
@@ -106,6 +119,18 @@ func (s *session) node(ctx context.Context, name string) (*node, error) {
 	for {
 		s.mu.Lock()
 		n, ok := s.nodes[name]
+		if ok && n.retiring != nil {
+			// Ended for idleness right now: wait until it is gone at
+			// governord too, so that finding it again cannot find it
+			// still open and have it closed under the request.
+			s.mu.Unlock()
+			select {
+			case <-n.retiring:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		if !ok {
 			if len(s.nodes) > MaxSubtasks {
 				s.mu.Unlock()
@@ -115,15 +140,22 @@ func (s *session) node(ctx context.Context, name string) (*node, error) {
 			s.nodes[name] = n
 			s.a.bg.Go(func() { s.resolve(n) })
 		}
+		n.use()
 		s.mu.Unlock()
 		select {
 		case <-n.done:
 		case <-ctx.Done():
+			n.unuse()
 			return nil, ctx.Err()
 		}
 		if n.err == nil {
-			return n, n.alive()
+			if err := n.alive(); err != nil {
+				n.unuse()
+				return nil, err
+			}
+			return n, nil
 		}
+		n.unuse()
 		var ended *governor.TaskEndedError
 		if errors.As(n.err, &ended) || s.client.Err() != nil {
 			return nil, n.err
@@ -151,6 +183,7 @@ func (s *session) resolve(n *node) {
 	}
 	n.t = t
 	n.ctx, n.end = context.WithCancelCause(tctx)
+	n.lastUse.Store(time.Now().UnixNano())
 	s.mu.Lock()
 	s.byID[t.ID()] = n
 	s.mu.Unlock()
@@ -179,6 +212,15 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 	if err != nil {
 		return nil, err
 	}
+	t, err := s.admitOn(ctx, n, r)
+	if t == nil {
+		n.unuse() // a ticket unuses its node when its work ends
+	}
+	return t, err
+}
+
+// admitOn is admit on node n, found.
+func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (admission.Ticket, error) {
 	if !s.a.cfg.Delegate {
 		return n.admitDirect(ctx, r)
 	}
@@ -230,20 +272,29 @@ func (s *session) tryAdmit(r admission.Request) (admission.Ticket, bool) {
 	if r.Subtask != "" {
 		s.mu.Lock()
 		n = s.nodes[r.Subtask]
-		s.mu.Unlock()
-		if n == nil {
+		if n == nil || n.retiring != nil {
+			s.mu.Unlock()
 			return nil, false
 		}
+		n.use()
+		s.mu.Unlock()
 		select {
 		case <-n.done:
 		default:
-			return nil, false
-		}
-		if n.err != nil {
+			n.unuse()
 			return nil, false
 		}
 	}
-	if n.alive() != nil || s.client.Err() != nil {
+	t, ok := s.tryAdmitOn(n, r)
+	if t == nil {
+		n.unuse()
+	}
+	return t, ok
+}
+
+// tryAdmitOn is tryAdmit on node n, found.
+func (s *session) tryAdmitOn(n *node, r admission.Request) (admission.Ticket, bool) {
+	if n.err != nil || n.alive() != nil || s.client.Err() != nil {
 		return nil, false
 	}
 	var taken [4]string // most requests charge one resource or none
@@ -305,7 +356,7 @@ func (s *session) each(f func(*node)) {
 		n := s.nodes[name]
 		select {
 		case <-n.done:
-			if n.err == nil {
+			if n.err == nil && n.retiring == nil {
 				nodes = append(nodes, n)
 			}
 		default:
@@ -382,9 +433,14 @@ func (n *node) giveBack(class, resource string) {
 	}
 }
 
-// tick gives back what has been idle for the linger, settles what was
-// spent a settle interval ago, and reports calls made in slots.
+// tick closes idle subtasks (idle.go); with delegation it also gives back
+// what has been idle for the linger, settles what was spent a settle
+// interval ago, and reports calls made in slots.
 func (s *session) tick(now time.Time) {
+	s.retireIdle(now)
+	if !s.a.cfg.Delegate {
+		return
+	}
 	linger, settle := s.a.cfg.Linger, s.a.cfg.SettleEvery
 	s.each(func(n *node) {
 		pools, quota := n.holdings()

@@ -156,7 +156,7 @@ func (p *pool) single(ctx context.Context) (ticket, error) {
 		return nil, err
 	}
 	p.n.s.a.m.slotGrants.WithLabelValues("single").Inc()
-	return &leaseTicket{s: p.n.s, l: l}, nil
+	return &leaseTicket{s: p.n.s, n: p.n, l: l}, nil
 }
 
 // put gives a block's slot back to the pool when its work ends, noting how
@@ -285,7 +285,10 @@ type blockTicket struct {
 }
 
 func (t *blockTicket) End(latency time.Duration, overloaded bool) {
-	t.once.Do(func() { t.p.put(t.gen, latency, overloaded) })
+	t.once.Do(func() {
+		t.p.put(t.gen, latency, overloaded)
+		t.p.n.unuse()
+	})
 }
 
 // takeSamples returns the calls noted since the last report.
@@ -300,12 +303,14 @@ func (p *pool) takeSamples() []governor.Sample {
 // leaseTicket is a single lease, released in the background.
 type leaseTicket struct {
 	s    *session
+	n    *node
 	l    *governor.Lease
 	once sync.Once
 }
 
 func (t *leaseTicket) End(latency time.Duration, overloaded bool) {
 	t.once.Do(func() {
+		t.n.unuse()
 		t.s.a.bg.Go(func() {
 			if t.s.client.Err() != nil {
 				return // the session ended, and its leases with it
