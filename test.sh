@@ -2,8 +2,10 @@
 # test.sh runs every check and test Governor has, on a fresh machine.
 #
 # It installs and starts what the tests need by itself (a throwaway PostgreSQL
-# in a temporary folder), then runs gofmt, go vet and go test. Extra arguments
-# are passed to go test, e.g. ./test.sh -run TestRandomized -v.
+# in a temporary folder), then runs gofmt, go vet and go test, then pgx's own
+# test suite through governor-proxy's pgwire listener (scripts/pgxsuite.sh).
+# Extra arguments are passed to go test, e.g. ./test.sh -run TestRandomized -v,
+# and leave pgx's suite out.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -26,3 +28,11 @@ fi
 
 echo "== go test"
 go test -count=1 -timeout 20m "$@" ./...
+
+# pgx's own suite, its whole module, directly and through the pgwire proxy
+# (4 to 5 minutes). Only on a full run: arguments pick tests of this
+# repository's.
+if (($# == 0)); then
+	echo "== pgx's suite through pgwire"
+	bash scripts/pgxsuite.sh
+fi
