@@ -71,6 +71,7 @@ type Client struct {
 	closing  bool        // Close has begun: heartbeat failures are expected
 
 	loopDone  chan struct{}
+	abandons  sync.WaitGroup // abandon calls running in the background
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -226,9 +227,12 @@ func (c *Client) Close() error {
 				c.closeErr = err
 			}
 		}
+		c.mu.Lock() // abandon starts no call once the session has ended
 		c.end(ErrClosed)
+		c.mu.Unlock()
 		c.watchdog.Stop()
 		<-c.loopDone
+		c.abandons.Wait()
 		if err := c.conn.Close(); err != nil && c.closeErr == nil {
 			c.closeErr = fmt.Errorf("governor: close connection: %w", err)
 		}
@@ -378,10 +382,32 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 // new id: the old id may be remembered as cancelled. UNAUTHENTICATED means
 // the server has forgotten the session, which is then given up.
 func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
+	return c.grant(ctx, op, attempt, nil)
+}
+
+// grant is call for a call that grants something (a lease, slots, units),
+// which must not be left granted when the caller never learns of it. When
+// the call ends without an answer it may have been granted anyway: the
+// caller's context ended while it was on its way back, or governord was
+// unreachable after it arrived. abandon then sends the same request again
+// with abandon set, so that governord gives back whatever it granted. The
+// caller waits for that (up to cleanupTimeout) when governord was
+// reachable, so that once the call returns nothing is held; when governord
+// is unreachable it goes on in the background, until it is done or the
+// session ends, and the call fails closed at once. A nil abandon makes
+// grant call.
+func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx context.Context, requestID string) error) error {
 	id := retry.RequestID()
 	var last error // the last transient failure, to explain a give-up
 	var unavailableSince time.Time
 	cancels := 0
+	unanswered := false // an attempt under id may have been applied unseen
+	fail := func(err error) error {
+		if unanswered && abandon != nil {
+			c.abandon(op, id, abandon, status.Code(last) != codes.Unavailable)
+		}
+		return err
+	}
 	for try := 0; ; try++ {
 		if err := c.Err(); err != nil {
 			return sessionEnded(op, err, last)
@@ -390,16 +416,18 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 		if err == nil {
 			return nil
 		}
+		unanswered = unanswered || unanswering(ctx, err)
 		if cause := c.Err(); cause != nil {
 			if code := status.Code(err); last != nil && (code == codes.Canceled || code == codes.DeadlineExceeded) {
 				// The session's end cut this attempt off; the failures
 				// before it are what explain the end.
 				err = last
 			}
-			return sessionEnded(op, cause, err)
+			return sessionEnded(op, cause, err) // what it held ends with it
 		}
 		if ctx.Err() != nil {
-			return fromStatus(op, err)
+			last = err
+			return fail(fromStatus(op, err))
 		}
 		switch status.Code(err) {
 		case codes.Unavailable:
@@ -407,25 +435,89 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 			if unavailableSince.IsZero() {
 				unavailableSince = time.Now()
 			} else if c.unavailableFor > 0 && time.Since(unavailableSince) >= c.unavailableFor {
-				return fromStatus(op, err)
+				return fail(fromStatus(op, err))
 			}
 		case codes.Canceled, codes.DeadlineExceeded:
+			last = err
 			if cancels++; cancels > serverCancelRetries {
-				return fromStatus(op, err)
+				return fail(fromStatus(op, err))
 			}
 			id = retry.RequestID()
-			last = err
 		case codes.Unauthenticated:
 			c.giveUp(forgotten(err))
 			return fromStatus(op, err)
 		default:
+			// A definite answer: the server remembers the id's outcome, so
+			// an earlier attempt that went unanswered did not grant.
 			return fromStatus(op, err)
 		}
 		if werr := pause(ctx, c.life.Done(), try); werr != nil {
 			if cause := c.Err(); cause != nil {
 				return sessionEnded(op, cause, last)
 			}
-			return &gaveUpError{op: op, why: werr, last: fromStatus(op, last)}
+			return fail(&gaveUpError{op: op, why: werr, last: fromStatus(op, last)})
+		}
+	}
+}
+
+// unanswering reports whether an attempt that failed with err may have
+// been applied by governord without its answer reaching the caller: it
+// was cut off by ctx's end, or by the connection. A CANCELLED or
+// DEADLINE_EXCEEDED while ctx is live is governord's own answer, which
+// says that nothing was granted.
+func unanswering(ctx context.Context, err error) bool {
+	switch status.Code(err) {
+	case codes.Canceled, codes.DeadlineExceeded:
+		return ctx.Err() != nil
+	case codes.Unavailable, codes.Unknown, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// abandon runs send, which sends the request with requestID again with
+// abandon set, until governord has answered it or the session ends. wait
+// makes the caller wait for it, up to cleanupTimeout.
+func (c *Client) abandon(op, requestID string, send func(ctx context.Context, requestID string) error, wait bool) {
+	c.mu.Lock()
+	if c.life.Err() != nil {
+		c.mu.Unlock()
+		return // the session's end gives back whatever it held
+	}
+	c.abandons.Add(1)
+	c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer c.abandons.Done()
+		defer close(done)
+		for try := 0; ; try++ {
+			ctx, cancel := context.WithTimeout(c.life, cleanupTimeout)
+			err := send(ctx, requestID)
+			unanswered := unanswering(ctx, err)
+			cancel()
+			if err == nil || c.life.Err() != nil {
+				return
+			}
+			if status.Code(err) == codes.Unauthenticated {
+				c.giveUp(forgotten(err))
+				return
+			}
+			if !unanswered {
+				c.log.Warn("governor: giving back what an abandoned call was granted failed; it is held until the session ends",
+					"op", op, "err", err)
+				return
+			}
+			if pause(c.life, nil, try) != nil {
+				return
+			}
+		}
+	}()
+	if wait {
+		t := time.NewTimer(cleanupTimeout)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
 		}
 	}
 }

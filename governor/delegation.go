@@ -37,19 +37,29 @@ type Block struct {
 
 // ResizeBlock grows the session's block of class on the task by up to want
 // slots (as many as fit now, none while acquires of the class queue), or
-// gives ret idle slots back. It never waits for a slot.
+// gives ret idle slots back. It never waits for a slot. A growth that fails
+// adds nothing: slots granted as ctx ended are given back, as Acquire
+// gives back a lease. A shrink that fails may have been done.
 func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (Block, error) {
 	if err := t.alive(); err != nil {
 		return Block{}, err
 	}
 	req := &governorpb.ResizeBlockRequest{NodeId: t.id, Class: class, Want: want, Return: ret}
 	var resp *governorpb.Block
-	err := t.c.call(ctx, "ResizeBlock", func(ctx context.Context, id string) error {
+	var abandon func(ctx context.Context, id string) error
+	if want > 0 {
+		abandon = func(ctx context.Context, id string) error {
+			_, err := t.c.rpc.ResizeBlock(ctx, &governorpb.ResizeBlockRequest{RequestId: id, NodeId: t.id, Class: class,
+				Want: want, Return: ret, Abandon: true})
+			return err
+		}
+	}
+	err := t.c.grant(ctx, "ResizeBlock", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.ResizeBlock(ctx, req)
 		return err
-	})
+	}, abandon)
 	if err != nil {
 		t.observe(err)
 		return Block{}, err
@@ -70,7 +80,11 @@ type Reservation struct {
 // under the caps, at least one). A quota with no room left is a *Denial.
 // When other sessions hold what is needed unspent, governord recalls it and
 // the call waits. With want 0 it only settles, which is accepted on a task
-// that has ended (an ended task is otherwise a *TaskEndedError).
+// that has ended (an ended task is otherwise a *TaskEndedError). A top-up
+// that fails adds nothing: units reserved as ctx ended are given back, as
+// Acquire gives back a lease. What a failed call settled may have been
+// settled: settle with a context that does not end early, as a sidecar
+// does, when that matters.
 func (t *Task) Reserve(ctx context.Context, resource string, spent, ret, want int64) (Reservation, error) {
 	if want > 0 {
 		if err := t.alive(); err != nil {
@@ -79,12 +93,20 @@ func (t *Task) Reserve(ctx context.Context, resource string, spent, ret, want in
 	}
 	req := &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, Want: want}
 	var resp *governorpb.Reservation
-	err := t.c.call(ctx, "Reserve", func(ctx context.Context, id string) error {
+	var abandon func(ctx context.Context, id string) error
+	if want > 0 {
+		abandon = func(ctx context.Context, id string) error {
+			_, err := t.c.rpc.Reserve(ctx, &governorpb.ReserveRequest{RequestId: id, NodeId: t.id, Resource: resource,
+				Spent: spent, Return: ret, Want: want, Abandon: true})
+			return err
+		}
+	}
+	err := t.c.grant(ctx, "Reserve", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.Reserve(ctx, req)
 		return err
-	})
+	}, abandon)
 	if err != nil {
 		if want > 0 {
 			t.observe(err)

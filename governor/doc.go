@@ -40,6 +40,14 @@
 // fresh random request id, and a call that fails with UNAVAILABLE is retried
 // with the same id, so a lost reply never charges twice.
 //
+// A call that grants (Acquire, ChargeAndAcquire, and ResizeBlock and Reserve
+// when they ask for more) and fails without an answer (its context ended,
+// or governord stayed unreachable) may have been granted anyway. The client
+// then abandons its request id: it sends the same request again marked as
+// abandoned, and governord gives back whatever it granted, so that nothing
+// is held that nobody knows of. When governord was reachable the call
+// returns once that is done; otherwise it goes on in the background.
+//
 // # Imports
 //
 // This package may import only the standard library, gRPC, protobuf,

@@ -192,17 +192,23 @@ func (t *Task) Consume(ctx context.Context, resource string, amount int64) error
 
 // Acquire takes a lease of class on the task, waiting while the limit of
 // that class is full on the task or any ancestor. When ctx ends the wait is
-// withdrawn and no lease is held. Release the lease when the work is done.
+// withdrawn and no lease is held: a lease granted as ctx ended is given
+// back before Acquire returns (unless governord cannot be reached; then it
+// is given back once it can be, or ends with the session). Release the
+// lease when the work is done.
 func (t *Task) Acquire(ctx context.Context, class string) (*Lease, error) {
 	if err := t.alive(); err != nil {
 		return nil, err
 	}
 	req := &governorpb.AcquireRequest{NodeId: t.id, Class: class}
 	var pl *governorpb.Lease
-	err := t.c.call(ctx, "Acquire", func(ctx context.Context, id string) error {
+	err := t.c.grant(ctx, "Acquire", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		pl, err = t.c.rpc.Acquire(ctx, req)
+		return err
+	}, func(ctx context.Context, id string) error {
+		_, err := t.c.rpc.Acquire(ctx, &governorpb.AcquireRequest{RequestId: id, NodeId: t.id, Class: class, Abandon: true})
 		return err
 	})
 	if err != nil {
@@ -214,18 +220,23 @@ func (t *Task) Acquire(ctx context.Context, class string) (*Lease, error) {
 
 // ChargeAndAcquire charges the amounts in charges and takes a lease of class
 // in one all-or-nothing step: it waits like Acquire, and the charges apply at
-// the instant the lease is granted. A quota already spent fails at once. With
-// an empty class it only charges and returns a nil lease.
+// the instant the lease is granted. A quota already spent fails at once. A
+// lease granted as ctx ended is given back, charges included, as Acquire
+// does. With an empty class it only charges and returns a nil lease.
 func (t *Task) ChargeAndAcquire(ctx context.Context, class string, charges map[string]int64) (*Lease, error) {
 	if err := t.alive(); err != nil {
 		return nil, err
 	}
 	req := &governorpb.ChargeAndAcquireRequest{NodeId: t.id, Class: class, Charges: maps.Clone(charges)}
 	var resp *governorpb.ChargeAndAcquireResponse
-	err := t.c.call(ctx, "ChargeAndAcquire", func(ctx context.Context, id string) error {
+	err := t.c.grant(ctx, "ChargeAndAcquire", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.ChargeAndAcquire(ctx, req)
+		return err
+	}, func(ctx context.Context, id string) error {
+		_, err := t.c.rpc.ChargeAndAcquire(ctx, &governorpb.ChargeAndAcquireRequest{RequestId: id, NodeId: t.id,
+			Class: class, Charges: req.GetCharges(), Abandon: true})
 		return err
 	})
 	if err != nil {

@@ -22,34 +22,72 @@ func (s *Server) ResizeBlock(ctx context.Context, req *governorpb.ResizeBlockReq
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Block, error) {
-		g, err := s.eng.Block(sid, engine.BlockRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
-			Want: req.GetWant(), Return: req.GetReturn(), RequestID: req.GetRequestId()})
+	r := engine.BlockRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
+		Want: req.GetWant(), Return: req.GetReturn(), RequestID: req.GetRequestId()}
+	if req.GetAbandon() {
+		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Block, bool, error) {
+			g, k, err := s.eng.GiveBackBlock(sid, r, 0)
+			return toBlock(g), k > 0, err
+		})
+	}
+	return grantCall(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Block, func(), error) {
+		g, err := s.eng.Block(sid, r)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return &governorpb.Block{LeaseId: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class, Count: g.Count,
-			Granted: g.Granted, Contended: g.Contended, Adaptive: g.Adaptive}, nil
+		var giveBack func()
+		if g.Granted > 0 {
+			giveBack = func() {
+				if _, _, err := s.eng.GiveBackBlock(sid, r, g.Granted); err != nil {
+					s.log.Warn("slots whose caller went away were not given back; they end with the session", "block", g.Lease, "err", err)
+				}
+			}
+		}
+		return toBlock(g), giveBack, nil
 	})
+}
+
+func toBlock(g engine.BlockGrant) *governorpb.Block {
+	return &governorpb.Block{LeaseId: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class, Count: g.Count,
+		Granted: g.Granted, Contended: g.Contended, Adaptive: g.Adaptive}
 }
 
 func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*governorpb.Reservation, error) {
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Reservation, error) {
+	r := engine.ReserveRequest{Node: engine.NodeID(req.GetNodeId()), Resource: req.GetResource(),
+		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), RequestID: req.GetRequestId()}
+	if req.GetAbandon() {
+		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Reservation, bool, error) {
+			res, k, err := s.eng.GiveBackReserved(sid, r, 0)
+			return toReservation(res), k > 0, err
+		})
+	}
+	return grantCall(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Reservation, func(), error) {
 		var res engine.Reservation
 		err := s.untilRecalled(ctx, func() error {
 			var err error
-			res, err = s.eng.Reserve(sid, engine.ReserveRequest{Node: engine.NodeID(req.GetNodeId()), Resource: req.GetResource(),
-				Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), RequestID: req.GetRequestId()})
+			res, err = s.eng.Reserve(sid, r)
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return &governorpb.Reservation{NodeId: int64(res.Node), Resource: res.Resource, Reserved: res.Reserved, Granted: res.Granted}, nil
+		var giveBack func()
+		if res.Granted > 0 {
+			giveBack = func() {
+				if _, _, err := s.eng.GiveBackReserved(sid, r, res.Granted); err != nil {
+					s.log.Warn("units whose caller went away were not given back; they count as spent when the session ends", "err", err)
+				}
+			}
+		}
+		return toReservation(res), giveBack, nil
 	})
+}
+
+func toReservation(r engine.Reservation) *governorpb.Reservation {
+	return &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted}
 }
 
 // ReportSamples records nothing durable (samples are not state), so it does

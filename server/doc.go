@@ -10,7 +10,10 @@
 // lock, which queues the change's event on the store's log → wait, outside
 // the lock, until the log has committed the engine's sequence number → reply.
 // A commit that fails stops the daemon: Server.Fatal reports it and the
-// process must exit, so no answer that could be lost is ever given.
+// process must exit, so no answer that could be lost is ever given. A grant
+// whose caller is gone before its answer can be given (its context ended
+// during the wait for the commit, or it abandoned the request id) is given
+// back (grantCall, and flights for the abandoned ids).
 //
 // It may import the engine, the store, the generated API and standard
 // libraries for gRPC, Prometheus and configuration; never the SDK or proxies.

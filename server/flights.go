@@ -4,18 +4,34 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/governor-project/governor/governor/engine"
 )
 
-// flights makes a retry that races its first attempt wait for it and share
-// its answer. Once the first attempt has replied, its event is durable and
-// the engine's own request memory answers later retries.
+// flights tracks requests by their request id while they matter to the
+// server: a retry that races its first attempt waits for it and shares its
+// answer, and a request its caller abandoned (it gave up without an answer
+// and said so) grants nothing more. Once an attempt has replied, its event
+// is durable and the engine's own request memory answers later retries.
 type flights struct {
 	mu     sync.Mutex
 	calls  map[flightKey]*flight
 	joined int // callers waiting on another's attempt right now
+
+	// abandoned holds the request ids given up on in the last
+	// abandonedFor, oldest first in abandonedOrder, at most maxAbandoned.
+	abandoned      map[flightKey]time.Time
+	abandonedOrder []flightKey
 }
+
+// How long, and how many, abandoned request ids are remembered. A copy of
+// an abandoned request still on its way arrives within moments; the bound
+// keeps a client that abandons without end from growing the server.
+const (
+	abandonedFor = time.Minute
+	maxAbandoned = 1 << 16
+)
 
 type flightKey struct {
 	session engine.SessionID
@@ -74,4 +90,43 @@ func (f *flights) do(ctx context.Context, key flightKey, fn func() (any, error))
 		close(c.done)
 		return c.val, c.err
 	}
+}
+
+// abandon notes that key's caller gave up on it.
+func (f *flights) abandon(key flightKey, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expire(now)
+	if f.abandoned == nil {
+		f.abandoned = make(map[flightKey]time.Time)
+	}
+	if _, ok := f.abandoned[key]; !ok {
+		f.abandonedOrder = append(f.abandonedOrder, key)
+	}
+	f.abandoned[key] = now
+	for len(f.abandonedOrder) > maxAbandoned {
+		delete(f.abandoned, f.abandonedOrder[0])
+		f.abandonedOrder = f.abandonedOrder[1:]
+	}
+}
+
+// isAbandoned reports whether key's caller gave up on it.
+func (f *flights) isAbandoned(key flightKey) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.abandoned[key]
+	return ok
+}
+
+// expire forgets the abandoned ids older than abandonedFor. f.mu is held.
+func (f *flights) expire(now time.Time) {
+	i := 0
+	for ; i < len(f.abandonedOrder); i++ {
+		key := f.abandonedOrder[i]
+		if now.Sub(f.abandoned[key]) < abandonedFor {
+			break
+		}
+		delete(f.abandoned, key)
+	}
+	f.abandonedOrder = f.abandonedOrder[i:]
 }

@@ -28,6 +28,7 @@ type metrics struct {
 	waitTime prometheus.Histogram
 	waiters  prometheus.Gauge
 	notices  *prometheus.CounterVec
+	given    *prometheus.CounterVec
 	snapSize prometheus.Gauge
 
 	// tlsReloads counts changes to the TLS files, by outcome.
@@ -58,7 +59,9 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(m.tlsReloads)
 	m.snapSize = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_snapshot_bytes",
 		Help: "Size of the newest snapshot saved, encoded."})
-	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.snapSize, treeCollector{m},
+	m.given = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_given_back_total",
+		Help: "Grants given back because their callers never learned of them: the caller's context ended before the answer was committed (caller_gone), or the caller abandoned the request (abandoned)."}, []string{"why"})
+	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -77,6 +80,7 @@ func (m *metrics) observeCommit(batch int, d time.Duration) {
 func (m *metrics) waiting(d float64)              { m.waiters.Add(d) }
 func (m *metrics) noticeSent(k engine.NoticeKind) { m.notices.WithLabelValues(k.String()).Inc() }
 func (m *metrics) waited(d time.Duration)         { m.waitTime.Observe(d.Seconds()) }
+func (m *metrics) givenBack(why string)           { m.given.WithLabelValues(why).Inc() }
 func (m *metrics) count(method string, err error) {
 	m.calls.WithLabelValues(path.Base(method), status.Code(err).String()).Inc()
 }

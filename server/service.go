@@ -77,6 +77,26 @@ func required(field string, id int64) error {
 // call authenticates, runs op once per request id at a time, waits until
 // what it did is durable, and maps its error to a status.
 func call[T any](s *Server, ctx context.Context, requestID string, op func(sid engine.SessionID) (T, error)) (T, error) {
+	return grantCall(s, ctx, requestID, func(sid engine.SessionID) (T, func(), error) {
+		v, err := op(sid)
+		return v, nil, err
+	})
+}
+
+// answer is what an op answered, with the func that gives back what it
+// granted (nil when it granted nothing).
+type answer struct {
+	v        any
+	giveBack func()
+}
+
+// grantCall is call for an op that grants: a lease, slots of a block, units
+// of a reservation. A caller gone before its answer could reach it (its
+// context ended while the grant waited for its commit, or it abandoned the
+// request id) would hold the grant without knowing it, so the grant is
+// given back, durably, and the caller is told it was cancelled: nothing is
+// held.
+func grantCall[T any](s *Server, ctx context.Context, requestID string, op func(sid engine.SessionID) (T, func(), error)) (T, error) {
 	var zero T
 	sid, err := s.authenticate(ctx)
 	if err != nil {
@@ -86,25 +106,89 @@ func call[T any](s *Server, ctx context.Context, requestID string, op func(sid e
 		return zero, status.Errorf(codes.InvalidArgument, "request_id is longer than %d bytes", maxRequestID)
 	}
 	run := func() (any, error) {
-		v, err := op(sid)
+		v, giveBack, err := op(sid)
 		if derr := s.durable(ctx); derr != nil {
-			return nil, derr
+			return answer{giveBack: giveBack}, derr
 		}
-		return v, err
+		return answer{v: v, giveBack: giveBack}, err
 	}
-	var v any
+	var res any
 	if requestID == "" {
-		v, err = run()
+		res, err = run()
 	} else {
-		v, err = s.flights.do(ctx, flightKey{session: sid, request: requestID}, run)
+		res, err = s.flights.do(ctx, flightKey{session: sid, request: requestID}, run)
+	}
+	a, _ := res.(answer)
+	if a.giveBack != nil && (err == nil || isContextError(err)) {
+		if gone := s.gone(ctx, sid, requestID); gone != nil {
+			a.giveBack()
+			s.metrics.givenBack(givenBackWhy(gone))
+			if derr := s.durable(context.WithoutCancel(ctx)); derr != nil {
+				return zero, toStatus(derr)
+			}
+			return zero, toStatus(gone)
+		}
 	}
 	if err != nil {
 		return zero, toStatus(err)
 	}
-	if v == nil {
-		return zero, nil
+	v, _ := a.v.(T)
+	return v, nil
+}
+
+// gone says why the caller of a request can no longer be told its answer
+// (its context ended, or it abandoned the request id), or nil while it can.
+func (s *Server) gone(ctx context.Context, sid engine.SessionID, requestID string) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	return v.(T), nil
+	if requestID != "" && s.flights.isAbandoned(flightKey{session: sid, request: requestID}) {
+		return status.Error(codes.Canceled, "the caller abandoned this request id: what it was granted is given back")
+	}
+	return nil
+}
+
+// givenBackWhy is the metrics label for a give-back because of gone.
+func givenBackWhy(gone error) string {
+	if isContextError(gone) {
+		return "caller_gone"
+	}
+	return "abandoned"
+}
+
+func isContextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// abandon serves a request sent again with abandon set: its caller gave up
+// on the first without an answer. The id is marked first, so that a copy
+// still on its way gives back what it gets (grantCall), and then giveBack
+// gives back what the session remembers the id got, and says whether
+// there was any.
+func abandon[T any](s *Server, ctx context.Context, requestID string, giveBack func(sid engine.SessionID) (T, bool, error)) (T, error) {
+	var zero T
+	if requestID == "" {
+		return zero, status.Error(codes.InvalidArgument, "abandon needs the request_id of the call given up on")
+	}
+	if len(requestID) > maxRequestID {
+		return zero, status.Errorf(codes.InvalidArgument, "request_id is longer than %d bytes", maxRequestID)
+	}
+	sid, err := s.authenticate(ctx)
+	if err != nil {
+		return zero, err
+	}
+	s.flights.abandon(flightKey{session: sid, request: requestID}, time.Now())
+	v, given, err := giveBack(sid)
+	if derr := s.durable(ctx); derr != nil {
+		return zero, toStatus(derr)
+	}
+	if err != nil {
+		return zero, toStatus(err)
+	}
+	if given {
+		s.metrics.givenBack("abandoned")
+	}
+	return v, nil
 }
 
 func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionRequest) (*governorpb.OpenSessionResponse, error) {
@@ -275,12 +359,19 @@ func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*
 	if req.GetClass() == "" {
 		return nil, status.Error(codes.InvalidArgument, "class is empty")
 	}
-	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Lease, error) {
-		g, err := s.acquire(ctx, sid, engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), RequestID: req.GetRequestId()})
+	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), RequestID: req.GetRequestId()}
+	if req.GetAbandon() {
+		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Lease, bool, error) {
+			id, err := s.eng.GiveBack(sid, r, 0)
+			return &governorpb.Lease{Id: int64(id), NodeId: int64(r.Node), Class: r.Class}, id != 0, err
+		})
+	}
+	return grantCall(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Lease, func(), error) {
+		g, err := s.acquire(ctx, sid, r)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return toLease(g), nil
+		return toLease(g), s.leaseGiveBack(sid, r, g), nil
 	})
 }
 
@@ -288,18 +379,42 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, error) {
-		g, err := s.acquire(ctx, sid, engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
-			Charges: req.GetCharges(), RequestID: req.GetRequestId()})
+	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
+		Charges: req.GetCharges(), RequestID: req.GetRequestId()}
+	if req.GetAbandon() {
+		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, bool, error) {
+			id, err := s.eng.GiveBack(sid, r, 0)
+			resp := &governorpb.ChargeAndAcquireResponse{}
+			if id != 0 {
+				resp.Lease = &governorpb.Lease{Id: int64(id), NodeId: int64(r.Node), Class: r.Class}
+			}
+			return resp, id != 0, err
+		})
+	}
+	return grantCall(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, func(), error) {
+		g, err := s.acquire(ctx, sid, r)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		resp := &governorpb.ChargeAndAcquireResponse{}
 		if g.Lease != 0 {
 			resp.Lease = toLease(g)
 		}
-		return resp, nil
+		return resp, s.leaseGiveBack(sid, r, g), nil
 	})
+}
+
+// leaseGiveBack is what gives g back, whole, if its caller is gone; nil
+// for a charge without a lease, which is never refunded.
+func (s *Server) leaseGiveBack(sid engine.SessionID, r engine.AcquireRequest, g engine.Grant) func() {
+	if g.Lease == 0 {
+		return nil
+	}
+	return func() {
+		if _, err := s.eng.GiveBack(sid, r, g.Lease); err != nil {
+			s.log.Warn("a lease whose caller went away was not given back; it ends with its session", "lease", g.Lease, "err", err)
+		}
+	}
 }
 
 // acquire waits, outside the engine's lock, for a queued acquire. A caller

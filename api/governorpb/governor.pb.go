@@ -1444,7 +1444,12 @@ type AcquireRequest struct {
 	// all its ancestors. Required; 0 is INVALID_ARGUMENT.
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The lease class, e.g. "db". Required.
-	Class         string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	// The caller gave up on the Acquire with this request_id (and these
+	// arguments) before its answer arrived: give back the lease it got, if any,
+	// and grant nothing. The answer is a Lease whose id is the lease given
+	// back, 0 if none was held. See the service comment.
+	Abandon       bool `protobuf:"varint,4,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1498,6 +1503,13 @@ func (x *AcquireRequest) GetClass() string {
 		return x.Class
 	}
 	return ""
+}
+
+func (x *AcquireRequest) GetAbandon() bool {
+	if x != nil {
+		return x.Abandon
+	}
+	return false
 }
 
 // Lease is a slot of a lease class held on a node. It belongs to the session
@@ -1582,7 +1594,14 @@ type ChargeAndAcquireRequest struct {
 	// Amounts to charge by resource name, in each resource's units. Each
 	// amount must be greater than 0. May be empty (then it is a plain Acquire),
 	// but class and charges may not both be empty (INVALID_ARGUMENT).
-	Charges       map[string]int64 `protobuf:"bytes,4,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Charges map[string]int64 `protobuf:"bytes,4,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The caller gave up on the ChargeAndAcquire with this request_id (and these
+	// arguments) before its answer arrived: give back the lease it got, with
+	// its charges, and grant nothing. The answer's lease is the one given back,
+	// unset if none was held. A charge-only call (no class) is not undone:
+	// quota is never refunded, and its request_id already keeps a retry from
+	// charging twice. See the service comment.
+	Abandon       bool `protobuf:"varint,5,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1662,13 @@ func (x *ChargeAndAcquireRequest) GetCharges() map[string]int64 {
 		return x.Charges
 	}
 	return nil
+}
+
+func (x *ChargeAndAcquireRequest) GetAbandon() bool {
+	if x != nil {
+		return x.Abandon
+	}
+	return false
 }
 
 type ChargeAndAcquireResponse struct {
@@ -1858,7 +1884,12 @@ type ResizeBlockRequest struct {
 	// Slots to add, as many as fit now. Not negative.
 	Want int64 `protobuf:"varint,4,opt,name=want,proto3" json:"want,omitempty"`
 	// Idle slots to give back; at most the block's count. Not negative.
-	Return        int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
+	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
+	// The caller gave up on the ResizeBlock with this request_id (and these
+	// arguments) before its answer arrived: give back the slots it added, if
+	// any. A shrink stays done. The answer is the block afterwards, with
+	// granted 0. See the service comment.
+	Abandon       bool `protobuf:"varint,6,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1926,6 +1957,13 @@ func (x *ResizeBlockRequest) GetReturn() int64 {
 		return x.Return
 	}
 	return 0
+}
+
+func (x *ResizeBlockRequest) GetAbandon() bool {
+	if x != nil {
+		return x.Abandon
+	}
+	return false
 }
 
 // Block is a session's block of slots of a class on a node.
@@ -2042,7 +2080,12 @@ type ReserveRequest struct {
 	// Unspent units given back.
 	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
 	// Units to add. spent, return and want are not negative and not all 0.
-	Want          int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
+	Want int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
+	// The caller gave up on the Reserve with this request_id (and these
+	// arguments) before its answer arrived: give back the units it added, if
+	// any. What it settled (spent and return) stays settled. The answer is
+	// the reservation afterwards, with granted 0. See the service comment.
+	Abandon       bool `protobuf:"varint,7,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2117,6 +2160,13 @@ func (x *ReserveRequest) GetWant() int64 {
 		return x.Want
 	}
 	return 0
+}
+
+func (x *ReserveRequest) GetAbandon() bool {
+	if x != nil {
+		return x.Abandon
+	}
+	return false
 }
 
 // Reservation is a session's reservation of a resource on a node.
@@ -2892,22 +2942,24 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x03 \x01(\tR\bresource\x12\x16\n" +
 	"\x06amount\x18\x04 \x01(\x03R\x06amount\"\x11\n" +
-	"\x0fConsumeResponse\"^\n" +
+	"\x0fConsumeResponse\"x\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
-	"\x05class\x18\x03 \x01(\tR\x05class\"F\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\x12\x18\n" +
+	"\aabandon\x18\x04 \x01(\bR\aabandon\"F\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
-	"\x05class\x18\x03 \x01(\tR\x05class\"\xf0\x01\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\"\x8a\x02\n" +
 	"\x17ChargeAndAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12K\n" +
-	"\acharges\x18\x04 \x03(\v21.governor.v1.ChargeAndAcquireRequest.ChargesEntryR\acharges\x1a:\n" +
+	"\acharges\x18\x04 \x03(\v21.governor.v1.ChargeAndAcquireRequest.ChargesEntryR\acharges\x12\x18\n" +
+	"\aabandon\x18\x05 \x01(\bR\aabandon\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"D\n" +
@@ -2923,14 +2975,15 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"overloaded\"\x11\n" +
 	"\x0fReleaseResponse\",\n" +
 	"\x0fValidateRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\x03R\aleaseId\"\x8e\x01\n" +
+	"\blease_id\x18\x01 \x01(\x03R\aleaseId\"\xa8\x01\n" +
 	"\x12ResizeBlockRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12\x12\n" +
 	"\x04want\x18\x04 \x01(\x03R\x04want\x12\x16\n" +
-	"\x06return\x18\x05 \x01(\x03R\x06return\"\xbb\x01\n" +
+	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x18\n" +
+	"\aabandon\x18\x06 \x01(\bR\aabandon\"\xbb\x01\n" +
 	"\x05Block\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
@@ -2938,7 +2991,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x18\n" +
 	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
 	"\tcontended\x18\x06 \x01(\bR\tcontended\x12\x1a\n" +
-	"\badaptive\x18\a \x01(\bR\badaptive\"\xa6\x01\n" +
+	"\badaptive\x18\a \x01(\bR\badaptive\"\xc0\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -2946,7 +2999,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bresource\x18\x03 \x01(\tR\bresource\x12\x14\n" +
 	"\x05spent\x18\x04 \x01(\x03R\x05spent\x12\x16\n" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
-	"\x04want\x18\x06 \x01(\x03R\x04want\"x\n" +
+	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x18\n" +
+	"\aabandon\x18\a \x01(\bR\aabandon\"x\n" +
 	"\vReservation\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +

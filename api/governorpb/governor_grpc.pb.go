@@ -91,6 +91,20 @@ const (
 // request_id turns this off: every call is new, so a retry may, for example,
 // charge a quota twice.
 //
+// # Grants whose answer never arrived
+//
+// A caller that stops waiting for Acquire, ChargeAndAcquire, ResizeBlock or
+// Reserve (its deadline passed, or the server could not be reached) cannot
+// know whether the call granted something. The server gives back what it
+// granted when the caller's context ended before the answer was committed;
+// for the answer lost after that, the caller sends the same request again
+// (the same request_id and arguments) with abandon set. The server then gives
+// back whatever the first call granted: a lease whole, its charges included,
+// and the slots or units a block or reservation gained (what a Reserve
+// settled stays settled). A copy of the call still on its way, and any call
+// with that request id for the next minute, is given back as soon as it is
+// granted and answered CANCELLED.
+//
 // # Names
 //
 // Node names are 1 to 255 bytes of UTF-8. Resource names (quota keys) and
@@ -497,6 +511,20 @@ func (c *governorClient) SetCaps(ctx context.Context, in *SetCapsRequest, opts .
 // Reusing an id with different arguments fails with INVALID_ARGUMENT. An empty
 // request_id turns this off: every call is new, so a retry may, for example,
 // charge a quota twice.
+//
+// # Grants whose answer never arrived
+//
+// A caller that stops waiting for Acquire, ChargeAndAcquire, ResizeBlock or
+// Reserve (its deadline passed, or the server could not be reached) cannot
+// know whether the call granted something. The server gives back what it
+// granted when the caller's context ended before the answer was committed;
+// for the answer lost after that, the caller sends the same request again
+// (the same request_id and arguments) with abandon set. The server then gives
+// back whatever the first call granted: a lease whole, its charges included,
+// and the slots or units a block or reservation gained (what a Reserve
+// settled stays settled). A copy of the call still on its way, and any call
+// with that request id for the next minute, is given back as soon as it is
+// granted and answered CANCELLED.
 //
 // # Names
 //

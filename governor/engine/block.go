@@ -77,7 +77,7 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	}
 	fp := uint64(0)
 	if r.RequestID != "" {
-		fp = fingerprint(opBlock, r.Node, r.Class, r.Want-r.Return)
+		fp = r.fingerprint()
 		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
 			if err != nil {
 				return BlockGrant{}, err
@@ -139,6 +139,11 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	}
 	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended,
 		Adaptive: e.adaptive[l.class] != nil}, nil
+}
+
+// fingerprint tells a retry of r from another request with its id.
+func (r *BlockRequest) fingerprint() uint64 {
+	return fingerprint(opBlock, r.Node, r.Class, r.Want-r.Return)
 }
 
 // headroom is how many more slots of class fit under every limit on n's

@@ -91,7 +91,7 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	}
 	fp := uint64(0)
 	if r.RequestID != "" {
-		fp = fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
+		fp = r.fingerprint()
 		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
 			if err != nil {
 				return Reservation{}, err
@@ -125,6 +125,11 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
 		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp})
 	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant}, nil
+}
+
+// fingerprint tells a retry of r from another request with its id.
+func (r *ReserveRequest) fingerprint() uint64 {
+	return fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
 }
 
 // reservedOn is how many units of resource the session holds on node.

@@ -1,0 +1,124 @@
+package engine
+
+// Grants their callers never learned of. A caller that stops waiting just
+// as its grant is made (its deadline passes while the answer is committed
+// or on the wire) cannot release what it does not know it holds. Whoever
+// finds out gives the grant back with these: the server, when the caller's
+// context ended before the answer was committed, and the caller itself,
+// when it sends the request again marked as abandoned. They are what
+// CancelWait does for a queued grant, for grants already made.
+//
+// With a request id, what is given back is what the session remembers the
+// request got, so the same call finds it again from either side, and a
+// second give-back finds nothing. Without one, it is what the caller says
+// the request got.
+
+// GiveBack undoes r's lease whole: the slot goes to the next waiter, r's
+// charges are refunded, and r's request id is forgotten, so that a retry is
+// decided afresh. It returns the lease given back, or 0 when r holds none
+// (never granted, a charge only, already given back or ended). A charge
+// without a lease is never undone: quota is never refunded, and the
+// request id keeps a retry from charging twice.
+func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (LeaseID, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return 0, err
+	}
+	charges, err := normalizeCharges(r.Charges)
+	if err != nil {
+		return 0, err
+	}
+	if r.RequestID != "" {
+		res, ok, err := s.requests.lookup(r.RequestID, fingerprintCharges(opAcquire, r.Node, r.Class, charges))
+		if err != nil || !ok {
+			return 0, err
+		}
+		lease = res.lease
+	}
+	l := e.leases[lease]
+	if l == nil || l.session != s || l.block || l.node.id != r.Node || l.class != r.Class {
+		return 0, nil
+	}
+	if l = e.touch(l, now); l == nil {
+		return 0, nil
+	}
+	e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: l.id, Forget: r.RequestID,
+		Charges: charges, GivenBack: true})
+	e.dispatch(l.class)
+	return l.id, nil
+}
+
+// GiveBackBlock takes back the slots r added to the session's block, as
+// long as the block holds them, and returns the block and how many slots
+// it took back. A shrink is not undone: the slots it gave back may be held
+// by others already. The request id stays remembered, as having added
+// nothing, so a retry adds nothing either.
+func (e *Engine) GiveBackBlock(sid SessionID, r BlockRequest, added int64) (BlockGrant, int64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return BlockGrant{}, 0, err
+	}
+	fp := uint64(0)
+	if r.RequestID != "" {
+		fp = r.fingerprint()
+		res, ok, err := s.requests.lookup(r.RequestID, fp)
+		if err != nil {
+			return BlockGrant{}, 0, err
+		}
+		added = 0
+		if ok {
+			added = res.amount
+		}
+	}
+	l := s.blocks[blockKey{r.Node, r.Class}]
+	if l == nil || e.touch(l, now) == nil {
+		return BlockGrant{Node: r.Node, Class: r.Class}, 0, nil
+	}
+	k := max(min(added, l.count), 0)
+	if k > 0 {
+		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: l.node.id, Lease: l.id, Resource: l.class,
+			Amount: -k, RequestID: r.RequestID, Fingerprint: fp})
+		e.dispatch(l.class)
+	}
+	return BlockGrant{Lease: l.id, Node: l.node.id, Class: l.class, Count: l.count, Contended: e.contended(l.class),
+		Adaptive: e.adaptive[l.class] != nil}, k, nil
+}
+
+// GiveBackReserved gives back the units r added to the session's
+// reservation, as long as it holds them, and returns the reservation and
+// how many units it gave back. What r settled stays settled: units spent
+// were spent. The request id stays remembered, as having added nothing, so
+// a retry neither adds nor settles again.
+func (e *Engine) GiveBackReserved(sid SessionID, r ReserveRequest, added int64) (Reservation, int64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return Reservation{}, 0, err
+	}
+	fp := uint64(0)
+	if r.RequestID != "" {
+		fp = r.fingerprint()
+		res, ok, err := s.requests.lookup(r.RequestID, fp)
+		if err != nil {
+			return Reservation{}, 0, err
+		}
+		added = 0
+		if ok {
+			added = res.amount
+		}
+	}
+	k := max(min(added, s.reservedOn(r.Node, r.Resource)), 0)
+	if k > 0 {
+		e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: r.Node, Resource: r.Resource,
+			Returned: k, RequestID: r.RequestID, Fingerprint: fp})
+	}
+	return Reservation{Node: r.Node, Resource: r.Resource, Reserved: s.reservedOn(r.Node, r.Resource)}, k, nil
+}
