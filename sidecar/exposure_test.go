@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/governor-project/governor/sidecar/httpproxy"
 )
@@ -75,9 +77,12 @@ func TestOpenProxyRefusedByTheBinary(t *testing.T) {
 		path := filepath.Join(dir, "proxy.yaml")
 		must(t, os.WriteFile(path, []byte("governor: {api_key: k-0123456789abcdef}\ntask: {name: pod-7}\nhttp: "+tc.http+"\n"), 0o600))
 		var stderr bytes.Buffer
-		cmd := exec.Command(bin, "-config", path)
+		// A proxy that starts instead runs until it is killed, at 30s.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cmd := exec.CommandContext(ctx, bin, "-config", path)
 		cmd.Stderr = &stderr
 		err := cmd.Run()
+		cancel()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "config: "+tc.key+": ") {
 			t.Errorf("http: %s: %v\n%s", tc.http, err, stderr.String())
