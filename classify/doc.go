@@ -62,9 +62,15 @@
 // # SQL fields
 //
 //   - sql: one statement kind or a list (select, insert, update, delete,
-//     merge, copy, truncate, lock, call, do, ddl, transaction, utility), or
-//     any. A statement can have several kinds (a multi-statement query, a
-//     data-modifying WITH); the rule matches when they share one.
+//     merge, copy, truncate, lock, call, do, function, ddl, transaction,
+//     utility, unknown), or any. Each statement of a message is matched on
+//     its own. A statement can have several kinds (a data-modifying WITH,
+//     a SELECT that calls a function); the rule matches when they share
+//     one. function is a call of a function not known to only read; unknown
+//     is a statement the classifier could not see into (past its limits, or
+//     an EXECUTE of a name it did not see prepared), which names no table:
+//     only rules that name unknown, sql: any, and rules without sql and
+//     tables match it.
 //   - tables: globs, case-insensitive; matches when any table the statement
 //     names matches any of them. A pattern with a "." (public.pay*) is
 //     matched against the name as the statement gives it; one without

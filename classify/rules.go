@@ -118,12 +118,13 @@ func HTTPRequestFrom(r *http.Request) HTTPRequest {
 	return q
 }
 
-// SQLStatement is what a SQL rule looks at: one statement, or a whole
-// multi-statement Query or Parse classified as one.
+// SQLStatement is what a SQL rule looks at: one statement. A message that
+// holds several is matched statement by statement.
 type SQLStatement struct {
-	// Kinds are the statement kinds (the Kind* constants). A message holding
-	// several statements, or a read that writes, has several; a rule's sql
-	// list matches when it shares any kind with them.
+	// Kinds are the statement kinds (the Kind* constants). A read that
+	// writes (a data-modifying WITH, INSERT ... ON CONFLICT DO UPDATE, a
+	// SELECT calling a function) has several; a rule's sql list matches
+	// when it shares any kind with them.
 	Kinds []string
 	// Tables are the tables named, as written, unquoted and folded to lower
 	// case where SQL folds them; qualified names keep their schema
@@ -148,16 +149,22 @@ const (
 	KindLock        = "lock"        // SELECT ... FOR UPDATE/SHARE, LOCK TABLE
 	KindCall        = "call"        // CALL: a procedure may write anything
 	KindDo          = "do"          // DO: an anonymous block may write anything
+	KindFunction    = "function"    // a call of a function not known to only read (nextval, a user's); the FunctionCall message
 	KindDDL         = "ddl"         // CREATE, ALTER, DROP, COMMENT, GRANT, REVOKE, ...
 	KindTransaction = "transaction" // BEGIN, COMMIT, ROLLBACK, SAVEPOINT, ...
 	KindUtility     = "utility"     // everything else: SET, SHOW, VACUUM, LISTEN, ...
-	KindAny         = "any"         // in rules only: every statement
+	// KindUnknown is a statement the classifier could not see into: nested
+	// past its depth limit, past its other limits, or an EXECUTE of a name
+	// the connection has not prepared where the proxy could see. It names
+	// no table; rules that name unknown, and sql: any, match it.
+	KindUnknown = "unknown"
+	KindAny     = "any" // in rules only: every statement
 )
 
 // sqlKindOrder is the canonical order of the kinds; a kind's bit in a
 // rule's sqlKinds mask is its index here.
 var sqlKindOrder = [...]string{KindSelect, KindInsert, KindUpdate, KindDelete, KindMerge, KindCopy,
-	KindTruncate, KindLock, KindCall, KindDo, KindDDL, KindTransaction, KindUtility}
+	KindTruncate, KindLock, KindCall, KindDo, KindFunction, KindDDL, KindTransaction, KindUtility, KindUnknown}
 
 var sqlKindBits = func() map[string]uint32 {
 	m := make(map[string]uint32, len(sqlKindOrder))

@@ -13,7 +13,7 @@ var benchSQL = []string{
 	"SELECT o.id, c.name, sum(l.amount) FROM orders o JOIN customers c ON c.id = o.customer_id LEFT JOIN lines l ON l.order_id = o.id WHERE o.created > now() - interval '1 day' AND c.name <> 'it''s' GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 50",
 }
 
-// BenchmarkClassifySQL is the parser's cost per statement, uncached.
+// BenchmarkClassify is the classifier's cost per statement, uncached.
 func BenchmarkClassify(b *testing.B) {
 	for i, sql := range benchSQL {
 		b.Run(fmt.Sprint(i), func(b *testing.B) {
@@ -31,7 +31,7 @@ func BenchmarkClassifyCached(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		c.Classify(benchSQL[i%len(benchSQL)])
+		c.Classify(benchSQL[i%len(benchSQL)], Settings{})
 		i++
 	}
 }

@@ -226,15 +226,37 @@ func chargeList(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func explainSQL(w io.Writer, cfg sidecar.Config, stmt string, st classify.SQLStatement) int {
-	fmt.Fprintf(w, "statement: %s\n\n", stmt)
-	how := "as given by hand"
-	if len(st.Kinds) == 0 {
-		// The same parser the pgwire listeners use.
-		c := sqlclass.Classify(stmt)
-		st.Kinds, st.Tables, how = c.Kinds, c.Tables, "as the pgwire parser reads it"
+func explainSQL(w io.Writer, cfg sidecar.Config, stmt string, given classify.SQLStatement) int {
+	fmt.Fprintf(w, "statement: %s\n", stmt)
+	if len(given.Kinds) > 0 {
+		explainStatement(w, cfg, "as given by hand", given)
+		return 0
 	}
-	fmt.Fprintf(w, "%s: kinds %v, tables %v, database %q, user %q, application_name %q\n",
+	// The same classifier the pgwire listeners use; each statement of the
+	// text is matched, and charged, on its own.
+	c := sqlclass.Classify(stmt)
+	for i, s := range c.Statements {
+		how := "as the pgwire parser reads it"
+		if len(c.Statements) > 1 {
+			how = fmt.Sprintf("statement %d of %d, %s", i+1, len(c.Statements), how)
+		}
+		if s.Count > 1 {
+			how += fmt.Sprintf(" (%d of them in a row, each matched and charged)", s.Count)
+		}
+		if s.Execute != "" {
+			// What a name is prepared as lives on one connection.
+			how += fmt.Sprintf("; it runs the statement prepared as %q, which the proxy follows per connection; here that is unknown", s.Execute)
+			s = s.Executing(nil)
+		}
+		st := given
+		st.Kinds, st.Tables = s.Kinds, s.Tables
+		explainStatement(w, cfg, how, st)
+	}
+	return 0
+}
+
+func explainStatement(w io.Writer, cfg sidecar.Config, how string, st classify.SQLStatement) {
+	fmt.Fprintf(w, "\n%s: kinds %v, tables %v, database %q, user %q, application_name %q\n",
 		how, st.Kinds, st.Tables, st.Database, st.User, st.ApplicationName)
 	rules := cfg.Rules
 	fmt.Fprintf(w, "\nrules (%d; the first match wins):\n", rules.Len())
@@ -245,7 +267,7 @@ func explainSQL(w io.Writer, cfg sidecar.Config, stmt string, st classify.SQLSta
 	fmt.Fprintln(w)
 	if !ok {
 		fmt.Fprintln(w, "decision: no rule matches")
-		return 0
+		return
 	}
 	fmt.Fprintf(w, "decision: %s\n", d)
 	switch {
@@ -254,9 +276,8 @@ func explainSQL(w io.Writer, cfg sidecar.Config, stmt string, st classify.SQLSta
 	case d.Class == "":
 		fmt.Fprintf(w, "  before it runs: charge %s\n", chargeList(d.Charges))
 	default:
-		fmt.Fprintf(w, "  at transaction start, in one call: charge %s and take a lease of class %s\n", orNone(chargeList(d.Charges)), d.Class)
+		fmt.Fprintf(w, "  before it runs: charge %s, and hold a lease of class %s until the transaction ends (taken at the first statement that needs it)\n", orNone(chargeList(d.Charges)), d.Class)
 	}
-	return 0
 }
 
 func orNone(s string) string {

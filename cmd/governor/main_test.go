@@ -32,7 +32,9 @@ func TestExplain(t *testing.T) {
 		{[]string{"-config", example, "--sql", "WITH x AS (DELETE FROM payments_2026 RETURNING *) SELECT 1", "-database", "app"}, 0,
 			[]string{"kinds [delete], tables [payments_2026]", "payment-writes: MATCH"}},
 		{[]string{"-config", example, "--sql", "INSERT INTO payments VALUES (1)", "-kind", "insert", "-tables", "payments", "-database", "app"}, 0,
-			[]string{"payment-writes: MATCH", "charge db_writes=1 and take a lease of class db"}},
+			[]string{"payment-writes: MATCH", "charge db_writes=1, and hold a lease of class db"}},
+		{[]string{"-config", example, "--sql", "SELECT 1 FROM reports; DELETE FROM payments", "-database", "app"}, 0,
+			[]string{"statement 1 of 2", "kinds [select], tables [reports]", "statement 2 of 2", "kinds [delete], tables [payments]", "payment-writes: MATCH"}},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"explain"}, tc.args...), nil, &out, &errOut)

@@ -9,18 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
-	"github.com/governor-project/governor/sidecar/admission"
 )
 
 const bufSize = 32 << 10
@@ -61,38 +59,44 @@ type conn struct {
 	upKey []byte
 
 	mu         sync.Mutex
-	queue      []*pending // one per ReadyForQuery the server owes
-	status     byte       // from the last ReadyForQuery
-	inBatch    bool       // extended-protocol messages sent since the last Sync
-	ticket     admission.Ticket
-	txStart    time.Time
+	queue      []*pending   // one per ReadyForQuery the server owes
+	status     byte         // from the last ReadyForQuery
+	inBatch    bool         // extended-protocol messages sent since the last Sync
+	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
 	overloaded bool
-	relaying   bool // both loops run, or ran (lifecycle.go)
-	stopping   bool // Proxy.Close is ending the connection
-	clientDone bool // clientLoop has returned
-	serverDone bool // serverLoop has returned
+	// What the statements run (statements.go).
+	lex         sqlclass.Settings // how the server lexes text, from ParameterStatus
+	names       names             // its prepared statements and portals
+	batches     uint64            // Queries, FunctionCalls and Syncs sent, each owed a ReadyForQuery
+	done        uint64            // ReadyForQuery received for them
+	answered    chan struct{}     // closed when the server owes nothing more; see settle
+	batchRan    bool              // an Execute was sent since the last Sync
+	unconfirmed atomic.Int32      // len(names.undo), read without mu
+	relaying    bool              // both loops run, or ran (lifecycle.go)
+	stopping    bool              // Proxy.Close is ending the connection
+	clientDone  bool              // clientLoop has returned
+	serverDone  bool              // serverLoop has returned
 
 	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
 
 	// The client goroutine's own state.
-	rulesSeen   *classify.Rules            // the rules connRule was decided under
-	connRule    classify.Decision          // what they decide by the connection alone,
-	connMatched bool                       // whether a rule matched that way,
-	connDecides bool                       // and whether that decides every statement
-	series      *ruleSeries                // the metrics last counted into
-	prepared    map[string]*sqlclass.Class // by prepared statement name
-	portals     map[string]*sqlclass.Class // by portal name
-	sqlPrepared map[string]*sqlclass.Class // SQL-level PREPARE, by name
-	discarding  bool                       // after a denial in the extended protocol, until Sync
-	pendingDeny []byte                     // that denial, for the Sync's ReadyForQuery
+	rulesSeen   *classify.Rules   // the rules connRule was decided under
+	connRule    classify.Decision // what they decide by the connection alone,
+	connMatched bool              // whether a rule matched that way,
+	connDecides bool              // and whether that decides every statement
+	series      *ruleSeries       // the metrics last counted into
+	discarding  bool              // after a denial in the extended protocol, until Sync
+	pendingDeny []byte            // that denial, for the Sync's ReadyForQuery
 	hdr         [headerLen]byte
 	buf         []byte
 }
 
 // pending is a ReadyForQuery the server owes the client. deny, when set, is
 // the denial to show instead of the server's error for denyStatement.
+// parses and closes count the Parse and Close messages sent up to it.
 type pending struct {
-	deny []byte
+	deny           []byte
+	parses, closes uint64
 }
 
 func (c *conn) abort() {
@@ -142,8 +146,7 @@ func (c *conn) serve() {
 	c.cw = bufio.NewWriterSize(c.client, bufSize)
 	c.sr = bufio.NewReaderSize(up, bufSize)
 	c.sw = bufio.NewWriterSize(up, bufSize)
-	c.prepared = make(map[string]*sqlclass.Class)
-	c.portals = make(map[string]*sqlclass.Class)
+	c.names = names{stmts: make(map[string]*sqlclass.Class), portals: make(map[string]*sqlclass.Class)}
 	defer c.p.unregister(c)
 
 	if minor != 0 {
@@ -355,6 +358,9 @@ func (c *conn) authenticate() error {
 			c.cw.Write(appendMsg(nil, t, body))
 			return c.cw.Flush()
 		default: // ParameterStatus, NoticeResponse, NegotiateProtocolVersion
+			if t == MsgParameterStatus {
+				c.noteParameter(body)
+			}
 			c.cw.Write(appendMsg(nil, t, body))
 		}
 	}
@@ -454,6 +460,7 @@ func (c *conn) serverLoop() error {
 			}
 			body = shrink(body)
 		default:
+			c.noteServer(t, n) // settings, and confirmations of prepared statements
 			c.cwMu.Lock()
 			err := net.ErrClosed
 			if !c.cwDone {
@@ -479,8 +486,11 @@ func (c *conn) serverError(body []byte) []byte {
 	code, msg := errorFields(body)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ticket != nil && overloadedCode(code) {
+	if len(c.tickets) > 0 && overloadedCode(code) {
 		c.overloaded = true
+	}
+	if c.unconfirmed.Load() > 0 {
+		c.undoBatch() // the rest of the Query or batch is skipped
 	}
 	if len(c.queue) > 0 {
 		if p := c.queue[0]; p.deny != nil && (strings.Contains(msg, denyMarker) || code == "25P02") {
@@ -496,11 +506,13 @@ func (c *conn) serverError(body []byte) []byte {
 // admitted transaction when the connection is idle again.
 func (c *conn) readyForQuery(status byte) (end func()) {
 	c.mu.Lock()
+	c.status = status
 	if len(c.queue) > 0 {
+		p := c.queue[0]
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
+		c.noteAnswered(p)
 	}
-	c.status = status
 	c.mu.Unlock()
 	return c.detachTx(false)
 }
@@ -517,15 +529,20 @@ func (c *conn) endTx(dropped bool) { c.detachTx(dropped)() }
 // (conn.stop).
 func (c *conn) detachTx(dropped bool) (end func()) {
 	c.mu.Lock()
-	t := c.ticket
-	if t == nil || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch)) {
+	ts := c.tickets
+	if len(ts) == 0 || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch)) {
 		c.mu.Unlock()
 		return func() {}
 	}
-	c.ticket = nil
-	latency, over := time.Since(c.txStart), c.overloaded
+	c.tickets = nil
+	over := c.overloaded
 	c.mu.Unlock()
-	return func() { t.End(latency, over) }
+	return func() {
+		now := time.Now()
+		for _, h := range ts {
+			h.t.End(now.Sub(h.since), over)
+		}
+	}
 }
 
 // clientLoop relays the client's messages to the server, classifying and
@@ -567,20 +584,22 @@ func (c *conn) clientLoop() error {
 			if end < 0 {
 				return fmt.Errorf("query without terminator: %w", errProtocol)
 			}
-			cl := c.classifyQuery(c.buf[:end], true)
-			if deny := c.admit(cl); deny != nil {
+			cl := c.classifyQuery(c.buf[:end])
+			run, changes := c.toRun(cl)
+			if deny := c.admit(cl, run); deny != nil {
 				if err := c.denySimple(deny); err != nil {
 					return err
 				}
 				continue
 			}
+			c.commitChanges(changes)
 			c.expect(nil)
 			c.send(t, c.buf)
 		case MsgFunctionCall:
 			if err := c.readBody(n); err != nil {
 				return err
 			}
-			if deny := c.admit(functionCallClass); deny != nil {
+			if deny := c.admit(functionCallClass, functionCallClass.Statements); deny != nil {
 				if err := c.denySimple(deny); err != nil {
 					return err
 				}
@@ -597,9 +616,9 @@ func (c *conn) clientLoop() error {
 			if !ok || end < 0 {
 				return fmt.Errorf("malformed Parse: %w", errProtocol)
 			}
-			// A prepared statement is classified whole, whatever the rules
-			// say now: they may change before it runs.
-			c.prepared[name] = c.classifyQuery(rest[:end], false)
+			if cl := c.classifyParse(rest[:end]); cl != nil {
+				c.parse(name, cl)
+			}
 			c.batch()
 			c.send(t, c.buf)
 		case MsgBind:
@@ -611,7 +630,9 @@ func (c *conn) clientLoop() error {
 			if !ok || !ok2 {
 				return fmt.Errorf("malformed Bind: %w", errProtocol)
 			}
-			c.portals[portal] = c.prepared[stmt]
+			if c.governs() {
+				c.bind(portal, stmt)
+			}
 			c.batch()
 			c.send(t, c.buf)
 		case MsgExecute:
@@ -623,24 +644,32 @@ func (c *conn) clientLoop() error {
 				return fmt.Errorf("malformed Execute: %w", errProtocol)
 			}
 			c.batch()
-			if deny := c.admit(c.portals[portal]); deny != nil {
+			var cl *sqlclass.Class
+			if c.governs() {
+				cl = c.portal(portal)
+			}
+			run, changes := c.toRun(cl)
+			if deny := c.admit(cl, run); deny != nil {
 				c.discarding, c.pendingDeny = true, deny
+				c.mu.Lock()
+				c.names.parses++
+				c.mu.Unlock()
 				b, _ := (&pgproto3.Parse{Query: denyStatement}).Encode(nil)
 				c.sw.Write(b)
 				continue
 			}
+			c.commitChanges(changes)
+			c.mu.Lock()
+			c.batchRan = true
+			c.mu.Unlock()
 			c.send(t, c.buf)
 		case MsgClose:
 			if err := c.readBody(n); err != nil {
 				return err
 			}
-			if len(c.buf) > 1 {
+			if len(c.buf) > 1 && c.governs() {
 				name, _, _ := cstring(c.buf[1:])
-				if c.buf[0] == 'S' {
-					delete(c.prepared, name)
-				} else {
-					delete(c.portals, name)
-				}
+				c.closeName(c.buf[0], name)
 			}
 			c.batch()
 			c.send(t, c.buf)
@@ -666,7 +695,7 @@ func (c *conn) clientLoop() error {
 	}
 }
 
-var functionCallClass = &sqlclass.Class{Kinds: []string{classify.KindCall}}
+var functionCallClass = &sqlclass.Class{Statements: []sqlclass.Statement{sqlclass.FunctionCall}}
 
 // send writes a message to the server's buffer.
 func (c *conn) send(t MsgType, body []byte) {
@@ -717,8 +746,9 @@ func relay(w *bufio.Writer, r *bufio.Reader, n int) error {
 // message goes out, so the answer cannot overtake it.
 func (c *conn) expect(deny []byte) {
 	c.mu.Lock()
-	c.queue = append(c.queue, &pending{deny: deny})
-	c.inBatch = false
+	c.queue = append(c.queue, &pending{deny: deny, parses: c.names.parses, closes: c.names.closes})
+	c.batches++
+	c.inBatch, c.batchRan = false, false
 	c.mu.Unlock()
 }
 
@@ -726,177 +756,4 @@ func (c *conn) batch() {
 	c.mu.Lock()
 	c.inBatch = true
 	c.mu.Unlock()
-}
-
-// classifyQuery classifies a Query's or Parse's text, with SQL-level
-// PREPARE/EXECUTE followed on this connection. A passthrough proxy (no
-// Admitter or no Rules) admits nothing, so it classifies nothing; admit
-// treats a nil class as "forward". With shortcut, a statement the rules
-// decide by its connection alone (say, under `sql: any`) is not classified
-// at all: it gets byConnection.
-func (c *conn) classifyQuery(sql []byte, shortcut bool) *sqlclass.Class {
-	if c.p.Admitter == nil || c.p.Rules == nil {
-		return nil
-	}
-	if shortcut && c.decidedByConnection() {
-		return byConnection
-	}
-	cl := c.p.cache.ClassifyBytes(sql)
-	for _, p := range cl.Prepares {
-		if c.sqlPrepared == nil {
-			c.sqlPrepared = make(map[string]*sqlclass.Class)
-		}
-		c.sqlPrepared[p.Name] = p.Class
-	}
-	return cl.Executing(func(name string) *sqlclass.Class { return c.sqlPrepared[name] })
-}
-
-// byConnection is the Class of a statement the rules in force decide by its
-// connection alone (classify.Rules.MatchSQLConnection).
-var byConnection = &sqlclass.Class{}
-
-// decidedByConnection reports whether the rules in force decide every
-// statement of this connection without looking at it, keeping the answer
-// for as long as the rules stay the same.
-func (c *conn) decidedByConnection() bool {
-	rules := c.p.Rules()
-	if rules != c.rulesSeen {
-		c.rulesSeen = rules
-		c.connRule, c.connMatched, c.connDecides = rules.MatchSQLConnection(c.statement(nil))
-	}
-	return c.connDecides
-}
-
-func (c *conn) statement(cl *sqlclass.Class) classify.SQLStatement {
-	st := classify.SQLStatement{Database: c.database, User: c.user, ApplicationName: c.appName}
-	if cl != nil {
-		st.Kinds, st.Tables = cl.Kinds, cl.Tables
-	}
-	return st
-}
-
-// admit asks the Admitter about a statement about to be sent. It returns
-// nil to forward it, or the ErrorResponse of its denial.
-func (c *conn) admit(cl *sqlclass.Class) []byte {
-	a := c.p.Admitter
-	if a == nil || cl == nil || c.p.Rules == nil {
-		return nil
-	}
-	var d classify.Decision
-	var ok bool
-	if cl == byConnection {
-		d, ok = c.connRule, c.connMatched
-	} else {
-		d, ok = c.p.Rules().MatchSQL(c.statement(cl))
-	}
-	if !ok || (d.Class == "" && len(d.Charges) == 0) {
-		return nil
-	}
-	c.mu.Lock()
-	have := c.ticket != nil
-	c.mu.Unlock()
-	if have && len(d.Charges) == 0 {
-		return nil
-	}
-	req := admission.Request{Charges: d.Charges}
-	if !have {
-		req.Class = d.Class // the transaction's slot; later statements only charge
-	}
-	wait := c.p.waitTimeout()
-	if c.p.TaskFromApplicationName {
-		if err := checkSubtask(c.appName); err != nil {
-			return c.deny(d, req, &admission.Denial{Cause: admission.CauseBadRequest, Class: req.Class, Err: err}, 0)
-		}
-		req.Subtask = c.appName
-	}
-	if f, ok := a.(admission.Fast); ok {
-		if t, ok := f.TryAdmit(req); ok {
-			c.admitted(d, req, t, 0)
-			return nil
-		}
-	}
-	// What was already forwarded must not wait behind our wait.
-	if err := c.sw.Flush(); err != nil {
-		return nil // the connection is failing; the next read says so
-	}
-	ctx, stop := admission.WithWaitTimeout(c.ctx, wait)
-	defer stop()
-	notice := time.AfterFunc(WaitNoticeAfter, func() {
-		c.writeClient(noticeResponse(fmt.Sprintf("governor: waiting for a %q lease (rule %q)", d.Class, d.Rule)), true)
-	})
-	defer notice.Stop()
-	began := time.Now()
-	t, err := a.Admit(ctx, req)
-	waited := time.Since(began)
-	if err != nil {
-		return c.deny(d, req, admission.Deny(ctx, err, req.Class, wait), waited)
-	}
-	c.admitted(d, req, t, waited)
-	return nil
-}
-
-// admitted takes on an admitted statement's ticket, counts it, and logs it
-// at debug level: a database client may run thousands of transactions a
-// second.
-func (c *conn) admitted(d classify.Decision, req admission.Request, t admission.Ticket, waited time.Duration) {
-	if t != nil {
-		c.mu.Lock()
-		c.ticket, c.txStart, c.overloaded = t, time.Now(), false
-		c.mu.Unlock()
-	}
-	c.p.Metrics.admitted(&c.series, d.Rule, req.Class, waited)
-	if c.p.Logger != nil && c.p.Logger.Enabled(context.Background(), slog.LevelDebug) {
-		c.p.Logger.LogAttrs(context.Background(), slog.LevelDebug, "decision",
-			slog.String("kind", "pgwire"), slog.String("rule", d.Rule), slog.String("class", req.Class),
-			slog.String("subtask", req.Subtask), slog.String("outcome", "admitted"), slog.Duration("wait", waited),
-			slog.String("database", c.database))
-	}
-}
-
-// deny counts and logs a refused statement, and returns the ERROR the
-// client gets.
-func (c *conn) deny(d classify.Decision, req admission.Request, den *admission.Denial, waited time.Duration) []byte {
-	code, f := sqlState(den)
-	c.p.count(f)
-	c.p.Metrics.denied(d.Rule, req.Class, den.Cause, waited)
-	if c.p.Logger != nil {
-		c.p.Logger.LogAttrs(context.Background(), slog.LevelInfo, "decision",
-			slog.String("kind", "pgwire"), slog.String("rule", d.Rule), slog.String("class", d.Class),
-			slog.String("subtask", req.Subtask), slog.String("outcome", "denied"), slog.String("cause", den.Cause.String()),
-			slog.String("sqlstate", code), slog.Duration("wait", waited), slog.String("database", c.database),
-			slog.String("err", den.Error()))
-	}
-	return errorResponse("ERROR", code, den.Message())
-}
-
-// checkSubtask applies the rules of a Proxy-Authorization username to an
-// application_name used as a subtask name.
-func checkSubtask(name string) error {
-	switch {
-	case len(name) > 255:
-		return errors.New("application_name names the subtask and is longer than 255 bytes")
-	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
-		return errors.New("application_name names the subtask and is not valid UTF-8")
-	}
-	return nil
-}
-
-// denySimple answers a denied Query or FunctionCall. When the connection is
-// idle with nothing in flight, the proxy answers alone: the error and
-// ReadyForQuery(I). Otherwise the server must take part, so that its
-// transaction is aborted and the answers stay in order: it gets
-// denyStatement instead, and its error is replaced by the denial.
-func (c *conn) denySimple(deny []byte) error {
-	c.mu.Lock()
-	quiet := len(c.queue) == 0 && c.status == TxIdle && !c.inBatch && c.ticket == nil
-	if !quiet {
-		c.queue = append(c.queue, &pending{deny: deny})
-	}
-	c.mu.Unlock()
-	if quiet {
-		return c.writeClient(append(deny, readyForQuery(TxIdle)...), true)
-	}
-	b, _ := (&pgproto3.Query{String: denyStatement}).Encode(nil)
-	_, err := c.sw.Write(b)
-	return err
 }

@@ -35,6 +35,11 @@
 //     server's side ends (pg_terminate_backend, a crash, Proxy.Close), the
 //     client gets what the server sent and a FATAL, the transaction's slot
 //     goes back, and the client's connection closes, at once.
+//   - govern.go: each statement matched to its rule; the transaction's
+//     leases (one per class) and the statements' charges admitted.
+//   - statements.go: what a message runs, as the server will run it: the
+//     connection's prepared statements and portals, and the lexing settings
+//     the server reports.
 //   - admit.go: the one rendering of a denial as a SQLSTATE.
 //   - metrics.go: the side's series.
 //
@@ -44,17 +49,21 @@
 // server reported ReadyForQuery 'I' with nothing in flight, until a
 // ReadyForQuery 'I' arrives with no further Query, FunctionCall or Sync
 // outstanding and no unsynced extended-protocol message sent. That span
-// holds one lease, of the class of the first statement whose rule has one;
-// later statements in it are only charged. A pipelined client may keep a
-// connection busy across several implicit transactions; the lease spans
-// them. The lease is released with the span's latency and overloaded set
+// holds one lease of each class its statements' rules name, each taken
+// before the first statement that needs it is sent and held to the span's
+// end; a wait for one is bounded by the wait timeout (two transactions
+// taking two classes in opposite orders wait for each other that long).
+// Every statement is charged before it is sent: a message's charges are
+// summed and taken with its last lease, all or none. A pipelined client
+// may keep a connection busy across several implicit transactions; the
+// leases span them. Each is released with its latency and overloaded set
 // when the server sent SQLSTATE class 53, 57014 or 40001, before the
 // ReadyForQuery that ends the span is forwarded (a client that starts its
 // next transaction at once, on any connection, finds the slot free); a
-// connection that ends, on either side, releases it too. Statements are
-// admitted on Query, FunctionCall (kind "call") and Execute (classified by
-// the Parse behind its portal); Parse and Bind run nothing and are not
-// admitted.
+// connection that ends, on either side, releases them too. Statements are
+// admitted on Query, FunctionCall (kind "function") and Execute
+// (classified by the statement behind its portal, at each execution);
+// Parse and Bind run nothing and are not admitted.
 //
 // # Denials
 //
@@ -76,9 +85,14 @@
 // # Classification
 //
 // Statements are classified by classify/sqlclass, whose results are cached
-// by statement text in a bounded LRU shared by a Proxy's connections
-// (CacheEntries), and per connection by prepared statement and portal name.
-// SQL-level PREPARE and EXECUTE are followed per connection.
+// by lexing settings and statement text in a bounded LRU shared by a
+// Proxy's connections (CacheEntries). Each statement of a Query is matched
+// on its own. SQL's PREPARE, EXECUTE, DEALLOCATE and DISCARD ALL and the
+// protocol's Parse, Bind and Close share the server's namespace of prepared
+// statements, and the proxy follows it per connection as the server will
+// have it (statements.go): whatever runs a prepared statement is governed
+// as that statement, every time. A text is lexed with the
+// standard_conforming_strings and client_encoding the server reports.
 //
 // # Known gaps
 //

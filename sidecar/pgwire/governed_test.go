@@ -39,17 +39,36 @@ func governord(t testing.TB, dbLimit int64) *server.Server {
 }
 
 // governedProxy starts a sidecar's pgwire side on the sidecar's admission
-// layer, with its own session and task (spec), delegation on.
+// layer, with its own session and task (spec), delegation on, under
+// testRules.
 func governedProxy(t testing.TB, srv *server.Server, spec governor.Spec, tweak func(*pgwire.Proxy)) string {
+	t.Helper()
+	return ruledProxy(t, srv, spec, testRules, tweak)
+}
+
+// ruledProxy is governedProxy under the rules of a YAML document.
+func ruledProxy(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, tweak func(*pgwire.Proxy)) string {
+	t.Helper()
+	return startRuled(t, srv, spec, yaml, true, tweak)
+}
+
+// directProxy is ruledProxy without delegated budgets: every charge is a
+// call to governord.
+func directProxy(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, tweak func(*pgwire.Proxy)) string {
+	t.Helper()
+	return startRuled(t, srv, spec, yaml, false, tweak)
+}
+
+func startRuled(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, delegate bool, tweak func(*pgwire.Proxy)) string {
 	t.Helper()
 	if spec.Name == "" {
 		spec.Name = strings.ReplaceAll(t.Name(), "/", "-")
 	}
-	rules, err := classify.Parse([]byte(testRules))
+	rules, err := classify.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm := budget.New(budget.Config{Task: spec, Delegate: true,
+	adm := budget.New(budget.Config{Task: spec, Delegate: delegate,
 		Dial: []governor.Option{governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey)}})
 	ctx, stop := context.WithCancel(context.Background())
 	go adm.Run(ctx)

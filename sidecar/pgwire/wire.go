@@ -47,6 +47,8 @@ const (
 	MsgReadyForQuery       MsgType = 'Z'
 	MsgFunctionCallResult  MsgType = 'V'
 	MsgParameterDescriptor MsgType = 't'
+	MsgParseComplete       MsgType = '1'
+	MsgCloseComplete       MsgType = '3'
 )
 
 // Codes in the first four bytes of a startup-phase packet, after its length.
