@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"testing"
@@ -135,4 +136,45 @@ func Example() {
 	// retry 1: <nil>
 	// retry 2: <nil>
 	// retry 3: quota exhausted: retry on "payments" (node 2) is 2 of 2, asked 1 more; largest consumer "checkout-42" used 2
+}
+
+// BenchmarkSnapshot takes a snapshot of a tenant holding kept nodes: ended
+// tasks within their retention, each with one charge, as a tenant that
+// churns tasks keeps about rate x retention of them. It reports the
+// encoded size, and the time the capture holds the engine's lock.
+func BenchmarkSnapshot(b *testing.B) {
+	for _, kept := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("kept=%d", kept), func(b *testing.B) {
+			e, sid, _ := chain(b)
+			ten := e.nodes[e.sessions[sid].scope.id]
+			for i := range kept {
+				v, err := e.CreateNode(sid, ten.id, NodeSpec{Name: fmt.Sprintf("task-%012d", i)}, "")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := e.Consume(sid, v.ID, "calls", 1, ""); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := e.EndNode(sid, v.ID, Closed, ""); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var size int
+			b.ResetTimer()
+			for range b.N {
+				snap := e.Snapshot()
+				raw, err := json.Marshal(snap)
+				if err != nil {
+					b.Fatal(err)
+				}
+				size = len(raw)
+			}
+			b.StopTimer()
+			began := time.Now()
+			e.Snapshot()
+			b.ReportMetric(float64(time.Since(began).Microseconds())/1000, "capture-ms")
+			b.ReportMetric(float64(size)/float64(kept), "bytes/kept")
+			b.ReportMetric(float64(size)/1e6, "MB")
+		})
+	}
 }

@@ -246,3 +246,24 @@ func (e *Engine) restoreEnded(nodes map[NodeID]*node, now int64) {
 	slices.SortFunc(q, func(a, b endedEntry) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.node, b.node)) })
 	e.endedQ, e.endedHead, e.pinnedQ = q, 0, nil
 }
+
+// Tidy drops what only serves to act on time, and decides nothing: lease
+// tombstones past their TTL, stale deadline entries, and ended nodes
+// waiting for reclamation that were reclaimed already. An engine that only
+// mirrors another's events, to take snapshots off the live engine's lock,
+// calls it now and then instead of Reap, whose decisions (and events) are
+// the live engine's alone.
+func (e *Engine) Tidy() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.purgeTombstones(e.now())
+	e.compactDeadlines()
+	kept := e.endedQ[:0]
+	for _, ent := range e.endedQ[e.endedHead:] {
+		if e.nodes[ent.node] != nil {
+			kept = append(kept, ent)
+		}
+	}
+	clear(e.endedQ[len(kept):])
+	e.endedQ, e.endedHead = kept, 0
+}

@@ -284,3 +284,47 @@ func TestRestoreTimesUntimedEnds(t *testing.T) {
 	_, err = e.Get(System, f.step)
 	wantErr(t, err, ErrNotFound)
 }
+
+// A mirror (an engine that applies another's events and is tidied instead
+// of reaped) takes the same snapshots as the live engine, and holds no more
+// than it: tombstones, deadline entries and reclamation entries do not pile
+// up in it.
+func TestAMirrorSnapshotsLikeTheLiveEngine(t *testing.T) {
+	f := newRetentionFixture(t, func(c *Config) { c.Retention = 10 * time.Second })
+	mirror, err := New(Config{Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mirror.Restore(cloneSnapshot(t, f.e.Snapshot())); err != nil {
+		t.Fatal(err)
+	}
+	applied := len(f.rec.events)
+	for i := range 3000 {
+		v, err := f.e.CreateNode(f.sA, f.acme, NodeSpec{Name: "t", Deadline: f.clock.Now().Add(time.Hour).UnixNano()}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := f.acquire(f.sA, v.ID, "db")
+		f.release(f.sA, l)
+		if _, err := f.e.EndNode(f.sA, v.ID, Closed, ""); err != nil {
+			t.Fatal(err)
+		}
+		f.clock.Advance(50 * time.Millisecond)
+		f.e.Reap()
+		if i%100 == 99 {
+			if err := mirror.Apply(f.rec.events[applied:]...); err != nil {
+				t.Fatal(err)
+			}
+			applied = len(f.rec.events)
+			mirror.Tidy()
+			if got, want := mirror.Snapshot(), f.e.Snapshot(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("after %d tasks the mirror's snapshot differs:\n%s", i+1, diffSnapshots(want, got))
+			}
+		}
+	}
+	if len(mirror.tombs) > 2*len(f.e.tombs)+1 || len(mirror.deadlines) > 2*len(mirror.nodes)+64 ||
+		len(mirror.endedQ)-mirror.endedHead > len(mirror.nodes) {
+		t.Errorf("the mirror holds %d tombstones (live %d), %d deadline entries and %d ended entries for %d nodes",
+			len(mirror.tombs), len(f.e.tombs), len(mirror.deadlines), len(mirror.endedQ)-mirror.endedHead, len(mirror.nodes))
+	}
+}

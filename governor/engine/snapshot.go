@@ -46,9 +46,9 @@ type ReservationSnapshot struct {
 type RequestSnapshot struct {
 	ID          string
 	Fingerprint uint64
-	Node        NodeID
-	Lease       LeaseID
-	Amount      int64 `json:",omitempty"`
+	Node        NodeID  `json:",omitempty"`
+	Lease       LeaseID `json:",omitempty"`
+	Amount      int64   `json:",omitempty"`
 }
 
 // LeaseSnapshot is a live lease.

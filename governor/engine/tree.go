@@ -85,23 +85,24 @@ type CapsEdit struct {
 	Deadline      *int64           `json:"dead,omitempty"` // 0 clears the deadline
 }
 
-// NodeView is a copy of a node's state, safe to keep.
+// NodeView is a copy of a node's state, safe to keep. In a snapshot, zero
+// fields are left out: most nodes of a large tree are tasks with few caps.
 type NodeView struct {
 	ID            NodeID
-	Parent        NodeID
+	Parent        NodeID `json:",omitempty"`
 	Name          string
-	Kind          Kind
-	State         State
-	Quotas        map[string]int64
-	Used          map[string]int64
-	Reserved      map[string]int64 // unspent units reserved in the subtree (reserve.go)
-	Limits        map[string]int64
-	Held          map[string]int64
-	DefaultQuotas map[string]int64
-	DefaultLimits map[string]int64
-	Deadline      int64
-	Weight        int64
-	Priority      int64
+	Kind          Kind             `json:",omitempty"`
+	State         State            `json:",omitempty"`
+	Quotas        map[string]int64 `json:",omitempty"`
+	Used          map[string]int64 `json:",omitempty"`
+	Reserved      map[string]int64 `json:",omitempty"` // unspent units reserved in the subtree (reserve.go)
+	Limits        map[string]int64 `json:",omitempty"`
+	Held          map[string]int64 `json:",omitempty"`
+	DefaultQuotas map[string]int64 `json:",omitempty"`
+	DefaultLimits map[string]int64 `json:",omitempty"`
+	Deadline      int64            `json:",omitempty"`
+	Weight        int64            `json:",omitempty"`
+	Priority      int64            `json:",omitempty"`
 	// Ended is when the node ended (unix nanoseconds), 0 while it is open.
 	// It is reclaimed once it has been ended for the retention (reclaim.go).
 	Ended int64 `json:",omitempty"`
