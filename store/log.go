@@ -13,6 +13,11 @@ import (
 // back to back.
 const DefaultMaxBatch = 8192
 
+// DefaultSnapshotPart is the size of the parts a snapshot is written in
+// when LogOptions.SnapshotPart is 0: a few milliseconds of writing, so that
+// a commit waits at most about that long behind a snapshot.
+const DefaultSnapshotPart = 256 << 10
+
 // LogOptions configures a Log. The zero value is ready to use on an empty
 // Store.
 type LogOptions struct {
@@ -28,6 +33,14 @@ type LogOptions struct {
 	// with the number of records and the time the Append took. It runs on
 	// the writer goroutine, so it must be quick.
 	Observe func(batch int, d time.Duration)
+
+	// SnapshotPart is the size of the parts snapshots are written in; 0
+	// means DefaultSnapshotPart.
+	SnapshotPart int
+
+	// OnError, if not nil, receives the errors that do not stop the Log: a
+	// Tidy that failed (the next snapshot tidies again).
+	OnError func(error)
 }
 
 // Log commits events to a Store with group commit: the engine Emits events
@@ -44,7 +57,9 @@ type Log[E any] struct {
 	st       Store
 	encode   func(E) (Record, error)
 	observe  func(int, time.Duration)
+	onError  func(error)
 	maxBatch int
+	part     int
 
 	committed atomic.Uint64 // written under mu; read without it on fast paths
 	wake      chan struct{} // capacity 1: "there may be work" for Run
@@ -74,13 +89,18 @@ func NewLog[E any](st Store, encode func(E) (Record, error), opts LogOptions) *L
 		st:       st,
 		encode:   encode,
 		observe:  opts.Observe,
+		onError:  opts.OnError,
 		maxBatch: opts.MaxBatch,
+		part:     opts.SnapshotPart,
 		wake:     make(chan struct{}, 1),
 		emitted:  opts.Committed,
 		changed:  make(chan struct{}),
 	}
 	if l.maxBatch <= 0 {
 		l.maxBatch = DefaultMaxBatch
+	}
+	if l.part <= 0 {
+		l.part = DefaultSnapshotPart
 	}
 	l.committed.Store(opts.Committed)
 	return l
@@ -146,10 +166,14 @@ func (l *Log[E]) WaitDurable(ctx context.Context, seq uint64) error {
 	}
 }
 
-// SaveSnapshot saves data as the snapshot at seq, taken by the caller (under
-// the engine's lock) after the event with that Seq was emitted. Run saves
-// it once every record up to seq is committed, so no record the snapshot
-// depends on can be lost, and the Store deletes the records it covers.
+// SaveSnapshot saves data as the snapshot at seq, taken by the caller after
+// the event with that Seq was emitted. Run saves it once every record up to
+// seq is committed, so no record the snapshot depends on can be lost, and
+// the Store deletes the records it covers. Run writes it in parts, one
+// between each commit and the next (Store.WriteSnapshotPart, then
+// FinishSnapshot), and then tidies away what it replaced (Store.Tidy) the
+// same way, so that no commit waits long behind a snapshot however large.
+// SaveSnapshot returns once the snapshot is the one a restart loads.
 //
 // data must not change until SaveSnapshot returns. A failed snapshot is
 // returned to the caller and does not stop the Log: the Store is left as it
@@ -185,8 +209,9 @@ func (l *Log[E]) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 }
 
 // Run is the Log's single writer. It takes everything pending, encodes it,
-// commits it as one Append, and repeats; between commits it saves the
-// snapshots whose records are all committed.
+// commits it as one Append, and repeats; between commits it takes one step
+// of saving the snapshots whose records are all committed (a part, or their
+// finish), or of tidying after them.
 //
 // When ctx is cancelled Run stops taking events (later Emits are dropped and
 // their WaitDurable returns ErrLogStopped), commits what was emitted before,
@@ -216,28 +241,75 @@ func (l *Log[E]) Run(ctx context.Context) error {
 
 	wctx := context.WithoutCancel(ctx)
 	var recs []Record // reused between batches
+	var saving []*snapWrite
+	tidy := false
 	for {
-		batch, snaps, ok := l.next(ctx)
+		// While a snapshot is being saved, or tidied after, Run does not
+		// wait for events; on the way out it finishes saving, and leaves
+		// tidying to the next run.
+		busy := len(saving) > 0 || (tidy && ctx.Err() == nil)
+		batch, snaps, ok := l.next(ctx, busy)
 		if !ok {
 			return nil
 		}
 		if len(batch) > 0 {
 			var err error
 			if recs, err = l.commit(wctx, batch, recs[:0]); err != nil {
+				for _, w := range saving {
+					w.req.done <- err
+				}
 				l.fail(err)
 				return err
 			}
 		}
 		for _, s := range snaps {
-			s.done <- l.st.SaveSnapshot(wctx, s.seq, s.data)
+			saving = append(saving, &snapWrite{req: s})
+		}
+		switch {
+		case len(saving) > 0:
+			w := saving[0]
+			if done, err := l.snapshotStep(wctx, w); done {
+				w.req.done <- err
+				saving = saving[1:]
+				tidy = tidy || err == nil
+			}
+		case tidy && ctx.Err() == nil:
+			more, err := l.st.Tidy(wctx)
+			if err != nil && l.onError != nil {
+				l.onError(err)
+			}
+			tidy = more && err == nil
 		}
 	}
 }
 
+// snapWrite is a snapshot being written, part by part.
+type snapWrite struct {
+	req   *snapReq
+	off   int64 // how much is written
+	wrote bool  // a part is written (an empty snapshot has one, empty)
+}
+
+// snapshotStep writes the next part of w's snapshot, or, once every part is
+// written, finishes it. done says w is over, with err.
+func (l *Log[E]) snapshotStep(ctx context.Context, w *snapWrite) (done bool, err error) {
+	data := w.req.data
+	if !w.wrote || w.off < int64(len(data)) {
+		end := min(w.off+int64(l.part), int64(len(data)))
+		if err := l.st.WriteSnapshotPart(ctx, w.req.seq, w.off, data[w.off:end]); err != nil {
+			return true, err
+		}
+		w.off, w.wrote = end, true
+		return false, nil
+	}
+	return true, l.st.FinishSnapshot(ctx, w.req.seq, int64(len(data)))
+}
+
 // next waits for work and takes it: up to maxBatch pending events, and the
-// snapshot requests whose Seq is already committed. It returns ok=false,
-// with the Log marked stopped, once ctx is done and nothing is left.
-func (l *Log[E]) next(ctx context.Context) (batch []E, snaps []*snapReq, ok bool) {
+// snapshot requests whose Seq is already committed. When busy (Run has a
+// snapshot step to take) it does not wait. It returns ok=false, with the
+// Log marked stopped, once ctx is done and nothing is left.
+func (l *Log[E]) next(ctx context.Context, busy bool) (batch []E, snaps []*snapReq, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
@@ -251,7 +323,7 @@ func (l *Log[E]) next(ctx context.Context) (batch []E, snaps []*snapReq, ok bool
 		if len(l.pending) > 0 {
 			batch = l.takeBatch()
 		}
-		if len(batch) > 0 || len(snaps) > 0 {
+		if len(batch) > 0 || len(snaps) > 0 || busy {
 			return batch, snaps, true
 		}
 		if l.draining {

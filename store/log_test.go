@@ -128,6 +128,15 @@ func (g *gateStore) SaveSnapshot(ctx context.Context, seq uint64, data []byte) e
 	return err
 }
 
+// FinishSnapshot is where a snapshot the Log saves in parts takes effect.
+func (g *gateStore) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
+	err := g.Store.FinishSnapshot(ctx, seq, size)
+	if err == nil {
+		g.note("snapshot %d", seq)
+	}
+	return err
+}
+
 func (g *gateStore) note(format string, args ...any) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -576,5 +585,138 @@ func TestStoreLogResume(t *testing.T) {
 	v := loadAll(t, mem)
 	if v.snapSeq != 2 || len(v.recs) != 2 || v.recs[1].Seq != 4 {
 		t.Errorf("store holds snapshot %d and %s, want 2 then 3..4", v.snapSeq, fmtRecs(v.recs))
+	}
+}
+
+// stepStore notes the steps of saving a snapshot between Appends, and can
+// hold the first part of a snapshot until the test lets it through.
+type stepStore struct {
+	store.Store
+	hold    bool
+	entered chan struct{}
+	release chan struct{}
+	failAt  atomic.Int64 // a part at this offset fails; -1: none
+
+	mu  sync.Mutex
+	ops []string
+}
+
+func newStepStore(inner store.Store) *stepStore {
+	s := &stepStore{Store: inner, entered: make(chan struct{}), release: make(chan struct{})}
+	s.failAt.Store(-1)
+	return s
+}
+
+func (s *stepStore) note(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ops = append(s.ops, fmt.Sprintf(format, args...))
+}
+
+func (s *stepStore) getOps() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.ops)
+}
+
+var errPartFailed = errors.New("part failed")
+
+func (s *stepStore) Append(ctx context.Context, recs []store.Record) error {
+	err := s.Store.Append(ctx, recs)
+	if err == nil {
+		s.note("append %d..%d", recs[0].Seq, recs[len(recs)-1].Seq)
+	}
+	return err
+}
+
+func (s *stepStore) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
+	if off == 0 && s.hold {
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	if off == s.failAt.Load() {
+		return errPartFailed
+	}
+	err := s.Store.WriteSnapshotPart(ctx, seq, off, part)
+	if err == nil {
+		s.note("part %d@%d", seq, off)
+	}
+	return err
+}
+
+func (s *stepStore) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
+	err := s.Store.FinishSnapshot(ctx, seq, size)
+	if err == nil {
+		s.note("finish %d", seq)
+	}
+	return err
+}
+
+func (s *stepStore) Tidy(ctx context.Context) (bool, error) {
+	more, err := s.Store.Tidy(ctx)
+	s.note("tidy")
+	return more, err
+}
+
+// TestStoreLogSnapshotInPartsBetweenCommits: a snapshot is written a part
+// at a time, and a commit waiting meanwhile goes between two parts, not
+// after the whole snapshot.
+func TestStoreLogSnapshotInPartsBetweenCommits(t *testing.T) {
+	ctx := context.Background()
+	st := newStepStore(store.NewMemory())
+	st.hold = true
+	e := &engine{}
+	e.log = store.NewLog(st, encodeEvent, store.LogOptions{SnapshotPart: 4})
+	startRun(t, e.log)
+	for range 3 {
+		if err := e.log.WaitDurable(ctx, e.apply()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saved := make(chan error, 1)
+	go func() { saved <- e.log.SaveSnapshot(ctx, 3, []byte("twelve bytes")) }()
+	<-st.entered // the first part is being written
+	seq := e.apply()
+	st.release <- struct{}{}
+	if err := e.log.WaitDurable(ctx, seq); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-saved; err != nil {
+		t.Fatalf("SaveSnapshot: %v", err)
+	}
+	want := []string{"append 1..1", "append 2..2", "append 3..3", "part 3@0", "append 4..4", "part 3@4", "part 3@8", "finish 3"}
+	if ops := st.getOps(); !slices.Equal(ops[:min(len(ops), len(want))], want) {
+		t.Errorf("store saw %q, want %q first", ops, want)
+	}
+	// Then it tidies, and stops once there is nothing more.
+	e.log.WaitDurable(ctx, e.apply())
+	if ops := st.getOps(); !slices.Contains(ops, "tidy") {
+		t.Errorf("store saw %q: no tidy after the snapshot", ops)
+	}
+	var got []byte
+	if err := st.Load(ctx, store.LoadFuncs{Snapshot: func(_ uint64, d []byte) error { got = d; return nil }}); err != nil || string(got) != "twelve bytes" {
+		t.Errorf("Load: snapshot %q, %v", got, err)
+	}
+}
+
+// TestStoreLogSnapshotPartFails: a part that fails fails SaveSnapshot, not
+// the Log, and the snapshot before it stays.
+func TestStoreLogSnapshotPartFails(t *testing.T) {
+	ctx := context.Background()
+	st := newStepStore(store.NewMemory())
+	st.failAt.Store(4)
+	e := &engine{}
+	e.log = store.NewLog(st, encodeEvent, store.LogOptions{SnapshotPart: 4})
+	startRun(t, e.log)
+	seq := e.apply()
+	if err := e.log.SaveSnapshot(ctx, seq, []byte("twelve bytes")); !errors.Is(err, errPartFailed) {
+		t.Fatalf("SaveSnapshot with a failing part = %v, want errPartFailed", err)
+	}
+	if err := e.log.WaitDurable(ctx, e.apply()); err != nil {
+		t.Fatalf("the Log stopped after a failed snapshot: %v", err)
+	}
+	st.failAt.Store(-1)
+	if err := e.log.SaveSnapshot(ctx, 2, []byte("ok")); err != nil {
+		t.Fatal(err)
 	}
 }

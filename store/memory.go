@@ -24,6 +24,10 @@ type memState struct {
 	snap     []byte // nil when there is no snapshot
 	recs     []Record
 	sessions map[uint64]string // id → token hash; replaced, never changed in place
+	// A snapshot being written in parts (WriteSnapshotPart): its seq and
+	// what has been written; replaced, never changed in place.
+	stagedSeq uint64
+	staged    []byte
 }
 
 // NewMemory returns an empty Memory.
@@ -193,6 +197,52 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	}
 	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions}
 	return nil
+}
+
+// WriteSnapshotPart implements Store.
+func (m *Memory) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: write snapshot part: %w", ErrClosed)
+	}
+	if err := checkSnapshot(seq, m.state.snapSeq, m.last()); err != nil {
+		return err
+	}
+	have := m.state.staged
+	if off == 0 || m.state.stagedSeq != seq {
+		have = nil
+	}
+	if int64(len(have)) != off {
+		return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, len(have), ErrSnapshotSeq)
+	}
+	m.state.stagedSeq, m.state.staged = seq, append(append([]byte{}, have...), part...) // never nil once written
+	return nil
+}
+
+// FinishSnapshot implements Store. Memory deletes the records the snapshot
+// covers at once: it has nothing to gain from waiting for Tidy.
+func (m *Memory) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
+	m.mu.Lock()
+	staged, stagedSeq := m.state.staged, m.state.stagedSeq
+	m.mu.Unlock()
+	if stagedSeq != seq || int64(len(staged)) != size || staged == nil {
+		return fmt.Errorf("the snapshot at seq %d has %d bytes written, not %d: %w", seq, len(staged), size, ErrSnapshotSeq)
+	}
+	if err := m.SaveSnapshot(ctx, seq, staged); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Tidy implements Store: FinishSnapshot left nothing to do.
+func (m *Memory) Tidy(ctx context.Context) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false, fmt.Errorf("store: tidy: %w", ErrClosed)
+	}
+	return false, nil
 }
 
 // Close implements Store.

@@ -39,6 +39,14 @@ CREATE TABLE IF NOT EXISTS governor_snapshot (
 	last_seq bigint NOT NULL  -- the newest seq held, snapshot or record
 );
 INSERT INTO governor_snapshot (id, seq, data, last_seq) VALUES (1, 0, NULL, 0) ON CONFLICT (id) DO NOTHING;
+-- > 0: the snapshot is in governor_snapshot_parts (added after the table).
+ALTER TABLE governor_snapshot ADD COLUMN IF NOT EXISTS parts integer NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS governor_snapshot_parts (
+	seq  bigint NOT NULL, -- the snapshot's seq
+	off  bigint NOT NULL, -- where in the snapshot the part starts
+	data bytea NOT NULL,
+	PRIMARY KEY (seq, off)
+);
 CREATE TABLE IF NOT EXISTS governor_sessions (
 	id         bigint PRIMARY KEY,   -- the live session's id
 	token_hash text NOT NULL UNIQUE  -- SHA-256 of its token, hex
@@ -233,8 +241,9 @@ func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) er
 		data = []byte{} // NULL would mean "no snapshot"
 	}
 	var b pgx.Batch
-	b.Queue("UPDATE governor_snapshot SET seq = $1, data = $2 WHERE id = 1", int64(seq), data)
+	b.Queue("UPDATE governor_snapshot SET seq = $1, data = $2, parts = 0 WHERE id = 1", int64(seq), data)
 	b.Queue("DELETE FROM governor_events WHERE seq <= $1", int64(seq))
+	b.Queue("DELETE FROM governor_snapshot_parts")
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return fmt.Errorf("store: save snapshot: %w", err)
 	}
@@ -242,6 +251,134 @@ func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) er
 		return fmt.Errorf("store: save snapshot: commit: %w", err)
 	}
 	return nil
+}
+
+// WriteSnapshotPart implements Store.
+func (p *Postgres) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: write snapshot part: %w", ErrClosed)
+	}
+	return p.inTx(ctx, "write snapshot part", func(tx pgx.Tx) error {
+		if err := p.checkSnapshotTx(ctx, tx, seq, ""); err != nil {
+			return err
+		}
+		if off == 0 { // an earlier try at the same seq
+			if _, err := tx.Exec(ctx, "DELETE FROM governor_snapshot_parts WHERE seq = $1", int64(seq)); err != nil {
+				return err
+			}
+		}
+		var have int64
+		if err := tx.QueryRow(ctx, "SELECT coalesce(sum(length(data)), 0) FROM governor_snapshot_parts WHERE seq = $1",
+			int64(seq)).Scan(&have); err != nil {
+			return err
+		}
+		if have != off {
+			return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, have, ErrSnapshotSeq)
+		}
+		if part == nil {
+			part = []byte{}
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO governor_snapshot_parts (seq, off, data) VALUES ($1, $2, $3)", int64(seq), off, part)
+		return err
+	})
+}
+
+// FinishSnapshot implements Store.
+func (p *Postgres) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: finish snapshot: %w", ErrClosed)
+	}
+	return p.inTx(ctx, "finish snapshot", func(tx pgx.Tx) error {
+		// FOR UPDATE, as Append's statement locks the row: the check and the
+		// change are one step against Appends.
+		if err := p.checkSnapshotTx(ctx, tx, seq, " FOR UPDATE"); err != nil {
+			return err
+		}
+		var have, parts int64
+		if err := tx.QueryRow(ctx, "SELECT coalesce(sum(length(data)), 0), count(*) FROM governor_snapshot_parts WHERE seq = $1",
+			int64(seq)).Scan(&have, &parts); err != nil {
+			return err
+		}
+		if have != size || parts == 0 {
+			return fmt.Errorf("the snapshot at seq %d has %d bytes in %d parts, not %d: %w", seq, have, parts, size, ErrSnapshotSeq)
+		}
+		// data holds no snapshot, so that a governord older than parts
+		// fails on the table rather than start without its state.
+		_, err := tx.Exec(ctx, "UPDATE governor_snapshot SET seq = $1, parts = $2, data = $3 WHERE id = 1",
+			int64(seq), parts, snapshotMarker)
+		return err
+	})
+}
+
+// Tidy implements Store. One call deletes up to postgresTidyRecords covered
+// records and postgresTidyParts parts.
+func (p *Postgres) Tidy(ctx context.Context) (more bool, err error) {
+	if p.closed.Load() {
+		return false, fmt.Errorf("store: tidy: %w", ErrClosed)
+	}
+	err = p.inTx(ctx, "tidy", func(tx pgx.Tx) error {
+		var snapSeq int64
+		if err := tx.QueryRow(ctx, "SELECT seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq); err != nil {
+			return err
+		}
+		var b pgx.Batch
+		b.Queue(`DELETE FROM governor_events
+			WHERE seq <= LEAST($1, (SELECT min(seq) FROM governor_events) + $2)`, snapSeq, int64(postgresTidyRecords-1))
+		b.Queue(`DELETE FROM governor_snapshot_parts WHERE (seq, off) IN
+			(SELECT seq, off FROM governor_snapshot_parts WHERE seq <> $1 LIMIT $2)`, snapSeq, int64(postgresTidyParts))
+		b.Queue(`SELECT EXISTS (SELECT 1 FROM governor_events WHERE seq <= $1)
+			OR EXISTS (SELECT 1 FROM governor_snapshot_parts WHERE seq <> $1)`, snapSeq)
+		br := tx.SendBatch(ctx, &b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.QueryRow().Scan(&more); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	return more, err
+}
+
+// How much one Tidy does.
+const (
+	postgresTidyRecords = 4096
+	postgresTidyParts   = 4
+)
+
+// inTx runs f in a transaction and commits it.
+func (p *Postgres) inTx(ctx context.Context, what string, f func(pgx.Tx) error) error {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := f(tx); err != nil {
+		if errors.Is(err, ErrSnapshotSeq) {
+			return err
+		}
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("store: %s: commit: %w", what, err)
+	}
+	return nil
+}
+
+// checkSnapshotTx checks seq as a new snapshot's, inside tx; lock is "" or
+// " FOR UPDATE".
+func (p *Postgres) checkSnapshotTx(ctx context.Context, tx pgx.Tx, seq uint64, lock string) error {
+	var snapSeq, last int64
+	if err := tx.QueryRow(ctx, "SELECT seq, last_seq FROM governor_snapshot WHERE id = 1"+lock).Scan(&snapSeq, &last); err != nil {
+		return err
+	}
+	return checkSnapshot(seq, uint64(snapSeq), uint64(last))
 }
 
 // Close implements Store.

@@ -22,8 +22,9 @@ import (
 // to the file system, and the WAL, checkpointed automatically every 1,000
 // pages, is cut back to sqliteWALLimit after each checkpoint.
 type SQLite struct {
-	db     *sql.DB
-	closed atomic.Bool
+	db          *sql.DB
+	closed      atomic.Bool
+	incremental bool // auto_vacuum is INCREMENTAL: Tidy gives free pages back
 }
 
 // sqliteBusyTimeoutMS is how long a statement waits for a lock held by
@@ -54,9 +55,16 @@ CREATE TABLE IF NOT EXISTS governor_events (
 	data BLOB
 );
 CREATE TABLE IF NOT EXISTS governor_snapshot (
-	id   INTEGER PRIMARY KEY CHECK (id = 1),
-	seq  INTEGER NOT NULL, -- the snapshot's seq; 0 when there is none
-	data BLOB              -- NULL when there is no snapshot
+	id    INTEGER PRIMARY KEY CHECK (id = 1),
+	seq   INTEGER NOT NULL,           -- the snapshot's seq; 0 when there is none
+	parts INTEGER NOT NULL DEFAULT 0, -- > 0: the snapshot is in governor_snapshot_parts
+	data  BLOB                        -- NULL when there is no snapshot
+);
+CREATE TABLE IF NOT EXISTS governor_snapshot_parts (
+	seq  INTEGER NOT NULL, -- the snapshot's seq
+	off  INTEGER NOT NULL, -- where in the snapshot the part starts
+	data BLOB NOT NULL,
+	PRIMARY KEY (seq, off)
 );
 CREATE TABLE IF NOT EXISTS governor_head (
 	id       INTEGER PRIMARY KEY CHECK (id = 1),
@@ -153,6 +161,16 @@ func (s *SQLite) init() error {
 			return fmt.Errorf("move last_seq to governor_head: %w", err)
 		}
 	}
+	var hasParts bool
+	if err := tx.QueryRowContext(ctx,
+		"SELECT count(*) > 0 FROM pragma_table_info('governor_snapshot') WHERE name = 'parts'").Scan(&hasParts); err != nil {
+		return err
+	}
+	if !hasParts { // a file written before snapshots were saved in parts
+		if _, err := tx.ExecContext(ctx, "ALTER TABLE governor_snapshot ADD COLUMN parts INTEGER NOT NULL DEFAULT 0"); err != nil {
+			return fmt.Errorf("add governor_snapshot.parts: %w", err)
+		}
+	}
 	if _, err := tx.ExecContext(ctx, sqliteFirstRows); err != nil {
 		return err
 	}
@@ -160,6 +178,11 @@ func (s *SQLite) init() error {
 		return err
 	}
 	s.convertAutoVacuum(ctx)
+	var vacuum int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&vacuum); err != nil {
+		return err
+	}
+	s.incremental = vacuum == 2
 	return nil
 }
 
@@ -373,7 +396,10 @@ func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 		data = []byte{} // NULL would mean "no snapshot"
 	}
 	// coalesce: the driver binds an empty blob as NULL.
-	if _, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, data = coalesce(?, x'') WHERE id = 1", int64(seq), data); err != nil {
+	if _, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, parts = 0, data = coalesce(?, x'') WHERE id = 1", int64(seq), data); err != nil {
+		return fmt.Errorf("store: save snapshot: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_snapshot_parts"); err != nil {
 		return fmt.Errorf("store: save snapshot: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_events WHERE seq <= ?", int64(seq)); err != nil {
@@ -394,6 +420,140 @@ func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	// automatic checkpoints will. The snapshot is saved either way.
 	_, _ = s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return nil
+}
+
+// snapshotMarker is governor_snapshot.data while the snapshot is in parts:
+// not a snapshot, so that a governord older than parts, which reads only
+// data, fails on the file rather than start without its state.
+var snapshotMarker = []byte{0}
+
+// WriteSnapshotPart implements Store.
+func (s *SQLite) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: write snapshot part: %w", ErrClosed)
+	}
+	return s.inTx(ctx, "write snapshot part", func(tx *sql.Tx) error {
+		if err := s.checkSnapshotTx(ctx, tx, seq); err != nil {
+			return err
+		}
+		if off == 0 { // an earlier try at the same seq
+			if _, err := tx.ExecContext(ctx, "DELETE FROM governor_snapshot_parts WHERE seq = ?", int64(seq)); err != nil {
+				return err
+			}
+		}
+		var have int64
+		if err := tx.QueryRowContext(ctx, "SELECT coalesce(sum(length(data)), 0) FROM governor_snapshot_parts WHERE seq = ?",
+			int64(seq)).Scan(&have); err != nil {
+			return err
+		}
+		if have != off {
+			return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, have, ErrSnapshotSeq)
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO governor_snapshot_parts (seq, off, data) VALUES (?, ?, coalesce(?, x''))",
+			int64(seq), off, part)
+		return err
+	})
+}
+
+// FinishSnapshot implements Store.
+func (s *SQLite) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: finish snapshot: %w", ErrClosed)
+	}
+	return s.inTx(ctx, "finish snapshot", func(tx *sql.Tx) error {
+		if err := s.checkSnapshotTx(ctx, tx, seq); err != nil {
+			return err
+		}
+		var have, parts int64
+		if err := tx.QueryRowContext(ctx, "SELECT coalesce(sum(length(data)), 0), count(*) FROM governor_snapshot_parts WHERE seq = ?",
+			int64(seq)).Scan(&have, &parts); err != nil {
+			return err
+		}
+		if have != size || parts == 0 {
+			return fmt.Errorf("the snapshot at seq %d has %d bytes in %d parts, not %d: %w", seq, have, parts, size, ErrSnapshotSeq)
+		}
+		_, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, parts = ?, data = ? WHERE id = 1",
+			int64(seq), parts, snapshotMarker)
+		return err
+	})
+}
+
+// Tidy implements Store. One call deletes up to sqliteTidyRecords covered
+// records and sqliteTidyParts parts, and gives up to sqliteTidyPages free
+// pages back: a few milliseconds.
+func (s *SQLite) Tidy(ctx context.Context) (more bool, err error) {
+	if s.closed.Load() {
+		return false, fmt.Errorf("store: tidy: %w", ErrClosed)
+	}
+	err = s.inTx(ctx, "tidy", func(tx *sql.Tx) error {
+		var snapSeq int64
+		if err := tx.QueryRowContext(ctx, "SELECT seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM governor_events
+			WHERE seq <= min(?, (SELECT min(seq) FROM governor_events) + ?)`, snapSeq, sqliteTidyRecords-1); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM governor_snapshot_parts WHERE rowid IN
+			(SELECT rowid FROM governor_snapshot_parts WHERE seq <> ? LIMIT ?)`, snapSeq, sqliteTidyParts); err != nil {
+			return err
+		}
+		if s.incremental {
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", sqliteTidyPages)); err != nil {
+				return fmt.Errorf("incremental vacuum: %w", err)
+			}
+		}
+		var free int64
+		if s.incremental {
+			if err := tx.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRowContext(ctx, `SELECT ? > 0
+			OR EXISTS (SELECT 1 FROM governor_events WHERE seq <= ?)
+			OR EXISTS (SELECT 1 FROM governor_snapshot_parts WHERE seq <> ?)`, free, snapSeq, snapSeq).Scan(&more)
+	})
+	if err == nil && !more {
+		// As SaveSnapshot does: the file takes its new size now.
+		_, _ = s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+	}
+	return more, err
+}
+
+// How much one Tidy does.
+const (
+	sqliteTidyRecords = 4096
+	sqliteTidyParts   = 4
+	sqliteTidyPages   = 256
+)
+
+// inTx runs f in a transaction and commits it.
+func (s *SQLite) inTx(ctx context.Context, what string, f func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	defer tx.Rollback()
+	if err := f(tx); err != nil {
+		if errors.Is(err, ErrSnapshotSeq) {
+			return err
+		}
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: %s: commit: %w", what, err)
+	}
+	return nil
+}
+
+// checkSnapshotTx checks seq as a new snapshot's, inside tx.
+func (s *SQLite) checkSnapshotTx(ctx context.Context, tx *sql.Tx, seq uint64) error {
+	var snapSeq, last int64
+	if err := tx.QueryRowContext(ctx,
+		"SELECT s.seq, h.last_seq FROM governor_snapshot s, governor_head h WHERE s.id = 1 AND h.id = 1").Scan(&snapSeq, &last); err != nil {
+		return err
+	}
+	return checkSnapshot(seq, uint64(snapSeq), uint64(last))
 }
 
 // Close implements Store.

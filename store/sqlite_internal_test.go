@@ -169,6 +169,12 @@ func fileSize(t testing.TB, path string) int64 {
 // it held before; the WAL is cut back after a snapshot larger than its
 // limit.
 func TestStoreSQLiteFilesFollowTheLiveState(t *testing.T) {
+	for _, way := range []string{"whole", "in parts"} {
+		t.Run(way, func(t *testing.T) { testFilesFollowTheLiveState(t, way == "in parts") })
+	}
+}
+
+func testFilesFollowTheLiveState(t *testing.T, inParts bool) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "g.db")
 	s, err := OpenSQLite(path)
@@ -191,13 +197,43 @@ func TestStoreSQLiteFilesFollowTheLiveState(t *testing.T) {
 			}
 		}
 	}
+	save := func(snap []byte) {
+		t.Helper()
+		if !inParts {
+			if err := s.SaveSnapshot(ctx, seq, snap); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		for off := 0; off == 0 || off < len(snap); off += 256 << 10 {
+			if err := s.WriteSnapshotPart(ctx, seq, int64(off), snap[off:min(off+256<<10, len(snap))]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.FinishSnapshot(ctx, seq, int64(len(snap))); err != nil {
+			t.Fatal(err)
+		}
+		steps := 0
+		for more := true; more; steps++ {
+			if more, err = s.Tidy(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var left int64
+		if err := s.db.QueryRowContext(ctx, "SELECT (SELECT count(*) FROM governor_events WHERE seq <= ?) + "+
+			"(SELECT count(*) FROM governor_snapshot_parts WHERE seq <> ?)", seq, seq).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("tidied in %d steps", steps)
+		if left != 0 {
+			t.Errorf("after Tidy, %d covered records and old parts are left", left)
+		}
+	}
 	// A large snapshot first, then small ones: a file that kept its free
 	// pages would stay the size of the largest.
 	for i, snapSize := range []int{sqliteWALLimit + 2<<20, 64 << 10, 64 << 10} {
 		appendRecords(20_000)
-		if err := s.SaveSnapshot(ctx, seq, make([]byte, snapSize)); err != nil {
-			t.Fatal(err)
-		}
+		save(make([]byte, snapSize))
 		appendRecords(100) // the first commit after a checkpoint cuts the WAL
 		free, pages := pragmaInt(t, s, "freelist_count"), pragmaInt(t, s, "page_count")
 		db, wal := fileSize(t, path), fileSize(t, path+"-wal")

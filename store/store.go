@@ -14,7 +14,8 @@
 //	memory.go    Memory: in process, for tests and benchmarks, with failure injection
 //	sqlite.go    SQLite: the embedded default (pure Go, WAL, synchronous=FULL)
 //	postgres.go  Postgres: pgx, one transaction per Append
-//	log.go       Log: group commit (Emit under the engine lock, WaitDurable before the reply)
+//	log.go       Log: group commit (Emit under the engine lock, WaitDurable before the reply),
+//	             and snapshots saved a part at a time between commits
 //
 // Token hashes are kept out of the records on purpose. The log is history
 // that is kept, copied and read long after a session ends; the sessions
@@ -22,9 +23,11 @@
 // transaction as the record that ends the session.
 //
 // The invariant every backend keeps: the snapshot (if any) has sequence
-// number S, the records held are exactly S+1 … N with no hole, and an Append
-// must continue at N+1. A request that would break it is refused whole, with
-// ErrOutOfSequence or ErrSnapshotSeq, and leaves the log as it was.
+// number S, the records held after it are exactly S+1 … N with no hole, and
+// an Append must continue at N+1. A request that would break it is refused
+// whole, with ErrOutOfSequence or ErrSnapshotSeq, and leaves the log as it
+// was. Records at or below S, and an older snapshot's parts, may remain
+// after a snapshot saved in steps until Tidy deletes them; Load skips them.
 package store
 
 import (
@@ -94,6 +97,29 @@ type Store interface {
 	// the current snapshot nor newer than the newest Seq held.
 	SaveSnapshot(ctx context.Context, seq uint64, data []byte) error
 
+	// A snapshot can also be saved in short steps, each a transaction of its
+	// own, so that a large one never holds up Appends for long (Log does so
+	// between its commits): its parts, then FinishSnapshot, then Tidy until
+	// it reports nothing more.
+
+	// WriteSnapshotPart stores part, the bytes of the snapshot at seq from
+	// offset off on; off 0 starts that snapshot over. Parts come in order,
+	// each at the end of the last. Load does not see them until
+	// FinishSnapshot. seq is checked as SaveSnapshot checks it.
+	WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error
+
+	// FinishSnapshot makes the parts written for seq, size bytes in all, the
+	// snapshot that Load reads, in one short transaction. The records it
+	// covers, and the snapshot it replaces, are left for Tidy to delete:
+	// Load skips them.
+	FinishSnapshot(ctx context.Context, seq uint64, size int64) error
+
+	// Tidy deletes, in one short transaction, part of what no snapshot or
+	// record needs any more: records at or below the snapshot's seq, the
+	// parts of other snapshots, and (SQLite) the pages they leave free.
+	// more says that something is left for another call.
+	Tidy(ctx context.Context) (more bool, err error)
+
 	// Close releases the Store. Calls after Close fail with ErrClosed.
 	Close() error
 }
@@ -113,6 +139,10 @@ var (
 	// about the sessions table, such as opening a session without a token
 	// hash. Nothing was written.
 	ErrInvalidRecord = errors.New("invalid record")
+
+	// ErrCorruptSnapshot: the parts of the snapshot Load found do not make
+	// a whole one.
+	ErrCorruptSnapshot = errors.New("snapshot parts missing or out of order")
 
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("store closed")
@@ -242,7 +272,8 @@ func gapError(first, last uint64) error {
 // The reads of Load; both SQL stores share the schema. $1 is the snapshot's
 // seq (SQLite reads $1 as its first parameter too).
 const (
-	loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL FROM governor_snapshot WHERE id = 1"
+	loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL, parts FROM governor_snapshot WHERE id = 1"
+	loadPartsSQL    = "SELECT off, data FROM governor_snapshot_parts WHERE seq = $1 ORDER BY off"
 	loadSessionsSQL = "SELECT id, token_hash FROM governor_sessions ORDER BY id"
 	loadRecordsSQL  = "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq"
 )
@@ -265,11 +296,17 @@ type sqlReader interface {
 // loadSQL is Load for the SQL stores, once the read transaction is open.
 // Sessions and records are streamed, not gathered first.
 func loadSQL(tx sqlReader, fn LoadFuncs) error {
-	var snapSeq int64
+	var snapSeq, parts int64
 	var snap []byte
 	var hasSnap bool
-	if err := tx.queryRow(loadSnapshotSQL).Scan(&snapSeq, &snap, &hasSnap); err != nil {
+	if err := tx.queryRow(loadSnapshotSQL).Scan(&snapSeq, &snap, &hasSnap, &parts); err != nil {
 		return fmt.Errorf("store: load snapshot: %w", err)
+	}
+	if parts > 0 && fn.Snapshot != nil {
+		var err error
+		if snap, err = loadParts(tx, snapSeq, parts); err != nil {
+			return fmt.Errorf("store: load snapshot: %w", err)
+		}
 	}
 	if hasSnap && fn.Snapshot != nil {
 		if snap == nil { // a zero-length blob may scan as nil
@@ -313,6 +350,33 @@ func loadSQL(tx sqlReader, fn LoadFuncs) error {
 		return fmt.Errorf("store: load records: %w", err)
 	}
 	return nil
+}
+
+// loadParts reads the parts of the snapshot at seq, of which there are n,
+// and checks that they follow on from one another.
+func loadParts(tx sqlReader, seq, n int64) ([]byte, error) {
+	var snap []byte
+	var count int64
+	err := eachRow(tx, loadPartsSQL, []any{seq}, func(c cursor) error {
+		var off int64
+		var part []byte
+		if err := c.Scan(&off, &part); err != nil {
+			return err
+		}
+		if off != int64(len(snap)) {
+			return fmt.Errorf("part at %d of the snapshot at seq %d, after %d bytes: %w", off, seq, len(snap), ErrCorruptSnapshot)
+		}
+		snap = append(snap, part...)
+		count++
+		return nil
+	})
+	if err == nil && count != n {
+		err = fmt.Errorf("the snapshot at seq %d has %d parts, not %d: %w", seq, count, n, ErrCorruptSnapshot)
+	}
+	if snap == nil {
+		snap = []byte{}
+	}
+	return snap, err
 }
 
 // eachRow runs query and calls row for each row it returns.

@@ -44,6 +44,9 @@ var conformanceCases = []struct {
 	{"SessionsAllOrNothing", testSessionsAllOrNothing},
 	{"SessionsHashReusedInOneBatch", testSessionsHashReused},
 	{"AddSessions", testAddSessions},
+	{"SnapshotInParts", testSnapshotInParts},
+	{"SnapshotPartsChecked", testSnapshotPartsChecked},
+	{"SnapshotPartsAbandoned", testSnapshotPartsAbandoned},
 }
 
 // logView is everything Load reports.
@@ -552,4 +555,151 @@ func testAddSessions(t *testing.T, open func() store.Store) {
 	if err := st.AddSessions(ctx, nil); err != nil {
 		t.Errorf("AddSessions(nil) = %v", err)
 	}
+}
+
+// writeParts writes data as the snapshot at seq, in parts of n bytes, and
+// finishes it.
+func writeParts(t testing.TB, st store.Store, seq uint64, data string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	off := 0
+	for {
+		end := min(off+n, len(data))
+		if err := st.WriteSnapshotPart(ctx, seq, int64(off), []byte(data[off:end])); err != nil {
+			t.Fatalf("WriteSnapshotPart(%d, %d): %v", seq, off, err)
+		}
+		if off = end; off >= len(data) {
+			break
+		}
+	}
+	if err := st.FinishSnapshot(ctx, seq, int64(len(data))); err != nil {
+		t.Fatalf("FinishSnapshot(%d): %v", seq, err)
+	}
+}
+
+// tidyAll calls Tidy until it has nothing more to do.
+func tidyAll(t testing.TB, st store.Store) {
+	t.Helper()
+	for i := 0; ; i++ {
+		more, err := st.Tidy(context.Background())
+		if err != nil {
+			t.Fatalf("Tidy: %v", err)
+		}
+		if !more {
+			return
+		}
+		if i > 10_000 {
+			t.Fatal("Tidy always has more to do")
+		}
+	}
+}
+
+// A snapshot saved in parts: unseen until finished, then loaded whole, with
+// the records it covers skipped before Tidy deletes them and after.
+func testSnapshotInParts(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 10))
+	for off, part := range []string{"the snap", "shot at ", "six"} {
+		if err := st.WriteSnapshotPart(ctx, 6, int64(8*off), []byte(part)); err != nil {
+			t.Fatalf("WriteSnapshotPart at %d: %v", 8*off, err)
+		}
+		wantLog(t, st, false, 0, "", 1, 10) // not yet
+	}
+	if err := st.FinishSnapshot(ctx, 6, 19); err != nil {
+		t.Fatal(err)
+	}
+	wantLog(t, st, true, 6, "the snapshot at six", 7, 10)
+	mustAppend(t, st, recs(11, 12))
+	st.Close()
+
+	st = open()
+	defer st.Close()
+	wantLog(t, st, true, 6, "the snapshot at six", 7, 12)
+	tidyAll(t, st)
+	wantLog(t, st, true, 6, "the snapshot at six", 7, 12)
+
+	// The next one replaces it; so does one saved whole, and an empty one.
+	writeParts(t, st, 11, "eleven, in parts of four", 4)
+	wantLog(t, st, true, 11, "eleven, in parts of four", 12, 12)
+	tidyAll(t, st)
+	wantLog(t, st, true, 11, "eleven, in parts of four", 12, 12)
+	if err := st.SaveSnapshot(ctx, 12, []byte("whole")); err != nil {
+		t.Fatal(err)
+	}
+	wantLog(t, st, true, 12, "whole", 13, 12)
+	mustAppend(t, st, recs(13, 14))
+	writeParts(t, st, 14, "", 4)
+	wantLog(t, st, true, 14, "", 15, 14)
+	tidyAll(t, st)
+	st.Close()
+	st = open()
+	defer st.Close()
+	wantLog(t, st, true, 14, "", 15, 14)
+}
+
+// Parts out of place, a finish of the wrong size and a seq out of range are
+// refused, and change nothing.
+func testSnapshotPartsChecked(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 10))
+	writeParts(t, st, 5, "five", 2)
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"a part past the newest seq", st.WriteSnapshotPart(ctx, 11, 0, []byte("x"))},
+		{"a part older than the snapshot", st.WriteSnapshotPart(ctx, 4, 0, []byte("x"))},
+		{"a first part not at 0", st.WriteSnapshotPart(ctx, 8, 3, []byte("x"))},
+		{"a finish with no part", st.FinishSnapshot(ctx, 9, 0)},
+	} {
+		if !errors.Is(c.err, store.ErrSnapshotSeq) {
+			t.Errorf("%s: %v, want ErrSnapshotSeq", c.what, c.err)
+		}
+	}
+	if err := st.WriteSnapshotPart(ctx, 8, 0, []byte("ei")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.WriteSnapshotPart(ctx, 8, 1, []byte("x")); !errors.Is(err, store.ErrSnapshotSeq) {
+		t.Errorf("a part overlapping the last: %v, want ErrSnapshotSeq", err)
+	}
+	if err := st.FinishSnapshot(ctx, 8, 5); !errors.Is(err, store.ErrSnapshotSeq) {
+		t.Errorf("a finish of 5 bytes with 2 written: %v, want ErrSnapshotSeq", err)
+	}
+	wantLog(t, st, true, 5, "five", 6, 10)
+	if err := st.WriteSnapshotPart(ctx, 8, 2, []byte("ght")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FinishSnapshot(ctx, 8, 5); err != nil {
+		t.Fatal(err)
+	}
+	wantLog(t, st, true, 8, "eight", 9, 10)
+}
+
+// A snapshot whose writing stopped half-way (a crash) is never loaded, and
+// its parts go with the next Tidy after another snapshot.
+func testSnapshotPartsAbandoned(t *testing.T, open func() store.Store) {
+	ctx := context.Background()
+	st := open()
+	defer st.Close()
+	mustAppend(t, st, recs(1, 10))
+	writeParts(t, st, 4, "four", 3)
+	if err := st.WriteSnapshotPart(ctx, 9, 0, []byte("half of ni")); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = open()
+	defer st.Close()
+	wantLog(t, st, true, 4, "four", 5, 10)
+	// Started over at another seq, and at the same.
+	if err := st.WriteSnapshotPart(ctx, 8, 0, []byte("half")); err != nil {
+		t.Fatal(err)
+	}
+	writeParts(t, st, 9, "nine", 3)
+	wantLog(t, st, true, 9, "nine", 10, 10)
+	tidyAll(t, st)
+	wantLog(t, st, true, 9, "nine", 10, 10)
 }

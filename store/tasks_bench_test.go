@@ -29,9 +29,11 @@ import (
 // Log's writer between commits.
 //
 // It logs a table (in full with -v), one line per tenth of the tasks: tasks/s, the mean
-// commit time and batch, the snapshots saved and how long they held the
-// writer, and the files' sizes at the end of the segment (SQLite: the file
-// and its WAL; PostgreSQL: the three tables with their TOAST and indexes).
+// commit time and batch, the longest a worker waited for one commit, the
+// snapshots saved and how long saving them took (in parts, between
+// commits), and the files' sizes at the end of the segment (SQLite: the
+// file and its WAL; PostgreSQL: the three tables with their TOAST and
+// indexes).
 //
 // Two snapshot shapes:
 //   - size=8MB: every snapshot the size of the first one in issue 19, as
@@ -142,6 +144,9 @@ type taskSegment struct {
 	snapshotTime  time.Duration
 	snapshotBytes int
 	db, wal       int64
+	// maxWait is the longest a worker waited for one event to commit: what
+	// a snapshot holds a commit up by shows here.
+	maxWait time.Duration
 }
 
 // taskStats gathers the Log's commits and the snapshots, by segment.
@@ -156,6 +161,12 @@ func (s *taskStats) observe(n int, d time.Duration) {
 	s.current.commits++
 	s.current.events += int64(n)
 	s.current.commitTime += d
+}
+
+func (s *taskStats) waited(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.current.maxWait = max(s.current.maxWait, d)
 }
 
 func (s *taskStats) snapshot(bytes int, d time.Duration) {
@@ -196,11 +207,13 @@ func runTasks(b *testing.B, be taskBackend, shape snapShape, tasks int, every ui
 		workers.Go(func() {
 			for next.Add(1) <= int64(tasks) {
 				for range 3 {
+					began := time.Now()
 					if err := e.log.WaitDurable(ctx, e.apply()); err != nil {
 						b.Error(err)
 						cancel()
 						return
 					}
+					stats.waited(time.Since(began))
 				}
 				if n := done.Add(1); n%int64(segment) == 0 {
 					marks <- time.Now()
@@ -291,8 +304,8 @@ func (s taskSegment) rate() float64 { return float64(s.tasks) / s.took.Seconds()
 func logTaskTable(b *testing.B, segs []taskSegment, every uint64) {
 	var t strings.Builder
 	fmt.Fprintf(&t, "snapshot every %d events, %d workers\n", every, taskWorkers)
-	fmt.Fprintf(&t, "%-17s %8s %9s %10s %5s %11s %10s %9s %9s\n",
-		"tasks", "tasks/s", "commit-ms", "ev/commit", "snaps", "snap-s", "snap-MB", "db-MB", "wal-MB")
+	fmt.Fprintf(&t, "%-17s %8s %9s %10s %11s %5s %11s %10s %9s %9s\n",
+		"tasks", "tasks/s", "commit-ms", "ev/commit", "max-wait-ms", "snaps", "snap-s", "snap-MB", "db-MB", "wal-MB")
 	done := 0
 	for _, s := range segs {
 		perCommit, batch := 0.0, 0.0
@@ -300,8 +313,8 @@ func logTaskTable(b *testing.B, segs []taskSegment, every uint64) {
 			perCommit = s.commitTime.Seconds() * 1000 / float64(s.commits)
 			batch = float64(s.events) / float64(s.commits)
 		}
-		fmt.Fprintf(&t, "%7d-%-9d %8.0f %9.2f %10.1f %5d %11.2f %10.1f %9.1f %9.1f\n",
-			done, done+s.tasks, s.rate(), perCommit, batch, s.snapshots, s.snapshotTime.Seconds(),
+		fmt.Fprintf(&t, "%7d-%-9d %8.0f %9.2f %10.1f %11.1f %5d %11.2f %10.1f %9.1f %9.1f\n",
+			done, done+s.tasks, s.rate(), perCommit, batch, float64(s.maxWait.Microseconds())/1000, s.snapshots, s.snapshotTime.Seconds(),
 			float64(s.snapshotBytes)/1e6, float64(s.db)/1e6, float64(s.wal)/1e6)
 		done += s.tasks
 	}
