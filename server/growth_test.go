@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -197,5 +199,38 @@ func waitNotFound(t *testing.T, c *client, id int64) {
 			t.Fatalf("node %d: %v; want it reclaimed (NOT_FOUND) within 10s", id, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Snapshots come from the mirror, which equals the live engine; a mirror
+// that went its own way (here, fed an event out of order) is rebuilt from
+// the engine rather than left to fail every snapshot.
+func TestSnapshotsComeFromAMirrorOfTheEngine(t *testing.T) {
+	srv := start(t, testConfig())
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	for i := range 20 {
+		n := pay.task(t, fmt.Sprint("t", i), nil)
+		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: n.Id, Resource: "retry", Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := srv.mirror.snapshot(srv.eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := srv.eng.Snapshot(); !reflect.DeepEqual(snap, want) {
+		t.Fatalf("the mirror's snapshot differs from the engine's")
+	}
+	srv.mirror.add(engine.Event{Seq: srv.eng.Seq() + 5, Kind: engine.EvConsumed})
+	if err := srv.mirror.catchUp(srv.eng); err == nil || !strings.Contains(err.Error(), "rebuilt") {
+		t.Fatalf("catching up past a gap: %v; want it rebuilt", err)
+	}
+	pay.task(t, "after", nil)
+	snap, err = srv.mirror.snapshot(srv.eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := srv.eng.Snapshot(); !reflect.DeepEqual(snap, want) {
+		t.Fatalf("the rebuilt mirror's snapshot differs from the engine's")
 	}
 }

@@ -34,6 +34,7 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	eng     *engine.Engine
+	mirror  *mirror // snapshots are taken from it (mirror.go)
 	st      store.Store
 	events  *store.Log[engine.Event]
 	metrics *metrics
@@ -128,8 +129,9 @@ func (s *Server) recover(ctx context.Context) error {
 	for _, t := range s.cfg.Tenants {
 		tenantBounds[t.Name] = t.Bounds
 	}
-	eng, err := engine.New(engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
-		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds})
+	engCfg := engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
+		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds}
+	eng, err := engine.New(engCfg)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
@@ -183,8 +185,14 @@ func (s *Server) recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("replay the store: %w", err)
 	}
+	if s.mirror, err = newMirror(engCfg, eng); err != nil {
+		return err
+	}
 	s.eng = eng
-	s.events = store.NewLog(s.st, encodeEvent, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit})
+	s.events = store.NewLog(s.st, encodeEvent, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit,
+		OnError: func(err error) {
+			s.log.Warn("tidying the store after a snapshot failed; the next snapshot tries again", "err", err)
+		}})
 	s.log.Info("state recovered", "seq", eng.Seq(), "events replayed", events, "took", time.Since(began))
 	return nil
 }
@@ -222,6 +230,7 @@ func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]strin
 func (s *Server) Emit(ev engine.Event) {
 	s.metrics.event(ev.Kind)
 	s.events.Emit(ev)
+	s.mirror.add(ev)
 	if settles(ev) {
 		s.settlements.fire()
 	}
@@ -519,31 +528,47 @@ func (s *Server) snapshotWhenDue(ctx context.Context) func() {
 	last := s.eng.Seq()
 	return func() {
 		if s.events.Committed() < last+uint64(s.cfg.Store.SnapshotEvery) {
+			// Keep the mirror's queue short.
+			if err := s.mirror.catchUp(s.eng); err != nil {
+				s.log.Error("the snapshots' mirror of the engine", "err", err)
+			}
 			return
 		}
-		if err := s.snapshot(ctx); err != nil {
+		seq, err := s.saveSnapshot(ctx)
+		if err != nil {
 			s.log.Error("snapshot failed; the events stay on record", "err", err)
 			return
 		}
-		last = s.eng.Seq()
+		last = seq
 	}
 }
 
+// snapshot takes a snapshot, from the mirror, and saves it.
 func (s *Server) snapshot(ctx context.Context) error {
+	_, err := s.saveSnapshot(ctx)
+	return err
+}
+
+// saveSnapshot is snapshot, returning the snapshot's seq.
+func (s *Server) saveSnapshot(ctx context.Context) (uint64, error) {
 	began := time.Now()
-	snap := s.eng.Snapshot()
+	snap, err := s.mirror.snapshot(s.eng)
+	if err != nil {
+		return 0, err
+	}
 	captured := time.Now()
 	data, err := encodeSnapshot(snap)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	encoded := time.Now()
 	if err := s.events.SaveSnapshot(ctx, snap.Seq, data); err != nil {
-		return err
+		return 0, err
 	}
 	s.metrics.snapSize.Set(float64(len(data)))
-	// capture holds the engine's lock; save holds the store's writer.
+	// capture holds the mirror's lock, not the engine's; save holds the
+	// store's writer.
 	s.log.Info("snapshot saved", "seq", snap.Seq, "bytes", len(data), "nodes", len(snap.Nodes), "took", time.Since(began),
 		"capture", captured.Sub(began), "encode", encoded.Sub(captured), "save", time.Since(encoded))
-	return nil
+	return snap.Seq, nil
 }
