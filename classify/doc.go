@@ -3,15 +3,17 @@
 // class it holds and which quotas it is charged.
 //
 // It is pure: it does no I/O except reading its rule file (Load) and polling
-// it (Watcher). It may import only the standard library and gopkg.in/yaml.v3;
-// never the proxies, the server, the engine or the SDK.
+// it (Watcher). It may import only the standard library, gopkg.in/yaml.v3
+// and internal/envsubst; never the proxies, the server, the engine or the
+// SDK.
 //
 // # Rules
 //
 // The rules live under the rules: key of the proxy's config file. Parse
 // reads only that key and ignores every other top-level key, so the proxy
-// decodes the rest of the same file itself. Load (and a Watcher) also
-// expand ${VAR} references first, as the proxy does for the whole file.
+// decodes the rest of the same file itself. ${VAR} references in values are
+// expanded after parsing, one value at a time (package envsubst), as the
+// proxy does for the whole file.
 //
 //	rules:
 //	  - name: llm                      # required, unique

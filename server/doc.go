@@ -15,6 +15,8 @@
 // during the wait for the commit, or it abandoned the request id) is given
 // back (grantCall, and flights for the abandoned ids).
 //
-// It may import the engine, the store, the generated API and standard
-// libraries for gRPC, Prometheus and configuration; never the SDK or proxies.
+// It may import the engine, the store, the generated API, the internal
+// packages for configuration and keys (envsubst, apikey, tlsreload) and
+// standard libraries for gRPC, Prometheus and configuration; never the SDK
+// or proxies.
 package server
