@@ -273,3 +273,30 @@ func TestDelegationOff(t *testing.T) {
 		t.Errorf("past the quota: %v", err)
 	}
 }
+
+// A charge of several units beyond what the reservation holds is decided at
+// once: refused for the quota when the quota cannot hold it (it used to
+// wait out the whole wait timeout, topping the reservation up a share at a
+// time while its own units were recalled), admitted when it can.
+func TestALargeChargeIsDecidedAtOnce(t *testing.T) {
+	srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 10} })
+	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod", Quotas: map[string]int64{"w": 3}}, nil)
+	admit(t, a, admission.Request{Charges: map[string]int64{"w": 1}})
+	ctx, cancel := admission.WithWaitTimeout(context.Background(), waitFor)
+	defer cancel()
+	began := time.Now()
+	_, err := a.Admit(ctx, admission.Request{Class: "db", Charges: map[string]int64{"w": 3}})
+	if d := admission.Deny(ctx, err, "db", waitFor); err == nil || d.Cause != admission.CauseQuota {
+		t.Fatalf("a charge of 3 with 2 units left: %v, want the quota's denial", err)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("the denial took %v", took)
+	}
+	admit(t, a, admission.Request{Class: "db", Charges: map[string]int64{"w": 2}}).End(time.Millisecond, false)
+	if _, err := a.Admit(ctx, admission.Request{Charges: map[string]int64{"w": 1}}); err == nil {
+		t.Fatal("a fourth unit was admitted")
+	}
+	if used := node(t, admin(t, srv), govtest.Tenant, "pod").GetUsed()["w"]; used != 3 {
+		t.Errorf("the task used %d units, want 3", used)
+	}
+}

@@ -36,10 +36,20 @@ type reservation struct {
 	waiting    int64
 }
 
+// errShortTopUp: see take.
+var errShortTopUp = errors.New("budget: a top-up came back short of the charge")
+
 // take holds amount units for a request, topping the reservation up in one
 // call when it is short. The units are spent when the request is admitted
 // (spend) or freed again when it is not (untake).
+//
+// It returns errShortTopUp when a top-up it asked for came back short of
+// what the request needs: governord reserves a share of what is left, so
+// the quota is near its edge, and gathering the rest a share at a time
+// could go on for as long as other sessions' recalls take this one's units.
 func (q *reservation) take(ctx context.Context, amount int64) error {
+	var mine *flight
+	var needed int64
 	for {
 		q.mu.Lock()
 		if q.unspent >= amount {
@@ -67,6 +77,9 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 			if f.err != nil {
 				return f.err
 			}
+			if f == mine && f.granted < needed {
+				return errShortTopUp
+			}
 			continue
 		}
 		// Ask for what is short, or twice the last grant (demand is
@@ -76,6 +89,7 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 		want := max(need, min(2*max(q.lastGrant, 1), q.n.s.a.cfg.MaxReservation))
 		f := &flight{done: make(chan struct{})}
 		q.topUp = f
+		mine, needed = f, need
 		spent := q.spent // settled by the same call
 		q.spent = 0
 		q.settling += spent
@@ -155,6 +169,7 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 	q.lastSettle = time.Now()
 	q.unspent += r.Granted
 	q.lastGrant = r.Granted
+	f.granted = r.Granted
 	q.n.s.a.m.topUps.WithLabelValues("quota", "granted").Inc()
 }
 

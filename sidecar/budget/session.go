@@ -233,7 +233,20 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 	}
 	// All of the charges or none: each is held until the slot is granted.
 	for i, res := range resources {
-		if err := n.reservation(res).take(ctx, r.Charges[res]); err != nil {
+		err := n.reservation(res).take(ctx, r.Charges[res])
+		if errors.Is(err, errShortTopUp) {
+			// Near the quota's edge a charge of several units is decided
+			// whole at governord, with its slot, in one ChargeAndAcquire,
+			// so that a charge the quota cannot hold is refused at once
+			// rather than after its whole wait timeout. The reservations'
+			// unspent units go back first, so as not to stand in its way.
+			n.untake(resources[:i], r.Charges)
+			for _, res := range resources {
+				n.reservation(res).settleNow(ctx, true)
+			}
+			return n.admitDirect(ctx, r)
+		}
+		if err != nil {
 			n.untake(resources[:i], r.Charges)
 			return nil, err
 		}

@@ -71,6 +71,7 @@ type conn struct {
 	done        uint64            // ReadyForQuery received for them
 	answered    chan struct{}     // closed when the server owes nothing more; see settle
 	batchRan    bool              // an Execute was sent since the last Sync
+	sending     bool              // a message admitted and not yet sent (govern.go)
 	unconfirmed atomic.Int32      // len(names.undo), read without mu
 	relaying    bool              // both loops run, or ran (lifecycle.go)
 	stopping    bool              // Proxy.Close is ending the connection
@@ -530,7 +531,7 @@ func (c *conn) endTx(dropped bool) { c.detachTx(dropped)() }
 func (c *conn) detachTx(dropped bool) (end func()) {
 	c.mu.Lock()
 	ts := c.tickets
-	if len(ts) == 0 || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch)) {
+	if len(ts) == 0 || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch || c.sending)) {
 		c.mu.Unlock()
 		return func() {}
 	}
@@ -748,7 +749,7 @@ func (c *conn) expect(deny []byte) {
 	c.mu.Lock()
 	c.queue = append(c.queue, &pending{deny: deny, parses: c.names.parses, closes: c.names.closes})
 	c.batches++
-	c.inBatch, c.batchRan = false, false
+	c.inBatch, c.batchRan, c.sending = false, false, false
 	c.mu.Unlock()
 }
 

@@ -154,7 +154,8 @@ func (p *plan) asks() []ask {
 // admit asks the Admitter about the statements of a message about to be
 // sent (cl, as run lists them running). It returns nil to forward them, or
 // the ErrorResponse of the denial; then nothing was charged, and no lease
-// it took is kept.
+// it took is kept. The leases join the transaction's only once all are
+// granted.
 func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	if cl == nil || !c.governs() {
 		return nil
@@ -166,6 +167,10 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	for _, h := range c.tickets {
 		p.held = append(p.held, h.class)
 	}
+	// From here until the message is sent (expect, or a Sync after an
+	// Execute), a ReadyForQuery for an earlier message must not end the
+	// leases this one counts on.
+	c.sending = true
 	c.mu.Unlock()
 	var classBuf [2]ask
 	p.classes = classBuf[:0]
@@ -188,6 +193,7 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	if c.p.TaskFromApplicationName {
 		if err := checkSubtask(c.appName); err != nil {
 			a := asks[0]
+			c.notSending()
 			return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: err}, 0)
 		}
 		for i := range asks {
@@ -196,19 +202,51 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	}
 	var w waiter
 	defer w.done()
-	got := 0
+	var grantBuf [2]granted
+	grants := grantBuf[:0]
 	for _, a := range asks {
 		t, waited, den := c.admitOne(&w, a)
 		if den != nil {
-			c.giveBack(got)
+			for _, g := range grants {
+				if g.t != nil {
+					g.t.End(0, false) // the message never ran
+				}
+			}
+			c.notSending()
 			return den
 		}
-		c.admitted(a.d, a.req, t, waited)
-		if t != nil {
-			got++
+		grants = append(grants, granted{a, t, waited})
+	}
+	c.mu.Lock()
+	now := time.Now()
+	for _, g := range grants {
+		if g.t == nil {
+			continue
 		}
+		if len(c.tickets) == 0 {
+			c.overloaded = false
+		}
+		c.tickets = append(c.tickets, heldTicket{class: g.req.Class, t: g.t, since: now})
+	}
+	c.mu.Unlock()
+	for _, g := range grants {
+		c.admitted(g.d, g.req, g.waited)
 	}
 	return nil
+}
+
+// notSending: the message was denied and is not sent.
+func (c *conn) notSending() {
+	c.mu.Lock()
+	c.sending = false
+	c.mu.Unlock()
+}
+
+// granted is an ask that was admitted.
+type granted struct {
+	ask
+	t      admission.Ticket
+	waited time.Duration
 }
 
 // waiter is the one wait a message's admissions share: wait_timeout bounds
@@ -252,32 +290,9 @@ func (c *conn) admitOne(w *waiter, a ask) (admission.Ticket, time.Duration, []by
 	return t, waited, nil
 }
 
-// giveBack ends the last n tickets taken, for a message that was denied
-// after all: it never ran.
-func (c *conn) giveBack(n int) {
-	if n == 0 {
-		return
-	}
-	c.mu.Lock()
-	ts := slices.Clone(c.tickets[len(c.tickets)-n:])
-	c.tickets = c.tickets[:len(c.tickets)-n]
-	c.mu.Unlock()
-	for _, h := range ts {
-		h.t.End(0, false)
-	}
-}
-
-// admitted takes on an admitted ticket, counts it, and logs it at debug
-// level: a database client may run thousands of transactions a second.
-func (c *conn) admitted(d classify.Decision, req admission.Request, t admission.Ticket, waited time.Duration) {
-	if t != nil {
-		c.mu.Lock()
-		if len(c.tickets) == 0 {
-			c.overloaded = false
-		}
-		c.tickets = append(c.tickets, heldTicket{class: req.Class, t: t, since: time.Now()})
-		c.mu.Unlock()
-	}
+// admitted counts an admitted ask, and logs it at debug level: a database
+// client may run thousands of transactions a second.
+func (c *conn) admitted(d classify.Decision, req admission.Request, waited time.Duration) {
 	c.p.Metrics.admitted(&c.series, d.Rule, req.Class, waited)
 	if c.p.Logger != nil && c.p.Logger.Enabled(context.Background(), slog.LevelDebug) {
 		c.p.Logger.LogAttrs(context.Background(), slog.LevelDebug, "decision",

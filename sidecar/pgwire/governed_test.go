@@ -49,18 +49,6 @@ func governedProxy(t testing.TB, srv *server.Server, spec governor.Spec, tweak f
 // ruledProxy is governedProxy under the rules of a YAML document.
 func ruledProxy(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, tweak func(*pgwire.Proxy)) string {
 	t.Helper()
-	return startRuled(t, srv, spec, yaml, true, tweak)
-}
-
-// directProxy is ruledProxy without delegated budgets: every charge is a
-// call to governord.
-func directProxy(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, tweak func(*pgwire.Proxy)) string {
-	t.Helper()
-	return startRuled(t, srv, spec, yaml, false, tweak)
-}
-
-func startRuled(t testing.TB, srv *server.Server, spec governor.Spec, yaml string, delegate bool, tweak func(*pgwire.Proxy)) string {
-	t.Helper()
 	if spec.Name == "" {
 		spec.Name = strings.ReplaceAll(t.Name(), "/", "-")
 	}
@@ -68,7 +56,7 @@ func startRuled(t testing.TB, srv *server.Server, spec governor.Spec, yaml strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm := budget.New(budget.Config{Task: spec, Delegate: delegate,
+	adm := budget.New(budget.Config{Task: spec, Delegate: true,
 		Dial: []governor.Option{governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey)}})
 	ctx, stop := context.WithCancel(context.Background())
 	go adm.Run(ctx)

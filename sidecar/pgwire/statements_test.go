@@ -252,7 +252,7 @@ rules:
   - {name: reads, match: {sql: [select]}}
   - {name: writes, match: {sql: [insert, delete], tables: ["payments*"]}, class: db, charge: {db_writes: 1}}
 `
-	addr := directProxy(t, srv, governor.Spec{Name: "each", Quotas: map[string]int64{"db_writes": 3}}, rules, nil)
+	addr := ruledProxy(t, srv, governor.Spec{Name: "each", Quotas: map[string]int64{"db_writes": 3}}, rules, nil)
 	ctx := context.Background()
 	c := connect(t, superDSN(addr))
 	exec1(t, c, "SELECT 1 FROM payments_each; INSERT INTO payments_each VALUES (1)")
