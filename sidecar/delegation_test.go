@@ -277,7 +277,10 @@ tenants:
 }
 
 // After one sidecar's burst leaves its block full of idle slots, another
-// tenant's first request is granted within 50 ms.
+// tenant's first request is granted at once: governord's notice makes the
+// holder give back an idle slot. Without the notice it would wait for the
+// reminder governord sends each second, or for the minute's linger, so the
+// bound is well under a second, and loose enough for a loaded machine.
 func TestHandOffAcrossSidecars(t *testing.T) {
 	g := startGovProc(t, `root:
   limits: {api: 4}
@@ -322,8 +325,8 @@ tenants:
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i, resp.StatusCode)
 		}
-		if i == 0 && took > 50*time.Millisecond {
-			t.Errorf("the second tenant's first request took %v, want at most 50 ms", took)
+		if i == 0 && took > 400*time.Millisecond {
+			t.Errorf("the second tenant's first request took %v, want well under the second of a reminder", took)
 		}
 		t.Logf("the second tenant's request %d took %v", i, took)
 	}
