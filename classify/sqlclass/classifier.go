@@ -1,5 +1,7 @@
 package sqlclass
 
+import "slices"
+
 // classifier reads a text's tokens one at a time, in one pass, keeping only
 // bounded state: the statement being read, its open frames (the statements
 // nested in it: EXPLAIN's, a WITH's main statement, ...), one table reader
@@ -251,7 +253,7 @@ func (c *classifier) add(s Statement) bool {
 	if n := len(out.Statements); n > 0 {
 		last := &out.Statements[n-1]
 		if n == MaxStatements || (last.set == s.set && last.Op == OpNone && s.Op == OpNone &&
-			last.Execute == "" && s.Execute == "" && equalStrings(last.Tables, s.Tables)) {
+			last.Execute == "" && s.Execute == "" && slices.Equal(last.Tables, s.Tables)) {
 			last.Count++
 			return false
 		}
@@ -261,17 +263,5 @@ func (c *classifier) add(s Statement) bool {
 		}
 	}
 	out.Statements = append(out.Statements, s)
-	return true
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
 	return true
 }

@@ -2,6 +2,7 @@ package pgwire
 
 import (
 	"bytes"
+	"slices"
 	"time"
 
 	"github.com/governor-project/governor/classify/sqlclass"
@@ -151,23 +152,11 @@ func sameClass(a, b *sqlclass.Class) bool {
 	for i := range a.Statements {
 		x, y := &a.Statements[i], &b.Statements[i]
 		if x.Count != y.Count || x.Execute != y.Execute || x.Op != y.Op || x.Name != y.Name ||
-			!equalStrings(x.Kinds, y.Kinds) || !equalStrings(x.Tables, y.Tables) {
+			!slices.Equal(x.Kinds, y.Kinds) || !slices.Equal(x.Tables, y.Tables) {
 			return false
 		}
 		if x.Prepared != nil && !sameClass(&sqlclass.Class{Statements: []sqlclass.Statement{*x.Prepared}},
 			&sqlclass.Class{Statements: []sqlclass.Statement{*y.Prepared}}) {
-			return false
-		}
-	}
-	return true
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
 			return false
 		}
 	}
