@@ -30,10 +30,12 @@ var (
 	// ErrUnauthenticated: a bad API key, or the server no longer knows the
 	// session.
 	ErrUnauthenticated = errors.New("unauthenticated")
-	// ErrPermissionDenied: the target lies outside the session's scope, or
-	// the call tried to change the scope node itself.
+	// ErrPermissionDenied: the target lies inside the session's scope but
+	// the call may not touch it: it tried to change the scope node itself,
+	// or to release a lease another session holds.
 	ErrPermissionDenied = errors.New("permission denied")
-	// ErrNotFound: no such node or lease.
+	// ErrNotFound: no such node or lease, or one outside the session's scope
+	// (another tenant's): the two are told apart by nobody but the operator.
 	ErrNotFound = errors.New("not found")
 	// ErrAlreadyExists: an open sibling already has the task's name.
 	ErrAlreadyExists = errors.New("already exists")
@@ -97,8 +99,12 @@ type Denial struct {
 	Amount   int64  // what the refused charge asked for
 
 	// The child of NodeID that has used the most of Resource (its subtree
-	// counted). LargestConsumerID is 0 when the use was charged to the node
-	// directly.
+	// counted), or NodeID itself for what was charged to it directly.
+	// LargestConsumerID is 0 when the consumer is not one node: children
+	// that ended and were reclaimed (named so, with their use), or, on a
+	// node the session shares with other tenants (the root), "another
+	// tenant" with no use: who else spent a shared cap, and how much, is
+	// not the session's to know. Its name is empty when nothing was used.
 	LargestConsumerID   int64
 	LargestConsumerName string
 	LargestConsumerUsed int64
@@ -107,9 +113,14 @@ type Denial struct {
 func (d *Denial) Error() string {
 	s := fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more",
 		d.Resource, d.NodeName, d.NodeID, d.Used, d.Limit, d.Amount)
-	if d.LargestConsumerID != 0 {
+	switch {
+	case d.LargestConsumerID != 0:
 		s += fmt.Sprintf("; largest consumer %q (node %d) used %d",
 			d.LargestConsumerName, d.LargestConsumerID, d.LargestConsumerUsed)
+	case d.LargestConsumerName != "" && d.LargestConsumerUsed == 0: // "another tenant"
+		s += "; largest consumer: " + d.LargestConsumerName
+	case d.LargestConsumerName != "":
+		s += fmt.Sprintf("; largest consumer %q used %d", d.LargestConsumerName, d.LargestConsumerUsed)
 	}
 	return s
 }

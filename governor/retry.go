@@ -94,7 +94,7 @@ func Retry(ctx context.Context, fn func(ctx context.Context) error, opts ...Retr
 // retryable is the default of WithRetryIf.
 func retryable(err error) bool {
 	for _, stop := range []error{context.Canceled, context.DeadlineExceeded, ErrQuotaExhausted,
-		ErrTaskEnded, ErrSessionLost, ErrClosed, ErrNoTask, ErrUnauthenticated, ErrPermissionDenied} {
+		ErrTaskEnded, ErrSessionLost, ErrClosed, ErrNoTask, ErrUnauthenticated, ErrPermissionDenied, ErrNotFound} {
 		if errors.Is(err, stop) {
 			return false
 		}

@@ -327,8 +327,8 @@ func TestRawIsScopedToTheTenant(t *testing.T) {
 		t.Fatalf("GetNode of the own tenant: %v", err)
 	}
 	_, err := c.Raw().GetNode(t.Context(), &governorpb.GetNodeRequest{NodeId: 1})
-	if status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("GetNode of the root: %v, want PermissionDenied", err)
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("GetNode of the root: %v, want NotFound: what lies outside the scope is not there to a tenant", err)
 	}
 }
 

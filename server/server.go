@@ -41,8 +41,9 @@ type Server struct {
 	keys    map[[sha256.Size]byte]engine.NodeID // API key hash -> scope
 	flights flights
 
-	notices     notices // the engine's notices, to the Watch streams
-	settlements signal  // fires when reservations are settled (delegation.go)
+	notices     notices       // the engine's notices, to the Watch streams
+	settlements signal        // fires when reservations are settled (delegation.go)
+	newSession  chan struct{} // tells the reaper a session may now expire first
 
 	grpc    *grpc.Server
 	certs   *tlsreload.Reloader // the certificate in force; nil without TLS
@@ -76,7 +77,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	}
 	cfg.fillLimits()
 	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
-		stopping: make(chan struct{}), fatal: make(chan error, 1)}
+		stopping: make(chan struct{}), fatal: make(chan error, 1), newSession: make(chan struct{}, 1)}
 	s.metrics = newMetrics(s)
 	open := cfg.OpenStore
 	if open == nil {
@@ -114,7 +115,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		return nil, err
 	}
 	s.wg.Add(3)
-	go s.every(runCtx, s.cfg.ReapInterval, s.reap)
+	go s.reapWhenDue(runCtx)
 	go s.every(runCtx, time.Second, s.snapshotWhenDue(runCtx))
 	go s.every(runCtx, time.Second, s.eng.RemindContention)
 	s.log.Info("governord ready", "listen", s.Addr(), "metrics", s.MetricsAddr(), "store", cfg.Store.Driver,
@@ -511,6 +512,47 @@ func (s *Server) every(ctx context.Context, d time.Duration, f func()) {
 		case <-t.C:
 			f()
 		}
+	}
+}
+
+// reapWhenDue reaps every ReapInterval, and also at the moment the engine
+// says a session expires or a deadline passes: a dead worker's slots go to
+// the next waiter when its TTL is up, not up to one interval later. It is
+// one of the goroutines s.wg counts.
+func (s *Server) reapWhenDue(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTimer(0) // the first reap works out what is due
+	defer t.Stop()
+	var next time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.newSession:
+			// The new session may expire before the timer fires.
+			if d, ok := s.eng.DueIn(); ok && time.Now().Add(d).Before(next) {
+				next = time.Now().Add(d)
+				t.Reset(d)
+			}
+			continue
+		case <-t.C:
+		}
+		s.reap()
+		wait := s.cfg.ReapInterval
+		if d, ok := s.eng.DueIn(); ok {
+			// At least a millisecond apart, however many expire at once.
+			wait = min(wait, max(d, time.Millisecond))
+		}
+		next = time.Now().Add(wait)
+		t.Reset(wait)
+	}
+}
+
+// sessionOpened wakes the reaper to time the new session's expiry.
+func (s *Server) sessionOpened() {
+	select {
+	case s.newSession <- struct{}{}:
+	default: // a wake-up is already pending
 	}
 }
 

@@ -215,6 +215,7 @@ func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionReq
 	if _, err := s.eng.OpenSession(scope, hashToken(token), ttl); err != nil {
 		return nil, toStatus(err)
 	}
+	s.sessionOpened()
 	if err := s.durable(ctx); err != nil {
 		return nil, toStatus(err)
 	}

@@ -2598,13 +2598,18 @@ type Denial struct {
 	// The amount the denied request asked for.
 	Amount int64 `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
 	// The child of node_id that has used the most of the resource (its whole
-	// subtree counted), to show who spent the budget. 0 if no child has used
-	// any (the use was charged to the node directly).
+	// subtree counted), or node_id itself for what was charged to it
+	// directly, to show who spent the budget. 0 when the consumer is not one
+	// node: children that ended and were reclaimed, or, on a node above the
+	// session's scope (the root, shared by every tenant), a consumer outside
+	// the scope; and when nothing was used.
 	LargestConsumerId int64 `protobuf:"varint,7,opt,name=largest_consumer_id,json=largestConsumerId,proto3" json:"largest_consumer_id,omitempty"`
-	// That child's name; empty when largest_consumer_id is 0.
+	// That consumer's name: "(ended children, reclaimed)", or "another
+	// tenant" for a consumer outside the session's scope; empty when nothing
+	// was used.
 	LargestConsumerName string `protobuf:"bytes,8,opt,name=largest_consumer_name,json=largestConsumerName,proto3" json:"largest_consumer_name,omitempty"`
-	// How much that child has used, in the resource's units; 0 when
-	// largest_consumer_id is 0.
+	// How much that consumer has used, in the resource's units; 0 for
+	// "another tenant": another tenant's use is not told.
 	LargestConsumerUsed int64 `protobuf:"varint,9,opt,name=largest_consumer_used,json=largestConsumerUsed,proto3" json:"largest_consumer_used,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache

@@ -124,17 +124,21 @@ const (
 //   - OK.
 //   - RESOURCE_EXHAUSTED: a quota is spent. The status carries a Denial detail
 //     naming the cap, the node it is on, used/limit and that node's largest
-//     consumer.
+//     consumer (on a node shared with other tenants, "another tenant" unless
+//     it is inside the session's scope).
 //   - FAILED_PRECONDITION: the target node (or an ancestor) has ended: it was
 //     closed, cancelled, or passed its deadline; the status carries a NodeEnded
 //     detail. Or the lease has expired or was revoked; the status carries a
 //     LeaseEnded detail.
 //   - UNAUTHENTICATED: a bad API key, or a missing, unknown or expired session
 //     token.
-//   - PERMISSION_DENIED: the target is outside the session's scope, or the
-//     call tries to change the scope node itself.
+//   - PERMISSION_DENIED: the target is inside the session's scope, but the
+//     call may not do this to it: change the scope node itself, or release a
+//     lease another session holds.
 //   - NOT_FOUND: no such node or lease (ended leases are remembered for one
-//     minute, then are NOT_FOUND).
+//     minute, then are NOT_FOUND). A node or lease outside the session's
+//     scope (another tenant's) is NOT_FOUND too, with the same message as an
+//     id that never existed.
 //   - ALREADY_EXISTS: CreateNode with a name an open sibling already has.
 //   - INVALID_ARGUMENT: a malformed request, or a request_id reused with
 //     different arguments.
@@ -545,17 +549,21 @@ func (c *governorClient) SetCaps(ctx context.Context, in *SetCapsRequest, opts .
 //   - OK.
 //   - RESOURCE_EXHAUSTED: a quota is spent. The status carries a Denial detail
 //     naming the cap, the node it is on, used/limit and that node's largest
-//     consumer.
+//     consumer (on a node shared with other tenants, "another tenant" unless
+//     it is inside the session's scope).
 //   - FAILED_PRECONDITION: the target node (or an ancestor) has ended: it was
 //     closed, cancelled, or passed its deadline; the status carries a NodeEnded
 //     detail. Or the lease has expired or was revoked; the status carries a
 //     LeaseEnded detail.
 //   - UNAUTHENTICATED: a bad API key, or a missing, unknown or expired session
 //     token.
-//   - PERMISSION_DENIED: the target is outside the session's scope, or the
-//     call tries to change the scope node itself.
+//   - PERMISSION_DENIED: the target is inside the session's scope, but the
+//     call may not do this to it: change the scope node itself, or release a
+//     lease another session holds.
 //   - NOT_FOUND: no such node or lease (ended leases are remembered for one
-//     minute, then are NOT_FOUND).
+//     minute, then are NOT_FOUND). A node or lease outside the session's
+//     scope (another tenant's) is NOT_FOUND too, with the same message as an
+//     id that never existed.
 //   - ALREADY_EXISTS: CreateNode with a name an open sibling already has.
 //   - INVALID_ARGUMENT: a malformed request, or a request_id reused with
 //     different arguments.

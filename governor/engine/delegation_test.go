@@ -343,11 +343,11 @@ func TestDelegationRetriesAndBadInput(t *testing.T) {
 	wantErr(t, unchanged(t, f.e, func() error {
 		_, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.otherJob, Resource: "calls", Want: 1})
 		return err
-	}), ErrPermission)
+	}), ErrNotFound)
 	wantErr(t, unchanged(t, f.e, func() error {
 		_, err := f.e.Block(f.sA, BlockRequest{Node: f.otherJob, Class: "db", Want: 1})
 		return err
-	}), ErrPermission)
+	}), ErrNotFound)
 	wantErr(t, unchanged(t, f.e, func() error {
 		return f.e.Observe(f.sA, "psp", []Sample{{Latency: -time.Second}})
 	}), nil) // psp is not adaptive here: ignored

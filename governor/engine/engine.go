@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -121,6 +122,12 @@ type Engine struct {
 	blocks    map[string]map[LeaseID]*lease        // live blocks by class
 	reserved  map[string]map[*reservation]struct{} // live reservations by resource
 
+	// soonest is when the first open session expires, or earlier: Reap
+	// makes it exact, opening a session lowers it, and heartbeats, which
+	// only move expiries later, leave it early. Restore zeroes it until the
+	// next Reap.
+	soonest int64
+
 	// Ended nodes waiting for their retention to pass (reclaim.go), oldest
 	// first from endedHead, and those found due but still pinned.
 	endedQ    []endedEntry
@@ -164,6 +171,7 @@ func New(cfg Config) (*Engine, error) {
 		reserved:  make(map[string]map[*reservation]struct{}),
 		queues:    make(map[string]*classQueue),
 		adaptive:  make(map[string]*controller),
+		soonest:   math.MaxInt64,
 
 		retention:    cfg.Retention,
 		bounds:       cfg.Bounds,
@@ -262,9 +270,12 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	// Only the expired sessions are sorted (by id, so the events come in a
 	// deterministic order); this runs every reap interval under the lock.
 	var expired []*session
+	e.soonest = math.MaxInt64
 	for _, s := range e.sessions {
 		if s.expired(now) {
 			expired = append(expired, s)
+		} else if s.id != System {
+			e.soonest = min(e.soonest, s.expires)
 		}
 	}
 	slices.SortFunc(expired, func(a, b *session) int { return cmp.Compare(a.id, b.id) })
@@ -293,4 +304,22 @@ func (e *Engine) Reap() (sessions, nodes int) {
 		e.adaptive[class].tick(e, now)
 	}
 	return sessions, nodes
+}
+
+// DueIn is how long until Reap next has something to end: the soonest
+// session expiry or node deadline the engine knows of. It may come early (a
+// heartbeat has since moved a session on), never late, so a server that
+// reaps then ends a dead worker's session when its TTL is up rather than up
+// to a reap interval later. ok is false when nothing is due.
+func (e *Engine) DueIn() (d time.Duration, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	next := e.soonest
+	if e.deadlines.Len() > 0 {
+		next = min(next, e.deadlines.peek().at)
+	}
+	if next == math.MaxInt64 {
+		return 0, false
+	}
+	return time.Duration(max(0, next-e.now())), true
 }

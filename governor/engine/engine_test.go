@@ -705,7 +705,7 @@ func TestConsumeIsAllOrNothingAcrossTheChain(t *testing.T) {
 		{name: "the tenant's cap", quotas: map[string]int64{"acme": 13, "step": 100}, on: "step", amount: 3,
 			want: &denial{node: "acme", used: 11, limit: 13, largest: "job2", largestUsed: 6}},
 		{name: "the root's cap", quotas: map[string]int64{"root": 43}, on: "step", amount: 3,
-			want: &denial{node: "root", used: 41, limit: 43, largest: "other", largestUsed: 30}},
+			want: &denial{node: "root", used: 41, limit: 43, largest: OtherTenant, largestUsed: 0}}, // another tenant's: not acme's to see
 		{name: "the lowest full cap is named", quotas: map[string]int64{"root": 43, "acme": 13, "step": 6}, on: "step", amount: 3,
 			want: &denial{node: "step", used: 4, limit: 6, largest: "step", largestUsed: 4}},
 		{name: "a direct charge is the largest consumer", quotas: map[string]int64{"job": 5}, on: "job", amount: 1,
@@ -1140,7 +1140,7 @@ func TestValidateReportsALeaseState(t *testing.T) {
 		{"revoked", func(f *fixture) SessionID { return f.sA }, func(v env) LeaseID { return v.revoked }, ErrLeaseRevoked},
 		{"expired", func(f *fixture) SessionID { return f.sA }, func(v env) LeaseID { return v.expired }, ErrLeaseExpired},
 		{"unknown", func(f *fixture) SessionID { return f.sA }, func(v env) LeaseID { return noSuch }, ErrNotFound},
-		{"another tenant's", func(f *fixture) SessionID { return f.sA }, func(v env) LeaseID { return v.others }, ErrPermission},
+		{"another tenant's", func(f *fixture) SessionID { return f.sA }, func(v env) LeaseID { return v.others }, ErrNotFound},
 		{"any, by the system session", func(f *fixture) SessionID { return System }, func(v env) LeaseID { return v.others }, nil},
 	}
 	for _, tt := range tests {
@@ -1874,7 +1874,7 @@ func TestScopeRefusesAnotherTenant(t *testing.T) {
 			v := env{live: f.acquire(f.sB, f.otherJob, "db"), ended: f.acquire(f.sB, f.otherJob, "db")}
 			f.release(f.sB, v.ended)
 			err := unchanged(t, f.e, func() error { return tt.call(f, v) })
-			wantErr(t, err, ErrPermission)
+			wantErr(t, err, ErrNotFound) // as if it did not exist
 		})
 	}
 }
@@ -2282,7 +2282,7 @@ func TestGetReportsANode(t *testing.T) {
 			want.ID, want.Weight = tt.id, 1
 			got, err := f.e.Get(f.sA, tt.id)
 			if tt.id == RootID {
-				wantErr(t, err, ErrPermission) // outside a tenant's scope
+				wantErr(t, err, ErrNotFound) // outside a tenant's scope
 				got, err = f.e.Get(System, tt.id)
 			}
 			if err != nil {

@@ -11,10 +11,14 @@ import (
 var (
 	// ErrInvalid: the request is malformed (empty name, negative amount, ...).
 	ErrInvalid = errors.New("invalid argument")
-	// ErrNotFound: no such node, lease or session scope.
+	// ErrNotFound: no such node, lease or session scope, as far as the
+	// session can see: a node or lease outside its scope is not found
+	// either, with the same message, so that a tenant cannot tell another
+	// tenant's ids from ids that never existed.
 	ErrNotFound = errors.New("not found")
-	// ErrPermission: the target lies outside the session's scope, or the
-	// session tried to edit its own scope node, or another session's lease.
+	// ErrPermission: the target lies inside the session's scope, but the
+	// session may not do this to it: edit, close or cancel its own scope
+	// node, or release another session's lease.
 	ErrPermission = errors.New("permission denied")
 	// ErrUnauthenticated: no such session (never opened, closed or expired
 	// and already reaped).
@@ -53,7 +57,8 @@ var (
 )
 
 // Consumer names the part of a node that spent most of a resource: one of its
-// children, or the node itself for what was charged to it directly.
+// children, or the node itself for what was charged to it directly. Node is
+// 0 for ReclaimedConsumer and OtherTenant.
 type Consumer struct {
 	Node NodeID
 	Name string
@@ -72,9 +77,19 @@ type Denial struct {
 	Largest  Consumer
 }
 
+// OtherTenant is the largest consumer, with node 0 and no usage, of a denial
+// on a node shared with other tenants (the root) as a tenant's session sees
+// it when that consumer is not inside the session's scope: who else spent a
+// shared cap, and how much, is theirs to know.
+const OtherTenant = "another tenant"
+
 func (d *Denial) Error() string {
-	return fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more; largest consumer %q used %d",
-		d.Resource, d.NodeName, d.Node, d.Used, d.Limit, d.Amount, d.Largest.Name, d.Largest.Used)
+	s := fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more",
+		d.Resource, d.NodeName, d.Node, d.Used, d.Limit, d.Amount)
+	if d.Largest.Node == 0 && d.Largest.Name == OtherTenant {
+		return s + "; largest consumer: " + OtherTenant
+	}
+	return s + fmt.Sprintf("; largest consumer %q used %d", d.Largest.Name, d.Largest.Used)
 }
 
 // Is makes errors.Is(d, ErrQuotaExhausted) true.

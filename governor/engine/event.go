@@ -227,6 +227,7 @@ func (e *Engine) applySessionOpened(ev *Event) error {
 		leases:  make(map[LeaseID]*lease),
 	}
 	e.sessions[s.id] = s
+	e.soonest = min(e.soonest, s.expires)
 	if s.token != "" {
 		e.byToken[s.token] = s
 	}

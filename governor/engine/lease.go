@@ -100,7 +100,7 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 		return Grant{}, nil, err
 	}
 	if err := n.checkAll(charges); err != nil {
-		return Grant{}, nil, e.recalled(err)
+		return Grant{}, nil, e.refused(s, err)
 	}
 	if r.Class == "" {
 		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
@@ -273,7 +273,7 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 	}
 	if l := e.leases[id]; l != nil {
 		if !l.node.within(s.scope) {
-			return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+			return leaseNotFound(id)
 		}
 		// Touch first, so an expired lease reads as expired whether or not
 		// Reap has run.
@@ -299,19 +299,24 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 func (e *Engine) ended(s *session, id LeaseID, now int64) error {
 	t, ok := e.tombstone(id, now)
 	if !ok {
-		return fmt.Errorf("%w: lease %d", ErrNotFound, id)
+		return leaseNotFound(id)
 	}
-	n := e.nodes[t.node]
-	if n == nil { // its node was reclaimed: the lease is as forgotten
-		return fmt.Errorf("%w: lease %d", ErrNotFound, id)
-	}
-	if !n.within(s.scope) {
-		return fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+	// A lease whose node was reclaimed is as forgotten; one outside the
+	// scope is, to this session, as if it never existed.
+	if n := e.nodes[t.node]; n == nil || !n.within(s.scope) {
+		return leaseNotFound(id)
 	}
 	if t.reason == EndReleased && t.session == s.id {
 		return nil
 	}
 	return &LeaseEndedError{Lease: id, Reason: t.reason}
+}
+
+// leaseNotFound is the error for a lease id the engine does not hold, or
+// holds outside the session's scope: the two read the same, so that a
+// tenant cannot learn which of another tenant's lease ids exist.
+func leaseNotFound(id LeaseID) error {
+	return fmt.Errorf("%w: lease %d", ErrNotFound, id)
 }
 
 // Validate reports whether a lease is still held, so a downstream can check
@@ -326,7 +331,7 @@ func (e *Engine) Validate(sid SessionID, id LeaseID) (Grant, error) {
 	}
 	if l := e.leases[id]; l != nil {
 		if !l.node.within(s.scope) {
-			return Grant{}, fmt.Errorf("%w: lease %d is outside the session's scope", ErrPermission, id)
+			return Grant{}, leaseNotFound(id)
 		}
 		if l = e.touch(l, now); l != nil {
 			return Grant{Lease: l.id, Node: l.node.id, Class: l.class}, nil

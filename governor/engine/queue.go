@@ -194,7 +194,7 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			continue
 		}
 		if err := w.node.checkAll(w.charges); err != nil {
-			e.failWaiter(w, e.recalled(err)) // a quota was spent, or reserved, while it waited
+			e.failWaiter(w, e.refused(w.session, err)) // a quota was spent, or reserved, while it waited
 			continue
 		}
 		e.removeWaiter(w)

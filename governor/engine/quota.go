@@ -1,6 +1,9 @@
 package engine
 
-import "math"
+import (
+	"errors"
+	"math"
+)
 
 // Consume charges amount of resource to node and every ancestor, or, when any
 // cap on the chain would be exceeded, to none of them and returns a *Denial.
@@ -38,7 +41,7 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 		return err
 	}
 	if err := n.check(resource, amount); err != nil {
-		return e.recalled(err)
+		return e.refused(s, err)
 	}
 	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,
 		RequestID: requestID, Fingerprint: fp})
@@ -82,6 +85,31 @@ func (n *node) checkAll(charges []Charge) error {
 		}
 	}
 	return nil
+}
+
+// refused is what session s is told of a charge that does not fit: a
+// *Denial as s may see it (seenBy), or ErrRecalling (recalled).
+func (e *Engine) refused(s *session, err error) error {
+	var d *Denial
+	if errors.As(err, &d) {
+		d.seenBy(e, s.scope)
+		return err
+	}
+	return e.recalled(err)
+}
+
+// seenBy hides, from a session scoped to scope, the largest consumer of a
+// denial on a node above scope (shared with other tenants) unless that
+// consumer lies inside scope. The cap's own used and limit stay: they are
+// the shared pool's, and without them the denial cannot be understood.
+func (d *Denial) seenBy(e *Engine, scope *node) {
+	if n := e.nodes[d.Node]; n == nil || n.within(scope) || d.Largest == (Consumer{}) {
+		return
+	}
+	if c := e.nodes[d.Largest.Node]; d.Largest.Node != 0 && c != nil && c.within(scope) {
+		return
+	}
+	d.Largest = Consumer{Name: OtherTenant}
 }
 
 func (n *node) denial(r string, amount, limit int64) *Denial {

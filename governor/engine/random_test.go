@@ -333,7 +333,7 @@ func (w *world) randomOp() {
 		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
 		err := e.Consume(sid, n, r, amt, rid)
 		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
-		w.checkRefusal(err, n, r, amt, 0)
+		w.checkRefusal(sid, err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
 				return "", e.Consume(sid, n, r, amt+b2i(differ), id)
@@ -353,7 +353,7 @@ func (w *world) randomOp() {
 		g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid})
 		w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
 		for r, amt := range charges {
-			w.checkRefusal(err, n, r, amt, 0)
+			w.checkRefusal(sid, err, n, r, amt, 0)
 		}
 		if err != nil {
 			return
@@ -585,7 +585,7 @@ func (w *world) randomOp() {
 		case 6:
 			_, err = e.EndNode(sid, n, Cancelled, "")
 		}
-		w.expect(fmt.Sprintf("outside call %d s%d n%d", call, sid, n), before, err, ErrPermission)
+		w.expect(fmt.Sprintf("outside call %d s%d n%d", call, sid, n), before, err, ErrNotFound)
 		if err == nil {
 			w.fail("call %d by session %d (scope %d) on node %d outside its scope succeeded", call, sid, w.scope[sid], n)
 		}
@@ -927,7 +927,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	k := modelRes{sid, req.Node, req.Resource}
 	res, err := e.Reserve(sid, req)
 	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
-	w.checkRefusal(err, req.Node, req.Resource, 1, req.Return)
+	w.checkRefusal(sid, err, req.Node, req.Resource, 1, req.Return)
 	if err != nil {
 		return
 	}
@@ -1017,12 +1017,17 @@ func (w *world) giveBack(nt Notice) {
 
 // checkRefusal checks what a refused charge of amount of r on node n says
 // (returned: units the same request gave back first). A *Denial must be
-// deserved by spent units alone (I14), and ErrRecalling must have told
-// every holder of a reservation in the way (I13).
-func (w *world) checkRefusal(err error, n NodeID, r string, amount, returned int64) {
+// deserved by spent units alone (I14) and, on a node above sid's scope,
+// name no consumer outside it (I9), and ErrRecalling must have told every
+// holder of a reservation in the way (I13).
+func (w *world) checkRefusal(sid SessionID, err error, n NodeID, r string, amount, returned int64) {
 	var d *Denial
 	if errors.As(err, &d) && d.Resource == r && d.Used+d.Amount <= d.Limit {
 		w.fail("I14 denial: %v, but what is spent (%d) leaves room for %d more", d, d.Used, d.Amount)
+	}
+	if d != nil && !w.m.inside(d.Node, w.scope[sid]) && d.Largest != (Consumer{Name: OtherTenant}) &&
+		(d.Largest.Node == 0 || !w.m.inside(d.Largest.Node, w.scope[sid])) && d.Largest != (Consumer{}) {
+		w.fail("I9 scope: session %d (scope %d) is told of %v, a consumer outside its scope", sid, w.scope[sid], d.Largest)
 	}
 	if !errors.Is(err, ErrRecalling) {
 		return

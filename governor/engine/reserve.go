@@ -118,7 +118,7 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 		}
 		room, err := n.reserveRoom(r.Resource, r.Spent, r.Return)
 		if err != nil {
-			return Reservation{}, e.recalled(err)
+			return Reservation{}, e.refused(s, err)
 		}
 		grant = min(r.Want, max(1, room/ReserveShare))
 	}

@@ -183,14 +183,12 @@ func (e *Engine) session(sid SessionID, now int64) (*session, error) {
 }
 
 // target resolves a node for s. It is the one scope check every operation
-// goes through.
+// goes through. A node outside the scope is not found, in the same words
+// as one that does not exist, so that its existence stays hidden.
 func (e *Engine) target(s *session, id NodeID) (*node, error) {
 	n := e.nodes[id]
-	if n == nil {
+	if n == nil || !n.within(s.scope) {
 		return nil, e.notFound(id)
-	}
-	if !n.within(s.scope) {
-		return nil, fmt.Errorf("%w: node %d is outside the session's scope (node %d)", ErrPermission, id, s.scope.id)
 	}
 	return n, nil
 }

@@ -255,6 +255,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 	heap.Init(&deadlines)
 	e.restoreEnded(nodes, now)
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
+	e.soonest = 0 // the next Reap works it out anew
 	e.blocks, e.reserved = blocks, reserved
 	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {
 		return cmp.Or(cmp.Compare(tombs[a].at, tombs[b].at), cmp.Compare(a, b))

@@ -191,8 +191,11 @@ func (d *Denial) Message() string {
 		}
 		s := fmt.Sprintf("governor: quota spent: %s on %q is %d of %d, this request asked %d more",
 			q.Resource, q.NodeName, q.Used, q.Limit, q.Amount)
-		if q.LargestConsumerID != 0 {
+		switch {
+		case q.LargestConsumerID != 0:
 			s += fmt.Sprintf("; the largest consumer is %q with %d", q.LargestConsumerName, q.LargestConsumerUsed)
+		case q.LargestConsumerName != "" && q.LargestConsumerUsed == 0: // a shared cap: "another tenant", no more
+			s += "; the largest consumer is " + q.LargestConsumerName
 		}
 		return s
 	case CauseWaitTimeout:
