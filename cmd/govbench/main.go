@@ -1,12 +1,25 @@
 // Command govbench runs Governor's benchmark and failure scenarios against
 // real processes: governord and governor-proxy as an operator runs them,
-// PostgreSQL, pgbouncer, pgbench and wrk. It is a benchmark, not a test:
-// ./test.sh does not run it.
+// PostgreSQL, pgbouncer, pgbench and wrk.
 //
+//	go run ./cmd/govbench [-out docs/bench] [-only NAMES] [-short] [-store memory|sqlite|postgres] [-runs 5] [-seed 1]
 //	go run ./cmd/govbench sidecar [-T 10] [-rounds 3] [-out docs/bench]
 //	bash scripts/sidecarbench.sh          (installs and starts what it needs)
 //
-// Scenarios:
+// Without a subcommand it runs the numbered scenarios of docs/bench.md
+// (bench.go), each against governords it builds and starts itself, and
+// prints a table per scenario:
+//
+//   - fanout (fanout.go, on the virtual clock of sim.go): two tenants share
+//     one downstream, without and with Governor;
+//   - deadworker (deadworker.go): a worker dies holding the whole pool;
+//   - retries (retries.go): nested retry loops against a downstream that is
+//     down, without and with a retry budget.
+//
+// go test ./cmd/govbench runs them in their -short form and checks the
+// properties the figures rest on; ./test.sh runs that.
+//
+// Subcommands:
 //
 //   - sidecar: what the sidecar costs a worker. pgbench -S through pgwire at
 //     8 and 32 clients against PostgreSQL directly, pgbouncer in session
@@ -29,6 +42,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 func main() {
@@ -44,8 +58,12 @@ var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || scenarios[args[0]] == nil {
-		fmt.Fprintln(stderr, "usage: govbench sidecar [flags]   (govbench sidecar -h for the flags)")
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return benchMain(args, stdout, stderr)
+	}
+	if scenarios[args[0]] == nil {
+		fmt.Fprintln(stderr, "usage: govbench [-out DIR] [-only NAMES] [-short] [-store memory|sqlite|postgres]   (govbench -h for the flags)")
+		fmt.Fprintln(stderr, "       govbench sidecar [flags]   (govbench sidecar -h for the flags)")
 		return 2
 	}
 	return scenarios[args[0]](args[1:], stdout, stderr)
