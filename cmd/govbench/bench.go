@@ -34,6 +34,7 @@ type scenario struct {
 var all = []scenario{
 	{"fanout", "1. Fan-out, without and with Governor", runFanout},
 	{"deadworker", "2. Dead worker", runDeadWorker},
+	{"adaptive", "3. Adaptive limit after a capacity drop", runAdaptive},
 	{"retries", "4. Retries with the downstream down", runRetries},
 }
 

@@ -164,3 +164,29 @@ func TestRetriesWithinBudget(t *testing.T) {
 		t.Error("a governed call did not return the downstream's error")
 	}
 }
+
+// After the downstream's capacity drops, the adaptive limit serves more and
+// sheds less than the fixed one.
+func TestAdaptiveServesMoreAfterDrop(t *testing.T) {
+	e := testEnv(t)
+	p := adaptiveWorkload(true)
+	fixed, err := adaptiveSideRun(testContext(t), e, p, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aimd, err := adaptiveSideRun(testContext(t), e, p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if aimd.ServedAfter <= fixed.ServedAfter {
+		t.Errorf("after the drop adaptive served %d, fixed %d: adaptive should serve more", aimd.ServedAfter, fixed.ServedAfter)
+	}
+	if aimd.ShedAfter >= fixed.ShedAfter {
+		t.Errorf("after the drop adaptive shed %d, fixed %d: adaptive should shed less", aimd.ShedAfter, fixed.ShedAfter)
+	}
+	if aimd.MeanLimit >= 20 {
+		t.Errorf("the adaptive limit never moved (mean %.1f after the drop)", aimd.MeanLimit)
+	}
+	t.Logf("after the drop: fixed shed %d served %d; adaptive shed %d served %d (mean limit %.1f)",
+		fixed.ShedAfter, fixed.ServedAfter, aimd.ShedAfter, aimd.ServedAfter, aimd.MeanLimit)
+}

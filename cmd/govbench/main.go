@@ -13,6 +13,8 @@
 //   - fanout (fanout.go, on the virtual clock of sim.go): two tenants share
 //     one downstream, without and with Governor;
 //   - deadworker (deadworker.go): a worker dies holding the whole pool;
+//   - adaptive (adaptive.go): the downstream's capacity drops, under a fixed
+//     and an adaptive limit;
 //   - retries (retries.go): nested retry loops against a downstream that is
 //     down, without and with a retry budget.
 //
