@@ -36,6 +36,7 @@ var all = []scenario{
 	{"deadworker", "2. Dead worker", runDeadWorker},
 	{"adaptive", "3. Adaptive limit after a capacity drop", runAdaptive},
 	{"retries", "4. Retries with the downstream down", runRetries},
+	{"crash", "6. kill -9 under load", runCrash},
 }
 
 // A result is a scenario's table and its raw figures.

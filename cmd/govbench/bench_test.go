@@ -190,3 +190,22 @@ func TestAdaptiveServesMoreAfterDrop(t *testing.T) {
 	t.Logf("after the drop: fixed shed %d served %d; adaptive shed %d served %d (mean limit %.1f)",
 		fixed.ShedAfter, fixed.ServedAfter, aimd.ShedAfter, aimd.ServedAfter, aimd.MeanLimit)
 }
+
+// After kill -9 and a restart on the same store, every acknowledged consume
+// is on record: sent again with its request id, none charges again.
+func TestCrashLosesNoAcknowledgedConsume(t *testing.T) {
+	r, err := crashOnce(testContext(t), testEnv(t), 8, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Acked == 0 {
+		t.Fatal("no consume was acknowledged before the kill")
+	}
+	if r.Lost != 0 {
+		t.Errorf("%d of %d acknowledged consumes were lost across kill -9", r.Lost, r.Acked)
+	}
+	if r.OnRecord < int64(r.Acked) {
+		t.Errorf("%d tokens on record after the restart, fewer than the %d acknowledged", r.OnRecord, r.Acked)
+	}
+	t.Logf("%d acknowledged, %d on record, %d on record unacknowledged", r.Acked, r.OnRecord, r.Unacked)
+}

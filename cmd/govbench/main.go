@@ -16,7 +16,9 @@
 //   - adaptive (adaptive.go): the downstream's capacity drops, under a fixed
 //     and an adaptive limit;
 //   - retries (retries.go): nested retry loops against a downstream that is
-//     down, without and with a retry budget.
+//     down, without and with a retry budget;
+//   - crash (crash.go): governord killed with SIGKILL under load and started
+//     again on the same store (SQLite when -store is memory).
 //
 // go test ./cmd/govbench runs them in their -short form and checks the
 // properties the figures rest on; ./test.sh runs that.

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/governor-project/governor/api/governorpb"
+)
+
+// Scenario 6: callers consume one token at a time, each call with a request
+// id, while governord is killed with SIGKILL; then it is started again on
+// the same store. Every consume that was acknowledged must be on record:
+// sent again with its request id after the restart, it must find its
+// original result and charge nothing. The calls on record that were never
+// acknowledged (in flight at the kill) are counted too: allowed, the other
+// way round is not.
+
+const crashConfig = `admin_key: bench-admin-key
+session_ttl: 60s
+tenants:
+  - {name: jobs, api_key: bench-jobs-key}
+`
+
+// crashIDsPerSession stays under the 1,024 request ids a session
+// remembers, so that every acknowledged id can be checked after the restart.
+const crashIDsPerSession = 1000
+
+type crashRun struct {
+	Store        string  `json:"store"`
+	Callers      int     `json:"callers"`
+	KilledAfterS float64 `json:"killed_after_s"`
+	Acked        int     `json:"acknowledged"`
+	OnRecord     int64   `json:"on_record"`
+	Lost         int64   `json:"acknowledged_lost"` // acknowledged consumes that charged again when retried
+	Unacked      int64   `json:"on_record_unacknowledged"`
+	RestartMs    float64 `json:"restart_ms"` // from SIGKILL to the restarted governord ready
+}
+
+type ackedConsume struct {
+	token, rid string
+	node       int64
+}
+
+func runCrash(ctx context.Context, e *env) (*result, error) {
+	callers, before := 16, 2*time.Second
+	if e.short {
+		callers, before = 8, 700*time.Millisecond
+	}
+	r, err := crashOnce(ctx, e, callers, before)
+	if err != nil {
+		return nil, err
+	}
+	res := &result{Header: []string{"store", "callers", "acknowledged", "on record after restart", "acknowledged lost", "on record, never acknowledged", "restart"},
+		Raw: r}
+	res.Rows = [][]string{{r.Store, strconv.Itoa(r.Callers), strconv.Itoa(r.Acked), strconv.FormatInt(r.OnRecord, 10),
+		strconv.FormatInt(r.Lost, 10), strconv.FormatInt(r.Unacked, 10), fmt.Sprintf("%.0f ms", r.RestartMs)}}
+	res.Notes = []string{fmt.Sprintf("governord killed with SIGKILL %.1f s into the run. Each acknowledged consume was sent again with its request id after the restart; a lost one would have charged again.", r.KilledAfterS)}
+	return res, nil
+}
+
+func crashOnce(ctx context.Context, e *env, callers int, before time.Duration) (*crashRun, error) {
+	store := e.store
+	if store == "memory" {
+		// The memory store keeps nothing across a kill, by design.
+		store = "sqlite"
+	}
+	saved := e.store
+	e.store = store
+	gov, err := e.startGovernord(ctx, crashConfig)
+	e.store = saved
+	if err != nil {
+		return nil, err
+	}
+	defer func() { gov.stop() }()
+	conn, err := grpc.NewClient(gov.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	cli := governorpb.NewGovernorClient(conn)
+
+	var mu sync.Mutex
+	var acked []ackedConsume
+	var wg sync.WaitGroup
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	startErr := make(chan error, callers)
+	for w := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; loadCtx.Err() == nil; {
+				s, err := cli.OpenSession(loadCtx, &governorpb.OpenSessionRequest{ApiKey: "bench-jobs-key"})
+				if err != nil {
+					if n == 0 {
+						startErr <- err
+					}
+					return // governord is gone
+				}
+				sctx := metadata.AppendToOutgoingContext(loadCtx, "authorization", "Bearer "+s.GetSessionToken())
+				for range crashIDsPerSession {
+					n++
+					rid := fmt.Sprintf("c%d-%d", w, n)
+					_, err := cli.Consume(sctx, &governorpb.ConsumeRequest{RequestId: rid, NodeId: s.GetScopeNodeId(),
+						Resource: "tokens", Amount: 1})
+					if err != nil {
+						return // governord is gone
+					}
+					mu.Lock()
+					acked = append(acked, ackedConsume{s.GetSessionToken(), rid, s.GetScopeNodeId()})
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	began := time.Now()
+	select {
+	case err := <-startErr:
+		return nil, fmt.Errorf("load: %w", err)
+	case <-time.After(before):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	killed := time.Now()
+	if err := gov.cmd.Process.Kill(); err != nil {
+		return nil, fmt.Errorf("kill -9 governord: %w", err)
+	}
+	<-gov.done
+	wg.Wait()
+	r := &crashRun{Store: store, Callers: callers, KilledAfterS: killed.Sub(began).Seconds(), Acked: len(acked)}
+
+	if err := gov.start(e); err != nil {
+		return nil, fmt.Errorf("restart: %w", err)
+	}
+	r.RestartMs = float64(time.Since(killed).Microseconds()) / 1000
+	conn2, err := grpc.NewClient(gov.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn2.Close()
+	cli = governorpb.NewGovernorClient(conn2)
+	used := func() (int64, error) {
+		admin, err := cli.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-admin-key"})
+		if err != nil {
+			return 0, err
+		}
+		actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+admin.GetSessionToken())
+		defer cli.CloseSession(actx, &governorpb.CloseSessionRequest{})
+		root, err := cli.GetNode(actx, &governorpb.GetNodeRequest{NodeId: 1})
+		if err != nil {
+			return 0, err
+		}
+		return root.GetUsed()["tokens"], nil
+	}
+	if r.OnRecord, err = used(); err != nil {
+		return nil, err
+	}
+	for _, a := range acked {
+		actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.token)
+		if _, err := cli.Consume(actx, &governorpb.ConsumeRequest{RequestId: a.rid, NodeId: a.node, Resource: "tokens", Amount: 1}); err != nil {
+			return nil, fmt.Errorf("acknowledged consume %s sent again after the restart: %w", a.rid, err)
+		}
+	}
+	after, err := used()
+	if err != nil {
+		return nil, err
+	}
+	r.Lost = after - r.OnRecord
+	r.Unacked = r.OnRecord - int64(r.Acked) + r.Lost
+	fmt.Fprintf(e.log, "govbench: %d consumes acknowledged before the kill, %d on record after the restart, %d lost\n", r.Acked, r.OnRecord, r.Lost)
+	return r, nil
+}
