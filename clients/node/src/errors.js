@@ -1,0 +1,94 @@
+// GovernorError: every failure this package reports.
+
+import { status as Status } from '@grpc/grpc-js';
+import { statusDetails } from './proto.js';
+
+/** The gRPC status codes, by name, as numbers (err.code is one of them). */
+export const Code = Object.freeze({
+  OK: 0,
+  CANCELLED: 1,
+  UNKNOWN: 2,
+  INVALID_ARGUMENT: 3,
+  DEADLINE_EXCEEDED: 4,
+  NOT_FOUND: 5,
+  ALREADY_EXISTS: 6,
+  PERMISSION_DENIED: 7,
+  RESOURCE_EXHAUSTED: 8,
+  FAILED_PRECONDITION: 9,
+  ABORTED: 10,
+  OUT_OF_RANGE: 11,
+  UNIMPLEMENTED: 12,
+  INTERNAL: 13,
+  UNAVAILABLE: 14,
+  DATA_LOSS: 15,
+  UNAUTHENTICATED: 16,
+});
+
+const codeNames = Object.fromEntries(Object.entries(Code).map(([k, v]) => [v, k]));
+
+/**
+ * GovernorError is a failed call: the gRPC status code in code (a number,
+ * codeName spells it), the reason in message, and what the server explained
+ * as fields. denied is true when a quota refused the call (the budget is
+ * spent: retrying will not help); the denial's cap, node, used/limit and
+ * largest consumer are then fields of the error. 64-bit ids are strings,
+ * amounts are numbers.
+ */
+export class GovernorError extends Error {
+  constructor(code, message, fields = {}) {
+    super(message, fields.cause === undefined ? undefined : { cause: fields.cause });
+    this.name = 'GovernorError';
+    this.code = code;
+    this.codeName = codeNames[code] ?? `CODE_${code}`;
+    this.op = fields.op ?? '';
+    this.denied = code === Code.RESOURCE_EXHAUSTED;
+    // Set when the session ended: the client gave it up at its local
+    // deadline, the server forgot it, or it was closed. Nothing more is
+    // admitted through it; connect again.
+    this.sessionLost = Boolean(fields.sessionLost);
+    for (const key of ['resource', 'nodeId', 'nodeName', 'used', 'limit', 'amount',
+      'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'nodeEnded', 'leaseEnded']) {
+      if (fields[key] !== undefined) this[key] = fields[key];
+    }
+  }
+}
+
+/**
+ * fromGrpc turns a grpc-js error into a GovernorError for the call op,
+ * decoding the details governord attaches (Denial, NodeEnded, LeaseEnded).
+ */
+export function fromGrpc(op, err) {
+  if (err instanceof GovernorError) return err;
+  const code = typeof err?.code === 'number' ? err.code : Code.UNKNOWN;
+  const reason = err?.details || err?.message || String(err);
+  const details = statusDetails(err?.metadata);
+  const fields = { op, cause: err };
+  const denial = details.Denial;
+  if (code === Status.RESOURCE_EXHAUSTED && denial) {
+    Object.assign(fields, {
+      resource: denial.resource,
+      nodeId: denial.nodeId,
+      nodeName: denial.nodeName,
+      used: Number(denial.used),
+      limit: Number(denial.limit),
+      amount: Number(denial.amount),
+      largestConsumerId: denial.largestConsumerId,
+      largestConsumerName: denial.largestConsumerName,
+      largestConsumerUsed: Number(denial.largestConsumerUsed),
+    });
+  }
+  if (details.NodeEnded) {
+    const { nodeId, nodeName, state } = details.NodeEnded;
+    fields.nodeEnded = { nodeId, nodeName, state: state.replace(/^NODE_STATE_/, '') };
+  }
+  if (details.LeaseEnded) {
+    const { leaseId, reason: why } = details.LeaseEnded;
+    fields.leaseEnded = { leaseId, reason: why.replace(/^LEASE_END_REASON_/, '') };
+  }
+  return new GovernorError(code, `governor: ${op}: ${reason}`, fields);
+}
+
+/** invalid is a GovernorError for bad input caught before any call. */
+export function invalid(op, reason) {
+  return new GovernorError(Code.INVALID_ARGUMENT, `governor: ${op}: ${reason}`, { op });
+}
