@@ -2,10 +2,11 @@
 # test.sh runs every check and test Governor has, on a fresh machine.
 #
 # It installs and starts what the tests need by itself (a throwaway PostgreSQL
-# in a temporary folder), then runs gofmt, go vet and go test, then pgx's own
-# test suite through governor-proxy's pgwire listener (scripts/pgxsuite.sh).
+# in a temporary folder), then runs gofmt, go vet and go test, then the Node.js
+# client's tests (scripts/nodetests.sh), then pgx's own test suite through
+# governor-proxy's pgwire listener (scripts/pgxsuite.sh).
 # Extra arguments are passed to go test, e.g. ./test.sh -run TestRandomized -v,
-# and leave pgx's suite out.
+# and leave the Node.js tests and pgx's suite out.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -28,6 +29,13 @@ fi
 
 echo "== go test"
 go test -count=1 -timeout 20m "$@" ./...
+
+# The Node.js client (clients/node) against a governord built from this
+# checkout (under a minute). Only on a full run, like pgx's suite.
+if (($# == 0)); then
+	echo "== node client"
+	bash scripts/nodetests.sh
+fi
 
 # pgx's own suite, its whole module, directly and through the pgwire proxy
 # (4 to 5 minutes). Only on a full run: arguments pick tests of this
