@@ -57,10 +57,12 @@ type fanoutSide struct {
 	JobsFailed  map[string]int     `json:"jobs_failed"`
 	P50ms       map[string]float64 `json:"p50_ms"`
 	P99ms       map[string]float64 `json:"p99_ms"`
-	QuietShare  float64            `json:"quiet_share"` // of the calls served while the quiet tenant had work
-	Concurrency [][2]float64       `json:"concurrency"` // (ms, calls in flight) at each change
+	QuietShare  float64            `json:"quiet_share"`      // of the calls served while the quiet tenant had work
+	QuietCalls  float64            `json:"quiet_call_share"` // of the calls made while the quiet tenant had work
+	Concurrency [][2]float64       `json:"concurrency"`      // (ms, calls in flight) at each change
 	latencies   map[string][]time.Duration
 	servedAt    []servedCall
+	calledAt    []servedCall
 }
 
 type servedCall struct {
@@ -84,6 +86,7 @@ type downstream struct {
 
 func (d *downstream) call(tenant string) (time.Duration, error) {
 	d.side.Calls[tenant]++
+	d.side.calledAt = append(d.side.calledAt, servedCall{d.s.now, tenant})
 	d.inflight++
 	d.side.Peak = max(d.side.Peak, d.inflight)
 	d.trace()
@@ -308,16 +311,21 @@ func (side *fanoutSide) summarize() {
 		side.P50ms[tenant] = float64(percentile(l, 0.50)) / 1e6
 		side.P99ms[tenant] = float64(percentile(l, 0.99)) / 1e6
 	}
-	// The quiet tenant's share of what was served while it had work: from
-	// its first call served to its last.
+	side.QuietShare = quietShare(side.servedAt)
+	side.QuietCalls = quietShare(side.calledAt)
+}
+
+// quietShare is the quiet tenant's share of calls between its first and
+// its last.
+func quietShare(calls []servedCall) float64 {
 	lo, hi := time.Duration(1<<62), time.Duration(-1)
-	for _, c := range side.servedAt {
+	for _, c := range calls {
 		if c.tenant == "quiet" {
 			lo, hi = min(lo, c.at), max(hi, c.at)
 		}
 	}
 	var quiet, all int
-	for _, c := range side.servedAt {
+	for _, c := range calls {
 		if c.at >= lo && c.at <= hi {
 			all++
 			if c.tenant == "quiet" {
@@ -325,9 +333,10 @@ func (side *fanoutSide) summarize() {
 			}
 		}
 	}
-	if all > 0 {
-		side.QuietShare = float64(quiet) / float64(all)
+	if all == 0 {
+		return 0
 	}
+	return float64(quiet) / float64(all)
 }
 
 // percentile is the nearest-rank p-th of sorted.
@@ -350,7 +359,7 @@ func runFanout(ctx context.Context, e *env) (*result, error) {
 		sides = append(sides, side)
 	}
 	r := &result{Header: []string{"", "peak / capacity", "calls", "overloaded", "errors", "jobs failed",
-		"busy p50 / p99 ms", "quiet p50 / p99 ms", "quiet share"},
+		"busy p50 / p99 ms", "quiet p50 / p99 ms", "quiet share of calls / served"},
 		Raw: map[string]any{"params": p, "seed": e.seed, "without": sides[0], "with": sides[1]}}
 	for _, side := range sides {
 		name := "without"
@@ -365,7 +374,7 @@ func runFanout(ctx context.Context, e *env) (*result, error) {
 			fmt.Sprintf("%d busy, %d quiet", side.JobsFailed["busy"], side.JobsFailed["quiet"]),
 			fmt.Sprintf("%.0f / %.0f", side.P50ms["busy"], side.P99ms["busy"]),
 			fmt.Sprintf("%.0f / %.0f", side.P50ms["quiet"], side.P99ms["quiet"]),
-			fmt.Sprintf("%.0f%%", 100*side.QuietShare)})
+			fmt.Sprintf("%.0f%% / %.0f%%", 100*side.QuietCalls, 100*side.QuietShare)})
 	}
 	r.Notes = []string{fmt.Sprintf("Seed %d; virtual time: the same seed gives the same counts. %d busy jobs of %d subtasks (2 nested retry loops of 3 attempts) every %v, %d quiet jobs of one call every %v; downstream capacity %d.",
 		e.seed, p.BusyJobs, p.Fanout, p.BusyEvery, p.QuietJobs, p.QuietEvery, p.Capacity)}
