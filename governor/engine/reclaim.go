@@ -149,6 +149,7 @@ func (e *Engine) applyReclaimed(ev *Event) error {
 		listed[id] = true
 	}
 	var parents []*node
+	gone := make(map[*node][]*node) // by parent
 	for _, id := range ev.Nodes {
 		n := e.nodes[id]
 		p := n.parent
@@ -161,14 +162,45 @@ func (e *Engine) applyReclaimed(ev *Event) error {
 			}
 		}
 		e.forget(n)
-		if !slices.Contains(parents, p) {
+		if _, ok := gone[p]; !ok {
 			parents = append(parents, p)
 		}
+		gone[p] = append(gone[p], n)
 	}
 	for _, p := range parents {
-		p.children = slices.DeleteFunc(p.children, func(c *node) bool { return e.nodes[c.id] != c })
+		p.removeChildren(gone[p])
 	}
 	return nil
+}
+
+// removeChildren removes gone, some of n's children, from n.children. A
+// tenant may hold tens of thousands of ended tasks for a retention, and
+// the reaper reclaims a few of them at a time under the engine's lock, so
+// each is found by binary search (children are in id order: they are
+// appended as they are created) and only the slice's pointers are moved,
+// rather than every child being looked at.
+func (n *node) removeChildren(gone []*node) {
+	at := make([]int, 0, len(gone))
+	for _, c := range gone {
+		i, ok := slices.BinarySearchFunc(n.children, c.id, func(x *node, id NodeID) int { return cmp.Compare(x.id, id) })
+		if !ok || n.children[i] != c {
+			// Not in id order after all: look at every child.
+			n.children = slices.DeleteFunc(n.children, func(x *node) bool { return slices.Contains(gone, x) })
+			return
+		}
+		at = append(at, i)
+	}
+	slices.Sort(at)
+	w := at[0]
+	for k, i := range at {
+		end := len(n.children)
+		if k+1 < len(at) {
+			end = at[k+1]
+		}
+		w += copy(n.children[w:], n.children[i+1:end])
+	}
+	clear(n.children[w:])
+	n.children = n.children[:w]
 }
 
 // forget removes n and its subtree from the engine.
