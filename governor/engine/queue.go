@@ -193,6 +193,12 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			e.failWaiter(w, err) // its node just expired
 			continue
 		}
+		if err := e.checkUse(w.node.tenant, w.class, w.charges); err != nil {
+			// Its tenant forgot a name it asks for while it waited (a cap
+			// removed while nothing held it), and other names took its place.
+			e.failWaiter(w, err)
+			continue
+		}
 		if err := w.node.checkAll(w.charges); err != nil {
 			e.failWaiter(w, e.refused(w.session, err)) // a quota was spent, or reserved, while it waited
 			continue

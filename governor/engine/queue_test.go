@@ -205,3 +205,68 @@ func TestFairQueueWaitBoundIsOthersWeights(t *testing.T) {
 		}
 	}
 }
+
+// When a tenant whose turn it is is reclaimed, the turn passes to the next
+// tenant in the ring, as if it had forfeited it; it does not go back to
+// the tenant before it, which would then get two turns in a row. (The
+// ring is A, B, C; C's turn; C is reclaimed; A is next, not B.)
+func TestFairQueueReclaimedTenantPassesItsTurnOn(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 1}})
+	a := f.create(System, RootID, NodeSpec{Name: "a"})
+	b := f.create(System, RootID, NodeSpec{Name: "b"})
+	c := f.create(System, RootID, NodeSpec{Name: "c"})
+	sa, sb, sc := f.open(a, longTTL), f.open(b, longTTL), f.open(c, longTTL)
+	queue := func(sid SessionID, n NodeID) *Wait {
+		t.Helper()
+		_, w, err := f.e.Acquire(sid, AcquireRequest{Node: n, Class: "db"})
+		if err != nil || w == nil {
+			t.Fatalf("acquire on %d: %v, queued %v", n, err, w != nil)
+		}
+		return w
+	}
+	granted := func(w *Wait) LeaseID {
+		t.Helper()
+		select {
+		case o := <-w.C:
+			if o.Err != nil {
+				t.Fatalf("wait failed: %v", o.Err)
+			}
+			return o.Grant.Lease
+		default:
+			return 0
+		}
+	}
+	held := f.acquire(sa, a, "db")
+	wa, wb := queue(sa, a), queue(sb, b)
+	queue(sc, c)        // the ring is a, b, c
+	f.release(sa, held) // a's turn
+	held = granted(wa)
+	f.release(sa, held) // b's turn
+	held = granted(wb)
+	if held == 0 {
+		t.Fatal("b was not granted in its turn")
+	}
+	if err := f.e.CloseSession(sc); err != nil { // c's waiter fails; its turn comes, with nobody to take it
+		t.Fatal(err)
+	}
+	if _, err := f.e.EndNode(System, c, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	wa, wb = queue(sa, a), queue(sb, b)
+	f.clock.Advance(testRetention)
+	if _, err := f.e.Heartbeat(sa); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.Heartbeat(sb); err != nil {
+		t.Fatal(err)
+	}
+	f.e.Reap()
+	if f.e.nodes[c] != nil {
+		t.Fatal("c was not reclaimed")
+	}
+	f.release(sb, held)
+	if granted(wa) == 0 || granted(wb) != 0 {
+		t.Error("the slot after reclaimed c's turn went to b, not to a, the next in the ring")
+	}
+}

@@ -224,8 +224,13 @@ func (e *Engine) dropTenantQueues(t *node) {
 		delete(q.byNode, t)
 		i := slices.Index(q.ring, tq)
 		q.ring = slices.Delete(q.ring, i, i+1)
-		if q.cursor > i || q.cursor >= len(q.ring) {
-			q.cursor = max(q.cursor-1, 0)
+		// The turn stays with whoever had it; the reclaimed tenant's own
+		// passes on to the next in the ring.
+		if q.cursor > i {
+			q.cursor--
+		}
+		if q.cursor >= len(q.ring) {
+			q.cursor = 0
 		}
 	}
 }

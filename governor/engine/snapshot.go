@@ -73,6 +73,23 @@ type TombstoneSnapshot struct {
 	At      int64
 }
 
+// withIdle adds to counts, as zeros, the names gs holds an entry for with
+// no cap and nothing in use: a class whose leases have all ended, say.
+// Tenants' bounds count every name a node holds an entry for, so a
+// restore must bring those entries back, or a restarted engine would let a
+// tenant use names the live one refused.
+func withIdle(gs gauges, counts map[string]int64) map[string]int64 {
+	for k, g := range gs {
+		if !g.capped && g.n == 0 && g.r == 0 {
+			if counts == nil {
+				counts = make(map[string]int64)
+			}
+			counts[k] = 0
+		}
+	}
+	return counts
+}
+
 func nilIfEmpty(m map[string]int64) map[string]int64 {
 	if len(m) == 0 {
 		return nil
@@ -91,6 +108,7 @@ func (e *Engine) Snapshot() Snapshot {
 		// Gauges give nil maps when empty already; defaults are cloned maps.
 		v.DefaultQuotas, v.DefaultLimits = nilIfEmpty(v.DefaultQuotas), nilIfEmpty(v.DefaultLimits)
 		v.Reserved = nilIfEmpty(v.Reserved)
+		v.Used, v.Held = withIdle(e.nodes[id].quota, v.Used), withIdle(e.nodes[id].limit, v.Held)
 		snap.Nodes = append(snap.Nodes, v)
 	}
 	for _, s := range e.sortedSessions() {
