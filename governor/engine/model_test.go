@@ -33,6 +33,8 @@ type model struct {
 	endedAt   map[NodeID]int64
 	gone      map[NodeID]map[string]int64
 	retention time.Duration
+	// The model's own decisions (model_decide_test.go).
+	modelDecide
 }
 
 type modelLease struct {
@@ -59,6 +61,7 @@ func newModel(retention time.Duration) *model {
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention}
 	m.state[RootID] = Open
+	m.decideInit()
 	return m
 }
 
@@ -119,8 +122,19 @@ func add(m map[NodeID]map[string]int64, id NodeID, key string, v int64) {
 	}
 }
 
-// Emit audits one event and applies it to the model.
+// Emit audits one event and applies it to the model, then follows what
+// the engine decides after it (model_decide_test.go).
 func (m *model) Emit(ev Event) {
+	wasExpected := m.expected(ev)
+	l := m.leases[ev.Lease]
+	m.applyEvent(ev)
+	m.decideEvent(ev, l)
+	if wasExpected {
+		m.afterExpected(ev)
+	}
+}
+
+func (m *model) applyEvent(ev Event) {
 	if ev.Seq != m.seq+1 {
 		m.failf("event seq %d follows %d", ev.Seq, m.seq)
 	}
@@ -142,9 +156,13 @@ func (m *model) Emit(ev Event) {
 	case EvSessionOpened:
 		m.scope[ev.Session] = ev.Node
 	case EvSessionEnded:
+		reason := EndReleased
+		if ev.Reason == EndExpired {
+			reason = EndExpired
+		}
 		for id, l := range m.leases {
 			if l.session == ev.Session {
-				m.endLease(id)
+				m.endLease(id, reason, ev.At)
 			}
 		}
 		// Whatever it still had reserved may have been spent: it counts.
@@ -181,7 +199,7 @@ func (m *model) Emit(ev Event) {
 			}
 			for lid, l := range m.leases {
 				if l.node == id {
-					m.endLease(lid)
+					m.endLease(lid, EndRevoked, ev.At)
 				}
 			}
 		}
@@ -288,7 +306,7 @@ func (m *model) Emit(ev Event) {
 				add(m.used, a, c.Resource, -c.Amount)
 			}
 		}
-		m.endLease(ev.Lease)
+		m.endLease(ev.Lease, EndReleased, ev.At)
 	case EvLimitAdjusted:
 		m.limits[ev.Node] = overlay(m.limits[ev.Node], map[string]int64{ev.Resource: ev.Amount})
 	case EvNodesReclaimed:
@@ -331,6 +349,9 @@ func (m *model) reclaim(ev Event, root NodeID) {
 		}
 	}
 	p := m.parent[root]
+	if p == RootID {
+		m.dropTenant(root)
+	}
 	for r, u := range m.used[root] {
 		add(m.gone, p, r, u)
 	}
@@ -381,8 +402,9 @@ func (m *model) hold(ev Event, id NodeID, class string, count int64) {
 	}
 }
 
-func (m *model) endLease(id LeaseID) {
+func (m *model) endLease(id LeaseID, reason EndReason, at int64) {
 	l := m.leases[id]
+	m.tomb(id, l, reason, at)
 	for _, a := range m.chain(l.node) {
 		add(m.held, a, l.class, -l.count)
 	}
