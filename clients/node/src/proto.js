@@ -41,8 +41,9 @@ export function findProto() {
 
 /**
  * protocol loads governor.proto once and returns the gRPC client constructor,
- * the protobufjs root (to decode error details) and which methods take a
- * request id.
+ * the protobufjs root (to decode error details) and, for each method, its
+ * path, whether it streams or takes a request id, and how to encode its
+ * request and decode its response (as the client constructor does).
  */
 export function protocol() {
   if (loaded) return loaded;
@@ -54,10 +55,14 @@ export function protocol() {
   const service = root.lookupService('governor.v1.Governor');
   const methods = new Map();
   for (const [name, m] of Object.entries(service.methods)) {
+    const req = m.resolvedRequestType;
+    const res = m.resolvedResponseType;
     methods.set(name, {
+      path: `/governor.v1.Governor/${name}`,
       stream: Boolean(m.responseStream || m.requestStream),
-      requestType: m.resolvedRequestType,
-      takesRequestId: Boolean(m.resolvedRequestType.fields.requestId),
+      takesRequestId: Boolean(req.fields.requestId),
+      encode: (object) => req.encode(req.fromObject(object)).finish(),
+      decode: (bytes) => res.toObject(res.decode(bytes), conversion),
     });
   }
   loaded = { file, Governor, root, methods };
