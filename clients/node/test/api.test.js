@@ -250,6 +250,46 @@ describe('retries', () => {
   });
 });
 
+describe('abandon', () => {
+  test('an acquire granted as its caller gave up is given back', async () => {
+    // The interceptor lets the first Acquire be granted at governord, then
+    // turns its answer into CANCELLED and aborts the caller's signal, as if
+    // the caller gave up just as the grant was on its way back.
+    const ac = new AbortController();
+    const sent = [];
+    let cut = false;
+    const cutFirstGrant = (options, nextCall) => new grpc.InterceptingCall(nextCall(options), {
+      sendMessage(message, next) {
+        if (options.method_definition.path.endsWith('/Acquire')) sent.push(message);
+        next(message);
+      },
+      start(metadata, listener, next) {
+        next(metadata, {
+          onReceiveStatus(status, nextStatus) {
+            if (options.method_definition.path.endsWith('/Acquire') && !cut && status.code === grpc.status.OK) {
+              cut = true;
+              nextStatus({ code: grpc.status.CANCELLED, details: 'Cancelled on client', metadata: new grpc.Metadata() });
+              ac.abort(new Error('caller gave up')); // before the client sees the answer
+              return;
+            }
+            nextStatus(status);
+          },
+        });
+      },
+    });
+    const s = await connect({ apiKey: PAYMENTS_KEY, addr: governord.addr, interceptors: [cutFirstGrant] });
+    const task = await s.newTask({ name: unique('abandon') });
+    await assert.rejects(task.acquire('psp', { signal: ac.signal }), (err) => err.code === Code.CANCELLED);
+    assert.equal(sent.length, 2, 'the acquire, then its abandon');
+    assert.equal(sent[1].abandon, true);
+    assert.equal(sent[1].requestId, sent[0].requestId);
+    const node = await session.rpc('GetNode', { nodeId: task.id });
+    assert.deepEqual(node.held, {}, 'the lease granted to nobody was given back');
+    await task.close();
+    await s.close();
+  });
+});
+
 describe('close', () => {
   test('close frees every lease of the session and ends it', async () => {
     const s = await connect({ apiKey: PAYMENTS_KEY, addr: governord.addr });
