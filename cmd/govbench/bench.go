@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -65,7 +66,8 @@ type env struct {
 
 // benchMain runs the numbered scenarios: govbench [-out DIR] [-only NAMES]...
 func benchMain(args []string, stdout, stderr io.Writer) int {
-	fs := flagSet("", stderr)
+	fs := flag.NewFlagSet("govbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	out := fs.String("out", "", "a folder to write each scenario's raw results to, as NAME.json (empty: none)")
 	only := fs.String("only", "", "comma-separated scenarios to run (default all): "+names())
 	short := fs.Bool("short", false, "small runs that check the properties quickly (what CI runs)")
