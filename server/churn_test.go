@@ -27,7 +27,7 @@ import (
 // and the snapshot stay flat, and another tenant's p99 call latency stays
 // within 2x of its value before the load.
 //
-// By default it runs 20,000 tasks with a 2 s retention, in about 25 s, and
+// By default it runs 20,000 tasks with a 2 s retention, in about 30 s, and
 // checks that they stay flat; it reports the other tenant's latency without
 // judging it, since a few hundred calls a window on a shared machine (and
 // beside the other packages' tests) make no steady p99. The long run is on
@@ -99,27 +99,29 @@ func TestTaskChurnStaysFlat(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the other tenant, idle: %v", err)
 	}
-	t.Logf("idle: %d probe calls, p50 %v, p99 %v", len(idle), percentile(idle, 0.5), percentile(idle, 0.99))
+	idleP50, idleP99 := percentile(tookOf(idle, nil), 0.5), percentile(tookOf(idle, nil), 0.99)
+	t.Logf("idle: %d probe calls, p50 %v, p99 %v", len(idle), idleP50, idleP99)
 
 	clients := make([]*governor.Client, churnWorkers)
 	for i := range clients {
 		clients[i] = dial(govtest.TenantKey)
 	}
 	rows, elapsed := c.load(t, clients, func(done int64, at time.Duration) churnWindow {
-		lat := p.take()
+		calls := p.take()
+		lat := tookOf(calls, nil)
+		calm := tookOf(calls, func(c probeCall) bool { return !snaps.during(c.due, c.due.Add(c.took)) })
 		return churnWindow{tasks: done, at: at, heap: liveHeap(t), nodes: govtest.Metric(t, srv, "governor_nodes"),
 			snapshot: govtest.Metric(t, srv, "governor_snapshot_bytes"), calls: len(lat),
-			p50: percentile(lat, 0.5), p99: percentile(lat, 0.99), snaps: snaps.take()}
+			p50: percentile(lat, 0.5), p99: percentile(lat, 0.99), calmP99: percentile(calm, 0.99), snaps: snaps.take()}
 	})
 	t.Logf("%d tasks in %v (%.0f tasks/s), %d workers, node_retention %v, snapshot_every %d",
 		c.tasks, elapsed.Round(time.Millisecond), float64(c.tasks)/elapsed.Seconds(), churnWorkers, c.retention, c.snapEvery)
-	logChurn(t, rows, percentile(idle, 0.5), percentile(idle, 0.99))
+	logChurn(t, rows, idleP50, idleP99)
 
 	c.checkFlat(t, rows)
 	if !c.long {
 		return
 	}
-	idleP99 := percentile(idle, 0.99)
 	for _, r := range rows {
 		if r.p99 > 2*idleP99 {
 			t.Errorf("the other tenant's p99 was %v at %d tasks, over 2x its idle %v", r.p99, r.tasks, idleP99)
@@ -150,6 +152,7 @@ type churnWindow struct {
 	heap, nodes, snapshot float64
 	calls                 int
 	p50, p99              time.Duration
+	calmP99               time.Duration // of the calls no snapshot was being taken during
 	snaps                 []snapshotSaved
 }
 
@@ -228,14 +231,15 @@ func (c churnConfig) checkFlat(t *testing.T, rows []churnWindow) {
 	for _, r := range rows[ref+1 : ref+refWindows] {
 		base.heap, base.nodes, base.snapshot = max(base.heap, r.heap), max(base.nodes, r.nodes), max(base.snapshot, r.snapshot)
 	}
-	for _, r := range rows[ref+refWindows:] {
+	for i := ref + refWindows; i < len(rows); i++ {
+		r := rows[i]
 		for _, f := range []struct {
 			what       string
 			got, base  float64
 			slack      float64
 			whatsSlack string
 		}{
-			{"live heap", r.heap, base.heap, 8e6, "8 MB"},
+			{"live heap", heapAround(rows, i), base.heap, 8e6, "8 MB"},
 			{"nodes held", r.nodes, base.nodes, 1000, "1,000"},
 			{"snapshot", r.snapshot, base.snapshot, 256e3, "256 kB"},
 		} {
@@ -247,19 +251,35 @@ func (c churnConfig) checkFlat(t *testing.T, rows []churnWindow) {
 	}
 }
 
+// heapAround is the median of the live heap at window i and its two
+// neighbours (the lesser of two at the end). The live heap is what the
+// last collection found, and a snapshot being taken then holds its copy
+// of the state and its encoding for a moment (two to three times its size:
+// 139 MB in one window of the long run, against 85-128 MB around it);
+// growth shows in every window, so it shows in the median too.
+func heapAround(rows []churnWindow, i int) float64 {
+	var hs []float64
+	for _, r := range rows[max(0, i-1):min(len(rows), i+2)] {
+		hs = append(hs, r.heap)
+	}
+	slices.Sort(hs)
+	return hs[(len(hs)-1)/2]
+}
+
 func logChurn(t *testing.T, rows []churnWindow, idleP50, idleP99 time.Duration) {
-	t.Logf("%10s %9s %8s %8s %9s %7s %9s %9s %6s  %s", "tasks", "elapsed", "heap MB", "nodes", "snap MB", "probes",
-		"probe p50", "probe p99", "/idle", "snapshots saved (capture+encode+save ms)")
+	t.Logf("%10s %9s %8s %8s %9s %7s %9s %9s %6s %9s  %s", "tasks", "elapsed", "heap MB", "nodes", "snap MB", "probes",
+		"probe p50", "probe p99", "/idle", "p99 calm", "snapshots saved (capture+encode+save ms)")
 	for _, r := range rows {
 		var ss []string
 		for _, x := range r.snaps {
 			ss = append(ss, fmt.Sprintf("%.0f+%.0f+%.0f", ms(x.capture), ms(x.encode), ms(x.save)))
 		}
-		t.Logf("%10d %9v %8.1f %8.0f %9.2f %7d %9v %9v %5.1fx  %s", r.tasks, r.at.Round(100*time.Millisecond), r.heap/1e6,
+		t.Logf("%10d %9v %8.1f %8.0f %9.2f %7d %9v %9v %5.1fx %9v  %s", r.tasks, r.at.Round(100*time.Millisecond), r.heap/1e6,
 			r.nodes, r.snapshot/1e6, r.calls, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond),
-			float64(r.p99)/float64(idleP99), strings.Join(ss, " "))
+			float64(r.p99)/float64(idleP99), r.calmP99.Round(10*time.Microsecond), strings.Join(ss, " "))
 	}
-	t.Logf("idle: p50 %v, p99 %v", idleP50.Round(10*time.Microsecond), idleP99.Round(10*time.Microsecond))
+	t.Logf("idle: p50 %v, p99 %v; p99 calm: of the calls during which no snapshot was being taken",
+		idleP50.Round(10*time.Microsecond), idleP99.Round(10*time.Microsecond))
 }
 
 // churnOne is one task's life: created, charged once, closed.
@@ -289,7 +309,7 @@ type probe struct {
 
 	mu   sync.Mutex
 	more *sync.Cond // signalled when a latency or an error comes in
-	lat  []time.Duration
+	lat  []probeCall
 	err  error // the first call that failed
 }
 
@@ -319,7 +339,7 @@ func (p *probe) run(stop <-chan struct{}, done chan<- struct{}) {
 			if err != nil && p.err == nil {
 				p.err = err
 			} else if err == nil {
-				p.lat = append(p.lat, d)
+				p.lat = append(p.lat, probeCall{due: due, took: d})
 			}
 			p.more.Broadcast()
 		})
@@ -327,7 +347,7 @@ func (p *probe) run(stop <-chan struct{}, done chan<- struct{}) {
 }
 
 // take returns the latencies since the last take.
-func (p *probe) take() []time.Duration {
+func (p *probe) take() []probeCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := p.lat
@@ -336,7 +356,7 @@ func (p *probe) take() []time.Duration {
 }
 
 // takeAtLeast waits until n latencies are in, and takes them.
-func (p *probe) takeAtLeast(n int) ([]time.Duration, error) {
+func (p *probe) takeAtLeast(n int) ([]probeCall, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for len(p.lat) < n && p.err == nil {
@@ -356,6 +376,24 @@ func (p *probe) failed() error {
 	return p.err
 }
 
+// probeCall is one of the other tenant's calls: when it was due, and how
+// long after that its answer came.
+type probeCall struct {
+	due  time.Time
+	took time.Duration
+}
+
+// tookOf is the latencies of the calls keep keeps (nil: all).
+func tookOf(calls []probeCall, keep func(probeCall) bool) []time.Duration {
+	var out []time.Duration
+	for _, c := range calls {
+		if keep == nil || keep(c) {
+			out = append(out, c.took)
+		}
+	}
+	return out
+}
+
 func percentile(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
 		return 0
@@ -370,11 +408,13 @@ func percentile(d []time.Duration, q float64) time.Duration {
 type snapshotLog struct {
 	mu    sync.Mutex
 	saved []snapshotSaved
+	spans [][2]time.Time // when each snapshot began and was saved; kept
 }
 
 type snapshotSaved struct {
 	bytes                 int64
 	capture, encode, save time.Duration
+	took                  time.Duration // the three, and what came between
 }
 
 func (l *snapshotLog) Enabled(context.Context, slog.Level) bool { return true }
@@ -396,13 +436,29 @@ func (l *snapshotLog) Handle(_ context.Context, r slog.Record) error {
 			s.encode = a.Value.Duration()
 		case "save":
 			s.save = a.Value.Duration()
+		case "took":
+			s.took = a.Value.Duration()
 		}
 		return true
 	})
 	l.mu.Lock()
 	l.saved = append(l.saved, s)
+	l.spans = append(l.spans, [2]time.Time{r.Time.Add(-s.took), r.Time})
 	l.mu.Unlock()
 	return nil
+}
+
+// during reports whether a snapshot was being taken at some moment from
+// from to to.
+func (l *snapshotLog) during(from, to time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, sp := range l.spans {
+		if sp[0].Before(to) && from.Before(sp[1]) {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *snapshotLog) take() []snapshotSaved {
