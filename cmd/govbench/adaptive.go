@@ -37,7 +37,7 @@ type adaptiveParams struct {
 func adaptiveWorkload(short bool) adaptiveParams {
 	p := adaptiveParams{Workers: 30, Before: 3 * time.Second, After: 6 * time.Second,
 		Service: 20 * time.Millisecond, Refuse: 5 * time.Millisecond,
-		Interval: 100 * time.Millisecond, TargetP95: 100 * time.Millisecond, MaxOverload: 0.15}
+		Interval: 50 * time.Millisecond, TargetP95: 100 * time.Millisecond, MaxOverload: 0.02}
 	if short {
 		p.Before, p.After = time.Second, 2*time.Second
 	}
