@@ -780,6 +780,11 @@ func (w *world) check() {
 		}
 	}
 	for _, s := range e.sessions {
+		for _, wt := range s.waiters {
+			if wt.done {
+				w.fail("session %d still lists a finished waiter of %s on node %d", s.id, wt.class, wt.node.id)
+			}
+		}
 		if len(s.requests.byID) > RequestMemory || len(s.requests.byID) != len(s.requests.order) {
 			w.fail("session %d remembers %d ids in a ring of %d", s.id, len(s.requests.byID), len(s.requests.order))
 		}
