@@ -573,7 +573,7 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 type NodeSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's name, unique among the parent's open children. Required
-	// (1 to 255 bytes).
+	// (1 to 256 bytes).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Quota caps by resource name, in the resource's own units (e.g. retry: 3,
 	// tokens: 50000). Merged over the parent's default_quotas: a key named here

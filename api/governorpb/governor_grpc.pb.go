@@ -107,8 +107,8 @@ const (
 //
 // # Names
 //
-// Node names are 1 to 255 bytes of UTF-8. Resource names (quota keys) and
-// class names (limit keys) are 1 to 64 bytes of UTF-8. Anything else is
+// Node names, resource names (quota keys) and class names (limit keys) are
+// 1 to 256 bytes of UTF-8 with no NUL byte. Anything else is
 // INVALID_ARGUMENT.
 //
 // # Caps in maps
@@ -532,8 +532,8 @@ func (c *governorClient) SetCaps(ctx context.Context, in *SetCapsRequest, opts .
 //
 // # Names
 //
-// Node names are 1 to 255 bytes of UTF-8. Resource names (quota keys) and
-// class names (limit keys) are 1 to 64 bytes of UTF-8. Anything else is
+// Node names, resource names (quota keys) and class names (limit keys) are
+// 1 to 256 bytes of UTF-8 with no NUL byte. Anything else is
 // INVALID_ARGUMENT.
 //
 // # Caps in maps

@@ -35,7 +35,7 @@ export async function guarded(task, cls, fn, isOverloaded = () => false) {
 // The governor's own refusals: retrying the work cannot change them.
 function refusal(err) {
   return err instanceof GovernorError &&
-    (err.denied || err.sessionLost || [Code.FAILED_PRECONDITION, Code.UNAUTHENTICATED, Code.PERMISSION_DENIED].includes(err.code));
+    (err.denied || err.sessionLost || [Code.FAILED_PRECONDITION, Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.NOT_FOUND].includes(err.code));
 }
 
 /**
