@@ -167,16 +167,20 @@ func (c *conn) serve() {
 			c.linger()
 			return
 		}
-		c.fail(FailAuth, err)
+		if !errors.Is(err, errStopping) {
+			c.fail(FailAuth, err)
+		}
 		return
 	}
-	c.client.SetDeadline(time.Time{})
+	c.client.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	if !c.stopping { // stop's write deadline (closeGrace) stays
+		c.client.SetWriteDeadline(time.Time{})
+	}
+	c.mu.Unlock()
 	up.SetDeadline(time.Time{})
 
 	done := make(chan error, 1)
-	if !c.startRelay() {
-		return
-	}
 	go func() {
 		err := c.serverLoop()
 		c.serverEnded(err)
@@ -356,6 +360,12 @@ func (c *conn) authenticate() error {
 				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 			}
 			c.status = body[0]
+			// Relaying from before the client learns it is logged in, so
+			// that a Proxy.Close from then on ends the connection with
+			// FATAL 57P01, never in silence.
+			if !c.startRelay() {
+				return errStopping
+			}
 			c.cw.Write(appendMsg(nil, t, body))
 			return c.cw.Flush()
 		default: // ParameterStatus, NoticeResponse, NegotiateProtocolVersion

@@ -38,6 +38,9 @@ const (
 // follow it.
 var errCut = errors.New("connection cut in the middle of a message")
 
+// errStopping: Proxy.Close ended the connection before it was relaying.
+var errStopping = errors.New("governor-proxy is shutting down")
+
 // startRelay marks the connection as relaying, unless Proxy.Close got to it
 // first.
 func (c *conn) startRelay() bool {
