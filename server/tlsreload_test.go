@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"log/slog"
 	"strings"
 	"testing"
@@ -28,14 +27,7 @@ import (
 // still in force. No restart.
 func TestTLSCertificateRotates(t *testing.T) {
 	a, b := testcert.New(t, "127.0.0.1"), testcert.New(t, "127.0.0.1")
-	roots := x509.NewCertPool()
-	for _, c := range []testcert.Cert{a, b} {
-		leaf, err := x509.ParseCertificate(c.TLS.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		roots.AddCert(leaf)
-	}
+	roots := testcert.Trusting(a, b)
 	v := testcert.NewVolume(t, a.CertFile, a.KeyFile)
 	cfg := testConfig()
 	cfg.TLS = TLSConfig{CertFile: v.CertFile, KeyFile: v.KeyFile}

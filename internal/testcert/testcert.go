@@ -67,8 +67,19 @@ func New(t testing.TB, hosts ...string) Cert {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.TLS.Leaf = leaf
 	c.Pool.AddCert(leaf)
 	return c
+}
+
+// Trusting is a pool that trusts each of certs, as a client that knows a
+// rotation's old and new certificates does.
+func Trusting(certs ...Cert) *x509.CertPool {
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c.TLS.Leaf)
+	}
+	return pool
 }
 
 // Volume is a folder laid out as the kubelet mounts a Kubernetes Secret,

@@ -104,14 +104,7 @@ func echo(t *testing.T, c *tls.Conn, msg string) {
 // working, and a pair that does not load leaves the one in force.
 func TestRotation(t *testing.T) {
 	a, b := testcert.New(t, "127.0.0.1"), testcert.New(t, "127.0.0.1")
-	roots := x509.NewCertPool()
-	for _, c := range []testcert.Cert{a, b} {
-		leaf, err := x509.ParseCertificate(c.TLS.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		roots.AddCert(leaf)
-	}
+	roots := testcert.Trusting(a, b)
 	v := testcert.NewVolume(t, a.CertFile, a.KeyFile)
 	r, reloads := watch(t, v, 5*time.Millisecond)
 	ln := serve(t, r)
