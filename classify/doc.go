@@ -3,9 +3,9 @@
 // class it holds and which quotas it is charged.
 //
 // It is pure: it does no I/O except reading its rule file (Load) and polling
-// it (Watcher). It may import only the standard library, gopkg.in/yaml.v3
-// and internal/envsubst; never the proxies, the server, the engine or the
-// SDK.
+// it (Watcher). It may import only the standard library, gopkg.in/yaml.v3,
+// internal/envsubst and internal/filepoll; never the proxies, the server,
+// the engine or the SDK.
 //
 // # Rules
 //

@@ -1,10 +1,10 @@
 package classify
 
 import (
-	"crypto/sha256"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/governor-project/governor/internal/filepoll"
 )
 
 // DefaultInterval is how often a Watcher polls its file.
@@ -31,14 +31,7 @@ type Watcher struct {
 
 	rules atomic.Pointer[Rules]
 
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-
-	// Owned by the polling goroutine.
-	handled [sha256.Size]byte // the content last applied or reported
-	pending [sha256.Size]byte // content seen once, waiting for a second look
-	waiting bool
+	poller *filepoll.Poller
 }
 
 // A WatchOption configures NewWatcher.
@@ -70,8 +63,7 @@ func WithInterval(d time.Duration) WatchOption {
 // which case Rules still returns the rules in force. The caller counts and
 // logs both. onReload must not call Close.
 func NewWatcher(path string, onReload func(*Rules, error), opts ...WatchOption) (*Watcher, error) {
-	w := &Watcher{path: path, interval: DefaultInterval, onReload: onReload,
-		stop: make(chan struct{}), done: make(chan struct{})}
+	w := &Watcher{path: path, interval: DefaultInterval, onReload: onReload}
 	for _, o := range opts {
 		o(w)
 	}
@@ -84,8 +76,7 @@ func NewWatcher(path string, onReload func(*Rules, error), opts ...WatchOption) 
 		return nil, err
 	}
 	w.rules.Store(rules)
-	w.handled = sha256.Sum256(text)
-	go w.run()
+	w.poller = filepoll.Start(w.interval, [][]byte{text}, w.read, w.apply)
 	return w, nil
 }
 
@@ -100,50 +91,22 @@ func (w *Watcher) Path() string { return w.path }
 // Close stops watching and waits until the polling goroutine has ended. It
 // may be called more than once. The last rules stay readable.
 func (w *Watcher) Close() error {
-	w.closeOnce.Do(func() { close(w.stop) })
-	<-w.done
+	w.poller.Close()
 	return nil
 }
 
-func (w *Watcher) run() {
-	defer close(w.done)
-	t := time.NewTicker(w.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-w.stop:
-			return
-		case <-t.C:
-			w.poll()
-		}
-	}
+func (w *Watcher) read() ([][]byte, error) {
+	text, err := readFile(w.path)
+	return [][]byte{text}, err
 }
 
-// poll reads the file once and acts on a change that has settled.
-func (w *Watcher) poll() {
-	text, readErr := readFile(w.path)
-	var key [sha256.Size]byte
-	if readErr != nil {
-		// An unreadable file is an observation too: reported once, not on
-		// every poll, and only if it persists for two polls (a rename over
-		// the file can leave it briefly missing).
-		key = sha256.Sum256([]byte("\x00read error\x00" + readErr.Error()))
-	} else {
-		key = sha256.Sum256(text)
-	}
-	if key == w.handled {
-		w.waiting = false
-		return
-	}
-	if !w.waiting || key != w.pending {
-		w.pending, w.waiting = key, true
-		return
-	}
-	w.handled, w.waiting = key, false
+// apply puts a file that changed in force, if its rules load.
+func (w *Watcher) apply(file [][]byte, readErr error) {
 	if readErr != nil {
 		w.report(nil, readErr)
 		return
 	}
+	text := file[0]
 	rules, listed, err := parse(text)
 	if err == nil && !listed {
 		// A file that lost its rules: list (a half-written one, a bad edit)

@@ -4,8 +4,8 @@
 // new handshake the newest pair; connections already open keep the one
 // they were made with.
 //
-// The files are polled by content, through their paths, as classify's rule
-// watcher polls the rules: that catches a file rewritten in place, a rename
+// The files are polled by content, through their paths (internal/filepoll,
+// as classify's rule watcher polls the rules): that catches a file rewritten in place, a rename
 // over it, and cert-manager's rotation of a Kubernetes Secret volume, where
 // tls.crt and tls.key are symlinks into "..data", itself a symlink that the
 // kubelet swaps to a new directory atomically (the files' own mtimes do not
@@ -15,18 +15,18 @@
 // not PEM, a key that does not match the certificate) is rejected: the pair
 // in force stays, and the failure is reported once.
 //
-// It may import only the standard library.
+// It may import only the standard library and internal/filepoll.
 package tlsreload
 
 import (
-	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/governor-project/governor/internal/filepoll"
 )
 
 // DefaultInterval is how often a Reloader polls its files.
@@ -50,14 +50,7 @@ type Reloader struct {
 	opts              Options
 	cert              atomic.Pointer[tls.Certificate]
 
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-
-	// Owned by the polling goroutine.
-	handled [sha256.Size]byte // the content last applied or reported
-	pending [sha256.Size]byte // content seen once, waiting for a second look
-	waiting bool
+	poller *filepoll.Poller
 }
 
 // New loads the pair now and starts watching the files. An error loading it
@@ -66,18 +59,17 @@ func New(certFile, keyFile string, opts Options) (*Reloader, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	r := &Reloader{certFile: certFile, keyFile: keyFile, opts: opts, stop: make(chan struct{}), done: make(chan struct{})}
-	certPEM, keyPEM, err := r.read()
+	r := &Reloader{certFile: certFile, keyFile: keyFile, opts: opts}
+	pair, err := r.read()
 	if err != nil {
 		return nil, err
 	}
-	cert, err := load(certPEM, keyPEM)
+	cert, err := load(pair[0], pair[1])
 	if err != nil {
 		return nil, err
 	}
 	r.cert.Store(cert)
-	r.handled = digest(certPEM, keyPEM)
-	go r.run()
+	r.poller = filepoll.Start(opts.Interval, pair, r.read, r.apply)
 	return r, nil
 }
 
@@ -97,48 +89,13 @@ func (r *Reloader) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certi
 
 // Close stops watching and waits until the polling goroutine has ended. It
 // may be called more than once; the pair in force stays usable.
-func (r *Reloader) Close() {
-	r.closeOnce.Do(func() { close(r.stop) })
-	<-r.done
-}
+func (r *Reloader) Close() { r.poller.Close() }
 
-func (r *Reloader) run() {
-	defer close(r.done)
-	t := time.NewTicker(r.opts.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C:
-			r.poll()
-		}
-	}
-}
-
-// poll reads the files once and acts on a change that has settled.
-func (r *Reloader) poll() {
-	certPEM, keyPEM, readErr := r.read()
-	key := digest(certPEM, keyPEM)
-	if readErr != nil {
-		// Unreadable is an observation too: reported once, and only if it
-		// lasts two polls (a rename over a file can leave it briefly
-		// missing).
-		key = sha256.Sum256([]byte("\x00read error\x00" + readErr.Error()))
-	}
-	if key == r.handled {
-		r.waiting = false
-		return
-	}
-	if !r.waiting || key != r.pending {
-		r.pending, r.waiting = key, true
-		return
-	}
-	r.handled, r.waiting = key, false
-	err := readErr
+// apply puts a pair that changed in force, if it loads.
+func (r *Reloader) apply(pair [][]byte, err error) {
 	var cert *tls.Certificate
 	if err == nil {
-		cert, err = load(certPEM, keyPEM)
+		cert, err = load(pair[0], pair[1])
 	}
 	if err == nil {
 		r.cert.Store(cert)
@@ -148,14 +105,16 @@ func (r *Reloader) poll() {
 	}
 }
 
-func (r *Reloader) read() (certPEM, keyPEM []byte, err error) {
-	if certPEM, err = os.ReadFile(r.certFile); err != nil {
-		return nil, nil, err
+func (r *Reloader) read() ([][]byte, error) {
+	certPEM, err := os.ReadFile(r.certFile)
+	if err != nil {
+		return nil, err
 	}
-	if keyPEM, err = os.ReadFile(r.keyFile); err != nil {
-		return nil, nil, err
+	keyPEM, err := os.ReadFile(r.keyFile)
+	if err != nil {
+		return nil, err
 	}
-	return certPEM, keyPEM, nil
+	return [][]byte{certPEM, keyPEM}, nil
 }
 
 // load parses a pair. Its error names no key material.
@@ -168,14 +127,4 @@ func load(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 		return nil, errors.New("the certificate does not parse")
 	}
 	return &cert, nil
-}
-
-func digest(certPEM, keyPEM []byte) [sha256.Size]byte {
-	h := sha256.New()
-	h.Write(certPEM)
-	h.Write([]byte{0})
-	h.Write(keyPEM)
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
-	return d
 }

@@ -153,17 +153,17 @@ func TestHalfWrittenPair(t *testing.T) {
 	defer r.Close()
 
 	copyFile(t, b.CertFile, certFile)
-	r.poll() // the certificate is new, the key old: seen once
+	r.poller.Poll() // the certificate is new, the key old: seen once
 	copyFile(t, b.KeyFile, keyFile)
-	r.poll() // the whole pair: seen once
+	r.poller.Poll() // the whole pair: seen once
 	if len(reports) != 0 {
 		t.Fatalf("reported before the pair settled: %+v", reports)
 	}
-	r.poll()
+	r.poller.Poll()
 	if len(reports) != 1 || reports[0].err != nil || !bytes.Equal(r.Certificate().Certificate[0], b.TLS.Certificate[0]) {
 		t.Fatalf("after the pair settled: %+v", reports)
 	}
-	r.poll()
+	r.poller.Poll()
 	if len(reports) != 1 {
 		t.Errorf("an unchanged pair was reported again: %+v", reports)
 	}
@@ -171,9 +171,9 @@ func TestHalfWrittenPair(t *testing.T) {
 	// A key file that is gone for two polls is reported once; the pair in
 	// force stays.
 	os.Remove(keyFile)
-	r.poll()
-	r.poll()
-	r.poll()
+	r.poller.Poll()
+	r.poller.Poll()
+	r.poller.Poll()
 	if len(reports) != 2 || reports[1].err == nil || !bytes.Equal(r.Certificate().Certificate[0], b.TLS.Certificate[0]) {
 		t.Errorf("a missing key: %+v", reports)
 	}
