@@ -178,3 +178,8 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.events.Committed()), "committed")
 	}
 }
+
+// MetricsCollector is governord's registry, for its Describe: every series
+// /metrics can serve, so that dashboards and alert rules (deploy/) are
+// checked against the real names and labels rather than a list.
+func (s *Server) MetricsCollector() prometheus.Collector { return s.metrics.reg }

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -23,3 +24,9 @@ func (s *Sidecar) healthHandler() http.Handler {
 	})
 	return mux
 }
+
+// MetricsCollector is the sidecar's registry, for its Describe: every
+// series /metrics can serve (the pgwire ones only with a pgwire listener),
+// so that dashboards and alert rules (deploy/) are checked against the real
+// names and labels rather than a list.
+func (s *Sidecar) MetricsCollector() prometheus.Collector { return s.reg }
