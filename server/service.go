@@ -279,6 +279,9 @@ func (s *Server) FindOrCreateNode(ctx context.Context, req *governorpb.FindOrCre
 }
 
 func (s *Server) GetNode(ctx context.Context, req *governorpb.GetNodeRequest) (*governorpb.Node, error) {
+	if req.GetPath() != "" {
+		return s.getNodeByPath(ctx, req)
+	}
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
@@ -513,8 +516,12 @@ func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*
 		d := req.GetDeadline().AsTime().UnixNano()
 		edit.Deadline = &d
 	}
+	audit, err := capsAudit(req)
+	if err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
-		return nodeOrNil(s.eng.SetCaps(sid, engine.NodeID(req.GetNodeId()), edit, req.GetRequestId()))
+		return nodeOrNil(s.eng.SetCapsAudited(sid, engine.NodeID(req.GetNodeId()), edit, audit, req.GetRequestId()))
 	})
 }
 

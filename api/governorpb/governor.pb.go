@@ -936,8 +936,13 @@ func (x *CreateNodeRequest) GetSpec() *NodeSpec {
 
 type GetNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The node's id. Required; 0 is INVALID_ARGUMENT.
-	NodeId        int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The node's id. Required unless path is set; 0 with no path is
+	// INVALID_ARGUMENT.
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Instead of node_id: the names of open nodes from the root down,
+	// separated by "/" (e.g. "payments/checkout-42"). A path outside the
+	// session's scope is NOT_FOUND. Setting both is INVALID_ARGUMENT.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -977,6 +982,13 @@ func (x *GetNodeRequest) GetNodeId() int64 {
 		return x.NodeId
 	}
 	return 0
+}
+
+func (x *GetNodeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
 }
 
 type FindOrCreateNodeRequest struct {
@@ -2476,6 +2488,17 @@ type SetCapsRequest struct {
 	// True removes the deadline. Setting both deadline and clear_deadline is
 	// INVALID_ARGUMENT.
 	ClearDeadline bool `protobuf:"varint,10,opt,name=clear_deadline,json=clearDeadline,proto3" json:"clear_deadline,omitempty"`
+	// Why the change is made, kept in the node's audit trail with who made it
+	// (the key's tenant, or admin), when, and the old and new values. At most
+	// 1024 bytes.
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Makes the change a temporary override: once this has passed on
+	// governord's clock, each quota and limit it set goes back to its value
+	// before the first override still pending on it, by itself and across
+	// restarts. Only quotas and limits may be overridden; with anything else
+	// set it is INVALID_ARGUMENT. Unset or 0 is a permanent change, which also
+	// cancels a pending revert of the caps it sets.
+	OverrideFor   *durationpb.Duration `protobuf:"bytes,12,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2580,6 +2603,404 @@ func (x *SetCapsRequest) GetClearDeadline() bool {
 	return false
 }
 
+func (x *SetCapsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SetCapsRequest) GetOverrideFor() *durationpb.Duration {
+	if x != nil {
+		return x.OverrideFor
+	}
+	return nil
+}
+
+type GetCapsHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node. Required; 0 is INVALID_ARGUMENT.
+	NodeId        int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCapsHistoryRequest) Reset() {
+	*x = GetCapsHistoryRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCapsHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCapsHistoryRequest) ProtoMessage() {}
+
+func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCapsHistoryRequest.ProtoReflect.Descriptor instead.
+func (*GetCapsHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetCapsHistoryRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+// CapsValues are the values a change set or replaced, for the keys it named.
+// In old values -1 means there was no cap (or default).
+type CapsValues struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Quotas        map[string]int64       `protobuf:"bytes,1,rep,name=quotas,proto3" json:"quotas,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Limits        map[string]int64       `protobuf:"bytes,2,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DefaultQuotas map[string]int64       `protobuf:"bytes,3,rep,name=default_quotas,json=defaultQuotas,proto3" json:"default_quotas,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DefaultLimits map[string]int64       `protobuf:"bytes,4,rep,name=default_limits,json=defaultLimits,proto3" json:"default_limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Weight        *int64                 `protobuf:"varint,5,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
+	Priority      *int64                 `protobuf:"varint,6,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
+	// A deadline in unix nanoseconds; 0 is none.
+	DeadlineUnixNano *int64 `protobuf:"varint,7,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3,oneof" json:"deadline_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CapsValues) Reset() {
+	*x = CapsValues{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapsValues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapsValues) ProtoMessage() {}
+
+func (x *CapsValues) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapsValues.ProtoReflect.Descriptor instead.
+func (*CapsValues) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CapsValues) GetQuotas() map[string]int64 {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *CapsValues) GetLimits() map[string]int64 {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *CapsValues) GetDefaultQuotas() map[string]int64 {
+	if x != nil {
+		return x.DefaultQuotas
+	}
+	return nil
+}
+
+func (x *CapsValues) GetDefaultLimits() map[string]int64 {
+	if x != nil {
+		return x.DefaultLimits
+	}
+	return nil
+}
+
+func (x *CapsValues) GetWeight() int64 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
+}
+
+func (x *CapsValues) GetPriority() int64 {
+	if x != nil && x.Priority != nil {
+		return *x.Priority
+	}
+	return 0
+}
+
+func (x *CapsValues) GetDeadlineUnixNano() int64 {
+	if x != nil && x.DeadlineUnixNano != nil {
+		return *x.DeadlineUnixNano
+	}
+	return 0
+}
+
+// CapsChange is one entry of a node's audit trail.
+type CapsChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When it was made, on governord's clock.
+	At *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// Who made it: "admin" (the admin key), "tenant:NAME" (a tenant's key),
+	// "config" (governord's configuration) or "governord" (an override's
+	// revert).
+	Who    string      `protobuf:"bytes,2,opt,name=who,proto3" json:"who,omitempty"`
+	Reason string      `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Old    *CapsValues `protobuf:"bytes,4,opt,name=old,proto3" json:"old,omitempty"`
+	New    *CapsValues `protobuf:"bytes,5,opt,name=new,proto3" json:"new,omitempty"`
+	// Set on a temporary override: when it reverts.
+	Until *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=until,proto3" json:"until,omitempty"`
+	// True on the revert of a temporary override.
+	Revert bool `protobuf:"varint,7,opt,name=revert,proto3" json:"revert,omitempty"`
+	// The sequence number of the event that made it.
+	Seq           uint64 `protobuf:"varint,8,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapsChange) Reset() {
+	*x = CapsChange{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapsChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapsChange) ProtoMessage() {}
+
+func (x *CapsChange) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapsChange.ProtoReflect.Descriptor instead.
+func (*CapsChange) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CapsChange) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *CapsChange) GetWho() string {
+	if x != nil {
+		return x.Who
+	}
+	return ""
+}
+
+func (x *CapsChange) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CapsChange) GetOld() *CapsValues {
+	if x != nil {
+		return x.Old
+	}
+	return nil
+}
+
+func (x *CapsChange) GetNew() *CapsValues {
+	if x != nil {
+		return x.New
+	}
+	return nil
+}
+
+func (x *CapsChange) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *CapsChange) GetRevert() bool {
+	if x != nil {
+		return x.Revert
+	}
+	return false
+}
+
+func (x *CapsChange) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// PendingOverride is a cap a temporary override set, still to revert.
+type PendingOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "quota" or "limit".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The resource or lease class.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The value in force, set by the override.
+	Value int64 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`
+	// The value it goes back to; -1 is no cap.
+	Restore int64 `protobuf:"varint,4,opt,name=restore,proto3" json:"restore,omitempty"`
+	// When it goes back.
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingOverride) Reset() {
+	*x = PendingOverride{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingOverride) ProtoMessage() {}
+
+func (x *PendingOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingOverride.ProtoReflect.Descriptor instead.
+func (*PendingOverride) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PendingOverride) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PendingOverride) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PendingOverride) GetValue() int64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *PendingOverride) GetRestore() int64 {
+	if x != nil {
+		return x.Restore
+	}
+	return 0
+}
+
+func (x *PendingOverride) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+type CapsHistory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first; the last 100 changes.
+	Changes []*CapsChange `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	// By kind, then name.
+	Pending       []*PendingOverride `protobuf:"bytes,2,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapsHistory) Reset() {
+	*x = CapsHistory{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapsHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapsHistory) ProtoMessage() {}
+
+func (x *CapsHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapsHistory.ProtoReflect.Descriptor instead.
+func (*CapsHistory) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CapsHistory) GetChanges() []*CapsChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *CapsHistory) GetPending() []*PendingOverride {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
 // Denial is attached as a detail of a RESOURCE_EXHAUSTED status when a quota
 // is spent. If several caps would be exceeded, the one reported is on the node
 // nearest the target, and among those the resource first in byte order.
@@ -2617,7 +3038,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +3050,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +3063,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Denial) GetResource() string {
@@ -2723,7 +3144,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +3156,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +3169,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -2782,7 +3203,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3215,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3228,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -2914,9 +3335,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12)\n" +
-	"\x04spec\x18\x03 \x01(\v2\x15.governor.v1.NodeSpecR\x04spec\")\n" +
+	"\x04spec\x18\x03 \x01(\v2\x15.governor.v1.NodeSpecR\x04spec\"=\n" +
 	"\x0eGetNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x80\x01\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x80\x01\n" +
 	"\x17FindOrCreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -3030,7 +3452,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
 	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ENDED\x10\x04\"\xa7\x06\n" +
+	"KIND_ENDED\x10\x04\"\xfd\x06\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -3043,7 +3465,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bpriority\x18\b \x01(\x03H\x01R\bpriority\x88\x01\x01\x126\n" +
 	"\bdeadline\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12%\n" +
 	"\x0eclear_deadline\x18\n" +
-	" \x01(\bR\rclearDeadline\x1a9\n" +
+	" \x01(\bR\rclearDeadline\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12<\n" +
+	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -3057,7 +3481,52 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
-	"\t_priority\"\xb4\x02\n" +
+	"\t_priority\"0\n" +
+	"\x15GetCapsHistoryRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\xc6\x05\n" +
+	"\n" +
+	"CapsValues\x12;\n" +
+	"\x06quotas\x18\x01 \x03(\v2#.governor.v1.CapsValues.QuotasEntryR\x06quotas\x12;\n" +
+	"\x06limits\x18\x02 \x03(\v2#.governor.v1.CapsValues.LimitsEntryR\x06limits\x12Q\n" +
+	"\x0edefault_quotas\x18\x03 \x03(\v2*.governor.v1.CapsValues.DefaultQuotasEntryR\rdefaultQuotas\x12Q\n" +
+	"\x0edefault_limits\x18\x04 \x03(\v2*.governor.v1.CapsValues.DefaultLimitsEntryR\rdefaultLimits\x12\x1b\n" +
+	"\x06weight\x18\x05 \x01(\x03H\x00R\x06weight\x88\x01\x01\x12\x1f\n" +
+	"\bpriority\x18\x06 \x01(\x03H\x01R\bpriority\x88\x01\x01\x121\n" +
+	"\x12deadline_unix_nano\x18\a \x01(\x03H\x02R\x10deadlineUnixNano\x88\x01\x01\x1a9\n" +
+	"\vQuotasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
+	"\x12DefaultQuotasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
+	"\x12DefaultLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\t\n" +
+	"\a_weightB\v\n" +
+	"\t_priorityB\x15\n" +
+	"\x13_deadline_unix_nano\"\x94\x02\n" +
+	"\n" +
+	"CapsChange\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x10\n" +
+	"\x03who\x18\x02 \x01(\tR\x03who\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12)\n" +
+	"\x03old\x18\x04 \x01(\v2\x17.governor.v1.CapsValuesR\x03old\x12)\n" +
+	"\x03new\x18\x05 \x01(\v2\x17.governor.v1.CapsValuesR\x03new\x120\n" +
+	"\x05until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x16\n" +
+	"\x06revert\x18\a \x01(\bR\x06revert\x12\x10\n" +
+	"\x03seq\x18\b \x01(\x04R\x03seq\"\x9b\x01\n" +
+	"\x0fPendingOverride\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x03R\x05value\x12\x18\n" +
+	"\arestore\x18\x04 \x01(\x03R\arestore\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"x\n" +
+	"\vCapsHistory\x121\n" +
+	"\achanges\x18\x01 \x03(\v2\x17.governor.v1.CapsChangeR\achanges\x126\n" +
+	"\apending\x18\x02 \x03(\v2\x1c.governor.v1.PendingOverrideR\apending\"\xb4\x02\n" +
 	"\x06Denial\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -3092,8 +3561,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xea\n" +
-	"\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xba\v\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -3115,7 +3583,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\aReserve\x12\x1b.governor.v1.ReserveRequest\x1a\x18.governor.v1.Reservation\x12V\n" +
 	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x129\n" +
 	"\x05Watch\x12\x19.governor.v1.WatchRequest\x1a\x13.governor.v1.Notice0\x01\x129\n" +
-	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.NodeB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.Node\x12N\n" +
+	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistoryB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -3130,7 +3599,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -3170,106 +3639,129 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*WatchRequest)(nil),             // 35: governor.v1.WatchRequest
 	(*Notice)(nil),                   // 36: governor.v1.Notice
 	(*SetCapsRequest)(nil),           // 37: governor.v1.SetCapsRequest
-	(*Denial)(nil),                   // 38: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 39: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 40: governor.v1.NodeEnded
-	nil,                              // 41: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 42: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 43: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 44: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 45: governor.v1.Node.QuotasEntry
-	nil,                              // 46: governor.v1.Node.UsedEntry
-	nil,                              // 47: governor.v1.Node.LimitsEntry
-	nil,                              // 48: governor.v1.Node.HeldEntry
-	nil,                              // 49: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 50: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 51: governor.v1.Node.ReservedEntry
-	nil,                              // 52: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 53: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 54: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 55: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 56: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	(*durationpb.Duration)(nil),      // 57: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
+	(*GetCapsHistoryRequest)(nil),    // 38: governor.v1.GetCapsHistoryRequest
+	(*CapsValues)(nil),               // 39: governor.v1.CapsValues
+	(*CapsChange)(nil),               // 40: governor.v1.CapsChange
+	(*PendingOverride)(nil),          // 41: governor.v1.PendingOverride
+	(*CapsHistory)(nil),              // 42: governor.v1.CapsHistory
+	(*Denial)(nil),                   // 43: governor.v1.Denial
+	(*LeaseEnded)(nil),               // 44: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 45: governor.v1.NodeEnded
+	nil,                              // 46: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 47: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 48: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 49: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 50: governor.v1.Node.QuotasEntry
+	nil,                              // 51: governor.v1.Node.UsedEntry
+	nil,                              // 52: governor.v1.Node.LimitsEntry
+	nil,                              // 53: governor.v1.Node.HeldEntry
+	nil,                              // 54: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 55: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 56: governor.v1.Node.ReservedEntry
+	nil,                              // 57: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 58: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 59: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 60: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 61: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 62: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 63: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 64: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 65: governor.v1.CapsValues.DefaultLimitsEntry
+	(*durationpb.Duration)(nil),      // 66: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 67: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	57, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	57, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	57, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	57, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	41, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	42, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	43, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	44, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	58, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	66, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	66, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	66, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	66, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	46, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	47, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	48, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	49, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	67, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	45, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	46, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	47, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	48, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	49, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	50, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	58, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	51, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	50, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	51, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	52, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	53, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	54, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	55, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	67, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	56, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
 	10, // 19: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10, // 20: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11, // 21: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11, // 22: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	52, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	57, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23, // 24: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	57, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	66, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
 	3,  // 26: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	53, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	54, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	55, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	56, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	58, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 32: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 33: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	4,  // 34: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 35: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 36: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 37: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 38: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 39: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 40: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 41: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 42: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 43: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 44: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 45: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 46: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 47: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 48: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 49: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 50: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35, // 51: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	37, // 52: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	5,  // 53: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 54: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 55: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 56: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 57: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 58: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 59: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 60: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 61: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 62: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 63: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 64: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 65: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 66: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 67: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 68: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34, // 69: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	36, // 70: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 71: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	53, // [53:72] is the sub-list for method output_type
-	34, // [34:53] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	58, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	59, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	60, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	61, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	67, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	66, // 32: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	62, // 33: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	63, // 34: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	64, // 35: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	65, // 36: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	67, // 37: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	39, // 38: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	39, // 39: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	67, // 40: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	67, // 41: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	40, // 42: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	41, // 43: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,  // 44: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,  // 45: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	4,  // 46: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 47: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 48: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 49: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 50: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 51: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 52: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 53: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 54: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 55: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 56: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 57: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 58: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 59: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 60: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 61: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 62: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35, // 63: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	37, // 64: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	38, // 65: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	5,  // 66: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 67: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 68: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 69: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 70: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 71: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 72: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 73: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 74: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 75: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 76: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 77: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 78: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 79: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 80: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 81: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34, // 82: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	36, // 83: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 84: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	42, // 85: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	66, // [66:86] is the sub-list for method output_type
+	46, // [46:66] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -3278,13 +3770,14 @@ func file_api_governorpb_governor_proto_init() {
 		return
 	}
 	file_api_governorpb_governor_proto_msgTypes[33].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   53,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,7 @@ const (
 	Governor_ReportSamples_FullMethodName    = "/governor.v1.Governor/ReportSamples"
 	Governor_Watch_FullMethodName            = "/governor.v1.Governor/Watch"
 	Governor_SetCaps_FullMethodName          = "/governor.v1.Governor/SetCaps"
+	Governor_GetCapsHistory_FullMethodName   = "/governor.v1.Governor/GetCapsHistory"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -261,6 +262,10 @@ type GovernorClient interface {
 	// stops new consumes or leases. The node must be open. Returns the node as
 	// it is afterwards.
 	SetCaps(ctx context.Context, in *SetCapsRequest, opts ...grpc.CallOption) (*Node, error)
+	// GetCapsHistory returns a node's audit trail of cap edits (the last 100,
+	// oldest first: who, when, why, old and new values) and its temporary
+	// overrides still to revert. The node must be inside the session's scope.
+	GetCapsHistory(ctx context.Context, in *GetCapsHistoryRequest, opts ...grpc.CallOption) (*CapsHistory, error)
 }
 
 type governorClient struct {
@@ -464,6 +469,16 @@ func (c *governorClient) SetCaps(ctx context.Context, in *SetCapsRequest, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Node)
 	err := c.cc.Invoke(ctx, Governor_SetCaps_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) GetCapsHistory(ctx context.Context, in *GetCapsHistoryRequest, opts ...grpc.CallOption) (*CapsHistory, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CapsHistory)
+	err := c.cc.Invoke(ctx, Governor_GetCapsHistory_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -686,6 +701,10 @@ type GovernorServer interface {
 	// stops new consumes or leases. The node must be open. Returns the node as
 	// it is afterwards.
 	SetCaps(context.Context, *SetCapsRequest) (*Node, error)
+	// GetCapsHistory returns a node's audit trail of cap edits (the last 100,
+	// oldest first: who, when, why, old and new values) and its temporary
+	// overrides still to revert. The node must be inside the session's scope.
+	GetCapsHistory(context.Context, *GetCapsHistoryRequest) (*CapsHistory, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -752,6 +771,9 @@ func (UnimplementedGovernorServer) Watch(*WatchRequest, grpc.ServerStreamingServ
 }
 func (UnimplementedGovernorServer) SetCaps(context.Context, *SetCapsRequest) (*Node, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetCaps not implemented")
+}
+func (UnimplementedGovernorServer) GetCapsHistory(context.Context, *GetCapsHistoryRequest) (*CapsHistory, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetCapsHistory not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1109,6 +1131,24 @@ func _Governor_SetCaps_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_GetCapsHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCapsHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).GetCapsHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_GetCapsHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).GetCapsHistory(ctx, req.(*GetCapsHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1187,6 +1227,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetCaps",
 			Handler:    _Governor_SetCaps_Handler,
+		},
+		{
+			MethodName: "GetCapsHistory",
+			Handler:    _Governor_GetCapsHistory_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

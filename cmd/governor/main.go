@@ -29,7 +29,8 @@ const usage = `usage: governor COMMAND [flags] [args]
 commands:
   explain   which proxy rule a request or SQL statement matches, and why
   hash-key  the SHA-256 of an API key read from stdin, for api_key_sha256
-  hook, top, caps, doctor   (not written yet)
+  caps      a node's caps (get), change them with a reason (set), their audit trail (history)
+  hook, top, doctor   (not written yet)
 
 run "governor explain -h" for its flags.
 `
@@ -44,7 +45,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return explain(args[1:], stdout, stderr)
 	case "hash-key":
 		return hashKey(args[1:], stdin, stdout, stderr)
-	case "hook", "top", "caps", "doctor":
+	case "caps":
+		return caps(args[1:], stdout, stderr)
+	case "hook", "top", "doctor":
 		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
 		return 2
 	case "-h", "-help", "--help", "help":

@@ -121,6 +121,9 @@ type Engine struct {
 	deadlines deadlineHeap
 	blocks    map[string]map[LeaseID]*lease        // live blocks by class
 	reserved  map[string]map[*reservation]struct{} // live reservations by resource
+	// overridden holds the nodes with a temporary override still to revert
+	// (override.go).
+	overridden map[NodeID]*node
 
 	// soonest is when the first open session expires, or earlier: Reap
 	// makes it exact, opening a session lowers it, and heartbeats, which
@@ -178,6 +181,7 @@ func New(cfg Config) (*Engine, error) {
 		tenantBounds: cfg.TenantBounds,
 	}
 	e.nextSession = 1
+	e.overridden = make(map[NodeID]*node)
 	if e.retention < 0 {
 		return nil, invalid("retention %v is negative", e.retention)
 	}
@@ -298,6 +302,7 @@ func (e *Engine) Reap() (sessions, nodes int) {
 		}
 	}
 	e.purgeTombstones(now)
+	e.revertOverrides(now)
 	e.reclaim(now)
 	e.compactDeadlines()
 	for _, class := range e.sortedAdaptive() {
@@ -318,6 +323,7 @@ func (e *Engine) DueIn() (d time.Duration, ok bool) {
 	if e.deadlines.Len() > 0 {
 		next = min(next, e.deadlines.peek().at)
 	}
+	next = e.nextRevert(next)
 	if next == math.MaxInt64 {
 		return 0, false
 	}

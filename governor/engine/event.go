@@ -24,6 +24,7 @@ const (
 	EvBlockResized
 	EvReserved
 	EvNodesReclaimed
+	EvCapsReverted
 )
 
 var kindNames = [...]string{
@@ -41,6 +42,7 @@ var kindNames = [...]string{
 	EvReserved:      "reserved",
 
 	EvNodesReclaimed: "nodes_reclaimed",
+	EvCapsReverted:   "caps_reverted",
 }
 
 func (k EventKind) String() string {
@@ -91,9 +93,14 @@ type Event struct {
 	// caller never saw (EvLeaseReleased with Forget).
 	Charges []Charge  `json:"ch,omitempty"`
 	Spec    *NodeSpec `json:"spec,omitempty"` // EvNodeCreated
-	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet
+	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet, EvCapsReverted
 	State   State     `json:"st,omitempty"`   // EvNodeEnded
 	Reason  EndReason `json:"why,omitempty"`  // EvSessionEnded
+
+	// Audit is who made a cap edit, why, what it replaced and, for a
+	// temporary override, when it reverts (EvCapsSet, EvCapsReverted;
+	// override.go).
+	Audit *CapsAudit `json:"audit,omitempty"`
 
 	// Nodes are the ended nodes reclaimed, each with its whole subtree, in
 	// this order (EvNodesReclaimed).
@@ -147,6 +154,9 @@ func (e *Engine) applyKind(ev *Event) error {
 			return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
 		}
 		n.applyCaps(ev.Caps, e)
+		e.record(n, ev)
+	case EvCapsReverted:
+		return e.applyCapsReverted(ev)
 	case EvConsumed:
 		n := e.nodes[ev.Node]
 		if n == nil || ev.Amount <= 0 {

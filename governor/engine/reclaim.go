@@ -209,6 +209,7 @@ func (e *Engine) forget(n *node) {
 		e.forget(c)
 	}
 	delete(e.nodes, n.id)
+	delete(e.overridden, n.id)
 	if n.tenant == n {
 		e.dropTenantQueues(n)
 	}

@@ -23,6 +23,9 @@ type Snapshot struct {
 	Sessions    []SessionSnapshot
 	Leases      []LeaseSnapshot
 	Tombstones  []TombstoneSnapshot
+	// Audit holds the nodes' audit trails of cap edits and their pending
+	// temporary overrides (override.go).
+	Audit []NodeAudit `json:",omitempty"`
 }
 
 // SessionSnapshot is a session as recorded.
@@ -110,6 +113,9 @@ func (e *Engine) Snapshot() Snapshot {
 		v.Reserved = nilIfEmpty(v.Reserved)
 		v.Used, v.Held = withIdle(e.nodes[id].quota, v.Used), withIdle(e.nodes[id].limit, v.Held)
 		snap.Nodes = append(snap.Nodes, v)
+		if na, ok := e.nodes[id].auditSnapshot(); ok {
+			snap.Audit = append(snap.Audit, na)
+		}
 	}
 	for _, s := range e.sortedSessions() {
 		ss := SessionSnapshot{ID: s.id, Scope: s.scope.id, Token: s.token, TTL: s.ttl}
@@ -270,8 +276,13 @@ func (e *Engine) Restore(snap Snapshot) error {
 		}
 		tombs[t.Lease] = tombstone{session: t.Session, node: t.Node, class: t.Class, reason: t.Reason, at: t.At}
 	}
+	overridden, err := restoreAudit(nodes, snap.Audit)
+	if err != nil {
+		return err
+	}
 	heap.Init(&deadlines)
 	e.restoreEnded(nodes, now)
+	e.overridden = overridden
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
 	e.soonest = 0 // the next Reap works it out anew
 	e.blocks, e.reserved = blocks, reserved

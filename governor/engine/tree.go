@@ -138,6 +138,11 @@ type node struct {
 	// its subtree is not reclaimed (reclaim.go).
 	pins int
 
+	// The audit trail of cap edits, newest last, and the caps a temporary
+	// override set that are still to revert (override.go).
+	audit     []CapsChange
+	overrides map[overrideKey]Override
+
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
 	openBelow int
@@ -634,6 +639,10 @@ func (e *Engine) remembered(s *session, requestID string, fp uint64, id NodeID) 
 // SetCaps edits a node's caps, defaults, weight, priority or deadline.
 // Lowering a cap below usage revokes nothing; it stops further grants.
 func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID string) (NodeView, error) {
+	return e.setCaps(sid, id, edit, Audit{}, requestID)
+}
+
+func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, requestID string) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
@@ -646,6 +655,9 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 	}
 	edit = edit.clone() // the event is encoded later, outside the lock
 	fp := fingerprintCaps(id, &edit)
+	if a != (Audit{}) { // an edit without them keeps the fingerprint it always had
+		fp = fnvAdd(fnvString(fp, a.Reason), uint64(a.For))
+	}
 	if v, done, err := e.remembered(s, requestID, fp, id); done {
 		return v, err
 	}
@@ -661,7 +673,11 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 			return NodeView{}, err
 		}
 	}
-	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit,
+	audit := &CapsAudit{Who: whoOf(s), Reason: a.Reason, Old: n.oldValues(&edit)}
+	if a.For > 0 {
+		audit.Until = now + int64(a.For)
+	}
+	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit, Audit: audit,
 		RequestID: requestID, Fingerprint: fp})
 	// What was delegated below n was sized under the old caps.
 	e.recallUnder(n, "", "")

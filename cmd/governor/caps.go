@@ -1,0 +1,468 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/governor-project/governor/api/governorpb"
+)
+
+const capsUsage = `usage:
+  governor caps get NODE [-json]
+  governor caps set NODE KEY=VALUE... -reason "why" [-for 2h]
+  governor caps history NODE [-json]
+
+NODE is an id (7) or a path from the root (payments/checkout-42).
+KEY is quota.RESOURCE, limit.CLASS, default_quota.RESOURCE,
+default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
+-for makes the change a temporary override that governord reverts by itself.
+Every change is kept in the node's audit trail: who, when, why, old and new.
+`
+
+func caps(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, capsUsage)
+		return 2
+	}
+	fs := flag.NewFlagSet("governor caps "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, capsUsage); fs.PrintDefaults() }
+	asJSON := fs.Bool("json", false, "print JSON")
+	reason := fs.String("reason", "", "set: why the change is made (required; kept in the audit trail)")
+	forDur := fs.Duration("for", 0, "set: make the change a temporary override that reverts after this long")
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
+		return 2
+	}
+	var run func(ctx context.Context, rpc governorpb.GovernorClient, node *governorpb.Node) error
+	switch args[0] {
+	case "get":
+		if len(pos) != 1 {
+			break
+		}
+		run = func(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node) error {
+			return capsGet(ctx, rpc, n, *asJSON, stdout)
+		}
+	case "history":
+		if len(pos) != 1 {
+			break
+		}
+		run = func(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node) error {
+			return capsHistory(ctx, rpc, n, *asJSON, stdout)
+		}
+	case "set":
+		if len(pos) < 2 {
+			break
+		}
+		req, err := parseCapEdits(pos[1:])
+		if err == nil && strings.TrimSpace(*reason) == "" {
+			err = fmt.Errorf("-reason is required: say why, it is kept in the audit trail")
+		}
+		if err == nil && *forDur < 0 {
+			err = fmt.Errorf("-for %v is negative", *forDur)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "governor caps set:", err)
+			return 2
+		}
+		req.Reason = *reason
+		if *forDur > 0 {
+			req.OverrideFor = durationpb.New(*forDur)
+		}
+		run = func(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node) error {
+			return capsSet(ctx, rpc, n, req, stdout)
+		}
+	default:
+		fmt.Fprintf(stderr, "governor caps: unknown subcommand %q\n\n%s", args[0], capsUsage)
+		return 2
+	}
+	if run == nil {
+		fs.Usage()
+		return 2
+	}
+	ctx := context.Background()
+	c, err := connect(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "governor caps:", err)
+		return 1
+	}
+	defer c.Close()
+	n, err := resolve(ctx, c.Raw(), pos[0])
+	if err == nil {
+		err = run(ctx, c.Raw(), n)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "governor caps:", err)
+		return 1
+	}
+	return 0
+}
+
+// parseCapEdits reads KEY=VALUE arguments into a SetCaps request.
+func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
+	req := &governorpb.SetCapsRequest{}
+	put := func(m *map[string]int64, key string, v int64) {
+		if *m == nil {
+			*m = make(map[string]int64)
+		}
+		(*m)[key] = v
+	}
+	for _, a := range args {
+		key, val, ok := strings.Cut(a, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q is not KEY=VALUE", a)
+		}
+		var v int64 = -1
+		if val != "none" {
+			var err error
+			if v, err = strconv.ParseInt(val, 10, 64); err != nil || v < -1 {
+				return nil, fmt.Errorf("%s: %q is not a whole number >= 0, or none", key, val)
+			}
+		}
+		kind, name, _ := strings.Cut(key, ".")
+		if (kind == "weight" || kind == "priority") != (name == "") {
+			return nil, fmt.Errorf("%q: want quota.NAME, limit.NAME, default_quota.NAME, default_limit.NAME, weight or priority", key)
+		}
+		switch kind {
+		case "quota":
+			put(&req.Quotas, name, v)
+		case "limit":
+			put(&req.Limits, name, v)
+		case "default_quota":
+			put(&req.DefaultQuotas, name, v)
+		case "default_limit":
+			put(&req.DefaultLimits, name, v)
+		case "weight":
+			req.Weight = &v
+		case "priority":
+			req.Priority = &v
+		default:
+			return nil, fmt.Errorf("%q: want quota.NAME, limit.NAME, default_quota.NAME, default_limit.NAME, weight or priority", key)
+		}
+	}
+	return req, nil
+}
+
+// capView is what caps get prints, also as JSON.
+type capView struct {
+	ID        int64       `json:"id"`
+	Path      string      `json:"path"`
+	Kind      string      `json:"kind"`
+	State     string      `json:"state"`
+	Quotas    []capLine   `json:"quotas"`
+	Limits    []capLine   `json:"limits"`
+	Effective []effective `json:"effective"`
+}
+
+type capLine struct {
+	Name     string `json:"name"`
+	Used     int64  `json:"used"`
+	Reserved int64  `json:"reserved,omitempty"`
+	Cap      *int64 `json:"cap,omitempty"`
+}
+
+// effective is how much more a resource or class admits at the node: the
+// least room left on any cap from the node up to the root (as far as the
+// session sees), and where that cap is.
+type effective struct {
+	Kind string `json:"kind"` // quota or limit
+	Name string `json:"name"`
+	Room int64  `json:"room"`
+	At   string `json:"at"`
+	Used int64  `json:"used"`
+	Cap  int64  `json:"cap"`
+}
+
+func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, asJSON bool, out io.Writer) error {
+	path, chain := pathOf(ctx, rpc, n)
+	v := capView{ID: n.GetId(), Path: path, Kind: kindName(n.GetKind()), State: stateName(n.GetState())}
+	lines := func(caps, used, reserved map[string]int64) []capLine {
+		var out []capLine
+		for _, k := range slices.Sorted(maps.Keys(union(caps, used))) {
+			l := capLine{Name: k, Used: used[k], Reserved: reserved[k]}
+			if c, ok := caps[k]; ok {
+				l.Cap = &c
+			}
+			out = append(out, l)
+		}
+		return out
+	}
+	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved())
+	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil)
+	v.Effective = tightest(chain)
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	fmt.Fprintf(out, "%s  (id %d, %s, %s)\n", v.Path, v.ID, v.Kind, v.State)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	section := func(title string, ls []capLine) {
+		fmt.Fprintf(tw, "%s\n", title)
+		if len(ls) == 0 {
+			fmt.Fprintf(tw, "  (none)\n")
+		}
+		for _, l := range ls {
+			capText, bar := "no cap", ""
+			if l.Cap != nil {
+				capText, bar = strconv.FormatInt(*l.Cap, 10), meter(l.Used+l.Reserved, *l.Cap, 20)
+			}
+			extra := ""
+			if l.Reserved != 0 {
+				extra = fmt.Sprintf("reserved %d", l.Reserved)
+			}
+			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
+		}
+	}
+	section("quotas (used/cap):", v.Quotas)
+	section("limits (held/limit):", v.Limits)
+	fmt.Fprintf(tw, "effective (the tightest cap from here to the root):\n")
+	if len(v.Effective) == 0 {
+		fmt.Fprintf(tw, "  (no caps)\n")
+	}
+	for _, e := range v.Effective {
+		word := "left"
+		if e.Kind == "limit" {
+			word = "free"
+		}
+		fmt.Fprintf(tw, "  %s %s\t%d %s\tat %s (%d/%d)\n", e.Kind, e.Name, e.Room, word, e.At, e.Used, e.Cap)
+	}
+	if top := chain[len(chain)-1]; top.GetParentId() != 0 {
+		fmt.Fprintf(tw, "  (caps above %s are outside this key's scope)\n", top.GetName())
+	}
+	return tw.Flush()
+}
+
+// tightest finds, for every resource and class capped anywhere on chain
+// (the node first, then its ancestors), the cap with the least room left.
+func tightest(chain []*governorpb.Node) []effective {
+	best := map[[2]string]effective{}
+	names := make([]string, len(chain))
+	for i := range chain {
+		var parts []string
+		for _, a := range slices.Backward(chain[i:]) {
+			if a.GetParentId() != 0 {
+				parts = append(parts, a.GetName())
+			}
+		}
+		names[i] = strings.Join(parts, "/")
+		if names[i] == "" {
+			names[i] = "root"
+		}
+	}
+	for i, a := range chain {
+		consider := func(kind string, caps, used, reserved map[string]int64) {
+			for k, c := range caps {
+				u := used[k] + reserved[k]
+				room := max(0, c-u)
+				key := [2]string{kind, k}
+				if b, ok := best[key]; !ok || room < b.Room {
+					best[key] = effective{Kind: kind, Name: k, Room: room, At: names[i], Used: u, Cap: c}
+				}
+			}
+		}
+		consider("quota", a.GetQuotas(), a.GetUsed(), a.GetReserved())
+		consider("limit", a.GetLimits(), a.GetHeld(), nil)
+	}
+	out := slices.Collect(maps.Values(best))
+	slices.SortFunc(out, func(a, b effective) int {
+		return strings.Compare(a.Kind+"\x00"+a.Name, b.Kind+"\x00"+b.Name)
+	})
+	return out
+}
+
+func capsSet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, req *governorpb.SetCapsRequest, out io.Writer) error {
+	req.NodeId, req.RequestId = n.GetId(), newRequestID()
+	after, err := rpc.SetCaps(ctx, req)
+	if err != nil {
+		return fmt.Errorf("set caps on %q: %w", n.GetName(), plainStatus(err))
+	}
+	for _, c := range changeLines(capsOf(n, req), capsOf(after, req)) {
+		fmt.Fprintf(out, "%s\n", c)
+	}
+	if d := req.GetOverrideFor(); d != nil {
+		fmt.Fprintf(out, "temporary: reverts by itself in %v (see governor caps history %d)\n", d.AsDuration(), n.GetId())
+	}
+	return nil
+}
+
+// capsOf picks out of n the values of the keys req names, -1 for none.
+func capsOf(n *governorpb.Node, req *governorpb.SetCapsRequest) *governorpb.CapsValues {
+	pick := func(named, have map[string]int64) map[string]int64 {
+		if len(named) == 0 {
+			return nil
+		}
+		out := map[string]int64{}
+		for k := range named {
+			v, ok := have[k]
+			if !ok {
+				v = -1
+			}
+			out[k] = v
+		}
+		return out
+	}
+	v := &governorpb.CapsValues{Quotas: pick(req.GetQuotas(), n.GetQuotas()), Limits: pick(req.GetLimits(), n.GetLimits()),
+		DefaultQuotas: pick(req.GetDefaultQuotas(), n.GetDefaultQuotas()), DefaultLimits: pick(req.GetDefaultLimits(), n.GetDefaultLimits())}
+	if req.Weight != nil {
+		w := n.GetWeight()
+		v.Weight = &w
+	}
+	if req.Priority != nil {
+		p := n.GetPriority()
+		v.Priority = &p
+	}
+	return v
+}
+
+// changeLines says what changed, one "key: old -> new" per key.
+func changeLines(old, new *governorpb.CapsValues) []string {
+	var out []string
+	for _, m := range []struct {
+		prefix   string
+		old, new map[string]int64
+	}{{"quota.", old.GetQuotas(), new.GetQuotas()}, {"limit.", old.GetLimits(), new.GetLimits()},
+		{"default_quota.", old.GetDefaultQuotas(), new.GetDefaultQuotas()}, {"default_limit.", old.GetDefaultLimits(), new.GetDefaultLimits()}} {
+		for _, k := range slices.Sorted(maps.Keys(m.new)) {
+			o, ok := m.old[k]
+			if !ok {
+				o = -1
+			}
+			out = append(out, fmt.Sprintf("%s%s: %s -> %s", m.prefix, k, capText(o), capText(m.new[k])))
+		}
+	}
+	if new.Weight != nil {
+		out = append(out, fmt.Sprintf("weight: %d -> %d", old.GetWeight(), new.GetWeight()))
+	}
+	if new.Priority != nil {
+		out = append(out, fmt.Sprintf("priority: %d -> %d", old.GetPriority(), new.GetPriority()))
+	}
+	if new.DeadlineUnixNano != nil {
+		out = append(out, fmt.Sprintf("deadline: %s -> %s", deadlineText(old.GetDeadlineUnixNano()), deadlineText(new.GetDeadlineUnixNano())))
+	}
+	return out
+}
+
+func capText(v int64) string {
+	if v < 0 {
+		return "none"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func deadlineText(ns int64) string {
+	if ns == 0 {
+		return "none"
+	}
+	return time.Unix(0, ns).UTC().Format(time.RFC3339)
+}
+
+func capsHistory(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, asJSON bool, out io.Writer) error {
+	h, err := rpc.GetCapsHistory(ctx, &governorpb.GetCapsHistoryRequest{NodeId: n.GetId()})
+	if err != nil {
+		return fmt.Errorf("history of %q: %w", n.GetName(), plainStatus(err))
+	}
+	if asJSON {
+		type entry struct {
+			At      time.Time  `json:"at"`
+			Who     string     `json:"who"`
+			Reason  string     `json:"reason,omitempty"`
+			Changes []string   `json:"changes"`
+			Until   *time.Time `json:"until,omitempty"`
+			Revert  bool       `json:"revert,omitempty"`
+			Seq     uint64     `json:"seq"`
+		}
+		type pending struct {
+			Kind    string    `json:"kind"`
+			Name    string    `json:"name"`
+			Value   int64     `json:"value"`
+			Restore int64     `json:"restore"`
+			Until   time.Time `json:"until"`
+		}
+		doc := struct {
+			Node    int64     `json:"node"`
+			Changes []entry   `json:"changes"`
+			Pending []pending `json:"pending"`
+		}{Node: n.GetId(), Changes: []entry{}, Pending: []pending{}}
+		for _, c := range h.GetChanges() {
+			e := entry{At: c.GetAt().AsTime(), Who: c.GetWho(), Reason: c.GetReason(), Changes: changeLines(c.GetOld(), c.GetNew()),
+				Revert: c.GetRevert(), Seq: c.GetSeq()}
+			if c.GetUntil() != nil {
+				u := c.GetUntil().AsTime()
+				e.Until = &u
+			}
+			doc.Changes = append(doc.Changes, e)
+		}
+		for _, p := range h.GetPending() {
+			doc.Pending = append(doc.Pending, pending{Kind: p.GetKind(), Name: p.GetName(), Value: p.GetValue(),
+				Restore: p.GetRestore(), Until: p.GetUntil().AsTime()})
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "WHEN (UTC)\tWHO\tCHANGE\tUNTIL\tREASON\n")
+	for _, c := range h.GetChanges() {
+		until := ""
+		if c.GetUntil() != nil {
+			until = c.GetUntil().AsTime().UTC().Format(time.DateTime)
+		}
+		for i, line := range changeLines(c.GetOld(), c.GetNew()) {
+			if i == 0 {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.GetAt().AsTime().UTC().Format(time.DateTime), c.GetWho(), line, until, c.GetReason())
+			} else {
+				fmt.Fprintf(tw, "\t\t%s\t\t\n", line)
+			}
+		}
+	}
+	if len(h.GetChanges()) == 0 {
+		fmt.Fprintf(tw, "(no changes recorded)\n")
+	}
+	for _, p := range h.GetPending() {
+		fmt.Fprintf(tw, "pending revert: %s.%s %s -> %s at %s\n", p.GetKind(), p.GetName(), capText(p.GetValue()),
+			capText(p.GetRestore()), p.GetUntil().AsTime().UTC().Format(time.DateTime))
+	}
+	return tw.Flush()
+}
+
+func union(a, b map[string]int64) map[string]int64 {
+	out := maps.Clone(a)
+	if out == nil {
+		out = map[string]int64{}
+	}
+	for k := range b {
+		out[k] = 0
+	}
+	return out
+}
+
+// meter draws used/cap as a bar of width cells.
+func meter(used, limit int64, width int) string {
+	filled := width
+	if limit > 0 {
+		filled = int(min(used, limit) * int64(width) / limit)
+	} else if used == 0 {
+		filled = 0
+	}
+	return "[" + strings.Repeat("#", filled) + strings.Repeat(".", width-filled) + "]"
+}
+
+func kindName(k governorpb.NodeKind) string {
+	return strings.ToLower(strings.TrimPrefix(k.String(), "NODE_KIND_"))
+}
+
+func stateName(s governorpb.NodeState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+}
