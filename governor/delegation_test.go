@@ -3,11 +3,13 @@ package governor_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
@@ -137,5 +139,37 @@ func waitNotice(t *testing.T, ch <-chan governor.Notice, kind governor.NoticeKin
 		case <-deadline:
 			t.Fatalf("no %v notice", kind)
 		}
+	}
+}
+
+// Samples that call for a cut cut the adaptive limit at once, and the cut
+// is recorded before ReportSamples replies: governord restarted on the same
+// file has it.
+func TestReportSamplesCutIsDurable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "governor.db")
+	edit := func(c *server.Config) {
+		c.Store = server.StoreConfig{Driver: "sqlite", DSN: path}
+		// No interval ends during the test: only the early cut can move it.
+		c.Adaptive = []engine.Adaptive{{Class: "psp", TargetP95: time.Second, MaxOverload: 0.02,
+			MinLimit: 1, MaxLimit: 20, Interval: time.Hour}}
+	}
+	const limit = `governor_pool_limit{class="psp",tenant=""}`
+	srv := govtest.Start(t, edit)
+	c := dialTo(t, srv)
+	calls := make([]governor.Sample, 10)
+	for i := range calls {
+		calls[i] = governor.Sample{Latency: time.Millisecond, Overloaded: true}
+	}
+	if err := c.ReportSamples(t.Context(), "psp", calls); err != nil {
+		t.Fatal(err)
+	}
+	if got := govtest.Metric(t, srv, limit); got != 14 {
+		t.Fatalf("limit %v after ten overloaded calls, want 14 (20 cut to 70%%) at once", got)
+	}
+	c.Close()
+	srv.Close()
+	again := govtest.Start(t, edit)
+	if got := govtest.Metric(t, again, limit); got != 14 {
+		t.Errorf("limit %v after a restart, want the cut's 14", got)
 	}
 }

@@ -108,11 +108,20 @@ func (s *Server) ReportSamples(ctx context.Context, req *governorpb.ReportSample
 		}
 		samples[i] = engine.Sample{Latency: time.Duration(ns), Overloaded: int64(i) < req.GetOverloaded()}
 	}
+	before := s.eng.Seq()
 	if err := s.eng.Observe(sid, req.GetClass(), samples); err != nil {
 		if derr := s.durable(ctx); derr != nil { // an expiry found on the way is recorded
 			return nil, toStatus(derr)
 		}
 		return nil, toStatus(err)
+	}
+	// The samples may have cut the limit at once: that cut is recorded
+	// before the reply, like every change. (Samples that change nothing,
+	// the usual case, wait for nothing.)
+	if s.eng.Seq() != before {
+		if err := s.durable(ctx); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	return &governorpb.ReportSamplesResponse{}, nil
 }

@@ -14,11 +14,23 @@ const maxSamples = 4096
 // controller is an AIMD controller for one class's root limit: additive
 // increase, multiplicative decrease, the shape of TCP congestion control
 // and for the same reason: back off fast, probe slowly.
+//
+// It raises at most once an interval, but it cuts as soon as the interval's
+// verdict is certain: when the window's overloaded or slow calls are
+// already too many for the rule to pass even if every other call of an
+// interval as busy as the last whole one were healthy. And it counts only
+// calls that began after its last cut (a lease's call by its grant): a cut revokes nothing, so calls
+// admitted under the old limit go on ending overloaded for a while, and
+// counting them would cut again for the same excess (TCP cuts once per
+// window of data for the same reason).
 type controller struct {
 	cfg        Adaptive
 	last       int64 // when it last decided
+	cutAt      int64 // when it last cut
+	lastCount  int   // calls counted in the last whole interval
 	latencies  []time.Duration
 	next       int // ring position once latencies is full
+	slow       int // samples in latencies over TargetP95
 	overloaded int
 	count      int
 }
@@ -48,12 +60,23 @@ func newController(a Adaptive, now int64) (*controller, error) {
 	return &controller{cfg: a, last: now}, nil
 }
 
-func (c *controller) observe(latency time.Duration, overloaded bool) {
+// observe counts a call of latency begun at began, unless that is before
+// the last cut.
+func (c *controller) observe(latency time.Duration, overloaded bool, began int64) {
+	if began < c.cutAt {
+		return
+	}
 	if len(c.latencies) < maxSamples {
 		c.latencies = append(c.latencies, latency)
 	} else {
+		if c.latencies[c.next] > c.cfg.TargetP95 {
+			c.slow--
+		}
 		c.latencies[c.next] = latency
 		c.next = (c.next + 1) % maxSamples
+	}
+	if latency > c.cfg.TargetP95 {
+		c.slow++
 	}
 	c.count++
 	if overloaded {
@@ -66,14 +89,30 @@ func (c *controller) decide(current int64) (int64, bool) {
 	if c.count < c.cfg.MinSamples {
 		return current, false
 	}
-	p95 := percentile(c.latencies, 0.95)
-	share := float64(c.overloaded) / float64(c.count)
-	next := current + 1
-	if p95 > c.cfg.TargetP95 || share > c.cfg.MaxOverload {
-		next = int64(float64(current) * AdaptiveDecrease)
+	next := c.clamp(current + 1)
+	if c.fails(len(c.latencies), c.count) {
+		next = c.cut(current)
 	}
-	next = min(max(next, c.cfg.MinLimit), c.cfg.MaxLimit)
 	return next, next != current
+}
+
+func (c *controller) cut(current int64) int64 {
+	return c.clamp(int64(float64(current) * AdaptiveDecrease))
+}
+
+func (c *controller) clamp(limit int64) int64 {
+	return min(max(limit, c.cfg.MinLimit), c.cfg.MaxLimit)
+}
+
+// fails reports whether an interval of window latencies and count calls,
+// the window's slow and overloaded ones among them and every other one
+// healthy, fails the rule: a p95 over target or an overloaded share over
+// the maximum. The p95 (nearest rank) is over target exactly when fewer
+// calls than its rank are within target, so a count of the slow ones
+// answers without sorting.
+func (c *controller) fails(window, count int) bool {
+	rank := (95*window + 99) / 100
+	return window-c.slow < rank || float64(c.overloaded)/float64(count) > c.cfg.MaxOverload
 }
 
 // tick decides once per interval and starts a fresh sample window.
@@ -86,26 +125,45 @@ func (c *controller) tick(e *Engine, now int64) {
 		current = c.cfg.MaxLimit
 	}
 	if next, moved := c.decide(current); moved || !ok {
-		e.emit(Event{Kind: EvLimitAdjusted, At: now, Node: RootID, Resource: c.cfg.Class, Amount: next})
-		if next < current {
-			// Blocks follow the limit down: idle slots above it go back.
-			e.recallUnder(e.root, c.cfg.Class, "")
-		}
-		e.dispatch(c.cfg.Class)
+		c.adjust(e, now, current, next)
 	}
-	c.last = now
-	c.latencies, c.next, c.overloaded, c.count = c.latencies[:0], 0, 0, 0
+	c.lastCount = c.count
+	c.restart(now)
 }
 
-// percentile returns the p-th latency (nearest rank) of samples.
-func percentile(samples []time.Duration, p float64) time.Duration {
-	if len(samples) == 0 {
-		return 0
+// cutEarly cuts the limit at once, without waiting for the interval's end,
+// when the window holds enough samples and its verdict is certain: it
+// fails the rule even as part of an interval as busy as the last whole one
+// whose other calls are all healthy.
+func (c *controller) cutEarly(e *Engine, now int64) {
+	expect := max(c.lastCount, c.count)
+	if c.count < c.cfg.MinSamples || !c.fails(min(expect, maxSamples), expect) {
+		return
 	}
-	s := slices.Clone(samples)
-	slices.Sort(s)
-	rank := int(p*float64(len(s))+0.999999) - 1
-	return s[min(max(rank, 0), len(s)-1)]
+	current, ok := e.root.limit.capOf(c.cfg.Class)
+	if !ok {
+		current = c.cfg.MaxLimit
+	}
+	if next := c.cut(current); next < current {
+		c.adjust(e, now, current, next)
+		c.restart(now)
+	}
+}
+
+func (c *controller) adjust(e *Engine, now, current, next int64) {
+	e.emit(Event{Kind: EvLimitAdjusted, At: now, Node: RootID, Resource: c.cfg.Class, Amount: next})
+	if next < current {
+		c.cutAt = now
+		// Blocks follow the limit down: idle slots above it go back.
+		e.recallUnder(e.root, c.cfg.Class, "")
+	}
+	e.dispatch(c.cfg.Class)
+}
+
+// restart empties the window after a decision.
+func (c *controller) restart(now int64) {
+	c.last = now
+	c.latencies, c.next, c.slow, c.overloaded, c.count = c.latencies[:0], 0, 0, 0, 0
 }
 
 // startAdaptive gives each adaptive class without a root limit its MaxLimit,
@@ -145,8 +203,9 @@ type Sample struct {
 }
 
 // Observe reports calls made in slots of the session's blocks of class, as
-// releases report theirs. It is not recorded: adaptive samples are not
-// state. A class that is not adaptive ignores them.
+// releases report theirs. The samples are not recorded (adaptive samples
+// are not state), but a cut they call for is, as an EvLimitAdjusted event.
+// A class that is not adaptive ignores them.
 func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -162,8 +221,11 @@ func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
 			return invalid("a sample's latency %v is negative", s.Latency)
 		}
 	}
+	now := e.now()
 	for _, s := range samples {
-		c.observe(s.Latency, s.Overloaded)
+		// A slot's call is known only by its end and latency.
+		c.observe(s.Latency, s.Overloaded, now-int64(s.Latency))
 	}
+	c.cutEarly(e, now)
 	return nil
 }

@@ -2014,8 +2014,8 @@ func TestAdaptiveLimitDecides(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := adaptiveFixture(t, tt.start)
-			f.feed(tt.samples)
 			seq := f.e.Seq()
+			f.feed(tt.samples)
 			f.tick()
 			if got := f.adaptiveLimit(); got != tt.want {
 				t.Errorf("limit %d -> %d, want %d", tt.start, got, tt.want)
@@ -2062,21 +2062,17 @@ func TestAdaptiveLimitClimbsOnePerInterval(t *testing.T) {
 func TestAdaptiveLoweringRevokesNothing(t *testing.T) {
 	f := adaptiveFixture(t, 20)
 	var held []LeaseID
-	for range 20 {
+	for range 19 {
 		held = append(held, f.acquire(f.sA, f.job, "psp"))
 	}
-	for i := range 10 { // ten slow releases, and the slots taken again
-		if err := f.e.Release(f.sA, held[i], slow.latency, false, ""); err != nil {
-			t.Fatal(err)
-		}
-		held[i] = f.acquire(f.sA, f.job, "psp")
-	}
-	f.tick()
+	// Ten slow calls through the twentieth slot: the tenth release cuts the
+	// limit to 14 at once, under the 19 leases still held.
+	f.feed(samples(10, slow))
 	if got := f.adaptiveLimit(); got != 14 {
 		t.Fatalf("limit %d, want 14", got)
 	}
-	if ids := leases(f.e); len(ids) != 20 {
-		t.Fatalf("%d live leases after the cut, want all 20", len(ids))
+	if ids := leases(f.e); len(ids) != 19 {
+		t.Fatalf("%d live leases after the cut, want all 19", len(ids))
 	}
 	for _, l := range held {
 		if _, err := f.e.Validate(f.sA, l); err != nil {
@@ -2084,12 +2080,73 @@ func TestAdaptiveLoweringRevokesNothing(t *testing.T) {
 		}
 	}
 	w := f.enqueue(f.sA, f.job, "psp")
-	for _, l := range held[:6] {
+	for _, l := range held[:5] {
 		f.release(f.sA, l)
 	}
 	noOutcome(t, w, "14 held of limit 14")
-	f.release(f.sA, held[6])
+	f.release(f.sA, held[5])
 	granted(t, w, "13 held of limit 14")
+}
+
+// A cut comes as soon as the interval's verdict is certain: once the
+// window's overloaded (or slow) calls are too many for the rule to pass even
+// if the rest of an interval as busy as the last whole one were healthy,
+// and not before.
+func TestAdaptiveCutsAsSoonAsTheVerdictIsCertain(t *testing.T) {
+	f := adaptiveFixture(t, 10)
+	f.feed(samples(100, fast))
+	f.tick() // a whole interval of 100 calls: 10 -> 11
+	// max_overload 0.02 of 100 calls is 2: a second overloaded call leaves
+	// the verdict open, a third settles it.
+	f.feed(samples(8, fast, 2, overloaded))
+	if got := f.adaptiveLimit(); got != 11 {
+		t.Fatalf("limit %d after 2 overloaded calls in 10, of an interval of 100; want 11 until the interval ends", got)
+	}
+	f.feed(samples(1, overloaded))
+	if got := f.adaptiveLimit(); got != 7 {
+		t.Fatalf("limit %d after 3 overloaded calls in 11, of an interval of 100; want 7 (11 cut to 70%%) at once", got)
+	}
+	// p95 likewise: 5 slow calls of 100 are within it, 6 are not.
+	f.clock.Advance(time.Second) // calls that began after the cut
+	f.tick()
+	f.feed(samples(100, fast))
+	f.tick() // 7 -> 8, an interval of 100 calls
+	f.feed(samples(5, fast, 5, slow))
+	if got := f.adaptiveLimit(); got != 8 {
+		t.Fatalf("limit %d after 5 slow calls in 10, of an interval of 100; want 8 until the interval ends", got)
+	}
+	f.feed(samples(1, slow))
+	if got := f.adaptiveLimit(); got != 5 {
+		t.Fatalf("limit %d after 6 slow calls in 11, of an interval of 100; want 5 (8 cut to 70%%) at once", got)
+	}
+}
+
+// A cut revokes nothing, so the calls admitted before it go on ending
+// overloaded for a while; they are not counted against the new limit. Calls
+// whose leases were granted after the cut are.
+func TestAdaptiveCountsOnlyCallsBegunAfterTheCut(t *testing.T) {
+	f := adaptiveFixture(t, 20)
+	var before []LeaseID
+	for range 10 {
+		before = append(before, f.acquire(f.sA, f.job, "psp"))
+	}
+	f.clock.Advance(time.Millisecond)
+	f.feed(samples(10, overloaded))
+	if got := f.adaptiveLimit(); got != 14 {
+		t.Fatalf("limit %d, want 14", got)
+	}
+	for _, l := range before {
+		if err := f.e.Release(f.sA, l, 0, true, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.adaptiveLimit(); got != 14 {
+		t.Fatalf("limit %d after calls granted before the cut, want it kept at 14", got)
+	}
+	f.feed(samples(10, overloaded))
+	if got := f.adaptiveLimit(); got != 9 {
+		t.Fatalf("limit %d after calls granted after the cut, want 9 (14 cut to 70%%)", got)
+	}
 }
 
 func TestAdaptiveRaiseDispatchesWaiters(t *testing.T) {

@@ -281,13 +281,15 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 			return fmt.Errorf("%w: lease %d is held by another session", ErrPermission, id)
 		}
 		if l != nil {
+			// A block's end reports no call: its slots' calls are reported
+			// by Observe as they end. A cut the call calls for comes first,
+			// so the slot it frees is dispatched under the new limit.
+			if c := e.adaptive[l.class]; c != nil && !l.block {
+				c.observe(latency, overloaded, l.granted)
+				c.cutEarly(e, now)
+			}
 			e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: id,
 				RequestID: requestID, Fingerprint: fp})
-			// A block's end reports no call: its slots' calls are reported
-			// by Observe as they end.
-			if c := e.adaptive[l.class]; c != nil && !l.block {
-				c.observe(latency, overloaded)
-			}
 			e.dispatch(l.class)
 			return nil
 		}

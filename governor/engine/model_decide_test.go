@@ -90,10 +90,13 @@ type modelDecide struct {
 }
 
 type mController struct {
-	cfg     Adaptive
-	last    int64
-	samples []time.Duration
-	over    int
+	cfg   Adaptive
+	last  int64 // its last decision
+	cutAt int64 // its last cut
+	// lastCount is how many calls its last whole interval counted.
+	lastCount int
+	samples   []time.Duration
+	over      int
 }
 
 func (m *model) decideInit() {
@@ -455,14 +458,82 @@ func sameLeaseAnswer(got, want error) bool {
 	}
 }
 
-// Observe is told of each release an adaptive class counts.
-func (m *model) Observe(class string, latency time.Duration, overloaded bool) {
-	if c := m.aimd[class]; c != nil {
-		c.samples = append(c.samples, latency)
-		if overloaded {
-			c.over++
-		}
+// Observe is told of each call an adaptive class counts, begun at began
+// (its lease's grant, or for a block's slot its end minus its latency). A
+// call that began before the class's last cut is not counted: it was
+// admitted under the limit that cut replaced.
+func (m *model) Observe(class string, latency time.Duration, overloaded bool, began int64) {
+	c := m.aimd[class]
+	if c == nil || began < c.cutAt {
+		return
 	}
+	c.samples = append(c.samples, latency)
+	if overloaded {
+		c.over++
+	}
+}
+
+// current is a class's root limit as its controller reads it: MaxLimit
+// when the root has none.
+func (m *model) current(class string) (int64, bool) {
+	v, capped := m.limits[RootID][class]
+	if !capped {
+		v = m.aimd[class].cfg.MaxLimit
+	}
+	return v, capped
+}
+
+// fails is SPEC.md's test of an interval of n calls, the window's among
+// them and the rest healthy: a p95 (nearest rank) over target, or an
+// overloaded share over the maximum.
+func (c *mController) fails(n int) bool {
+	all := append(slices.Clone(c.samples), make([]time.Duration, n-len(c.samples))...)
+	slices.Sort(all)
+	return all[(95*n+99)/100-1] > c.cfg.TargetP95 || float64(c.over)/float64(n) > c.cfg.MaxOverload
+}
+
+// rule is SPEC.md's AIMD rule from the window's samples: the limit that
+// follows current (current itself with too few samples).
+func (c *mController) rule(current int64) int64 {
+	n := len(c.samples)
+	if n < c.cfg.MinSamples {
+		return current
+	}
+	sorted := slices.Clone(c.samples)
+	slices.Sort(sorted)
+	p95 := sorted[(95*n+99)/100-1] // nearest rank
+	next := current + 1
+	if p95 > c.cfg.TargetP95 || float64(c.over)/float64(n) > c.cfg.MaxOverload {
+		next = current * specDecreasePct / 100
+	}
+	return min(max(next, c.cfg.MinLimit), c.cfg.MaxLimit)
+}
+
+func (c *mController) restart(now int64) {
+	c.last, c.samples, c.over = now, nil, 0
+}
+
+// CutAtOnce is what a release or an Observe batch must do to class's limit,
+// given current, the limit before it: cut it at once when the window has
+// MinSamples calls and fails the rule even within an interval as busy as
+// the last whole one whose other calls are healthy (SPEC.md). It returns
+// the EvLimitAdjusted events it must emit.
+func (m *model) CutAtOnce(class string, current int64, now int64) []Event {
+	c := m.aimd[class]
+	if c == nil {
+		return nil
+	}
+	expect := max(c.lastCount, len(c.samples))
+	if len(c.samples) < c.cfg.MinSamples || !c.fails(expect) {
+		return nil
+	}
+	next := min(max(current*specDecreasePct/100, c.cfg.MinLimit), c.cfg.MaxLimit)
+	if next >= current {
+		return nil
+	}
+	c.cutAt = now
+	c.restart(now)
+	return []Event{{Kind: EvLimitAdjusted, At: now, Node: RootID, Resource: class, Amount: next}}
 }
 
 // DecideAdaptive is what Reap must do with each adaptive limit at now:
@@ -479,25 +550,16 @@ func (m *model) DecideAdaptive(now int64) []Event {
 		if now-c.last < int64(interval) {
 			continue
 		}
-		current, capped := m.limits[RootID][class]
-		if !capped {
-			current = c.cfg.MaxLimit
-		}
-		next := current
-		if n := len(c.samples); n >= c.cfg.MinSamples {
-			sorted := slices.Clone(c.samples)
-			slices.Sort(sorted)
-			p95 := sorted[(95*n+99)/100-1] // nearest rank
-			next = current + 1
-			if p95 > c.cfg.TargetP95 || float64(c.over)/float64(n) > c.cfg.MaxOverload {
-				next = current * specDecreasePct / 100
-			}
-			next = min(max(next, c.cfg.MinLimit), c.cfg.MaxLimit)
-		}
+		current, capped := m.current(class)
+		next := c.rule(current)
 		if next != current || !capped {
 			out = append(out, Event{Kind: EvLimitAdjusted, At: now, Node: RootID, Resource: class, Amount: next})
 		}
-		c.last, c.samples, c.over = now, nil, 0
+		if next < current {
+			c.cutAt = now
+		}
+		c.lastCount = len(c.samples)
+		c.restart(now)
 	}
 	return out
 }

@@ -44,6 +44,7 @@ type modelLease struct {
 	charges []Charge
 	block   bool
 	count   int64 // slots held: 1 for a lease
+	granted int64
 }
 
 type modelRes struct {
@@ -243,7 +244,7 @@ func (m *model) applyEvent(ev Event) {
 		}
 		m.hold(ev, ev.Node, ev.Resource, count)
 		m.leases[ev.Lease] = modelLease{session: ev.Session, node: ev.Node, class: ev.Resource, charges: ev.Charges,
-			block: ev.Block, count: count}
+			block: ev.Block, count: count, granted: ev.At}
 	case EvBlockResized:
 		l, ok := m.leases[ev.Lease]
 		switch {

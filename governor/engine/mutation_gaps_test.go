@@ -13,18 +13,15 @@ import (
 func TestAdaptiveWindowKeepsTheNewestSamples(t *testing.T) {
 	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10, MinSamples: 1})
 	s := f.open(RootID, longTTL)
-	slow := make([]Sample, 4096)
-	for i := range slow {
-		slow[i] = Sample{Latency: time.Second}
+	// One batch, so that no early cut sees the slow calls alone.
+	calls := make([]Sample, 4096+4096+7)
+	for i := range calls {
+		calls[i] = Sample{Latency: time.Millisecond}
+		if i < 4096 {
+			calls[i].Latency = time.Second
+		}
 	}
-	fast := make([]Sample, 4096+7)
-	for i := range fast {
-		fast[i] = Sample{Latency: time.Millisecond}
-	}
-	if err := f.e.Observe(s, "llm", slow); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.e.Observe(s, "llm", fast); err != nil {
+	if err := f.e.Observe(s, "llm", calls); err != nil {
 		t.Fatal(err)
 	}
 	f.clock.Advance(time.Second)

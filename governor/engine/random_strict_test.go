@@ -52,6 +52,34 @@ func (w *world) reap() {
 	}
 }
 
+// adaptiveLimits is each adaptive class's root limit as the model holds
+// it, taken before an operation that may cut one.
+func (w *world) adaptiveLimits() map[string]int64 {
+	out := map[string]int64{}
+	for class := range w.m.aimd {
+		out[class], _ = w.m.current(class)
+	}
+	return out
+}
+
+// checkCutAtOnce compares the limit cuts an operation's samples made at
+// once (the events since before) with the model's: a cut as soon as the
+// window calls for one, and none otherwise.
+func (w *world) checkCutAtOnce(what, class string, current, now int64, before uint64) {
+	var got, wanted []string
+	for _, ev := range w.rec.events[before:] {
+		if ev.Kind == EvLimitAdjusted {
+			got = append(got, fmt.Sprintf("%s=%d", ev.Resource, ev.Amount))
+		}
+	}
+	for _, ev := range w.m.CutAtOnce(class, current, now) {
+		wanted = append(wanted, fmt.Sprintf("%s=%d", ev.Resource, ev.Amount))
+	}
+	if !slices.Equal(got, wanted) {
+		w.fail("AIMD: %s set adaptive limits %v; from the samples and the controller's settings it should be %v", what, got, wanted)
+	}
+}
+
 // advance moves the clock by d, or, one time in four, exactly onto (or
 // one nanosecond short of) an instant the spec draws a line at: a
 // session's expiry, a deadline, a tombstone's end, a retention's end.

@@ -377,6 +377,7 @@ func (w *world) randomOp() {
 		over := w.rng.Intn(10) == 0
 		ml, live := w.m.leases[id]
 		remembered := rid != "" && w.m.Remembers(sid, rid)
+		limitBefore := w.adaptiveLimits()
 		err := e.Release(sid, id, lat, over, rid)
 		w.expect(fmt.Sprintf("release s%d l%d %q", sid, id, rid), before, err, ErrLeaseExpired, ErrLeaseRevoked, ErrNotFound, ErrPermission, ErrLeaseReleased)
 		if !live && !remembered {
@@ -384,7 +385,8 @@ func (w *world) randomOp() {
 		}
 		for _, ev := range w.rec.events[before:] {
 			if ev.Kind == EvLeaseReleased && ev.Lease == id && ev.Session == sid && !ev.GivenBack && !ml.block {
-				w.m.Observe(ml.class, lat, over)
+				w.m.Observe(ml.class, lat, over, ml.granted)
+				w.checkCutAtOnce("release", ml.class, limitBefore[ml.class], w.clock.Now().UnixNano(), before)
 			}
 		}
 		if err == nil || errors.Is(err, ErrLeaseExpired) || errors.Is(err, ErrLeaseRevoked) {
@@ -945,11 +947,16 @@ func (w *world) observeOp(sid SessionID, before uint64) {
 	for range 1 + w.rng.Intn(6) {
 		samples = append(samples, Sample{Latency: time.Duration(w.rng.Int63n(int64(80 * time.Millisecond))), Overloaded: w.rng.Intn(12) == 0})
 	}
+	limitBefore := w.adaptiveLimits()
 	err := w.e.Observe(sid, class, samples)
 	w.expect(fmt.Sprintf("observe s%d %s %d samples", sid, class, len(samples)), before, err)
 	if err == nil {
+		now := w.clock.Now().UnixNano()
 		for _, s := range samples {
-			w.m.Observe(class, s.Latency, s.Overloaded)
+			w.m.Observe(class, s.Latency, s.Overloaded, now-int64(s.Latency))
+		}
+		if _, adaptive := limitBefore[class]; adaptive {
+			w.checkCutAtOnce("observe", class, limitBefore[class], now, before)
 		}
 	}
 }
