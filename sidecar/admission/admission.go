@@ -34,6 +34,11 @@ type Request struct {
 	// header): charge what is left under the caps, up to Charges, instead
 	// of refusing. Class is ignored.
 	Spent bool
+	// Held marks Charges as an estimate of work whose cost is known only
+	// when it ends (the tokens of an LLM call): they are held, not spent,
+	// while it runs, and its Ticket, never nil, is a Settler that says
+	// what was used.
+	Held bool
 }
 
 // Ticket is admitted work. End it once, when the work is done.
@@ -42,6 +47,16 @@ type Ticket interface {
 	// sample) and whether the downstream signalled overload, for adaptive
 	// limits.
 	End(latency time.Duration, overloaded bool)
+}
+
+// Settler is the Ticket of work admitted with Held charges.
+type Settler interface {
+	Ticket
+	// Settle spends what the work used of the held charges, by resource,
+	// and gives back the rest; use beyond what was held is charged as a
+	// Spent request is, as far as the caps allow. Call it at most once,
+	// before End; a ticket ended without it spends all that was held.
+	Settle(used map[string]int64)
 }
 
 // Admitter admits work. Admit blocks while the work waits for a slot, until

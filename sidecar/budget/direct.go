@@ -23,11 +23,18 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 	if err != nil {
 		return nil, err
 	}
-	if l == nil {
-		return nil, nil
+	var t admission.Ticket
+	if l != nil {
+		n.s.a.m.slotGrants.WithLabelValues("single").Inc()
+		t = &leaseTicket{s: n.s, n: n, l: l}
 	}
-	n.s.a.m.slotGrants.WithLabelValues("single").Inc()
-	return &leaseTicket{s: n.s, n: n, l: l}, nil
+	if r.Held {
+		// Charged whole at governord: what the work leaves unused cannot
+		// be given back (quota is never refunded), only what it uses
+		// beyond is charged.
+		return n.held(t, r.Charges, true), nil
+	}
+	return t, nil
 }
 
 // consumeUpTo charges up to amount of resource for work that already ran:

@@ -17,6 +17,7 @@ type Metrics struct {
 	denials         *prometheus.CounterVec
 	releaseFailures prometheus.Counter
 	subtasksIdle    prometheus.Counter
+	heldOver        prometheus.Counter
 
 	a *Admitter // for the gauges read at each scrape
 }
@@ -39,6 +40,8 @@ func NewMetrics() *Metrics {
 		Help: "Lease releases that failed (the lease ends with its session anyway)."})
 	m.subtasksIdle = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_idle_subtasks_closed_total",
 		Help: "Subtasks (one per username or application_name) closed after subtask_idle with nothing held or running."})
+	m.heldOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_held_over_estimate_total",
+		Help: "Work admitted with an estimate held (metered LLM calls) that used more than it; the rest is charged as far as the caps allow."})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -51,7 +54,7 @@ func (m *Metrics) denied(c admission.Cause) { m.denials.WithLabelValues(c.String
 // read from a at each scrape.
 func (m *Metrics) Register(reg prometheus.Registerer, a *Admitter) error {
 	m.a = a
-	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, delegated{a}} {
+	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, m.heldOver, delegated{a}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -240,6 +240,9 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			// so that a charge the quota cannot hold is refused at once
 			// rather than after its whole wait timeout. The reservations'
 			// unspent units go back first, so as not to stand in its way.
+			// A held estimate is then charged whole: near the edge, what
+			// the work leaves of it is not given back (budgets hold, and
+			// may be under-used).
 			n.untake(resources[:i], r.Charges)
 			for _, res := range resources {
 				n.reservation(res).settleNow(ctx, true)
@@ -259,6 +262,9 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			return nil, err
 		}
 		t = pt
+	}
+	if r.Held {
+		return n.held(t, r.Charges, false), nil
 	}
 	n.spend(resources, r.Charges)
 	return t, nil
@@ -327,6 +333,9 @@ func (s *session) tryAdmitOn(n *node, r admission.Request) (admission.Ticket, bo
 			return nil, false
 		}
 		t = pt
+	}
+	if r.Held {
+		return n.held(t, r.Charges, false), true
 	}
 	n.spend(resources, r.Charges)
 	return t, true

@@ -1,0 +1,75 @@
+package budget
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/governor-project/governor/sidecar/admission"
+)
+
+// heldTicket is work admitted with held charges (admission.Request.Held):
+// an estimate taken from the node's reservations and kept held, not spent,
+// while the work runs, so that the part it leaves unused goes back to the
+// reservation instead of being reported as spent. It is an
+// admission.Settler.
+type heldTicket struct {
+	n     *node
+	slot  admission.Ticket // the class's slot; nil when none is held
+	held  map[string]int64
+	whole bool // charged whole at governord (direct): nothing to give back
+
+	settle sync.Once
+	end    sync.Once
+}
+
+// held wraps the ticket of work whose charges were taken (whole: charged
+// at governord instead) and are now held until it settles.
+func (n *node) held(slot admission.Ticket, charges map[string]int64, whole bool) *heldTicket {
+	return &heldTicket{n: n, slot: slot, held: charges, whole: whole}
+}
+
+func (t *heldTicket) Settle(used map[string]int64) {
+	t.settle.Do(func() {
+		for res, h := range t.held {
+			u := max(used[res], 0)
+			if !t.whole {
+				q := t.n.reservation(res)
+				q.spend(min(u, h))
+				if u < h {
+					q.untake(h - u)
+				}
+			}
+			if u > h {
+				t.spendBeyond(res, u-h)
+			}
+		}
+	})
+}
+
+// spendBeyond charges what the work used beyond its estimate, in the
+// background: the work has run, so it is charged as far as the caps allow.
+func (t *heldTicket) spendBeyond(res string, extra int64) {
+	n := t.n
+	n.s.a.m.heldOver.Inc()
+	n.s.a.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(n.s.life, callTimeout)
+		defer cancel()
+		if t.whole {
+			n.consumeUpTo(ctx, res, extra)
+			return
+		}
+		n.reservation(res).spendUpTo(ctx, extra)
+	})
+}
+
+func (t *heldTicket) End(latency time.Duration, overloaded bool) {
+	t.end.Do(func() {
+		t.Settle(t.held)
+		if t.slot != nil {
+			t.slot.End(latency, overloaded)
+		} else {
+			t.n.unuse()
+		}
+	})
+}
