@@ -37,6 +37,7 @@ var all = []scenario{
 	{"deadworker", "2. Dead worker", runDeadWorker},
 	{"adaptive", "3. Adaptive limit after a capacity drop", runAdaptive},
 	{"retries", "4. Retries with the downstream down", runRetries},
+	{"durable", "5. Durable throughput", runDurable},
 	{"crash", "6. kill -9 under load", runCrash},
 }
 
@@ -207,10 +208,16 @@ type governord struct {
 // startGovernord starts a governord on a fresh store of the env's kind
 // with yaml (the rest of its config: keys, caps, tenants).
 func (e *env) startGovernord(ctx context.Context, yaml string) (*governord, error) {
+	return e.startGovernordOn(ctx, e.store, yaml)
+}
+
+// startGovernordOn is startGovernord on a fresh store of the kind named
+// (memory, sqlite or postgres), whatever the env's.
+func (e *env) startGovernordOn(ctx context.Context, kind, yaml string) (*governord, error) {
 	e.starts++
 	name := fmt.Sprintf("governord-%d", e.starts)
 	var store string
-	switch e.store {
+	switch kind {
 	case "memory":
 		store = "store: {driver: memory}\n"
 	case "sqlite":

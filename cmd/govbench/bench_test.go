@@ -209,3 +209,24 @@ func TestCrashLosesNoAcknowledgedConsume(t *testing.T) {
 	}
 	t.Logf("%d acknowledged, %d on record, %d on record unacknowledged", r.Acked, r.OnRecord, r.Unacked)
 }
+
+// Scenario 5 measures both kinds of call on a durable store, each round.
+func TestDurableMeasuresConsumesAndNoops(t *testing.T) {
+	e := testEnv(t)
+	e.runs = 2
+	r, err := durableOnce(testContext(t), e, "sqlite", 4, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Consumes) != 2 || len(r.Noops) != 2 {
+		t.Fatalf("%d and %d rounds measured, want 2 of each", len(r.Consumes), len(r.Noops))
+	}
+	for i := range r.Consumes {
+		if r.Consumes[i] <= 0 || r.Noops[i] <= 0 {
+			t.Errorf("round %d: %.0f consumes/s and %.0f no-op calls/s, want both measured", i, r.Consumes[i], r.Noops[i])
+		}
+	}
+	if r.Ratio <= 0 {
+		t.Errorf("ratio %v", r.Ratio)
+	}
+}

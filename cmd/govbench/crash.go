@@ -71,10 +71,7 @@ func crashOnce(ctx context.Context, e *env, callers int, before time.Duration) (
 		// The memory store keeps nothing across a kill, by design.
 		store = "sqlite"
 	}
-	saved := e.store
-	e.store = store
-	gov, err := e.startGovernord(ctx, crashConfig)
-	e.store = saved
+	gov, err := e.startGovernordOn(ctx, store, crashConfig)
 	if err != nil {
 		return nil, err
 	}
