@@ -61,18 +61,23 @@ func main() {
 	seeds := flag.Int("seeds", 40, "seeds of TestRandomized per mutant")
 	ops := flag.Int("ops", 1000, "operations per seed")
 	parallel := flag.Int("parallel", 2, "mutants run at once")
-	timeout := flag.Duration("timeout", 3*time.Minute, "longest run of one mutant's tests (a mutant that hangs is killed)")
+	timeout := flag.Duration("timeout", 3*time.Minute, "longest run of one mutant's whole-package tests (a mutant that hangs is killed)")
+	checkerTimeout := flag.Duration("checker-timeout", 40*time.Second, "longest run of one mutant's randomized checker, its build included (a mutant that hangs there is killed sooner)")
+	skip := flag.Int("skip", 0, "leave out the first N mutants (to resume a run that stopped; they are listed in a fixed order)")
 	out := flag.String("out", "", "write the results as JSON here")
 	max := flag.Int("max", 0, "run at most this many mutants (0: all)")
 	list := flag.Bool("list", false, "list the mutants by file and stop")
 	flag.Parse()
-	if err := run(*dir, *only, *seeds, *ops, *parallel, *timeout, *out, *max, *list); err != nil {
+	if err := run(*dir, *only, *seeds, *ops, *parallel, timeouts{*checkerTimeout, *timeout}, *out, *skip, *max, *list); err != nil {
 		fmt.Fprintln(os.Stderr, "enginemutation:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, only string, seeds, ops, parallel int, timeout time.Duration, out string, max int, list bool) error {
+// timeouts bound each stage of a mutant's run.
+type timeouts struct{ checker, suite time.Duration }
+
+func run(dir, only string, seeds, ops, parallel int, timeout timeouts, out string, skip, max int, list bool) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -109,6 +114,9 @@ func run(dir, only string, seeds, ops, parallel int, timeout time.Duration, out 
 		}
 		fmt.Printf("total\t%d\n", len(mutants))
 		return nil
+	}
+	if skip > 0 {
+		mutants = mutants[min(skip, len(mutants)):]
 	}
 	if max > 0 && len(mutants) > max {
 		mutants = mutants[:max]
@@ -190,7 +198,7 @@ func find(path string) ([]*mutant, error) {
 	return out, nil
 }
 
-func try(dir, tmp string, i int, m *mutant, seeds, ops int, timeout time.Duration) (string, string) {
+func try(dir, tmp string, i int, m *mutant, seeds, ops int, timeout timeouts) (string, string) {
 	src, err := os.ReadFile(filepath.Join(dir, m.File))
 	if err != nil {
 		return "not-viable", err.Error()
@@ -208,14 +216,14 @@ func try(dir, tmp string, i int, m *mutant, seeds, ops int, timeout time.Duratio
 	if err := os.WriteFile(ov, overlay, 0o644); err != nil {
 		return "not-viable", err.Error()
 	}
-	res, detail := goTest(dir, ov, timeout, "-run", "TestRandomized|TestFairQueue", "-seeds", fmt.Sprint(seeds), "-ops", fmt.Sprint(ops))
+	res, detail := goTest(dir, ov, timeout.checker, "-run", "TestRandomized|TestFairQueue", "-seeds", fmt.Sprint(seeds), "-ops", fmt.Sprint(ops))
 	if res != "survived" {
 		if res == "killed" {
 			res = "killed-by-checker"
 		}
 		return res, detail
 	}
-	res, detail = goTest(dir, ov, timeout, "-short")
+	res, detail = goTest(dir, ov, timeout.suite, "-short")
 	if res == "killed" {
 		res = "killed-by-suite"
 	}
