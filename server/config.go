@@ -94,6 +94,9 @@ type StoreConfig struct {
 	Driver        string // sqlite | postgres | memory
 	DSN           string
 	SnapshotEvery int // events between snapshots; zero means DefaultSnapshotEvery
+	// UsageRetention is how long usage records are kept (governor usage);
+	// zero means DefaultUsageRetention.
+	UsageRetention time.Duration
 }
 
 // Caps are quotas and limits, by resource and class.
@@ -188,6 +191,8 @@ type fileStore struct {
 	Driver        string `mapstructure:"driver"`
 	DSN           string `mapstructure:"dsn"`
 	SnapshotEvery int    `mapstructure:"snapshot_every"`
+
+	UsageRetention time.Duration `mapstructure:"usage_retention"` // see StoreConfig
 }
 
 type fileCaps struct {
@@ -367,6 +372,9 @@ func (f fileConfig) validate() (Config, error) {
 	}
 	if c.Store.SnapshotEvery < 0 {
 		return Config{}, keyErr("store.snapshot_every", "%d is negative", c.Store.SnapshotEvery)
+	}
+	if c.Store.UsageRetention < 0 {
+		return Config{}, keyErr("store.usage_retention", "%v is negative", c.Store.UsageRetention)
 	}
 	if err := checkCaps("root", c.Root.Quotas, c.Root.Limits); err != nil {
 		return Config{}, err

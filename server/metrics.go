@@ -75,6 +75,7 @@ func (m *metrics) event(k engine.EventKind) {
 func (m *metrics) observeCommit(batch int, d time.Duration) {
 	m.batch.Observe(float64(batch))
 	m.commit.Observe(d.Seconds())
+	m.s.lastCommit.Store(int64(d))
 }
 
 func (m *metrics) waiting(d float64)              { m.waiters.Add(d) }

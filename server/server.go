@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -25,6 +26,7 @@ import (
 	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/store"
+	"github.com/governor-project/governor/usage"
 )
 
 // Server is a running governord.
@@ -34,7 +36,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	eng     *engine.Engine
-	mirror  *mirror // snapshots are taken from it (mirror.go)
+	mirror  *mirror     // snapshots are taken from it (mirror.go)
+	usage   *usage.Fold // usage records, written with the events (usage.go)
 	st      store.Store
 	events  *store.Log[engine.Event]
 	metrics *metrics
@@ -58,6 +61,11 @@ type Server struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+
+	// Recent refusals and the last commit's duration, for Inspect
+	// (inspect.go).
+	recent     recentDenials
+	lastCommit atomic.Int64
 }
 
 // Start recovers the state from the store, applies the configuration, and
@@ -190,7 +198,8 @@ func (s *Server) recover(ctx context.Context) error {
 		return err
 	}
 	s.eng = eng
-	s.events = store.NewLog(s.st, encodeEvent, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit,
+	s.usage = usage.New(eng.Snapshot())
+	s.events = store.NewLog(s.st, s.encodeWithUsage, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit,
 		OnError: func(err error) {
 			s.log.Warn("tidying the store after a snapshot failed; the next snapshot tries again", "err", err)
 		}})
@@ -608,6 +617,7 @@ func (s *Server) saveSnapshot(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	s.metrics.snapSize.Set(float64(len(data)))
+	s.trimUsage(ctx)
 	// capture holds the mirror's lock, not the engine's; save holds the
 	// store's writer.
 	s.log.Info("snapshot saved", "seq", snap.Seq, "bytes", len(data), "nodes", len(snap.Nodes), "took", time.Since(began),

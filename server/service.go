@@ -350,9 +350,9 @@ func (s *Server) Consume(ctx context.Context, req *governorpb.ConsumeRequest) (*
 		return nil, err
 	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ConsumeResponse, error) {
-		return &governorpb.ConsumeResponse{}, s.untilRecalled(ctx, func() error {
+		return &governorpb.ConsumeResponse{}, s.denied(req.GetNodeId(), s.untilRecalled(ctx, func() error {
 			return s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
-		})
+		}))
 	})
 }
 
@@ -431,7 +431,7 @@ func (s *Server) acquire(ctx context.Context, sid engine.SessionID, r engine.Acq
 		g, err = s.acquireOnce(ctx, sid, r)
 		return err
 	})
-	return g, err
+	return g, s.denied(int64(r.Node), err)
 }
 
 // acquireOnce is one try of acquire. Its charges may meet reservations being

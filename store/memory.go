@@ -28,6 +28,8 @@ type memState struct {
 	// what has been written; replaced, never changed in place.
 	stagedSeq uint64
 	staged    []byte
+	// Usage rows by key (usage.go); replaced, never changed in place.
+	usage map[usageKey]UsageRow
 }
 
 // NewMemory returns an empty Memory.
@@ -119,6 +121,7 @@ func (m *Memory) Append(ctx context.Context, recs []Record) error {
 			return fmt.Errorf("store: append: %w", err)
 		}
 	}
+	m.addUsage(usageRows(recs))
 	for _, r := range recs {
 		// Copied: the caller may reuse its buffers once Append returns.
 		m.state.recs = append(m.state.recs, Record{Seq: r.Seq, Data: bytes.Clone(r.Data)})

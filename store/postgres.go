@@ -87,7 +87,7 @@ func (p *Postgres) init(ctx context.Context) error {
 			return err
 		}
 		// Simple protocol: several statements in one Exec.
-		_, err := tx.Exec(ctx, postgresSchema, pgx.QueryExecModeSimpleProtocol)
+		_, err := tx.Exec(ctx, postgresSchema+postgresUsageSchema, pgx.QueryExecModeSimpleProtocol)
 		return err
 	})
 }
@@ -163,11 +163,21 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 		args = append(args, openIDs, openHashes, endIDs)
 		query = appendWithSessionsSQL
 	}
-	tag, err := p.pool.Exec(ctx, query, args...)
-	if err != nil {
-		return fmt.Errorf("store: append: %w", err)
+	var appended bool
+	if rows := usageRows(recs); len(rows) > 0 {
+		ok, err := p.appendWithUsage(ctx, query, args, int64(len(recs)), rows)
+		if err != nil {
+			return fmt.Errorf("store: append: %w", err)
+		}
+		appended = ok
+	} else {
+		tag, err := p.pool.Exec(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("store: append: %w", err)
+		}
+		appended = tag.RowsAffected() == int64(len(recs))
 	}
-	if tag.RowsAffected() != int64(len(recs)) {
+	if !appended {
 		var last int64
 		if err := p.pool.QueryRow(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
 			return fmt.Errorf("store: append: %w", err)

@@ -148,7 +148,7 @@ func (s *SQLite) init() error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, sqliteSchema); err != nil {
+	if _, err := tx.ExecContext(ctx, sqliteSchema+sqliteUsageSchema); err != nil {
 		return err
 	}
 	var oldShape bool
@@ -289,6 +289,9 @@ func (s *SQLite) Append(ctx context.Context, recs []Record) error {
 	}
 	opens, ends := sessionChanges(recs)
 	if err := sqliteChangeSessions(ctx, tx, opens, ends); err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	if err := sqliteAddUsage(ctx, tx, usageRows(recs)); err != nil {
 		return fmt.Errorf("store: append: %w", err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -16,6 +16,9 @@
 //	postgres.go  Postgres: pgx, one transaction per Append
 //	log.go       Log: group commit (Emit under the engine lock, WaitDurable before the reply),
 //	             and snapshots saved a part at a time between commits
+//	usage.go     usage records (Record.Usage): aggregates merged in the same transaction
+//	             as their records, read and trimmed through UsageReader; Memory's table
+//	usage_sql.go the usage table in SQLite and PostgreSQL
 //
 // Token hashes are kept out of the records on purpose. The log is history
 // that is kept, copied and read long after a session ends; the sessions
@@ -48,6 +51,10 @@ type Record struct {
 
 	Opens *Session // a session this record opens: its row is added
 	Ends  uint64   // the id of a session this record ends (0: none): its row is removed
+
+	// Usage rows derived from this record (usage.go), merged into the
+	// usage table in the same transaction. Load does not return them.
+	Usage []UsageRow
 }
 
 // Session is a row of the sessions table: a live session and the SHA-256

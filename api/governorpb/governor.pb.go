@@ -3252,6 +3252,730 @@ func (x *NodeEnded) GetState() NodeState {
 	return NodeState_NODE_STATE_UNSPECIFIED
 }
 
+type GetUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The window, rounded out to whole minutes. Unset from is 24 hours before
+	// to; unset to is now. from must be before to.
+	From *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	// Only this tenant (by name); empty is every tenant the session sees.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageRequest) Reset() {
+	*x = GetUsageRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageRequest) ProtoMessage() {}
+
+func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetUsageRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *GetUsageRequest) GetFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *GetUsageRequest) GetTo() *timestamppb.Timestamp {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *GetUsageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// UsageLine is one tenant (task_id 0: the tenant as a whole, itself and its
+// tasks) or one task (with its subtasks) over the window.
+type UsageLine struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId int64                  `protobuf:"varint,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	TaskId   int64                  `protobuf:"varint,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Tenant   string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Task     string                 `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
+	// Units charged, by resource. A grant given back at the instant it was
+	// made is taken back.
+	Spend map[string]int64 `protobuf:"bytes,5,rep,name=spend,proto3" json:"spend,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Slot-seconds held, by lease class: a lease held for a second is 1; a
+	// delegated block of 4 slots for a second is 4.
+	LeaseSeconds map[string]float64 `protobuf:"bytes,6,rep,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// The most slots held at once, by class.
+	Peak map[string]int64 `protobuf:"bytes,7,rep,name=peak,proto3" json:"peak,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Refusals by cause: "quota:RESOURCE", "bound", "task-ended",
+	// "wait-abandoned" (the caller gave up waiting for a lease).
+	Denied        map[string]int64 `protobuf:"bytes,8,rep,name=denied,proto3" json:"denied,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageLine) Reset() {
+	*x = UsageLine{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageLine) ProtoMessage() {}
+
+func (x *UsageLine) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageLine.ProtoReflect.Descriptor instead.
+func (*UsageLine) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *UsageLine) GetTenantId() int64 {
+	if x != nil {
+		return x.TenantId
+	}
+	return 0
+}
+
+func (x *UsageLine) GetTaskId() int64 {
+	if x != nil {
+		return x.TaskId
+	}
+	return 0
+}
+
+func (x *UsageLine) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *UsageLine) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *UsageLine) GetSpend() map[string]int64 {
+	if x != nil {
+		return x.Spend
+	}
+	return nil
+}
+
+func (x *UsageLine) GetLeaseSeconds() map[string]float64 {
+	if x != nil {
+		return x.LeaseSeconds
+	}
+	return nil
+}
+
+func (x *UsageLine) GetPeak() map[string]int64 {
+	if x != nil {
+		return x.Peak
+	}
+	return nil
+}
+
+func (x *UsageLine) GetDenied() map[string]int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return nil
+}
+
+type UsageReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The window reported, in whole minutes (to may be past now: counted up
+	// to now).
+	From *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	// By tenant id, then task id (the tenant's line first).
+	Lines         []*UsageLine `protobuf:"bytes,3,rep,name=lines,proto3" json:"lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageReport) Reset() {
+	*x = UsageReport{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageReport) ProtoMessage() {}
+
+func (x *UsageReport) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
+func (*UsageReport) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *UsageReport) GetFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *UsageReport) GetTo() *timestamppb.Timestamp {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *UsageReport) GetLines() []*UsageLine {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+type InspectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The subtree's top. Required; 0 is INVALID_ARGUMENT.
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The most entries of each list; 0 means 1000. Negative is
+	// INVALID_ARGUMENT.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectRequest) Reset() {
+	*x = InspectRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectRequest) ProtoMessage() {}
+
+func (x *InspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
+func (*InspectRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *InspectRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *InspectRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type LeaseInfo struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId int64                  `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Class  string                 `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
+	// The session that holds it.
+	SessionId int64                  `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Granted   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Slots: 1 for a lease, any number for a delegated block.
+	Count         int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	Block         bool  `protobuf:"varint,7,opt,name=block,proto3" json:"block,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseInfo) Reset() {
+	*x = LeaseInfo{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseInfo) ProtoMessage() {}
+
+func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
+func (*LeaseInfo) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *LeaseInfo) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *LeaseInfo) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetGranted() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Granted
+	}
+	return nil
+}
+
+func (x *LeaseInfo) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetBlock() bool {
+	if x != nil {
+		return x.Block
+	}
+	return false
+}
+
+type WaiterInfo struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NodeId    int64                  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Class     string                 `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
+	SessionId int64                  `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// When it queued (unset for a waiter queued before the last restart).
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Priority      int64                  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaiterInfo) Reset() {
+	*x = WaiterInfo{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaiterInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaiterInfo) ProtoMessage() {}
+
+func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaiterInfo.ProtoReflect.Descriptor instead.
+func (*WaiterInfo) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *WaiterInfo) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *WaiterInfo) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *WaiterInfo) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *WaiterInfo) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *WaiterInfo) GetPriority() int64 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+type SessionInfo struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	ScopeNodeId int64                  `protobuf:"varint,2,opt,name=scope_node_id,json=scopeNodeId,proto3" json:"scope_node_id,omitempty"`
+	Ttl         *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Its last heartbeat (or governord's restart, which gives every session a
+	// fresh TTL).
+	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
+	Leases        int32                  `protobuf:"varint,5,opt,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionInfo) Reset() {
+	*x = SessionInfo{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionInfo) ProtoMessage() {}
+
+func (x *SessionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
+func (*SessionInfo) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *SessionInfo) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionInfo) GetScopeNodeId() int64 {
+	if x != nil {
+		return x.ScopeNodeId
+	}
+	return 0
+}
+
+func (x *SessionInfo) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetLastHeartbeat() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeat
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetLeases() int32 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
+type RecentDenial struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// The node the refused call named.
+	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// As in UsageLine.denied.
+	Cause         string `protobuf:"bytes,3,opt,name=cause,proto3" json:"cause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecentDenial) Reset() {
+	*x = RecentDenial{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecentDenial) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecentDenial) ProtoMessage() {}
+
+func (x *RecentDenial) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecentDenial.ProtoReflect.Descriptor instead.
+func (*RecentDenial) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *RecentDenial) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *RecentDenial) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *RecentDenial) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+type Inspection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// governord's clock when it answered.
+	ServerTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	Leases     []*LeaseInfo           `protobuf:"bytes,2,rep,name=leases,proto3" json:"leases,omitempty"`
+	Waiters    []*WaiterInfo          `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	// The stalest heartbeat first.
+	Sessions []*SessionInfo `protobuf:"bytes,4,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// The newest first, at most 100.
+	RecentDenials []*RecentDenial `protobuf:"bytes,5,rep,name=recent_denials,json=recentDenials,proto3" json:"recent_denials,omitempty"`
+	// The lists' lengths before they were cut.
+	LeaseCount   int32 `protobuf:"varint,6,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
+	WaiterCount  int32 `protobuf:"varint,7,opt,name=waiter_count,json=waiterCount,proto3" json:"waiter_count,omitempty"`
+	SessionCount int32 `protobuf:"varint,8,opt,name=session_count,json=sessionCount,proto3" json:"session_count,omitempty"`
+	// The sequence number of the last event: its rate of change is the
+	// events rate.
+	Seq uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
+	// How long the last commit to the store took.
+	LastCommit    *durationpb.Duration `protobuf:"bytes,10,opt,name=last_commit,json=lastCommit,proto3" json:"last_commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Inspection) Reset() {
+	*x = Inspection{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Inspection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Inspection) ProtoMessage() {}
+
+func (x *Inspection) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Inspection.ProtoReflect.Descriptor instead.
+func (*Inspection) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *Inspection) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *Inspection) GetLeases() []*LeaseInfo {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+func (x *Inspection) GetWaiters() []*WaiterInfo {
+	if x != nil {
+		return x.Waiters
+	}
+	return nil
+}
+
+func (x *Inspection) GetSessions() []*SessionInfo {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *Inspection) GetRecentDenials() []*RecentDenial {
+	if x != nil {
+		return x.RecentDenials
+	}
+	return nil
+}
+
+func (x *Inspection) GetLeaseCount() int32 {
+	if x != nil {
+		return x.LeaseCount
+	}
+	return 0
+}
+
+func (x *Inspection) GetWaiterCount() int32 {
+	if x != nil {
+		return x.WaiterCount
+	}
+	return 0
+}
+
+func (x *Inspection) GetSessionCount() int32 {
+	if x != nil {
+		return x.SessionCount
+	}
+	return 0
+}
+
+func (x *Inspection) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Inspection) GetLastCommit() *durationpb.Duration {
+	if x != nil {
+		return x.LastCommit
+	}
+	return nil
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -3544,7 +4268,83 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\tNodeEnded\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12,\n" +
-	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state*z\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state\"\x85\x01\n" +
+	"\x0fGetUsageRequest\x12.\n" +
+	"\x04from\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
+	"\x02to\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\xd6\x04\n" +
+	"\tUsageLine\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\x03R\btenantId\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\x03R\x06taskId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04task\x18\x04 \x01(\tR\x04task\x127\n" +
+	"\x05spend\x18\x05 \x03(\v2!.governor.v1.UsageLine.SpendEntryR\x05spend\x12M\n" +
+	"\rlease_seconds\x18\x06 \x03(\v2(.governor.v1.UsageLine.LeaseSecondsEntryR\fleaseSeconds\x124\n" +
+	"\x04peak\x18\a \x03(\v2 .governor.v1.UsageLine.PeakEntryR\x04peak\x12:\n" +
+	"\x06denied\x18\b \x03(\v2\".governor.v1.UsageLine.DeniedEntryR\x06denied\x1a8\n" +
+	"\n" +
+	"SpendEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a?\n" +
+	"\x11LeaseSecondsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a7\n" +
+	"\tPeakEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
+	"\vDeniedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x97\x01\n" +
+	"\vUsageReport\x12.\n" +
+	"\x04from\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
+	"\x02to\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12,\n" +
+	"\x05lines\x18\x03 \x03(\v2\x16.governor.v1.UsageLineR\x05lines\"?\n" +
+	"\x0eInspectRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xcb\x01\n" +
+	"\tLeaseInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\x03R\tsessionId\x124\n" +
+	"\agranted\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\agranted\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\x12\x14\n" +
+	"\x05block\x18\a \x01(\bR\x05block\"\xa8\x01\n" +
+	"\n" +
+	"WaiterInfo\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\x03R\tsessionId\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x03R\bpriority\"\xc9\x01\n" +
+	"\vSessionInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\"\n" +
+	"\rscope_node_id\x18\x02 \x01(\x03R\vscopeNodeId\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12A\n" +
+	"\x0elast_heartbeat\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12\x16\n" +
+	"\x06leases\x18\x05 \x01(\x05R\x06leases\"i\n" +
+	"\fRecentDenial\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05cause\x18\x03 \x01(\tR\x05cause\"\xdb\x03\n" +
+	"\n" +
+	"Inspection\x12;\n" +
+	"\vserver_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x12.\n" +
+	"\x06leases\x18\x02 \x03(\v2\x16.governor.v1.LeaseInfoR\x06leases\x121\n" +
+	"\awaiters\x18\x03 \x03(\v2\x17.governor.v1.WaiterInfoR\awaiters\x124\n" +
+	"\bsessions\x18\x04 \x03(\v2\x18.governor.v1.SessionInfoR\bsessions\x12@\n" +
+	"\x0erecent_denials\x18\x05 \x03(\v2\x19.governor.v1.RecentDenialR\rrecentDenials\x12\x1f\n" +
+	"\vlease_count\x18\x06 \x01(\x05R\n" +
+	"leaseCount\x12!\n" +
+	"\fwaiter_count\x18\a \x01(\x05R\vwaiterCount\x12#\n" +
+	"\rsession_count\x18\b \x01(\x05R\fsessionCount\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\x12:\n" +
+	"\vlast_commit\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"lastCommit*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -3561,7 +4361,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xba\v\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xbf\f\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -3584,7 +4384,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x129\n" +
 	"\x05Watch\x12\x19.governor.v1.WatchRequest\x1a\x13.governor.v1.Notice0\x01\x129\n" +
 	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.Node\x12N\n" +
-	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistoryB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistory\x12B\n" +
+	"\bGetUsage\x12\x1c.governor.v1.GetUsageRequest\x1a\x18.governor.v1.UsageReport\x12?\n" +
+	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.InspectionB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -3599,7 +4401,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -3647,121 +4449,158 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*Denial)(nil),                   // 43: governor.v1.Denial
 	(*LeaseEnded)(nil),               // 44: governor.v1.LeaseEnded
 	(*NodeEnded)(nil),                // 45: governor.v1.NodeEnded
-	nil,                              // 46: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 47: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 48: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 49: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 50: governor.v1.Node.QuotasEntry
-	nil,                              // 51: governor.v1.Node.UsedEntry
-	nil,                              // 52: governor.v1.Node.LimitsEntry
-	nil,                              // 53: governor.v1.Node.HeldEntry
-	nil,                              // 54: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 55: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 56: governor.v1.Node.ReservedEntry
-	nil,                              // 57: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 58: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 59: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 60: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 61: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 62: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 63: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 64: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 65: governor.v1.CapsValues.DefaultLimitsEntry
-	(*durationpb.Duration)(nil),      // 66: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 67: google.protobuf.Timestamp
+	(*GetUsageRequest)(nil),          // 46: governor.v1.GetUsageRequest
+	(*UsageLine)(nil),                // 47: governor.v1.UsageLine
+	(*UsageReport)(nil),              // 48: governor.v1.UsageReport
+	(*InspectRequest)(nil),           // 49: governor.v1.InspectRequest
+	(*LeaseInfo)(nil),                // 50: governor.v1.LeaseInfo
+	(*WaiterInfo)(nil),               // 51: governor.v1.WaiterInfo
+	(*SessionInfo)(nil),              // 52: governor.v1.SessionInfo
+	(*RecentDenial)(nil),             // 53: governor.v1.RecentDenial
+	(*Inspection)(nil),               // 54: governor.v1.Inspection
+	nil,                              // 55: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 56: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 57: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 58: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 59: governor.v1.Node.QuotasEntry
+	nil,                              // 60: governor.v1.Node.UsedEntry
+	nil,                              // 61: governor.v1.Node.LimitsEntry
+	nil,                              // 62: governor.v1.Node.HeldEntry
+	nil,                              // 63: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 64: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 65: governor.v1.Node.ReservedEntry
+	nil,                              // 66: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 67: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 68: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 69: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 70: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 71: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 72: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 73: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 74: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 75: governor.v1.UsageLine.SpendEntry
+	nil,                              // 76: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 77: governor.v1.UsageLine.PeakEntry
+	nil,                              // 78: governor.v1.UsageLine.DeniedEntry
+	(*durationpb.Duration)(nil),      // 79: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 80: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	66, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	66, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	66, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	66, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	46, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	47, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	48, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	49, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	67, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	79, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	79, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	79, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	79, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	55, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	56, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	57, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	58, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	80, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	50, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	51, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	52, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	53, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	54, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	55, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	67, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	56, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	59, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	60, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	61, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	62, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	63, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	64, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	80, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	65, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
 	10, // 19: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10, // 20: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11, // 21: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11, // 22: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	57, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	66, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23, // 24: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	66, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	79, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
 	3,  // 26: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	58, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	59, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	60, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	61, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	67, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	66, // 32: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	62, // 33: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	63, // 34: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	64, // 35: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	65, // 36: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	67, // 37: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	67, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	68, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	69, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	70, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	80, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	79, // 32: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	71, // 33: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	72, // 34: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	73, // 35: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	74, // 36: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	80, // 37: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
 	39, // 38: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
 	39, // 39: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	67, // 40: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	67, // 41: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	80, // 40: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	80, // 41: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
 	40, // 42: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
 	41, // 43: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
 	2,  // 44: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
 	1,  // 45: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	4,  // 46: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 47: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 48: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 49: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 50: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 51: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 52: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 53: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 54: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 55: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 56: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 57: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 58: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 59: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 60: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 61: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 62: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35, // 63: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	37, // 64: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	38, // 65: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	5,  // 66: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 67: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 68: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 69: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 70: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 71: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 72: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 73: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 74: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 75: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 76: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 77: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 78: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 79: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 80: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 81: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34, // 82: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	36, // 83: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 84: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	42, // 85: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	66, // [66:86] is the sub-list for method output_type
-	46, // [46:66] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	80, // 46: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	80, // 47: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	75, // 48: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	76, // 49: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	77, // 50: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	78, // 51: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	80, // 52: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	80, // 53: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	47, // 54: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	80, // 55: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	80, // 56: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	79, // 57: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	80, // 58: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	80, // 59: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	80, // 60: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	50, // 61: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	51, // 62: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	52, // 63: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	53, // 64: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	79, // 65: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	4,  // 66: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 67: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 68: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 69: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 70: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 71: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 72: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 73: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 74: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 75: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 76: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 77: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 78: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 79: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 80: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 81: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 82: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35, // 83: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	37, // 84: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	38, // 85: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	46, // 86: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	49, // 87: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	5,  // 88: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 89: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 90: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 91: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 92: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 93: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 94: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 95: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 96: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 97: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 98: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 99: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 100: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 101: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 102: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 103: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34, // 104: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	36, // 105: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 106: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	42, // 107: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	48, // 108: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	54, // 109: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	88, // [88:110] is the sub-list for method output_type
+	66, // [66:88] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -3777,7 +4616,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   62,
+			NumMessages:   75,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,8 @@ const (
 	Governor_Watch_FullMethodName            = "/governor.v1.Governor/Watch"
 	Governor_SetCaps_FullMethodName          = "/governor.v1.Governor/SetCaps"
 	Governor_GetCapsHistory_FullMethodName   = "/governor.v1.Governor/GetCapsHistory"
+	Governor_GetUsage_FullMethodName         = "/governor.v1.Governor/GetUsage"
+	Governor_Inspect_FullMethodName          = "/governor.v1.Governor/Inspect"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -266,6 +268,17 @@ type GovernorClient interface {
 	// oldest first: who, when, why, old and new values) and its temporary
 	// overrides still to revert. The node must be inside the session's scope.
 	GetCapsHistory(ctx context.Context, in *GetCapsHistoryRequest, opts ...grpc.CallOption) (*CapsHistory, error)
+	// GetUsage reports what each tenant and task spent, held and was refused
+	// over a window, from usage records governord writes with its events
+	// (per tenant, task and minute; kept for store.usage_retention). An admin
+	// session sees every tenant; a tenant's session its own.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*UsageReport, error)
+	// Inspect lists what an operator looks at in a subtree: its live leases
+	// (holder session, age), its queued acquires (how long they have waited),
+	// the sessions scoped inside it (their last heartbeat), its recent
+	// refusals, and governord's clock, sequence number and commit latency.
+	// Each list is oldest first and cut at limit.
+	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*Inspection, error)
 }
 
 type governorClient struct {
@@ -479,6 +492,26 @@ func (c *governorClient) GetCapsHistory(ctx context.Context, in *GetCapsHistoryR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CapsHistory)
 	err := c.cc.Invoke(ctx, Governor_GetCapsHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*UsageReport, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageReport)
+	err := c.cc.Invoke(ctx, Governor_GetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*Inspection, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Inspection)
+	err := c.cc.Invoke(ctx, Governor_Inspect_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -705,6 +738,17 @@ type GovernorServer interface {
 	// oldest first: who, when, why, old and new values) and its temporary
 	// overrides still to revert. The node must be inside the session's scope.
 	GetCapsHistory(context.Context, *GetCapsHistoryRequest) (*CapsHistory, error)
+	// GetUsage reports what each tenant and task spent, held and was refused
+	// over a window, from usage records governord writes with its events
+	// (per tenant, task and minute; kept for store.usage_retention). An admin
+	// session sees every tenant; a tenant's session its own.
+	GetUsage(context.Context, *GetUsageRequest) (*UsageReport, error)
+	// Inspect lists what an operator looks at in a subtree: its live leases
+	// (holder session, age), its queued acquires (how long they have waited),
+	// the sessions scoped inside it (their last heartbeat), its recent
+	// refusals, and governord's clock, sequence number and commit latency.
+	// Each list is oldest first and cut at limit.
+	Inspect(context.Context, *InspectRequest) (*Inspection, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -774,6 +818,12 @@ func (UnimplementedGovernorServer) SetCaps(context.Context, *SetCapsRequest) (*N
 }
 func (UnimplementedGovernorServer) GetCapsHistory(context.Context, *GetCapsHistoryRequest) (*CapsHistory, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetCapsHistory not implemented")
+}
+func (UnimplementedGovernorServer) GetUsage(context.Context, *GetUsageRequest) (*UsageReport, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetUsage not implemented")
+}
+func (UnimplementedGovernorServer) Inspect(context.Context, *InspectRequest) (*Inspection, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1149,6 +1199,42 @@ func _Governor_GetCapsHistory_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_GetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).GetUsage(ctx, req.(*GetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Governor_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).Inspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_Inspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).Inspect(ctx, req.(*InspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1231,6 +1317,14 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCapsHistory",
 			Handler:    _Governor_GetCapsHistory_Handler,
+		},
+		{
+			MethodName: "GetUsage",
+			Handler:    _Governor_GetUsage_Handler,
+		},
+		{
+			MethodName: "Inspect",
+			Handler:    _Governor_Inspect_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -30,6 +30,7 @@ commands:
   explain   which proxy rule a request or SQL statement matches, and why
   hash-key  the SHA-256 of an API key read from stdin, for api_key_sha256
   caps      a node's caps (get), change them with a reason (set), their audit trail (history)
+  usage     what each tenant and task spent, held and was refused over a window
   hook, top, doctor   (not written yet)
 
 run "governor explain -h" for its flags.
@@ -47,6 +48,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return hashKey(args[1:], stdin, stdout, stderr)
 	case "caps":
 		return caps(args[1:], stdout, stderr)
+	case "usage":
+		return usageCmd(args[1:], stdout, stderr)
 	case "hook", "top", "doctor":
 		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
 		return 2

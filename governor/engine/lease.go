@@ -117,6 +117,7 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	if err := e.checkNewWaiter(n.tenant); err != nil {
 		return Grant{}, nil, err
 	}
+	w.since = now
 	qw := e.enqueue(w)
 	return Grant{}, &Wait{C: qw.ch, w: qw}, nil
 }

@@ -16,6 +16,7 @@ type waiter struct {
 	fingerprint uint64
 	priority    int64
 	arrival     uint64
+	since       int64 // when it queued (not state: for Inspect)
 	ch          chan Outcome
 
 	done    bool

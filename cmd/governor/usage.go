@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/governor-project/governor/api/governorpb"
+)
+
+const usageUsage = `usage: governor usage [-since 24h | -from TIME [-to TIME]] [-tenant NAME] [-by tenant|task] [-format table|csv|json]
+
+What each tenant and task spent (units by resource), held (slot-seconds
+and the most slots at once, by lease class) and was refused (by cause),
+over a window rounded out to whole minutes. TIME is RFC 3339
+(2026-12-01T09:00:00Z). An admin key sees every tenant, a tenant's key its own.
+
+flags:
+`
+
+func usageCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("governor usage", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usageUsage); fs.PrintDefaults() }
+	since := fs.Duration("since", 24*time.Hour, "the window: this long before now (or before -to)")
+	fromFlag := fs.String("from", "", "the window's start (RFC 3339); instead of -since")
+	toFlag := fs.String("to", "", "the window's end (RFC 3339); default now")
+	tenant := fs.String("tenant", "", "only this tenant")
+	by := fs.String("by", "task", "tenant: one line per tenant; task: also one per task")
+	format := fs.String("format", "table", "table, csv or json")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "governor usage: "+format+"\n", a...)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected arguments %q", fs.Args())
+	}
+	if *by != "tenant" && *by != "task" {
+		return bad("-by %q: want tenant or task", *by)
+	}
+	if *format != "table" && *format != "csv" && *format != "json" {
+		return bad("-format %q: want table, csv or json", *format)
+	}
+	to := time.Now()
+	if *toFlag != "" {
+		t, err := time.Parse(time.RFC3339, *toFlag)
+		if err != nil {
+			return bad("-to: %v", err)
+		}
+		to = t
+	}
+	if *since <= 0 {
+		return bad("-since %v: want a positive duration", *since)
+	}
+	from := to.Add(-*since)
+	if *fromFlag != "" {
+		t, err := time.Parse(time.RFC3339, *fromFlag)
+		if err != nil {
+			return bad("-from: %v", err)
+		}
+		from = t
+	}
+	if !from.Before(to) {
+		return bad("the window's start %v is not before its end %v", from, to)
+	}
+	ctx := context.Background()
+	c, err := connect(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "governor usage:", err)
+		return 1
+	}
+	defer c.Close()
+	rep, err := c.Raw().GetUsage(ctx, &governorpb.GetUsageRequest{From: timestamppb.New(from), To: timestamppb.New(to), Tenant: *tenant})
+	if err != nil {
+		fmt.Fprintln(stderr, "governor usage:", plainStatus(err))
+		return 1
+	}
+	var lines []*governorpb.UsageLine
+	for _, l := range rep.GetLines() {
+		if *by == "task" || l.GetTaskId() == 0 {
+			lines = append(lines, l)
+		}
+	}
+	switch *format {
+	case "json":
+		err = usageJSON(stdout, rep, lines)
+	case "csv":
+		err = usageCSV(stdout, lines)
+	default:
+		err = usageTable(stdout, rep, lines)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "governor usage:", err)
+		return 1
+	}
+	return 0
+}
+
+// usageRow is one line as JSON.
+type usageRow struct {
+	Tenant       string             `json:"tenant"`
+	Task         string             `json:"task,omitempty"`
+	TenantID     int64              `json:"tenant_id"`
+	TaskID       int64              `json:"task_id,omitempty"`
+	Spend        map[string]int64   `json:"spend"`
+	LeaseSeconds map[string]float64 `json:"lease_seconds"`
+	Peak         map[string]int64   `json:"peak"`
+	Denied       map[string]int64   `json:"denied"`
+}
+
+func usageJSON(out io.Writer, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
+	doc := struct {
+		From  time.Time  `json:"from"`
+		To    time.Time  `json:"to"`
+		Lines []usageRow `json:"lines"`
+	}{From: rep.GetFrom().AsTime(), To: rep.GetTo().AsTime(), Lines: []usageRow{}}
+	for _, l := range lines {
+		doc.Lines = append(doc.Lines, usageRow{Tenant: tenantName(l), Task: l.GetTask(), TenantID: l.GetTenantId(), TaskID: l.GetTaskId(),
+			Spend: orEmpty(l.GetSpend()), LeaseSeconds: orEmptyF(l.GetLeaseSeconds()), Peak: orEmpty(l.GetPeak()), Denied: orEmpty(l.GetDenied())})
+	}
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(doc)
+}
+
+// usageCSV writes one row per figure: tenant, task, figure, name, value.
+func usageCSV(out io.Writer, lines []*governorpb.UsageLine) error {
+	w := csv.NewWriter(out)
+	_ = w.Write([]string{"tenant", "task", "figure", "name", "value"})
+	for _, l := range lines {
+		put := func(figure string, m map[string]int64) {
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				_ = w.Write([]string{tenantName(l), l.GetTask(), figure, k, strconv.FormatInt(m[k], 10)})
+			}
+		}
+		put("spend", l.GetSpend())
+		for _, k := range slices.Sorted(maps.Keys(l.GetLeaseSeconds())) {
+			_ = w.Write([]string{tenantName(l), l.GetTask(), "lease_seconds", k, strconv.FormatFloat(l.GetLeaseSeconds()[k], 'f', 3, 64)})
+		}
+		put("peak", l.GetPeak())
+		put("denied", l.GetDenied())
+	}
+	w.Flush()
+	return w.Error()
+}
+
+func usageTable(out io.Writer, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
+	fmt.Fprintf(out, "usage from %s to %s (UTC)\n", rep.GetFrom().AsTime().UTC().Format(time.DateTime), rep.GetTo().AsTime().UTC().Format(time.DateTime))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tTASK\tSPEND\tLEASE-SECONDS\tPEAK\tDENIED")
+	for _, l := range lines {
+		task := l.GetTask()
+		if l.GetTaskId() == 0 {
+			task = "(all)"
+		}
+		secs := map[string]string{}
+		for k, v := range l.GetLeaseSeconds() {
+			secs[k] = strconv.FormatFloat(v, 'f', 1, 64)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", tenantName(l), task, pairs(ints(l.GetSpend())), pairs(secs),
+			pairs(ints(l.GetPeak())), pairs(ints(l.GetDenied())))
+	}
+	if len(lines) == 0 {
+		fmt.Fprintln(tw, "(no usage in this window)")
+	}
+	return tw.Flush()
+}
+
+func tenantName(l *governorpb.UsageLine) string {
+	if l.GetTenantId() == 0 {
+		return "(root)"
+	}
+	return l.GetTenant()
+}
+
+func ints(m map[string]int64) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = strconv.FormatInt(v, 10)
+	}
+	return out
+}
+
+func pairs(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func orEmpty(m map[string]int64) map[string]int64 {
+	if m == nil {
+		return map[string]int64{}
+	}
+	return m
+}
+
+func orEmptyF(m map[string]float64) map[string]float64 {
+	if m == nil {
+		return map[string]float64{}
+	}
+	return m
+}

@@ -1,0 +1,158 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/store"
+	"github.com/governor-project/governor/usage"
+)
+
+// Usage records (package usage) are folded from the events on the log's
+// writer, in order, and go into the store with them, in the same
+// transaction; refusals, which are not events, are counted as they are
+// answered and go with the next commit.
+
+// DefaultUsageRetention is how long usage records are kept unless
+// store.usage_retention says otherwise.
+const DefaultUsageRetention = 35 * 24 * time.Hour
+
+// defaultUsageWindow is what GetUsage covers when it is not told.
+const defaultUsageWindow = 24 * time.Hour
+
+// encodeWithUsage encodes ev with the usage records it (and the refusals
+// counted since the last commit) make.
+func (s *Server) encodeWithUsage(ev engine.Event) (store.Record, error) {
+	rec, err := encodeEvent(ev)
+	if err != nil {
+		return rec, err
+	}
+	s.usage.Add(ev)
+	for _, r := range s.usage.Take() {
+		m := store.MergeAdd
+		switch r.Kind {
+		case usage.Peak:
+			m = store.MergeMax
+		case usage.HeldEnd:
+			m = store.MergeSet
+		}
+		rec.Usage = append(rec.Usage, store.UsageRow{Tenant: r.Tenant, Task: r.Task, Minute: r.Minute, Kind: string(r.Kind),
+			Name: r.Name, TenantName: r.TenantName, TaskName: r.TaskName, Amount: r.Amount, Merge: m})
+	}
+	return rec, nil
+}
+
+// denied counts err against node when it refuses the work (a quota spent,
+// a bound, an ended task, a wait given up), and returns it.
+func (s *Server) denied(node int64, err error) error {
+	if err == nil {
+		return nil
+	}
+	var denial *engine.Denial
+	cause := ""
+	switch {
+	case errors.As(err, &denial):
+		cause = "quota:" + denial.Resource
+	case errors.Is(err, engine.ErrBound):
+		cause = "bound"
+	case errors.Is(err, engine.ErrTaskEnded):
+		cause = "task-ended"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		cause = "wait-abandoned"
+	}
+	if cause != "" {
+		now := time.Now().UnixNano()
+		s.usage.Deny(engine.NodeID(node), cause, now)
+		s.recent.add(recentDenial{at: now, node: node, cause: cause})
+	}
+	return err
+}
+
+// trimUsage deletes usage records older than the retention.
+func (s *Server) trimUsage(ctx context.Context) {
+	u, ok := s.st.(store.UsageReader)
+	if !ok {
+		return
+	}
+	keep := s.cfg.Store.UsageRetention
+	if keep == 0 {
+		keep = DefaultUsageRetention
+	}
+	before := usage.MinuteOf(time.Now().Add(-keep).UnixNano())
+	if err := u.TrimUsage(ctx, before, string(usage.HeldEnd)); err != nil {
+		s.log.Warn("trimming old usage records failed; the next snapshot tries again", "err", err)
+	}
+}
+
+func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) (*governorpb.UsageReport, error) {
+	now := time.Now()
+	to, from := now, now.Add(-defaultUsageWindow)
+	if t := req.GetTo(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "to: %v", err)
+		}
+		to = t.AsTime()
+		from = to.Add(-defaultUsageWindow)
+	}
+	if f := req.GetFrom(); f != nil {
+		if err := f.CheckValid(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "from: %v", err)
+		}
+		from = f.AsTime()
+	}
+	if !from.Before(to) {
+		return nil, status.Errorf(codes.InvalidArgument, "from %v is not before to %v", from, to)
+	}
+	u, ok := s.st.(store.UsageReader)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this store keeps no usage records")
+	}
+	w := usage.Window{From: usage.MinuteOf(from.UnixNano()), To: usage.MinuteOf(to.UnixNano()-1) + 1, Now: now.UnixNano()}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.UsageReport, error) {
+		if err := s.durable(ctx); err != nil { // what was answered before is in the records
+			return nil, err
+		}
+		rows, err := u.Usage(ctx, w.From, w.To, string(usage.HeldEnd))
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read usage records: %v", err)
+		}
+		recs := make([]usage.Record, 0, len(rows))
+		for _, r := range rows {
+			recs = append(recs, usage.Record{Key: usage.Key{Tenant: r.Tenant, Task: r.Task, Minute: r.Minute, Kind: usage.Kind(r.Kind), Name: r.Name},
+				TenantName: r.TenantName, TaskName: r.TaskName, Amount: r.Amount})
+		}
+		out := &governorpb.UsageReport{From: timestamppb.New(time.Unix(w.From*60, 0)), To: timestamppb.New(time.Unix(w.To*60, 0))}
+		visible := map[int64]bool{}
+		for _, l := range usage.Report(recs, w) {
+			seen, known := visible[l.Tenant]
+			if !known {
+				// A tenant's session sees its own tenant only; the root's
+				// own line (tenant 0) only the admin.
+				id := l.Tenant
+				if id == 0 {
+					id = int64(engine.RootID)
+				}
+				_, err := s.eng.Get(sid, engine.NodeID(id))
+				seen = err == nil
+				visible[l.Tenant] = seen
+			}
+			if !seen || (req.GetTenant() != "" && l.TenantName != req.GetTenant()) {
+				continue
+			}
+			pl := &governorpb.UsageLine{TenantId: l.Tenant, TaskId: l.Task, Tenant: l.TenantName, Task: l.TaskName,
+				Spend: l.Spend, Peak: l.Peak, Denied: l.Denied, LeaseSeconds: map[string]float64{}}
+			for c, ns := range l.SlotNanos {
+				pl.LeaseSeconds[c] = float64(ns) / 1e9
+			}
+			out.Lines = append(out.Lines, pl)
+		}
+		return out, nil
+	})
+}

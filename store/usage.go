@@ -1,0 +1,173 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// This file keeps usage records: small aggregates (per tenant, task, minute,
+// kind and name) that the server derives from its events and writes in the
+// same transaction as them (Record.Usage), so that they are exactly as
+// durable as the events, are never written twice (a batch commits once or
+// not at all), and outlive the records a snapshot deletes. The store does
+// not know what they count; it only merges a row into the one with the same
+// key, as the row's Merge says.
+
+// UsageMerge says how a usage row combines with a stored row of its key.
+type UsageMerge uint8
+
+const (
+	// MergeAdd adds the amounts.
+	MergeAdd UsageMerge = iota
+	// MergeMax keeps the larger.
+	MergeMax
+	// MergeSet keeps the newer.
+	MergeSet
+)
+
+// UsageRow is one usage aggregate.
+type UsageRow struct {
+	Tenant, Task         int64
+	Minute               int64 // unix seconds / 60
+	Kind, Name           string
+	TenantName, TaskName string
+	Amount               int64
+	Merge                UsageMerge
+}
+
+type usageKey struct {
+	tenant, task, minute int64
+	kind, name           string
+}
+
+func (r UsageRow) key() usageKey { return usageKey{r.Tenant, r.Task, r.Minute, r.Kind, r.Name} }
+
+func merge(old, new int64, m UsageMerge) int64 {
+	switch m {
+	case MergeMax:
+		return max(old, new)
+	case MergeSet:
+		return new
+	}
+	return old + new
+}
+
+// UsageReader is the part of a Store that reads and trims usage records.
+// Every backend implements it.
+type UsageReader interface {
+	// Usage returns the rows whose minute is in [from, to), and for each
+	// key of kind carryKind the newest row before from (the level carried
+	// into the window).
+	Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error)
+	// TrimUsage deletes rows older than minute before, except the newest
+	// row of each key of kind carryKind, which carries a level forward.
+	TrimUsage(ctx context.Context, before int64, carryKind string) error
+}
+
+func usageRows(recs []Record) []UsageRow {
+	var rows []UsageRow
+	for _, r := range recs {
+		rows = append(rows, r.Usage...)
+	}
+	return rows
+}
+
+// Usage implements UsageReader.
+func (m *Memory) Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, fmt.Errorf("store: usage: %w", ErrClosed)
+	}
+	var out []UsageRow
+	carry := map[usageKey]UsageRow{} // by key without the minute
+	for _, r := range m.state.usage {
+		switch {
+		case r.Minute >= from && r.Minute < to:
+			out = append(out, r)
+		case r.Minute < from && r.Kind == carryKind:
+			k := r.key()
+			k.minute = 0
+			if c, ok := carry[k]; !ok || c.Minute < r.Minute {
+				carry[k] = r
+			}
+		}
+	}
+	for _, r := range carry {
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// TrimUsage implements UsageReader.
+func (m *Memory) TrimUsage(ctx context.Context, before int64, carryKind string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: trim usage: %w", ErrClosed)
+	}
+	newest := map[usageKey]int64{}
+	for _, r := range m.state.usage {
+		if r.Kind == carryKind {
+			k := r.key()
+			k.minute = 0
+			newest[k] = max(newest[k], r.Minute)
+		}
+	}
+	kept := make(map[usageKey]UsageRow, len(m.state.usage))
+	for k, r := range m.state.usage {
+		nk := k
+		nk.minute = 0
+		if r.Minute >= before || (r.Kind == carryKind && newest[nk] == r.Minute) {
+			kept[k] = r
+		}
+	}
+	m.state.usage = kept
+	return nil
+}
+
+// addUsage merges rows into a copy of m's usage. m.mu must be held.
+func (m *Memory) addUsage(rows []UsageRow) {
+	if len(rows) == 0 {
+		return
+	}
+	// A new map: a Load or Usage in progress keeps the old one.
+	usage := make(map[usageKey]UsageRow, len(m.state.usage)+len(rows))
+	for k, r := range m.state.usage {
+		usage[k] = r
+	}
+	for _, r := range rows {
+		if old, ok := usage[r.key()]; ok {
+			old.Amount = merge(old.Amount, r.Amount, r.Merge)
+			usage[r.key()] = old
+		} else {
+			usage[r.key()] = r
+		}
+	}
+	m.state.usage = usage
+}
+
+// sortUsage orders rows by key, for stable output.
+func sortUsage(rows []UsageRow) {
+	slices.SortFunc(rows, func(a, b UsageRow) int {
+		switch {
+		case a.Tenant != b.Tenant:
+			return int(a.Tenant - b.Tenant)
+		case a.Task != b.Task:
+			return int(a.Task - b.Task)
+		case a.Minute != b.Minute:
+			return int(a.Minute - b.Minute)
+		case a.Kind != b.Kind:
+			if a.Kind < b.Kind {
+				return -1
+			}
+			return 1
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+}
