@@ -39,6 +39,7 @@ var all = []scenario{
 	{"retries", "4. Retries with the downstream down", runRetries},
 	{"durable", "5. Durable throughput", runDurable},
 	{"crash", "6. kill -9 under load", runCrash},
+	{"fanout-sidecar", "7. Fan-out through governor-proxy", runSidecarFanout},
 }
 
 // A result is a scenario's table and its raw figures.
@@ -54,6 +55,7 @@ type result struct {
 // uses, how long to run.
 type env struct {
 	governord string // the binary
+	proxy     string // governor-proxy's binary, built when a scenario first needs it
 	dir       string // scratch space, removed at the end
 	store     string // memory, sqlite or postgres
 	pgDSN     string // the PostgreSQL to create databases in, for postgres

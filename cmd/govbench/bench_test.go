@@ -230,3 +230,23 @@ func TestDurableMeasuresConsumesAndNoops(t *testing.T) {
 		t.Errorf("ratio %v", r.Ratio)
 	}
 }
+
+// Scenario 7: plain HTTP clients behind governor-proxy never put more
+// calls on the downstream than its capacity, so it refuses none.
+func TestSidecarFanoutPeakWithinCapacity(t *testing.T) {
+	e := testEnv(t)
+	p := fanoutWorkload(true)
+	with, _, err := sidecarFanoutGoverned(testContext(t), e, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if with.Peak > p.Capacity {
+		t.Errorf("through governor-proxy the downstream's peak concurrency is %d, over its capacity %d", with.Peak, p.Capacity)
+	}
+	if n := with.Overloaded["busy"] + with.Overloaded["quiet"]; n > 0 {
+		t.Errorf("the downstream refused %d calls for overload through governor-proxy, want none", n)
+	}
+	if with.Calls["quiet"] == 0 || with.Calls["busy"] == 0 {
+		t.Errorf("calls by tenant %v: both tenants should reach the downstream", with.Calls)
+	}
+}
