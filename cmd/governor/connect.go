@@ -25,9 +25,14 @@ const dialTimeout = 10 * time.Second
 // connect opens a session with governord from the environment the SDK
 // reads (GOVERNOR_ADDR, GOVERNOR_API_KEY, GOVERNOR_TLS, GOVERNOR_CA_FILE).
 func connect(ctx context.Context) (*governor.Client, error) {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	return connectWithin(ctx, dialTimeout)
+}
+
+// connectWithin is connect, giving up after timeout.
+func connectWithin(ctx context.Context, timeout time.Duration) (*governor.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := governor.Dial(ctx, governor.WithUnavailableRetry(dialTimeout))
+	c, err := governor.Dial(ctx, governor.WithUnavailableRetry(timeout))
 	if err != nil {
 		return nil, fmt.Errorf("connect to governord: %w", err)
 	}

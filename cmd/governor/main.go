@@ -31,7 +31,8 @@ commands:
   hash-key  the SHA-256 of an API key read from stdin, for api_key_sha256
   caps      a node's caps (get), change them with a reason (set), their audit trail (history)
   usage     what each tenant and task spent, held and was refused over a window
-  hook, top, doctor   (not written yet)
+  doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams
+  hook, top   (not written yet)
 
 run "governor explain -h" for its flags.
 `
@@ -50,7 +51,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return caps(args[1:], stdout, stderr)
 	case "usage":
 		return usageCmd(args[1:], stdout, stderr)
-	case "hook", "top", "doctor":
+	case "doctor":
+		return doctor(args[1:], stdout, stderr)
+	case "hook", "top":
 		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
 		return 2
 	case "-h", "-help", "--help", "help":

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/sidecar"
+)
+
+// proxyFile is a sidecar config that loaded, with its rules as written.
+type proxyFile struct {
+	path  string
+	cfg   sidecar.Config
+	rules []lintRule
+	task  lintTask
+}
+
+type lintRule struct {
+	Name   string                     `yaml:"name"`
+	Match  lintMatch                  `yaml:"match"`
+	Class  string                     `yaml:"class"`
+	Charge map[string]int64           `yaml:"charge"`
+	FromH  *struct{ Resource string } `yaml:"charge_from_header"`
+}
+
+type lintMatch struct {
+	Host            string            `yaml:"host"`
+	Port            int               `yaml:"port"`
+	Scheme          string            `yaml:"scheme"`
+	Method          stringOrList      `yaml:"method"`
+	Path            string            `yaml:"path"`
+	Header          map[string]string `yaml:"header"`
+	SQL             stringOrList      `yaml:"sql"`
+	Tables          stringOrList      `yaml:"tables"`
+	Database        string            `yaml:"database"`
+	User            string            `yaml:"user"`
+	ApplicationName string            `yaml:"application_name"`
+}
+
+type lintTask struct {
+	Quotas map[string]int64 `yaml:"quotas"`
+	Limits map[string]int64 `yaml:"limits"`
+}
+
+// stringOrList is a YAML string or list of strings.
+type stringOrList []string
+
+func (l *stringOrList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*l = []string{n.Value}
+		return nil
+	}
+	var items []string
+	if err := n.Decode(&items); err != nil {
+		return err
+	}
+	*l = items
+	return nil
+}
+
+// lintProxy loads a sidecar config and lints its rules against each other
+// and, with gcfg, against governord's caps.
+func lintProxy(file string, gcfg *server.Config) (*proxyFile, []finding) {
+	cfg, err := sidecar.LoadClassification(file)
+	if err != nil {
+		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(),
+			Fix: "correct the key named; governor-proxy refuses to start (or to reload) with this file"}}
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error()}}
+	}
+	var doc struct {
+		Rules []lintRule `yaml:"rules"`
+		Task  lintTask   `yaml:"task"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error()}}
+	}
+	p := &proxyFile{path: file, cfg: cfg, rules: doc.Rules, task: doc.Task}
+	out := []finding{{Check: "config", Level: levelOK, Subject: file, Problem: fmt.Sprintf("loads, %d rules", len(doc.Rules))}}
+	out = append(out, lintShadows(p)...)
+	if gcfg != nil {
+		out = append(out, lintAgainstCaps(p, gcfg)...)
+	}
+	return p, out
+}
+
+// lintShadows finds rules an earlier rule matches whenever they would:
+// first match wins, so they can never match.
+func lintShadows(p *proxyFile) []finding {
+	var out []finding
+	for j, later := range p.rules {
+		for i := range j {
+			if covers(p.rules[i].Match, later.Match) {
+				out = append(out, finding{Check: "rules", Level: levelWarn, Subject: fmt.Sprintf("%s: rule %d %q", p.path, j+1, later.Name),
+					Problem: fmt.Sprintf("can never match: rule %d %q, earlier, matches everything it would (first match wins)", i+1, p.rules[i].Name),
+					Fix:     fmt.Sprintf("move it above %q, narrow %q, or delete it", p.rules[i].Name, p.rules[i].Name)})
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (m lintMatch) isSQL() bool {
+	return len(m.SQL) > 0 || len(m.Tables) > 0 || m.Database != "" || m.User != "" || m.ApplicationName != ""
+}
+
+func (m lintMatch) isHTTP() bool {
+	return m.Host != "" || m.Port != 0 || m.Scheme != "" || len(m.Method) > 0 || m.Path != "" || len(m.Header) > 0
+}
+
+// covers reports whether every request or statement b matches, a matches
+// too: each field a sets, b sets no wider.
+func covers(a, b lintMatch) bool {
+	if a.isSQL() != b.isSQL() && (a.isSQL() || a.isHTTP()) {
+		return false // a rule of the other protocol
+	}
+	if b.isSQL() || a.isSQL() {
+		return globCovers(a.Database, b.Database) && globCovers(a.User, b.User) && globCovers(a.ApplicationName, b.ApplicationName) &&
+			kindsCover(a.SQL, b.SQL) && listCovers(a.Tables, b.Tables)
+	}
+	if a.Port != 0 && a.Port != b.Port {
+		return false
+	}
+	if a.Scheme != "" && !strings.EqualFold(a.Scheme, b.Scheme) {
+		return false
+	}
+	for k, v := range a.Header {
+		if bv, ok := b.Header[k]; !ok || !globCovers(v, bv) {
+			return false
+		}
+	}
+	return globCovers(strings.ToLower(a.Host), strings.ToLower(b.Host)) && globCovers(a.Path, b.Path) && methodsCover(a.Method, b.Method)
+}
+
+// globCovers: pattern a (empty: anything) matches everything pattern b
+// does. Only what can be shown is claimed: b literal and matched by a, or
+// the same pattern.
+func globCovers(a, b string) bool {
+	if a == "" || a == "*" || a == "/*" && strings.HasPrefix(b, "/") {
+		return true
+	}
+	if b == "" {
+		return false
+	}
+	if a == b {
+		return true
+	}
+	if strings.ContainsAny(b, "*?[") {
+		// b is a pattern: a covers it when a is a prefix glob whose prefix b starts with.
+		if prefix, ok := strings.CutSuffix(a, "*"); ok && !strings.ContainsAny(prefix, "*?[") {
+			return strings.HasPrefix(b, prefix)
+		}
+		return false
+	}
+	ok, err := path.Match(a, b)
+	return err == nil && ok
+}
+
+func methodsCover(a, b []string) bool {
+	if len(a) == 0 {
+		return true
+	}
+	if len(b) == 0 {
+		return false
+	}
+	for _, m := range b {
+		if !slices.ContainsFunc(a, func(x string) bool { return strings.EqualFold(x, m) }) {
+			return false
+		}
+	}
+	return true
+}
+
+func kindsCover(a, b []string) bool {
+	if len(a) == 0 || slices.Contains(a, "any") {
+		return true
+	}
+	if len(b) == 0 || slices.Contains(b, "any") {
+		return false
+	}
+	return methodsCover(a, b)
+}
+
+func listCovers(a, b []string) bool {
+	if len(a) == 0 {
+		return true
+	}
+	if len(b) == 0 {
+		return false
+	}
+	for _, t := range b {
+		if !slices.ContainsFunc(a, func(x string) bool { return globCovers(x, t) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// lintAgainstCaps finds classes the rules hold that no limit in governord's
+// config names, and resources they charge that no quota bounds.
+func lintAgainstCaps(p *proxyFile, g *server.Config) []finding {
+	limits, quotas := map[string]bool{}, map[string]bool{}
+	add := func(set map[string]bool, m map[string]int64) {
+		for k := range m {
+			set[k] = true
+		}
+	}
+	add(limits, g.Root.Limits)
+	add(quotas, g.Root.Quotas)
+	for _, a := range g.Adaptive {
+		limits[a.Class] = true
+	}
+	for _, t := range g.Tenants {
+		add(limits, t.Limits)
+		add(limits, t.Defaults.Limits)
+		add(quotas, t.Quotas)
+		add(quotas, t.Defaults.Quotas)
+	}
+	add(limits, p.task.Limits)
+	add(quotas, p.task.Quotas)
+	var out []finding
+	classes, charged := map[string][]string{}, map[string][]string{}
+	for _, r := range p.rules {
+		if r.Class != "" {
+			classes[r.Class] = append(classes[r.Class], r.Name)
+		}
+		for res := range r.Charge {
+			charged[res] = append(charged[res], r.Name)
+		}
+		if r.FromH != nil && r.FromH.Resource != "" {
+			charged[r.FromH.Resource] = append(charged[r.FromH.Resource], r.Name)
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(classes)) {
+		if !limits[c] {
+			out = append(out, finding{Check: "rules", Level: levelWarn, Subject: fmt.Sprintf("%s: class %q", p.path, c),
+				Problem: fmt.Sprintf("rules %s hold leases of it, but no limit names it: they are counted, never bounded", strings.Join(classes[c], ", ")),
+				Fix:     fmt.Sprintf("add %s: N to root.limits, a tenant's limits or defaults, or the sidecar's task.limits", c)})
+		}
+	}
+	for _, res := range slices.Sorted(maps.Keys(charged)) {
+		if !quotas[res] {
+			out = append(out, finding{Check: "rules", Level: levelWarn, Subject: fmt.Sprintf("%s: resource %q", p.path, res),
+				Problem: fmt.Sprintf("rules %s charge it, but no quota caps it: it is counted, never bounded", strings.Join(charged[res], ", ")),
+				Fix:     fmt.Sprintf("add %s: N to root.quotas, a tenant's quotas or defaults, or the sidecar's task.quotas", res)})
+		}
+	}
+	return out
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/governor-project/governor/api/governorpb"
+)
+
+// treeWalk is the part of the tree a key sees, parents before children.
+type treeWalk struct {
+	nodes []*governorpb.Node
+	byID  map[int64]*governorpb.Node
+	paths map[int64]string
+	cut   bool // more nodes than asked for
+}
+
+// walkTree lists the open nodes below scope (scope first), at most max.
+func walkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, max int) (*treeWalk, error) {
+	top, err := rpc.GetNode(ctx, &governorpb.GetNodeRequest{NodeId: scope})
+	if err != nil {
+		return nil, err
+	}
+	w := &treeWalk{byID: map[int64]*governorpb.Node{}, paths: map[int64]string{}}
+	path, _ := pathOf(ctx, rpc, top)
+	w.add(top, path)
+	for i := 0; i < len(w.nodes); i++ {
+		n := w.nodes[i]
+		token := ""
+		for {
+			page, err := rpc.ListChildren(ctx, &governorpb.ListChildrenRequest{NodeId: n.GetId(), PageSize: 1000, PageToken: token})
+			if err != nil {
+				return nil, err
+			}
+			for _, c := range page.GetNodes() {
+				if c.GetState() != governorpb.NodeState_NODE_STATE_OPEN {
+					continue
+				}
+				if len(w.nodes) >= max {
+					w.cut = true
+					return w, nil
+				}
+				p := c.GetName()
+				if w.paths[n.GetId()] != "/" {
+					p = w.paths[n.GetId()] + "/" + p
+				}
+				w.add(c, p)
+			}
+			if token = page.GetNextPageToken(); token == "" {
+				break
+			}
+		}
+	}
+	return w, nil
+}
+
+func (w *treeWalk) add(n *governorpb.Node, path string) {
+	w.nodes = append(w.nodes, n)
+	w.byID[n.GetId()] = n
+	w.paths[n.GetId()] = path
+}
+
+func (w *treeWalk) name(id int64) string {
+	if p, ok := w.paths[id]; ok {
+		return p
+	}
+	return fmt.Sprintf("node %d", id)
+}
+
+// checkTree looks over the caps: a child's cap above its parent's, caps
+// that admit nothing or that an ancestor's cap keeps out of reach, and
+// tenants near their quotas.
+func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, o doctorOptions) ([]finding, *treeWalk) {
+	w, err := walkTree(ctx, rpc, scope, o.maxNodes)
+	if err != nil {
+		return []finding{{Check: "tree", Level: levelError, Problem: "cannot list the tree: " + plainStatus(err).Error()}}, nil
+	}
+	var out []finding
+	for _, n := range w.nodes {
+		for _, side := range []struct {
+			kind string
+			caps func(*governorpb.Node) map[string]int64
+		}{{"quota", (*governorpb.Node).GetQuotas}, {"limit", (*governorpb.Node).GetLimits}} {
+			caps := side.caps(n)
+			for _, k := range slices.Sorted(maps.Keys(caps)) {
+				c := caps[k]
+				if c == 0 {
+					out = append(out, finding{Check: "caps", Level: levelWarn, Subject: w.name(n.GetId()),
+						Problem: fmt.Sprintf("%s %s is 0: it admits nothing", side.kind, k),
+						Fix:     fmt.Sprintf("governor caps set %s %s.%s=N -reason ... (or =none to remove it)", w.name(n.GetId()), side.kind, k)})
+					continue
+				}
+				for a, first := w.byID[n.GetParentId()], true; a != nil; a, first = w.byID[a.GetParentId()], false {
+					ac, ok := side.caps(a)[k]
+					if !ok || c <= ac {
+						continue
+					}
+					problem := fmt.Sprintf("%s %s %d is above its parent %s's %d: the parent's cap binds first", side.kind, k, c, w.name(a.GetId()), ac)
+					if !first {
+						problem = fmt.Sprintf("%s %s %d can never be met: its ancestor %s caps it at %d", side.kind, k, c, w.name(a.GetId()), ac)
+					}
+					out = append(out, finding{Check: "caps", Level: levelWarn, Subject: w.name(n.GetId()), Problem: problem,
+						Fix: fmt.Sprintf("lower it to at most %d, or raise %s's", ac, w.name(a.GetId()))})
+					break
+				}
+			}
+		}
+		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+			for _, k := range slices.Sorted(maps.Keys(n.GetQuotas())) {
+				c, used := n.GetQuotas()[k], n.GetUsed()[k]+n.GetReserved()[k]
+				if c > 0 && float64(used) >= o.nearQuota*float64(c) {
+					out = append(out, finding{Check: "quota", Level: levelWarn, Subject: w.name(n.GetId()),
+						Problem: fmt.Sprintf("quota %s is %d/%d used (%.0f%%)", k, used, c, 100*float64(used)/float64(c)),
+						Fix:     fmt.Sprintf("quotas never refill: raise it (governor caps set %s quota.%s=N -reason ... as admin), or expect denials", w.name(n.GetId()), k)})
+				}
+			}
+		}
+	}
+	if w.cut {
+		out = append(out, finding{Check: "tree", Level: levelWarn, Problem: fmt.Sprintf("only the first %d nodes were looked over", o.maxNodes),
+			Fix: "raise -max-nodes"})
+	}
+	out = append(out, finding{Check: "tree", Level: levelOK, Problem: fmt.Sprintf("%d open nodes looked over", len(w.nodes))})
+	return out, w
+}
+
+// checkInspection looks for long leases, late heartbeats and long waits.
+func checkInspection(in *governorpb.Inspection, w *treeWalk, o doctorOptions) []finding {
+	now := in.GetServerTime().AsTime()
+	name := func(id int64) string {
+		if w == nil {
+			return fmt.Sprintf("node %d", id)
+		}
+		return w.name(id)
+	}
+	var out []finding
+	long := 0
+	for _, l := range in.GetLeases() {
+		if age := now.Sub(l.GetGranted().AsTime()); age > o.leaseAge {
+			long++
+			out = append(out, finding{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
+				Problem: fmt.Sprintf("lease %d of %s held by session %d for %v (more than %v)", l.GetId(), l.GetClass(), l.GetSessionId(), age.Round(time.Second), o.leaseAge),
+				Fix:     "find the holder (a stuck request or transaction?); ending its session or cancelling the node frees the slot"})
+		}
+	}
+	for _, s := range in.GetSessions() {
+		late := now.Sub(s.GetLastHeartbeat().AsTime())
+		if ttl := s.GetTtl().AsDuration(); late > ttl/3+o.heartbeatGrace {
+			out = append(out, finding{Check: "heartbeats", Level: levelWarn, Subject: fmt.Sprintf("session %d (%s)", s.GetId(), name(s.GetScopeNodeId())),
+				Problem: fmt.Sprintf("last heartbeat %v ago; it should come every %v, and the session ends %v after it", late.Round(time.Millisecond), (ttl / 3).Round(time.Millisecond), ttl),
+				Fix:     "the client is stalled, overloaded or cut off from governord; its leases go when the TTL runs out"})
+		}
+	}
+	for _, wt := range in.GetWaiters() {
+		if wt.GetSince() == nil {
+			continue
+		}
+		if waited := now.Sub(wt.GetSince().AsTime()); waited > o.waitTimeout {
+			out = append(out, finding{Check: "waiters", Level: levelWarn, Subject: name(wt.GetNodeId()),
+				Problem: fmt.Sprintf("an acquire of %s by session %d has waited %v (longer than wait_timeout %v)", wt.GetClass(), wt.GetSessionId(), waited.Round(time.Millisecond), o.waitTimeout),
+				Fix:     "the pool is full: raise the limit on the way (governor caps get " + name(wt.GetNodeId()) + " names the tightest), or find who holds it"})
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, finding{Check: "leases", Level: levelOK, Problem: fmt.Sprintf("%d leases, %d sessions, %d waiters, none overdue",
+			in.GetLeaseCount(), in.GetSessionCount(), in.GetWaiterCount())})
+	}
+	return out
+}
