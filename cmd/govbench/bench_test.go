@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -248,5 +249,50 @@ func TestSidecarFanoutPeakWithinCapacity(t *testing.T) {
 	}
 	if with.Calls["quiet"] == 0 || with.Calls["busy"] == 0 {
 		t.Errorf("calls by tenant %v: both tenants should reach the downstream", with.Calls)
+	}
+}
+
+// govbench plot draws every figure from a run's JSON, and says which JSON
+// it could not use.
+func TestPlotDrawsEveryFigure(t *testing.T) {
+	in := t.TempDir()
+	write := func(name string, raw any) {
+		b, err := json.Marshal(result{Raw: raw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	side := func(governed bool) *fanoutSide {
+		return &fanoutSide{Governor: governed, Concurrency: [][2]float64{{0, 1}, {5, 12}, {9, 0}},
+			LatencyMs: map[string][]float64{"busy": {40, 90}, "quiet": {20, 25}}}
+	}
+	write("fanout.json", map[string]any{"params": fanoutWorkload(true), "without": side(false), "with": side(true)})
+	write("adaptive.json", map[string]any{"params": adaptiveWorkload(true),
+		"fixed":    adaptiveSide{Limit: [][2]float64{{0, 20}, {2000, 20}}},
+		"adaptive": adaptiveSide{Adaptive: true, Limit: [][2]float64{{0, 20}, {1100, 9}, {2000, 5}}}})
+	write("durable.json", []durableRun{{Store: "sqlite", Callers: 1, Consumes: []float64{100}, Noops: []float64{900}},
+		{Store: "sqlite", Callers: 16, Consumes: []float64{700}, Noops: []float64{4000}}})
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"plot", "-in", in, "-out", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("govbench plot exited %d: %s", code, stderr.String())
+	}
+	for _, name := range []string{"fanout-concurrency.png", "fanout-latency.png", "adaptive-limit.png", "durable-throughput.png"} {
+		f, err := os.Open(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(f); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		f.Close()
+	}
+	os.Remove(filepath.Join(in, "durable.json"))
+	stderr.Reset()
+	if code := run([]string{"plot", "-in", in, "-out", out}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "no durable.json") {
+		t.Errorf("without durable.json: exit %d, %q; want 0 and a note that names it", code, stderr.String())
 	}
 }

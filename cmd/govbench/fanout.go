@@ -48,18 +48,19 @@ func fanoutWorkload(short bool) fanoutParams {
 
 // fanoutSide is what one side (without or with Governor) measured.
 type fanoutSide struct {
-	Governor    bool               `json:"governor"`
-	Peak        int                `json:"peak_concurrency"`
-	Calls       map[string]int     `json:"calls"`      // downstream calls by tenant
-	Served      map[string]int     `json:"served"`     // calls served
-	Overloaded  map[string]int     `json:"overloaded"` // calls refused for overload
-	Errors      map[string]int     `json:"errors"`     // transient errors
-	JobsFailed  map[string]int     `json:"jobs_failed"`
-	P50ms       map[string]float64 `json:"p50_ms"`
-	P99ms       map[string]float64 `json:"p99_ms"`
-	QuietShare  float64            `json:"quiet_share"`      // of the calls served while the quiet tenant had work
-	QuietCalls  float64            `json:"quiet_call_share"` // of the calls made while the quiet tenant had work
-	Concurrency [][2]float64       `json:"concurrency"`      // (ms, calls in flight) at each change
+	Governor    bool                 `json:"governor"`
+	Peak        int                  `json:"peak_concurrency"`
+	Calls       map[string]int       `json:"calls"`      // downstream calls by tenant
+	Served      map[string]int       `json:"served"`     // calls served
+	Overloaded  map[string]int       `json:"overloaded"` // calls refused for overload
+	Errors      map[string]int       `json:"errors"`     // transient errors
+	JobsFailed  map[string]int       `json:"jobs_failed"`
+	P50ms       map[string]float64   `json:"p50_ms"`
+	P99ms       map[string]float64   `json:"p99_ms"`
+	QuietShare  float64              `json:"quiet_share"`      // of the calls served while the quiet tenant had work
+	QuietCalls  float64              `json:"quiet_call_share"` // of the calls made while the quiet tenant had work
+	Concurrency [][2]float64         `json:"concurrency"`      // (ms, calls in flight) at each change
+	LatencyMs   map[string][]float64 `json:"latency_ms"`       // each job's, by tenant, sorted
 	latencies   map[string][]time.Duration
 	servedAt    []servedCall
 	calledAt    []servedCall
@@ -306,8 +307,12 @@ func fanoutSideRun(ctx context.Context, e *env, p fanoutParams, governed bool) (
 }
 
 func (side *fanoutSide) summarize() {
+	side.LatencyMs = map[string][]float64{}
 	for tenant, l := range side.latencies {
 		slices.Sort(l)
+		for _, d := range l {
+			side.LatencyMs[tenant] = append(side.LatencyMs[tenant], float64(d)/1e6)
+		}
 		side.P50ms[tenant] = float64(percentile(l, 0.50)) / 1e6
 		side.P99ms[tenant] = float64(percentile(l, 0.99)) / 1e6
 	}

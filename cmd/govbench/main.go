@@ -57,6 +57,7 @@ func main() {
 // processes the scenarios start (an origin, a bare goproxy).
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"sidecar":       sidecarMain,
+	"plot":          plotMain,
 	"serve-origin":  serveOrigin,
 	"serve-goproxy": serveGoproxy,
 }
@@ -68,6 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if scenarios[args[0]] == nil {
 		fmt.Fprintln(stderr, "usage: govbench [-out DIR] [-only NAMES] [-short] [-store memory|sqlite|postgres]   (govbench -h for the flags)")
 		fmt.Fprintln(stderr, "       govbench sidecar [flags]   (govbench sidecar -h for the flags)")
+		fmt.Fprintln(stderr, "       govbench plot [-in DIR] [-out DIR]   (draws docs/bench.md's figures from a run's JSON)")
 		return 2
 	}
 	return scenarios[args[0]](args[1:], stdout, stderr)
