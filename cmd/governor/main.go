@@ -32,7 +32,8 @@ commands:
   caps      a node's caps (get), change them with a reason (set), their audit trail (history)
   usage     what each tenant and task spent, held and was refused over a window
   doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams
-  hook, top   (not written yet)
+  hook      a PreToolUse hook for Claude Code and Codex: budgets of tool calls, subagents and time
+  top, ui   (not written yet)
 
 run "governor explain -h" for its flags.
 `
@@ -53,7 +54,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageCmd(args[1:], stdout, stderr)
 	case "doctor":
 		return doctor(args[1:], stdout, stderr)
-	case "hook", "top":
+	case "hook":
+		return hook(args[1:], stdin, stdout, stderr)
+	case "top", "ui":
 		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
 		return 2
 	case "-h", "-help", "--help", "help":

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/govtest"
+)
+
+// payload reads a testdata payload and gives it another tool_use_id.
+func payload(t *testing.T, file, toolUseID string) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata/hook", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	if toolUseID != "" {
+		m["tool_use_id"] = toolUseID
+	}
+	out, _ := json.Marshal(m)
+	return string(out)
+}
+
+type hookResult struct {
+	code           int
+	stdout, stderr string
+}
+
+func runHook(t *testing.T, stdin string, args ...string) hookResult {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(append([]string{"hook"}, args...), strings.NewReader(stdin), &out, &errOut)
+	return hookResult{code, out.String(), errOut.String()}
+}
+
+// claudeDecision is Claude Code's PreToolUse JSON answer.
+type claudeDecision struct {
+	Continue           *bool  `json:"continue"`
+	StopReason         string `json:"stopReason"`
+	SystemMessage      string `json:"systemMessage"`
+	HookSpecificOutput struct {
+		HookEventName            string `json:"hookEventName"`
+		PermissionDecision       string `json:"permissionDecision"`
+		PermissionDecisionReason string `json:"permissionDecisionReason"`
+	} `json:"hookSpecificOutput"`
+}
+
+func (r hookResult) claude(t *testing.T) claudeDecision {
+	t.Helper()
+	var d claudeDecision
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil {
+		t.Fatalf("claude answer %q: %v", r.stdout, err)
+	}
+	return d
+}
+
+func (r hookResult) allowed(t *testing.T, what string) {
+	t.Helper()
+	if r.code != 0 || r.stdout != "" {
+		t.Fatalf("%s: exit %d, stdout %q, stderr %q; want allowed (exit 0, nothing printed)", what, r.code, r.stdout, r.stderr)
+	}
+}
+
+func (r hookResult) claudeDenied(t *testing.T, what string, stop bool, reason string) {
+	t.Helper()
+	d := r.claude(t)
+	if r.code != 0 || d.HookSpecificOutput.HookEventName != "PreToolUse" || d.HookSpecificOutput.PermissionDecision != "deny" ||
+		!strings.Contains(d.HookSpecificOutput.PermissionDecisionReason, reason) || (d.Continue != nil && !*d.Continue) != stop {
+		t.Fatalf("%s: exit %d, answer %s; want a deny with %q (stop %v)", what, r.code, r.stdout, reason, stop)
+	}
+}
+
+// runUsed is how much the agent session's node has spent.
+func runUsed(t *testing.T, admin governorpb.GovernorClient, path string) map[string]int64 {
+	t.Helper()
+	n, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: path})
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n.GetUsed()
+}
+
+// Real-shaped payloads of both CLIs get the right decision and exit code:
+// calls are counted once each, a retry (even across a governord restart)
+// is not charged again, a spent budget is refused in each CLI's format, and
+// subagents have their own budget.
+func TestHookBudgets(t *testing.T) {
+	dbPath := filepath.Join(t.TempDir(), "governor.db")
+	srv := startDurable(t, dbPath)
+	admin := adminRPC(t, srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	claude := []string{"-agent", "claude", "-max-calls", "2", "-max-subagents", "1"}
+	const run = "payments/agent-3f1c2a9e-8b7d-4e2f-9a61-0c5d7e8f9a10"
+
+	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "the first call")
+	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "its retry")
+	if got := runUsed(t, admin, run)[resourceToolCalls]; got != 1 {
+		t.Fatalf("after a call and its retry tool_calls is %d, want 1", got)
+	}
+
+	// governord restarts; the retry is still known.
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv = startDurable(t, dbPath)
+	t.Cleanup(func() { srv.Close() })
+	admin = adminRPC(t, srv.Addr())
+	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "the retry after a restart")
+	if got := runUsed(t, admin, run)[resourceToolCalls]; got != 1 {
+		t.Fatalf("after a retry across a restart tool_calls is %d, want 1", got)
+	}
+
+	runHook(t, payload(t, "claude-pretooluse-task.json", ""), claude...).allowed(t, "a subagent")
+	runHook(t, payload(t, "claude-pretooluse-task.json", "toolu_second_task"), claude...).claudeDenied(t, "a third call", true, "budget for tool_calls is spent (2 of 2")
+	if got := runUsed(t, admin, run); got[resourceToolCalls] != 2 || got[resourceSubagents] != 1 {
+		t.Fatalf("used %v, want 2 tool calls and 1 subagent", got)
+	}
+
+	// Subagents run out before calls do: only subagents are refused.
+	many := []string{"-agent", "claude", "-max-calls", "10", "-max-subagents", "1"}
+	other := strings.ReplaceAll(payload(t, "claude-pretooluse-task.json", ""), "3f1c2a9e", "4a2d3b0f")
+	runHook(t, other, many...).allowed(t, "another session's subagent")
+	second := strings.ReplaceAll(payload(t, "claude-pretooluse-task.json", "toolu_b"), "3f1c2a9e", "4a2d3b0f")
+	runHook(t, second, many...).claudeDenied(t, "its second subagent", false, "may start no more subagents (1 of 1 used)")
+	bash := strings.ReplaceAll(payload(t, "claude-pretooluse-bash.json", "toolu_c"), "3f1c2a9e", "4a2d3b0f")
+	runHook(t, bash, many...).allowed(t, "a plain call after subagents ran out")
+
+	// Codex: exit 2 with the reason on stderr.
+	codex := []string{"-agent", "codex", "-max-calls", "1"}
+	runHook(t, payload(t, "codex-pretooluse-bash.json", ""), codex...).allowed(t, "codex's first call")
+	r := runHook(t, payload(t, "codex-pretooluse-bash.json", "call_second"), codex...)
+	if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "budget for tool_calls is spent (1 of 1") || !strings.Contains(r.stderr, "Stop now") {
+		t.Fatalf("codex's second call: exit %d, stdout %q, stderr %q; want exit 2 and the reason on stderr", r.code, r.stdout, r.stderr)
+	}
+}
+
+// The run's time is the node's deadline on governord's clock: once it has
+// passed, every call is refused, and a new node by the same name does not
+// give the session a second budget.
+func TestHookTimeBudget(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	admin := adminRPC(t, srv.Addr())
+	args := []string{"-agent", "claude", "-max-duration", "1h"}
+	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), args...).allowed(t, "the first call")
+	node, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: "payments/agent-3f1c2a9e-8b7d-4e2f-9a61-0c5d7e8f9a10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its hour is up (as if): the deadline moves to the past.
+	if _, err := admin.SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: node.GetId(),
+		Deadline: timestamppb.New(time.Now().Add(-time.Second)), Reason: "test: the hour is up"}); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"toolu_late_1", "toolu_late_2"} {
+		runHook(t, payload(t, "claude-pretooluse-bash.json", id), args...).claudeDenied(t, "a call after the time", true, "time budget is spent")
+		_ = i
+	}
+	r := runHook(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex", "-max-duration", "1h")
+	if r.code != 0 {
+		t.Fatalf("another session is not affected: exit %d %s", r.code, r.stderr)
+	}
+}
+
+// When governord cannot be reached the tool is refused (fail closed) in
+// each CLI's format; -warn-only lets it run and says so. A payload the hook
+// cannot read is refused too; bad flags exit 2.
+func TestHookFailsClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	t.Setenv("GOVERNOR_ADDR", addr)
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms").
+		claudeDenied(t, "claude, governord down", false, "cannot reach governord")
+	r := runHook(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex", "-timeout", "300ms")
+	if r.code != 2 || !strings.Contains(r.stderr, "cannot reach governord") {
+		t.Fatalf("codex, governord down: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runHook(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms", "-warn-only")
+	if d := r.claude(t); r.code != 0 || d.HookSpecificOutput.PermissionDecision != "" || !strings.Contains(d.SystemMessage, "not counted") {
+		t.Fatalf("claude, warn-only: exit %d, %s", r.code, r.stdout)
+	}
+	r = runHook(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex", "-timeout", "300ms", "-warn-only")
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "warn-only") {
+		t.Fatalf("codex, warn-only: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	runHook(t, "{not json", "-agent", "claude").claudeDenied(t, "a payload that is not JSON", false, "could not read")
+	if r := runHook(t, `{"tool_name":"Bash"}`, "-agent", "codex"); r.code != 2 || !strings.Contains(r.stderr, "no session_id") {
+		t.Fatalf("a payload without a session: exit %d %q", r.code, r.stderr)
+	}
+	for _, args := range [][]string{{}, {"-agent", "gemini"}, {"-agent", "claude", "-max-calls", "0"}, {"-agent", "claude", "extra"}} {
+		if r := runHook(t, "{}", args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, r.code)
+		}
+	}
+}
