@@ -261,24 +261,30 @@ func (r *fanoutRun) workload(ctx context.Context) {
 	g.wait()
 }
 
+// fanoutConfig is governord's config for two tenants of equal weight under
+// a root limit of one class (formatted with the class and the limit).
 const fanoutConfig = `admin_key: bench-admin-key
 session_ttl: 60s
-root: {limits: {down: %d}}
+root: {limits: {%s: %d}}
 tenants:
   - {name: busy, api_key: bench-busy-key, weight: 1}
   - {name: quiet, api_key: bench-quiet-key, weight: 1}
 `
 
-// fanoutSideRun runs one side of scenario 1.
-func fanoutSideRun(ctx context.Context, e *env, p fanoutParams, governed bool) (*fanoutSide, error) {
-	side := &fanoutSide{Governor: governed, Calls: map[string]int{}, Served: map[string]int{},
+func newFanoutSide(governed bool) *fanoutSide {
+	return &fanoutSide{Governor: governed, Calls: map[string]int{}, Served: map[string]int{},
 		Overloaded: map[string]int{}, Errors: map[string]int{}, JobsFailed: map[string]int{},
 		P50ms: map[string]float64{}, P99ms: map[string]float64{}, latencies: map[string][]time.Duration{}}
+}
+
+// fanoutSideRun runs one side of scenario 1.
+func fanoutSideRun(ctx context.Context, e *env, p fanoutParams, governed bool) (*fanoutSide, error) {
+	side := newFanoutSide(governed)
 	var gov *governord
 	r := &fanoutRun{p: p, side: side}
 	if governed {
 		var err error
-		if gov, err = e.startGovernord(ctx, fmt.Sprintf(fanoutConfig, p.Capacity)); err != nil {
+		if gov, err = e.startGovernord(ctx, fmt.Sprintf(fanoutConfig, downClass, p.Capacity)); err != nil {
 			return nil, err
 		}
 		defer gov.stop()

@@ -133,9 +133,7 @@ func (c *plainClient) retries(ctx context.Context, depth int) error {
 // sidecarFanoutSide runs one side of scenario 7: through sidecars when
 // proxies holds one proxy URL per tenant, directly when it is nil.
 func sidecarFanoutSide(ctx context.Context, p fanoutParams, seed int64, proxies map[string]*url.URL) (*fanoutSide, map[string]int, error) {
-	side := &fanoutSide{Governor: proxies != nil, Calls: map[string]int{}, Served: map[string]int{},
-		Overloaded: map[string]int{}, Errors: map[string]int{}, JobsFailed: map[string]int{},
-		P50ms: map[string]float64{}, P99ms: map[string]float64{}, latencies: map[string][]time.Duration{}}
+	side := newFanoutSide(proxies != nil)
 	d := &realDownstream{p: p, rng: rand.New(rand.NewPCG(uint64(seed), 7)), side: side}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -243,7 +241,7 @@ func sidecarFanoutGoverned(ctx context.Context, e *env, p fanoutParams) (*fanout
 	if err != nil {
 		return nil, nil, err
 	}
-	gov, err := e.startGovernord(ctx, fmt.Sprintf(fanoutConfig, p.Capacity))
+	gov, err := e.startGovernord(ctx, fmt.Sprintf(fanoutConfig, downClass, p.Capacity))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -337,14 +335,6 @@ var reLatency = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
 // for a few milliseconds, where the quiet one's is pgbench -S's lookup.
 const busySQL = "SELECT count(*) FROM generate_series(1, 100000);\n"
 
-const sidecarFanoutPGConfig = `admin_key: bench-admin-key
-session_ttl: 60s
-root: {limits: {db: %d}}
-tenants:
-  - {name: busy, api_key: bench-busy-key, weight: 1}
-  - {name: quiet, api_key: bench-quiet-key, weight: 1}
-`
-
 // sidecarFanoutPG runs pgbench for both tenants at once: the busy one with
 // many clients, the quiet one with two, directly and then each through its
 // own sidecar's pgwire listener, whose rule puts every transaction in a
@@ -423,7 +413,7 @@ func sidecarFanoutPG(ctx context.Context, e *env, seconds, busyClients, pool int
 	if err != nil {
 		return nil, err
 	}
-	gov, err := e.startGovernord(ctx, fmt.Sprintf(sidecarFanoutPGConfig, pool))
+	gov, err := e.startGovernord(ctx, fmt.Sprintf(fanoutConfig, "db", pool))
 	if err != nil {
 		return nil, err
 	}
