@@ -89,6 +89,9 @@ func (d *Denial) Error() string {
 	if d.Largest.Node == 0 && d.Largest.Name == OtherTenant {
 		return s + "; largest consumer: " + OtherTenant
 	}
+	if d.Largest.Name == "" { // a cap of 0, say: nothing used it
+		return s
+	}
 	return s + fmt.Sprintf("; largest consumer %q used %d", d.Largest.Name, d.Largest.Used)
 }
 
