@@ -299,16 +299,21 @@ func decodeConfig(doc *yaml.Node, exps envsubst.Expansions) (Config, error) {
 	}
 	var raw fileConfig
 	if err := v.UnmarshalExact(&raw); err != nil {
-		return Config{}, decodeError(err)
+		return Config{}, decodeError(err, fmt.Sprintf("%T", raw))
 	}
 	return raw.validate()
 }
 
 // decodeError turns mapstructure's report into a ConfigError naming the key.
-func decodeError(err error) error {
+// Since mapstructure 2.5 a key at the top level is reported under the
+// decoded type's name (root, e.g. "server.fileConfig"), which names no key.
+func decodeError(err error, root string) error {
 	msg := err.Error()
 	if m := regexp.MustCompile(`'([^']*)' has invalid keys: ([^\n]*)`).FindStringSubmatch(msg); m != nil {
 		key := strings.TrimSpace(m[2])
+		if m[1] == root {
+			m[1] = ""
+		}
 		if m[1] != "" {
 			key = m[1] + "." + key
 		}
