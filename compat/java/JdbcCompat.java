@@ -124,7 +124,7 @@ public class JdbcCompat {
             String state;
             try {
                 s.executeUpdate("INSERT INTO compat_denied VALUES (1)");
-                return fail("the denied INSERT ran");
+                return fail("the denied INSERT raised no error");
             } catch (SQLException e) {
                 state = e.getSQLState();
             }
@@ -211,7 +211,7 @@ public class JdbcCompat {
             try (Connection again = connect()) {
                 if (one(again, "SELECT 1") != 1) return fail("no new connection");
             }
-            return closed ? ok("error " + state + "; the Connection is closed") : fail("the Connection is not closed after " + state);
+            return closed ? ok("the next query raises; the Connection is closed") : fail("the Connection is not closed after " + state);
         }
     }
 

@@ -123,7 +123,7 @@ def cell_denial():
     cur.execute("INSERT INTO compat_items VALUES (3, 'before the denial')")
     try:
         cur.execute("INSERT INTO compat_denied VALUES (1)")
-        return "fail", "the denied INSERT ran"
+        return "fail", "the denied INSERT raised no error"
     except db.Error as e:
         state = sqlstate(e)
     conn.commit()  # must not commit the first INSERT
@@ -245,8 +245,7 @@ def cell_disconnect():
     again.close()
     if not closed or not ok:
         return "fail", "closed=%r, reconnect=%r (%s)" % (closed, ok, err)
-    state = sqlstate(err)
-    return "ok", "error %s; the driver marks the connection closed" % (state or type(err).__name__)
+    return "ok", "the next query raises; the driver marks the connection closed"
 
 
 CELLS = [
