@@ -3,10 +3,11 @@
 #
 # It installs and starts what the tests need by itself (a throwaway PostgreSQL
 # in a temporary folder), then runs gofmt, go vet and go test, then the Node.js
-# client's tests (scripts/nodetests.sh), then pgx's own test suite through
-# governor-proxy's pgwire listener (scripts/pgxsuite.sh).
+# client's tests (scripts/nodetests.sh), then the client compatibility matrix
+# (scripts/compat.sh), then pgx's own test suite through governor-proxy's
+# pgwire listener (scripts/pgxsuite.sh).
 # Extra arguments are passed to go test, e.g. ./test.sh -run TestRandomized -v,
-# and leave the Node.js tests and pgx's suite out.
+# and leave the Node.js tests, the matrix and pgx's suite out.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -35,6 +36,16 @@ go test -count=1 -timeout 20m "$@" ./...
 if (($# == 0)); then
 	echo "== node client"
 	bash scripts/nodetests.sh
+fi
+
+# The client compatibility matrix (compat/: PostgreSQL drivers through
+# pgwire, HTTP clients through the forward proxy; docs/compatibility.md) and
+# promtool's checks of deploy/'s alert rules. scripts/compat.sh installs the
+# clients with apt-get and npm ci when missing (the matrix runs in under a
+# minute). Only on a full run.
+if (($# == 0)); then
+	echo "== client compatibility matrix"
+	bash scripts/compat.sh
 fi
 
 # pgx's own suite, its whole module, directly and through the pgwire proxy
