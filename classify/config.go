@@ -80,6 +80,7 @@ type fileRule struct {
 	Class            *string            `yaml:"class"`
 	Charge           map[string]integer `yaml:"charge"`
 	ChargeFromHeader *fileHeaderCharge  `yaml:"charge_from_header"`
+	Meter            yaml.Node          `yaml:"meter"`
 }
 
 type fileMatch struct {
@@ -472,6 +473,19 @@ func compileRule(fr *fileRule) (rule, error) {
 		}
 		r.decision.ChargeFromHeader = &HeaderCharge{Resource: *hc.Resource,
 			Header: textproto.CanonicalMIMEHeaderKey(*hc.Header)}
+	}
+	if fr.Meter.Kind != 0 {
+		m, err := compileMeter(&fr.Meter)
+		if err != nil {
+			return r, err
+		}
+		switch {
+		case r.decision.ChargeFromHeader != nil:
+			return r, fieldErr("meter", "a rule charges from a header or meters its calls, not both")
+		case r.decision.Charges[m.Resource] != 0:
+			return r, fieldErr("meter", "%s is metered; the rule cannot charge it too", m.Resource)
+		}
+		r.decision.Meter = m
 	}
 	if fr.Match == nil {
 		return r, nil // no match: matches everything, like match: {}

@@ -29,6 +29,8 @@ type Decision struct {
 	// ChargeFromHeader, when not nil, asks for a charge after the response
 	// arrives, of the number in one of its headers. See HeaderCharge.Amount.
 	ChargeFromHeader *HeaderCharge
+	// Meter, when not nil, meters the call's LLM tokens (see Meter).
+	Meter *Meter
 }
 
 // HeaderCharge charges a resource, after the response, by the number the
@@ -87,6 +89,9 @@ func (d Decision) String() string {
 	}
 	if c := d.ChargeFromHeader; c != nil {
 		fmt.Fprintf(&b, "; after the response, charge %s from header %s", c.Resource, c.Header)
+	}
+	if m := d.Meter; m != nil {
+		b.WriteString("; " + m.String())
 	}
 	return b.String()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/sidecar/admission"
+	"github.com/governor-project/governor/sidecar/meter"
 )
 
 // exchange is one plain HTTP request, or one CONNECT tunnel, from its
@@ -32,6 +33,7 @@ type exchange struct {
 	decision classify.Decision
 	ticket   admission.Ticket // nil when none is held
 	local    bool             // the response is the proxy's own: keep its Governor-Denied
+	meter    *metered         // a metered LLM call; nil otherwise
 }
 
 // end ends the exchange's ticket, if it holds one.
@@ -68,7 +70,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		return nil
 	}
 	ex.decision, ex.rule = d, d.Rule
-	admits := d.Class != "" || len(d.Charges) > 0
+	admits := d.Class != "" || len(d.Charges) > 0 || d.Meter != nil
 	if !admits && d.ChargeFromHeader == nil {
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
@@ -85,6 +87,17 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		return nil
 	}
 	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges}
+	if d.Meter != nil {
+		mt, err := p.prepareMeter(r, ex, d.Meter)
+		if err != nil {
+			den := err.(*admission.Denial)
+			p.deny(ex, q, den, 0)
+			return den
+		}
+		if ex.meter = mt; mt != nil {
+			req = mt.request(subtask, d)
+		}
+	}
 	if f, ok := p.Admitter.(admission.Fast); ok {
 		if t, ok := f.TryAdmit(req); ok {
 			p.m.leaseWait.WithLabelValues(d.Class).Observe(0)
@@ -159,7 +172,13 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 	}
 	if err := p.decide(r.Context(), r, classify.HTTPRequestFrom(r), ex); err != nil {
 		ex.local = true
-		return r, asResponder(err).response(r)
+		resp := asResponder(err).response(r)
+		if m := ex.decision.Meter; m != nil {
+			if api, err := meter.ParseAPI(m.API); err == nil {
+				resp = providerDenial(api, resp)
+			}
+		}
+		return r, resp
 	}
 	// It was for this proxy (goproxy strips it too, unless told to keep it).
 	r.Header.Del("Proxy-Authorization")
@@ -183,6 +202,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	start := time.Now()
 	resp, err := p.transport.RoundTrip(req)
 	if err != nil {
+		p.settle(ex, meter.Usage{}, false)
 		ex.end(0, false)
 		return nil, err
 	}
@@ -194,6 +214,9 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	overloaded := governor.Overloaded(resp)
 	if hc := ex.decision.ChargeFromHeader; hc != nil {
 		p.chargeFromHeader(ex, hc, resp.Header)
+	}
+	if ex.meter != nil {
+		p.meterBody(ex, resp)
 	}
 	body := &leaseBody{rc: resp.Body, resp: resp, release: func() { ex.end(latency, overloaded) }}
 	if resp.StatusCode == http.StatusSwitchingProtocols {

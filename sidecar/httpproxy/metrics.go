@@ -28,8 +28,11 @@ type Metrics struct {
 	leaseWait     *prometheus.HistogramVec
 	upstream      *prometheus.HistogramVec
 	headerCharges *prometheus.CounterVec
-	tunnels       prometheus.Gauge
-	inflight      prometheus.Gauge
+	// meterSettlements and meterTokens: metered LLM calls (meter.go).
+	meterSettlements *prometheus.CounterVec
+	meterTokens      *prometheus.CounterVec
+	tunnels          prometheus.Gauge
+	inflight         prometheus.Gauge
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -47,6 +50,10 @@ func NewMetrics() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12)}, []string{"rule"})
 	m.headerCharges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_header_charges_total",
 		Help: "charge_from_header charges after responses, by rule and outcome (charged, missing, not_a_number, failed)."}, []string{"rule", "outcome"})
+	m.meterSettlements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_settlements_total",
+		Help: "Metered LLM calls settled, by rule and outcome: usage (to the usage reported), no_usage (none reported: a dropped stream, an upstream error, a client gone; the reservation is spent), unmetered (a body over max_body let through)."}, []string{"rule", "outcome"})
+	m.meterTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_tokens_total",
+		Help: "Tokens metered LLM calls were settled to, by rule."}, []string{"rule"})
 	m.tunnels = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_tunnels_open",
 		Help: "CONNECT tunnels and upgraded connections open now."})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_requests_in_flight",
@@ -61,7 +68,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.tunnels, m.inflight} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -5,8 +5,9 @@
 // can be built and tested with any Admitter; Serve serves it on a listener.
 //
 // It may import the standard library, goproxy and x/net/http2, classify,
-// sidecar/admission, the SDK (for its overload test) and Prometheus'
-// client; never governord's server or engine, or the pgwire side.
+// sidecar/admission, sidecar/meter, the SDK (for its overload test) and
+// Prometheus' client; never governord's server or engine, or the pgwire
+// side.
 //
 // # Files
 //
@@ -23,6 +24,9 @@
 //     and metadata addresses (targets.go: the allow list, CONNECT's ports,
 //     governord's addresses).
 //   - auth.go: the proxy password, when the config names one.
+//   - meter.go: metered LLM calls (a meter: rule): the estimate held before
+//     forwarding, the response body read for its usage as it passes, the
+//     settlement, and denials in the provider's error shape.
 //   - deny.go: the one rendering of a denial as HTTP.
 //   - metrics.go: the HTTP side's series.
 //

@@ -1,0 +1,56 @@
+package classify
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+func TestMeterRules(t *testing.T) {
+	rs, err := Parse([]byte(`
+rules:
+  - name: openai
+    match: {path: /v1/chat/completions}
+    class: llm
+    charge: {llm_calls: 1}
+    meter: openai
+  - name: anthropic
+    match: {path: /v1/messages}
+    meter: {api: anthropic, resource: claude_tokens, reserve: 1000, bytes_per_token: 3, max_body: 1024, oversize: unmetered}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	match := func(path string) Decision {
+		u, _ := url.Parse("https://api.example.com" + path)
+		d, ok := rs.MatchHTTP(HTTPRequestFrom(&http.Request{Method: "POST", URL: u, Host: u.Host, Header: http.Header{}}))
+		if !ok {
+			t.Fatalf("%s: no match", path)
+		}
+		return d
+	}
+	if m := match("/v1/chat/completions").Meter; m == nil || *m != (Meter{API: "openai", Resource: "tokens", Reserve: DefaultMeterReserve, BytesPerToken: 1, MaxBody: DefaultMeterMaxBody}) {
+		t.Errorf("meter: openai is %+v", m)
+	}
+	if m := match("/v1/messages").Meter; m == nil || *m != (Meter{API: "anthropic", Resource: "claude_tokens", Reserve: 1000, BytesPerToken: 3, MaxBody: 1024, Unmetered: true}) {
+		t.Errorf("the mapping is %+v", m)
+	}
+	if s := match("/v1/messages").String(); !strings.Contains(s, "meter anthropic claude_tokens") {
+		t.Errorf("String: %s", s)
+	}
+	for doc, want := range map[string]string{
+		`{name: a, meter: gemini}`:                                               `meter.api: "gemini" is not an API`,
+		`{name: a, meter: {resource: tokens}}`:                                   `meter.api: is missing`,
+		`{name: a, meter: {api: openai, reserve: 0}}`:                            `meter.reserve: 0 is not a positive number`,
+		`{name: a, meter: {api: openai, oversize: maybe}}`:                       `meter.oversize: "maybe" is not refuse or unmetered`,
+		`{name: a, meter: {api: openai, budget: 3}}`:                             `unknown key "budget"`,
+		`{name: a, charge: {tokens: 1}, meter: openai}`:                          `tokens is metered; the rule cannot charge it too`,
+		`{name: a, charge_from_header: {resource: t, header: x}, meter: openai}`: `charges from a header or meters`,
+	} {
+		_, err := Parse([]byte("rules:\n  - " + doc + "\n"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", doc, err, want)
+		}
+	}
+}

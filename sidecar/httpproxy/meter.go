@@ -1,0 +1,179 @@
+package httpproxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"strconv"
+
+	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/sidecar/admission"
+	"github.com/governor-project/governor/sidecar/meter"
+)
+
+// metered is the metering of one LLM call a meter: rule matched: the
+// estimate held for it, and how to read its response.
+type metered struct {
+	rule     *classify.Meter
+	api      meter.API
+	estimate int64
+	strip    bool // include_usage was added: take it out of the stream again
+	settled  bool
+}
+
+// Settlement outcomes, the "outcome" label of governor_proxy_meter_settlements_total.
+const (
+	settledUsage     = "usage"     // settled to the usage the response reported
+	settledNoUsage   = "no_usage"  // none reported (dropped stream, upstream error, client gone): the reservation is spent
+	settledUnmetered = "unmetered" // a body over max_body let through by oversize: unmetered
+)
+
+// prepareMeter reads the request body (up to the rule's max_body), works
+// out the estimate to hold, and asks an OpenAI stream for its usage where it
+// would not report it. A nil result with no error is a request let through
+// unmetered. The body is put back for forwarding.
+func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (*metered, error) {
+	api, err := meter.ParseAPI(m.API)
+	if err != nil {
+		return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: err}
+	}
+	if ex.kind == "connect" {
+		return nil, &admission.Denial{Cause: admission.CauseBadRequest,
+			Err: fmt.Errorf("rule %q meters LLM calls, which a CONNECT tunnel hides; point the client's base URL at a route instead", ex.rule)}
+	}
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		body, err = io.ReadAll(io.LimitReader(r.Body, m.MaxBody+1))
+		if err != nil {
+			return nil, &admission.Denial{Cause: admission.CauseCanceled, Err: fmt.Errorf("reading the request body: %w", err)}
+		}
+	}
+	if int64(len(body)) > m.MaxBody {
+		if !m.Unmetered {
+			return nil, &admission.Denial{Cause: admission.CauseBadRequest,
+				Err: fmt.Errorf("the request body is over the %d bytes rule %q meters (meter.max_body), and meter.oversize is refuse", m.MaxBody, ex.rule)}
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		p.m.meterSettlements.WithLabelValues(ex.rule, settledUnmetered).Inc()
+		return nil, nil
+	}
+	req, err := meter.ReadRequest(body)
+	if err != nil {
+		return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: fmt.Errorf("rule %q meters LLM calls: %w", ex.rule, err)}
+	}
+	mt := &metered{rule: m, api: api, estimate: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve)}
+	if api == meter.OpenAI && meter.AsksUsage(r.URL.Path, req) {
+		// Without it an OpenAI stream reports no usage, and every stream
+		// would be charged its whole estimate.
+		if b, err := meter.AddIncludeUsage(body); err == nil {
+			body, mt.strip = b, true
+		}
+	}
+	setBody(r, body)
+	return mt, nil
+}
+
+// setBody makes body the request's body, with its length.
+func setBody(r *http.Request, body []byte) {
+	if r.Body != nil {
+		r.Body.Close()
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	if len(body) > 0 {
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+}
+
+// meterRequest is the admission request of a metered call: the rule's
+// charges, and the estimate held on the metered resource.
+func (mt *metered) request(subtask string, d classify.Decision) admission.Request {
+	charges := make(map[string]int64, len(d.Charges)+1)
+	maps.Copy(charges, d.Charges)
+	charges[mt.rule.Resource] = mt.estimate
+	return admission.Request{Subtask: subtask, Class: d.Class, Charges: charges, Held: true}
+}
+
+// meterBody wraps an admitted call's response body so that its usage is read
+// as the client reads it, and the held estimate settled to it when it ends.
+func (p *Proxy) meterBody(ex *exchange, resp *http.Response) {
+	mt := ex.meter
+	opts := meter.BodyOptions{API: mt.api, Format: meter.FormatOf(resp.Header.Get("Content-Type")), Strip: mt.strip,
+		MaxJSON: int(mt.rule.MaxBody)}
+	resp.Body = meter.NewBody(resp.Body, opts, func(u meter.Usage, ok bool) { p.settle(ex, u, ok) })
+	if mt.strip && opts.Format == meter.FormatSSE {
+		resp.ContentLength = -1 // the stream loses what was added
+		resp.Header.Del("Content-Length")
+	}
+}
+
+// settle settles a metered call's ticket: to the usage its response
+// reported, or (none reported) to what was held.
+func (p *Proxy) settle(ex *exchange, u meter.Usage, ok bool) {
+	mt := ex.meter
+	if mt == nil || mt.settled {
+		return
+	}
+	mt.settled = true
+	used := maps.Clone(ex.decision.Charges)
+	if used == nil {
+		used = map[string]int64{}
+	}
+	used[mt.rule.Resource] = mt.estimate
+	outcome := settledNoUsage
+	if ok {
+		used[mt.rule.Resource] = u.Tokens(mt.api)
+		outcome = settledUsage
+	}
+	p.m.meterSettlements.WithLabelValues(ex.rule, outcome).Inc()
+	p.m.meterTokens.WithLabelValues(ex.rule).Add(float64(used[mt.rule.Resource]))
+	if s, isSettler := ex.ticket.(admission.Settler); isSettler {
+		s.Settle(used)
+	}
+}
+
+// providerDenial is a denial of a metered call in its provider's error
+// shape, so that the provider's SDK raises its own error for the status
+// (429: its rate-limit error, which x-should-retry: false keeps it from
+// retrying): OpenAI's {"error": {...}}, which the proxy's body already is,
+// with the cause as its code; Anthropic's {"type": "error", "error":
+// {...}}.
+func providerDenial(api meter.API, resp *http.Response) *http.Response {
+	if resp.Body == nil {
+		return resp
+	}
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var b struct {
+		Error map[string]any `json:"error"`
+	}
+	if err != nil || json.Unmarshal(raw, &b) != nil || b.Error == nil {
+		resp.Body = io.NopCloser(bytes.NewReader(raw))
+		return resp
+	}
+	var out any
+	switch api {
+	case meter.Anthropic:
+		out = map[string]any{"type": "error", "error": b.Error}
+	default:
+		b.Error["code"] = b.Error["cause"]
+		b.Error["param"] = nil
+		out = b
+	}
+	body, err := json.Marshal(out)
+	if err != nil {
+		body = raw
+	}
+	body = append(body, '\n')
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	return resp
+}
