@@ -28,6 +28,19 @@ if [ -x scripts/testpg.sh ]; then
 	source scripts/testpg.sh
 fi
 
+# governor top is tested in a real terminal (cmd/governor's TestTopInTmux):
+# tmux, installed here when missing, and required from then on.
+echo "== tmux"
+if ! command -v tmux >/dev/null 2>&1; then
+	sudo=""
+	if [ "$(id -u)" -ne 0 ]; then
+		sudo="sudo"
+	fi
+	$sudo apt-get update -qq
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+fi
+export GOVERNOR_TEST_TMUX=1
+
 echo "== go test"
 go test -count=1 -timeout 20m "$@" ./...
 

@@ -90,3 +90,27 @@ func (s *Server) Inspect(ctx context.Context, req *governorpb.InspectRequest) (*
 		return out, nil
 	})
 }
+
+func (s *Server) ListTree(ctx context.Context, req *governorpb.ListTreeRequest) (*governorpb.ListTreeResponse, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	if req.GetLimit() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "limit is negative")
+	}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.ListTreeResponse, error) {
+		nodes, waiting, more, err := s.eng.Subtree(sid, engine.NodeID(req.GetNodeId()), int(req.GetLimit()))
+		if err != nil {
+			return nil, err
+		}
+		out := &governorpb.ListTreeResponse{Truncated: more, Nodes: make([]*governorpb.Node, 0, len(nodes)),
+			Waiting: make(map[int64]int32, len(waiting))}
+		for _, v := range nodes {
+			out.Nodes = append(out.Nodes, toNode(v))
+		}
+		for id, n := range waiting {
+			out.Waiting[int64(id)] = int32(n)
+		}
+		return out, nil
+	})
+}

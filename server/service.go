@@ -558,6 +558,9 @@ func toNode(v engine.NodeView) *governorpb.Node {
 	if v.Deadline != 0 {
 		n.Deadline = timestamppb.New(time.Unix(0, v.Deadline))
 	}
+	if v.Created != 0 {
+		n.Created = timestamppb.New(time.Unix(0, v.Created))
+	}
 	return n
 }
 

@@ -731,7 +731,9 @@ type Node struct {
 	// Units reserved by sessions (Reserve) and not yet spent, by resource, in
 	// this node's whole subtree. They count against quotas like used ones;
 	// used does not include them.
-	Reserved      map[string]int64 `protobuf:"bytes,15,rep,name=reserved,proto3" json:"reserved,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Reserved map[string]int64 `protobuf:"bytes,15,rep,name=reserved,proto3" json:"reserved,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// When the node was created, on governord's clock; unset for the root.
+	Created       *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created,proto3" json:"created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -867,6 +869,13 @@ func (x *Node) GetPriority() int64 {
 func (x *Node) GetReserved() map[string]int64 {
 	if x != nil {
 		return x.Reserved
+	}
+	return nil
+}
+
+func (x *Node) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
 	}
 	return nil
 }
@@ -3976,6 +3985,123 @@ func (x *Inspection) GetLastCommit() *durationpb.Duration {
 	return nil
 }
 
+type ListTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The subtree's top. Required; 0 is INVALID_ARGUMENT.
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The most nodes to list; 0 means 20,000. Negative is INVALID_ARGUMENT.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTreeRequest) Reset() {
+	*x = ListTreeRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTreeRequest) ProtoMessage() {}
+
+func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTreeRequest.ProtoReflect.Descriptor instead.
+func (*ListTreeRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListTreeRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ListTreeRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListTreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node first, then depth first.
+	Nodes []*Node `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Acquires queued, by node id, for the nodes that have any.
+	Waiting map[int64]int32 `protobuf:"bytes,2,rep,name=waiting,proto3" json:"waiting,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// True when the list was cut at the limit.
+	Truncated     bool `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTreeResponse) Reset() {
+	*x = ListTreeResponse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTreeResponse) ProtoMessage() {}
+
+func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTreeResponse.ProtoReflect.Descriptor instead.
+func (*ListTreeResponse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ListTreeResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListTreeResponse) GetWaiting() map[int64]int32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return nil
+}
+
+func (x *ListTreeResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -4016,7 +4142,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xdc\b\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x92\t\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -4033,7 +4159,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bdeadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x16\n" +
 	"\x06weight\x18\r \x01(\x03R\x06weight\x12\x1a\n" +
 	"\bpriority\x18\x0e \x01(\x03R\bpriority\x12;\n" +
-	"\breserved\x18\x0f \x03(\v2\x1f.governor.v1.Node.ReservedEntryR\breserved\x1a9\n" +
+	"\breserved\x18\x0f \x03(\v2\x1f.governor.v1.Node.ReservedEntryR\breserved\x124\n" +
+	"\acreated\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -4344,7 +4471,17 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\x12:\n" +
 	"\vlast_commit\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"lastCommit*z\n" +
+	"lastCommit\"@\n" +
+	"\x0fListTreeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xdb\x01\n" +
+	"\x10ListTreeResponse\x12'\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x11.governor.v1.NodeR\x05nodes\x12D\n" +
+	"\awaiting\x18\x02 \x03(\v2*.governor.v1.ListTreeResponse.WaitingEntryR\awaiting\x12\x1c\n" +
+	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x1a:\n" +
+	"\fWaitingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x03R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -4361,7 +4498,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xbf\f\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\x88\r\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -4386,7 +4523,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.Node\x12N\n" +
 	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistory\x12B\n" +
 	"\bGetUsage\x12\x1c.governor.v1.GetUsageRequest\x1a\x18.governor.v1.UsageReport\x12?\n" +
-	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.InspectionB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.Inspection\x12G\n" +
+	"\bListTree\x12\x1c.governor.v1.ListTreeRequest\x1a\x1d.governor.v1.ListTreeResponseB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -4401,7 +4539,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -4458,149 +4596,157 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*SessionInfo)(nil),              // 52: governor.v1.SessionInfo
 	(*RecentDenial)(nil),             // 53: governor.v1.RecentDenial
 	(*Inspection)(nil),               // 54: governor.v1.Inspection
-	nil,                              // 55: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 56: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 57: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 58: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 59: governor.v1.Node.QuotasEntry
-	nil,                              // 60: governor.v1.Node.UsedEntry
-	nil,                              // 61: governor.v1.Node.LimitsEntry
-	nil,                              // 62: governor.v1.Node.HeldEntry
-	nil,                              // 63: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 64: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 65: governor.v1.Node.ReservedEntry
-	nil,                              // 66: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 67: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 68: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 69: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 70: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 71: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 72: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 73: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 74: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 75: governor.v1.UsageLine.SpendEntry
-	nil,                              // 76: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 77: governor.v1.UsageLine.PeakEntry
-	nil,                              // 78: governor.v1.UsageLine.DeniedEntry
-	(*durationpb.Duration)(nil),      // 79: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 80: google.protobuf.Timestamp
+	(*ListTreeRequest)(nil),          // 55: governor.v1.ListTreeRequest
+	(*ListTreeResponse)(nil),         // 56: governor.v1.ListTreeResponse
+	nil,                              // 57: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 58: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 59: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 60: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 61: governor.v1.Node.QuotasEntry
+	nil,                              // 62: governor.v1.Node.UsedEntry
+	nil,                              // 63: governor.v1.Node.LimitsEntry
+	nil,                              // 64: governor.v1.Node.HeldEntry
+	nil,                              // 65: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 66: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 67: governor.v1.Node.ReservedEntry
+	nil,                              // 68: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 69: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 70: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 71: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 72: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 73: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 74: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 75: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 76: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 77: governor.v1.UsageLine.SpendEntry
+	nil,                              // 78: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 79: governor.v1.UsageLine.PeakEntry
+	nil,                              // 80: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 81: governor.v1.ListTreeResponse.WaitingEntry
+	(*durationpb.Duration)(nil),      // 82: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 83: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	79, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	79, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	79, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	79, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	55, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	56, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	57, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	58, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	80, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	82, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	82, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	82, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	82, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	57, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	58, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	59, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	60, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	83, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	59, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	60, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	61, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	62, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	63, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	64, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	80, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	65, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	10, // 19: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10, // 20: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11, // 21: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11, // 22: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	66, // 23: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23, // 24: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	79, // 25: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	3,  // 26: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	67, // 27: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	68, // 28: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	69, // 29: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	70, // 30: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	80, // 31: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	79, // 32: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	71, // 33: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	72, // 34: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	73, // 35: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	74, // 36: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	80, // 37: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	39, // 38: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	39, // 39: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	80, // 40: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	80, // 41: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	40, // 42: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	41, // 43: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,  // 44: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 45: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	80, // 46: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	80, // 47: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	75, // 48: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	76, // 49: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	77, // 50: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	78, // 51: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	80, // 52: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	80, // 53: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	47, // 54: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	80, // 55: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	80, // 56: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	79, // 57: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	80, // 58: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	80, // 59: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	80, // 60: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	50, // 61: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	51, // 62: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	52, // 63: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	53, // 64: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	79, // 65: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	4,  // 66: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 67: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 68: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 69: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 70: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 71: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 72: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 73: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 74: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 75: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 76: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 77: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 78: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 79: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 80: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 81: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 82: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35, // 83: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	37, // 84: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	38, // 85: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	46, // 86: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	49, // 87: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	5,  // 88: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 89: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 90: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 91: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 92: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 93: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 94: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 95: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 96: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 97: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 98: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 99: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 100: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 101: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 102: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 103: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34, // 104: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	36, // 105: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 106: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	42, // 107: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	48, // 108: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	54, // 109: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	88, // [88:110] is the sub-list for method output_type
-	66, // [66:88] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	61, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	62, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	63, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	64, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	65, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	66, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	83, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	67, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	83, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	10, // 20: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10, // 21: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11, // 22: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11, // 23: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	68, // 24: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23, // 25: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	82, // 26: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	3,  // 27: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	69, // 28: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	70, // 29: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	71, // 30: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	72, // 31: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	83, // 32: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	82, // 33: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	73, // 34: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	74, // 35: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	75, // 36: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	76, // 37: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	83, // 38: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	39, // 39: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	39, // 40: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	83, // 41: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	83, // 42: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	40, // 43: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	41, // 44: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,  // 45: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,  // 46: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	83, // 47: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	83, // 48: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	77, // 49: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	78, // 50: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	79, // 51: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	80, // 52: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	83, // 53: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	83, // 54: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	47, // 55: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	83, // 56: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	83, // 57: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	82, // 58: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	83, // 59: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	83, // 60: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	83, // 61: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	50, // 62: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	51, // 63: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	52, // 64: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	53, // 65: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	82, // 66: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11, // 67: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	81, // 68: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	4,  // 69: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,  // 70: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,  // 71: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12, // 72: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13, // 73: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14, // 74: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16, // 75: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18, // 76: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19, // 77: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20, // 78: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22, // 79: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24, // 80: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26, // 81: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28, // 82: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29, // 83: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31, // 84: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33, // 85: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35, // 86: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	37, // 87: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	38, // 88: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	46, // 89: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	49, // 90: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	55, // 91: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	5,  // 92: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,  // 93: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,  // 94: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11, // 95: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11, // 96: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15, // 97: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17, // 98: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11, // 99: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11, // 100: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21, // 101: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23, // 102: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25, // 103: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27, // 104: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23, // 105: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30, // 106: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32, // 107: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34, // 108: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	36, // 109: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11, // 110: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	42, // 111: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	48, // 112: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	54, // 113: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	56, // 114: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	92, // [92:115] is the sub-list for method output_type
+	69, // [69:92] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -4616,7 +4762,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   75,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

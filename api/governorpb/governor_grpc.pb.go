@@ -46,6 +46,7 @@ const (
 	Governor_GetCapsHistory_FullMethodName   = "/governor.v1.Governor/GetCapsHistory"
 	Governor_GetUsage_FullMethodName         = "/governor.v1.Governor/GetUsage"
 	Governor_Inspect_FullMethodName          = "/governor.v1.Governor/Inspect"
+	Governor_ListTree_FullMethodName         = "/governor.v1.Governor/ListTree"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -279,6 +280,10 @@ type GovernorClient interface {
 	// refusals, and governord's clock, sequence number and commit latency.
 	// Each list is oldest first and cut at limit.
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*Inspection, error)
+	// ListTree lists the open nodes of a subtree in one call, the node first
+	// and then depth first (children by id), with the acquires queued on
+	// each: what governor top shows. Cut at limit (0 means 20,000).
+	ListTree(ctx context.Context, in *ListTreeRequest, opts ...grpc.CallOption) (*ListTreeResponse, error)
 }
 
 type governorClient struct {
@@ -518,6 +523,16 @@ func (c *governorClient) Inspect(ctx context.Context, in *InspectRequest, opts .
 	return out, nil
 }
 
+func (c *governorClient) ListTree(ctx context.Context, in *ListTreeRequest, opts ...grpc.CallOption) (*ListTreeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTreeResponse)
+	err := c.cc.Invoke(ctx, Governor_ListTree_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GovernorServer is the server API for Governor service.
 // All implementations must embed UnimplementedGovernorServer
 // for forward compatibility.
@@ -749,6 +764,10 @@ type GovernorServer interface {
 	// refusals, and governord's clock, sequence number and commit latency.
 	// Each list is oldest first and cut at limit.
 	Inspect(context.Context, *InspectRequest) (*Inspection, error)
+	// ListTree lists the open nodes of a subtree in one call, the node first
+	// and then depth first (children by id), with the acquires queued on
+	// each: what governor top shows. Cut at limit (0 means 20,000).
+	ListTree(context.Context, *ListTreeRequest) (*ListTreeResponse, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -824,6 +843,9 @@ func (UnimplementedGovernorServer) GetUsage(context.Context, *GetUsageRequest) (
 }
 func (UnimplementedGovernorServer) Inspect(context.Context, *InspectRequest) (*Inspection, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
+}
+func (UnimplementedGovernorServer) ListTree(context.Context, *ListTreeRequest) (*ListTreeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListTree not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1235,6 +1257,24 @@ func _Governor_Inspect_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_ListTree_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTreeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).ListTree(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_ListTree_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).ListTree(ctx, req.(*ListTreeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1325,6 +1365,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Inspect",
 			Handler:    _Governor_Inspect_Handler,
+		},
+		{
+			MethodName: "ListTree",
+			Handler:    _Governor_ListTree_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -18,41 +18,25 @@ type treeWalk struct {
 	cut   bool // more nodes than asked for
 }
 
-// walkTree lists the open nodes below scope (scope first), at most max.
+// walkTree lists the open nodes below scope (scope first), at most max,
+// in one ListTree.
 func walkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, max int) (*treeWalk, error) {
-	top, err := rpc.GetNode(ctx, &governorpb.GetNodeRequest{NodeId: scope})
+	t, err := rpc.ListTree(ctx, &governorpb.ListTreeRequest{NodeId: scope, Limit: int32(max)})
 	if err != nil {
 		return nil, err
 	}
-	w := &treeWalk{byID: map[int64]*governorpb.Node{}, paths: map[int64]string{}}
-	path, _ := pathOf(ctx, rpc, top)
-	w.add(top, path)
-	for i := 0; i < len(w.nodes); i++ {
-		n := w.nodes[i]
-		token := ""
-		for {
-			page, err := rpc.ListChildren(ctx, &governorpb.ListChildrenRequest{NodeId: n.GetId(), PageSize: 1000, PageToken: token})
-			if err != nil {
-				return nil, err
-			}
-			for _, c := range page.GetNodes() {
-				if c.GetState() != governorpb.NodeState_NODE_STATE_OPEN {
-					continue
-				}
-				if len(w.nodes) >= max {
-					w.cut = true
-					return w, nil
-				}
-				p := c.GetName()
-				if w.paths[n.GetId()] != "/" {
-					p = w.paths[n.GetId()] + "/" + p
-				}
-				w.add(c, p)
-			}
-			if token = page.GetNextPageToken(); token == "" {
-				break
-			}
+	w := &treeWalk{byID: map[int64]*governorpb.Node{}, paths: map[int64]string{}, cut: t.GetTruncated()}
+	for i, n := range t.GetNodes() {
+		if i == 0 {
+			path, _ := pathOf(ctx, rpc, n)
+			w.add(n, path)
+			continue
 		}
+		p := n.GetName()
+		if pp := w.paths[n.GetParentId()]; pp != "/" {
+			p = pp + "/" + p
+		}
+		w.add(n, p)
 	}
 	return w, nil
 }

@@ -3,12 +3,20 @@
 //	governor explain -config proxy.yaml GET https://api.example.com/v1/x
 //	governor explain -config proxy.yaml --sql "INSERT INTO payments ..."
 //	printf %s "$KEY" | governor hash-key
+//	governor caps get|set|history NODE ...
+//	governor usage [-since 24h] [-format table|csv|json]
+//	governor doctor [-config governord.yaml] [-proxy-config proxy.yaml] [-json]
+//	governor hook -agent claude|codex [-max-calls N] ...
+//	governor top   (or governor ui)
 //
 // explain says which of governor-proxy's rules a request matches, why each
 // earlier rule did not, and what the proxy would charge and hold for it.
 // hash-key prints the SHA-256 of an API key read from stdin, for
-// governord's api_key_sha256. The other subcommands DESIGN.md names (hook,
-// top, caps, doctor) are not written yet.
+// governord's api_key_sha256. The others talk to governord, reading the
+// environment the SDK reads (GOVERNOR_ADDR, GOVERNOR_API_KEY, GOVERNOR_TLS,
+// GOVERNOR_CA_FILE); docs/cli.md describes each. The files: caps.go,
+// usage.go, doctor*.go, hook.go, top.go (its screen is package cli/top),
+// connect.go (the session and node paths they share).
 //
 // Bad flags or arguments exit with status 2; a config file that fails to
 // load also exits 2, naming the key.
@@ -33,7 +41,7 @@ commands:
   usage     what each tenant and task spent, held and was refused over a window
   doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams
   hook      a PreToolUse hook for Claude Code and Codex: budgets of tool calls, subagents and time
-  top, ui   (not written yet)
+  top       a live view of the tree (alias: ui); edits caps with a reason
 
 run "governor explain -h" for its flags.
 `
@@ -57,8 +65,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "hook":
 		return hook(args[1:], stdin, stdout, stderr)
 	case "top", "ui":
-		fmt.Fprintf(stderr, "governor %s: not written yet; only explain and hash-key are available in this build\n", args[0])
-		return 2
+		return topCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

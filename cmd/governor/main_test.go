@@ -50,7 +50,7 @@ func TestExplain(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{nil, {"nope"}, {"top"}, {"explain"}, {"explain", "-config", example},
+	for _, args := range [][]string{nil, {"nope"}, {"top", "extra"}, {"explain"}, {"explain", "-config", example},
 		{"explain", "-config", example, "GET"}, {"explain", "-config", "/no/such/file", "GET", "https://x/"},
 		{"explain", "-config", example, "CONNECT", "https://x/"}, {"explain", "-config", example, "-H", "nocolon", "https://x/"}} {
 		var out, errOut bytes.Buffer

@@ -111,3 +111,53 @@ func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error
 	out.Sessions = out.Sessions[:min(limit, len(out.Sessions))]
 	return out, nil
 }
+
+// DefaultSubtreeLimit is how many nodes Subtree lists unless told.
+const DefaultSubtreeLimit = 20000
+
+// Subtree lists the open nodes of id's subtree, id first and then depth
+// first (children by id), at most limit of them (more says there were
+// more), with how many acquires queue on each node that has any.
+func (e *Engine) Subtree(sid SessionID, id NodeID, limit int) (nodes []NodeView, waiting map[NodeID]int, more bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, err := e.session(sid, e.now())
+	if err != nil {
+		return nil, nil, false, err
+	}
+	top, err := e.target(s, id)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if limit <= 0 {
+		limit = DefaultSubtreeLimit
+	}
+	stack := []*node{top}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if len(nodes) == limit {
+			more = true
+			break
+		}
+		nodes = append(nodes, n.view())
+		// Children are kept in creation order, which is id order: push them
+		// backwards so the first comes out first.
+		for i := len(n.children) - 1; i >= 0; i-- {
+			if c := n.children[i]; c.state == Open {
+				stack = append(stack, c)
+			}
+		}
+	}
+	waiting = make(map[NodeID]int)
+	for _, q := range e.queues {
+		for _, tq := range q.byNode {
+			for _, w := range tq.waiters {
+				if !w.done && w.node.within(top) {
+					waiting[w.node.id]++
+				}
+			}
+		}
+	}
+	return nodes, waiting, more, nil
+}

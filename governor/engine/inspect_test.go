@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -43,4 +44,41 @@ func TestInspectListsASubtree(t *testing.T) {
 		t.Fatalf("the root, cut at 1: %d leases listed of %d", len(all.Leases), all.LeaseCount)
 	}
 	f.e.CancelWait(w)
+}
+
+// Subtree lists open nodes depth first from the top, inside the scope, cut
+// at the limit, with the acquires queued on each node and when each node
+// was made.
+func TestSubtreeListsDepthFirst(t *testing.T) {
+	f := newFixture(t)
+	f.clock.Advance(time.Second)
+	late := f.create(System, f.acme, NodeSpec{Name: "late"})
+	f.setCaps(f.job2, CapsEdit{Limits: map[string]int64{"db": 0}})
+	w := f.enqueue(f.sA, f.job2, "db")
+	defer f.e.CancelWait(w)
+	if _, err := f.e.EndNode(System, f.step, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	nodes, waiting, more, err := f.e.Subtree(f.sA, f.acme, 0)
+	if err != nil || more {
+		t.Fatal(err, more)
+	}
+	var ids []NodeID
+	for _, n := range nodes {
+		ids = append(ids, n.ID)
+	}
+	if want := []NodeID{f.acme, f.job, f.job2, late}; !slices.Equal(ids, want) {
+		t.Fatalf("subtree of acme: %v, want %v (step is closed)", ids, want)
+	}
+	if waiting[f.job2] != 1 || len(waiting) != 1 {
+		t.Fatalf("waiting %v, want one on job2", waiting)
+	}
+	if nodes[3].Created != f.now() || nodes[1].Created >= nodes[3].Created {
+		t.Fatalf("created times: job %d, late %d (now %d)", nodes[1].Created, nodes[3].Created, f.now())
+	}
+	if cut, _, more, _ := f.e.Subtree(System, RootID, 2); len(cut) != 2 || !more {
+		t.Fatalf("cut at 2: %d nodes, more %v", len(cut), more)
+	}
+	_, _, _, err = f.e.Subtree(f.sB, f.acme, 0)
+	wantErr(t, err, ErrNotFound)
 }

@@ -190,7 +190,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 			n.limit.add(k, h)
 		}
 		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
-		n.endedAt, n.gone = v.Ended, maps.Clone(v.Reclaimed)
+		n.endedAt, n.gone, n.created = v.Ended, maps.Clone(v.Reclaimed), v.Created
 		if n.state == Open && n.endedAt != 0 {
 			return fmt.Errorf("%w: snapshot node %d is %s but ended at %d", ErrCorrupt, v.ID, n.state, n.endedAt)
 		}

@@ -109,6 +109,9 @@ type NodeView struct {
 	// Reclaimed is what children already reclaimed spent, by resource: part
 	// of Used that no child shows any more.
 	Reclaimed map[string]int64 `json:",omitempty"`
+	// Created is when the node was created (unix nanoseconds); 0 for the
+	// root, and for nodes restored from a snapshot that did not keep it.
+	Created int64 `json:",omitempty"`
 }
 
 type node struct {
@@ -132,6 +135,7 @@ type node struct {
 	leases   map[LeaseID]*lease
 
 	endedAt int64            // when it ended (unix nanoseconds); 0 while open
+	created int64            // when it was created (unix nanoseconds)
 	gone    map[string]int64 // what reclaimed children spent, by resource
 	// pins counts what names the node by id and must not outlive it: open
 	// sessions scoped to it and reservations on it. A node with a pin in
@@ -176,7 +180,8 @@ func (n *node) view() NodeView {
 	v := NodeView{ID: n.id, Name: n.name, Kind: n.kind(), State: n.state,
 		Quotas: n.quota.caps(), Used: n.quota.counts(), Reserved: n.quota.reservedCounts(), Limits: n.limit.caps(),
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
-		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone)}
+		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
+		Created: n.created}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -428,6 +433,7 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 	}
 	sp := ev.Spec
 	n := newNode(ev.Node, parent, sp.Name)
+	n.created = ev.At
 	n.quota.setCaps(mergeCaps(parent.defQuotas, sp.Quotas))
 	n.limit.setCaps(mergeCaps(parent.defLimits, sp.Limits))
 	n.defQuotas, n.defLimits = maps.Clone(parent.defQuotas), maps.Clone(parent.defLimits)
