@@ -151,21 +151,23 @@ func (e *env) drive(ctx context.Context, url string) checkoutStats {
 		results []result
 		wg      sync.WaitGroup
 	)
-	tick := time.NewTicker(time.Second / time.Duration(e.opts.Rate))
-	defer tick.Stop()
-	end := time.NewTimer(e.opts.Phase)
-	defer end.Stop()
-	n := 0
-loop:
-	for {
+	// Orders are sent on a fixed schedule; one the driver could not send on
+	// time (the cores were busy) goes out late rather than not at all, so
+	// that every phase sends the same number.
+	interval := time.Second / time.Duration(e.opts.Rate)
+	total := int(e.opts.Phase / interval)
+	start := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for n := range total {
+		timer.Reset(time.Until(start.Add(time.Duration(n) * interval)))
 		select {
-		case <-tick.C:
-		case <-end.C:
-			break loop
+		case <-timer.C:
 		case <-ctx.Done():
-			break loop
 		}
-		n++
+		if ctx.Err() != nil {
+			break
+		}
 		wg.Add(1)
 		go func(amount int) {
 			defer wg.Done()

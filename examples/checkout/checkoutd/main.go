@@ -55,8 +55,8 @@ func run(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(20)
-	db.SetMaxIdleConns(20)
+	db.SetMaxOpenConns(10)
+	db.SetMaxIdleConns(10)
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

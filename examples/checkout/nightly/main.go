@@ -66,8 +66,10 @@ func run(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(workers)
-	db.SetMaxIdleConns(workers)
+	// Fewer connections than workers: a worker holds one only while a
+	// statement runs, not while it waits for the gateway.
+	db.SetMaxOpenConns(min(workers, 10))
+	db.SetMaxIdleConns(min(workers, 10))
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
