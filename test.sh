@@ -51,6 +51,14 @@ if (($# == 0)); then
 	bash scripts/nodetests.sh
 fi
 
+# The official OpenAI and Anthropic SDKs (npm) through the sidecar's metered
+# routes to a fake provider (sidecar/metering_sdk_test.go; npm ci from the
+# committed lockfile, under a minute). Only on a full run.
+if (($# == 0)); then
+	echo "== LLM SDKs through metered routes"
+	bash scripts/llmsdk.sh
+fi
+
 # The client compatibility matrix (compat/: PostgreSQL drivers through
 # pgwire, HTTP clients through the forward proxy; docs/compatibility.md) and
 # promtool's checks of deploy/'s alert rules. scripts/compat.sh installs the
