@@ -112,6 +112,7 @@ type heldKey struct {
 type Fold struct {
 	mu        sync.Mutex
 	nodes     map[engine.NodeID]nodeInfo
+	kids      map[engine.NodeID]map[engine.NodeID]struct{} // children by parent, to forget a reclaimed subtree
 	leases    map[engine.LeaseID]*leaseInfo
 	bySession map[engine.SessionID]map[engine.LeaseID]struct{}
 	reserved  map[resKey]int64
@@ -124,11 +125,12 @@ type Fold struct {
 // the state after replay at startup (the records of everything before it
 // are already stored).
 func New(snap engine.Snapshot) *Fold {
-	f := &Fold{nodes: make(map[engine.NodeID]nodeInfo), leases: make(map[engine.LeaseID]*leaseInfo),
+	f := &Fold{nodes: make(map[engine.NodeID]nodeInfo), kids: make(map[engine.NodeID]map[engine.NodeID]struct{}), leases: make(map[engine.LeaseID]*leaseInfo),
 		bySession: make(map[engine.SessionID]map[engine.LeaseID]struct{}), reserved: make(map[resKey]int64),
 		held: make(map[heldKey]int64), pending: make(map[Key]*Record)}
 	for _, n := range snap.Nodes {
 		f.nodes[n.ID] = nodeInfo{parent: n.Parent, name: n.Name}
+		f.adopt(n.Parent, n.ID)
 	}
 	for _, n := range snap.Nodes {
 		// A tenant's and a task's levels are their subtrees' slots held.
@@ -253,6 +255,7 @@ func (f *Fold) Add(ev engine.Event) {
 			name = ev.Spec.Name
 		}
 		f.nodes[ev.Node] = nodeInfo{parent: ev.Parent, name: name}
+		f.adopt(ev.Parent, ev.Node)
 	case engine.EvConsumed:
 		f.add(ev.Node, minute, Spend, ev.Resource, ev.Amount)
 	case engine.EvCharged:
@@ -316,12 +319,23 @@ func (f *Fold) Add(ev engine.Event) {
 	}
 }
 
-func (f *Fold) forget(id engine.NodeID) {
-	for child, n := range f.nodes {
-		if n.parent == id {
-			f.forget(child)
-		}
+func (f *Fold) adopt(parent, child engine.NodeID) {
+	if parent == 0 {
+		return
 	}
+	if f.kids[parent] == nil {
+		f.kids[parent] = make(map[engine.NodeID]struct{})
+	}
+	f.kids[parent][child] = struct{}{}
+}
+
+// forget drops a reclaimed node and its subtree.
+func (f *Fold) forget(id engine.NodeID) {
+	for c := range f.kids[id] {
+		f.forget(c)
+	}
+	delete(f.kids, id)
+	delete(f.kids[f.nodes[id].parent], id)
 	delete(f.nodes, id)
 }
 

@@ -2337,6 +2337,9 @@ func TestGetReportsANode(t *testing.T) {
 		t.Run(tt.want.Name, func(t *testing.T) {
 			want := tt.want
 			want.ID, want.Weight = tt.id, 1
+			if tt.id != RootID {
+				want.Created = f.clock.Now().UnixNano() // the fixture makes every node at its start
+			}
 			got, err := f.e.Get(f.sA, tt.id)
 			if tt.id == RootID {
 				wantErr(t, err, ErrNotFound) // outside a tenant's scope
