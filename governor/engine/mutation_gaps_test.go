@@ -125,3 +125,149 @@ func TestEventKindNames(t *testing.T) {
 		}
 	}
 }
+
+// The sample window holds exactly the newest 4,096 calls: an interval of
+// 4,097 whose oldest call is slow decides on the 4,096 after it, 204 of
+// them slow (the p95 is just within target), and does not cut; counting
+// the 4,097th would put the p95 over.
+func TestAdaptiveWindowHoldsExactly4096(t *testing.T) {
+	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10})
+	s := f.open(RootID, longTTL)
+	calls := make([]Sample, 1+4096)
+	for i := range calls {
+		calls[i] = Sample{Latency: time.Millisecond}
+		if i == 0 || i > 4096-204 {
+			calls[i].Latency = time.Second
+		}
+	}
+	if err := f.e.Observe(s, "llm", calls); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Second)
+	f.e.Reap()
+	if got, _ := f.e.AdaptiveLimit("llm"); got != 10 {
+		t.Errorf("limit %d; want 10: 204 slow calls in the newest 4,096 keep the p95 within target", got)
+	}
+}
+
+// A call of exactly the target latency is not slow, neither when it comes
+// in nor when it leaves the window: 4,096 of them pushed out by 205 slow
+// ones leave 205 slow calls in 4,096, a p95 over target.
+func TestAdaptiveWindowForgetsCallsAtTheTarget(t *testing.T) {
+	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10})
+	s := f.open(RootID, longTTL)
+	calls := make([]Sample, 4096+205)
+	for i := range calls {
+		calls[i] = Sample{Latency: 10 * time.Millisecond}
+		if i >= 4096 {
+			calls[i].Latency = time.Second
+		}
+	}
+	if err := f.e.Observe(s, "llm", calls); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.e.AdaptiveLimit("llm"); got != 7 {
+		t.Errorf("limit %d; want 7, cut at once: 205 slow calls in the window of 4,096", got)
+	}
+}
+
+// A decision that does not lower the limit (here the first one for a class
+// whose root limit was removed, which sets it to its maximum) is not a cut:
+// calls granted before it still count.
+func TestAdaptiveOnlyACutForgetsEarlierCalls(t *testing.T) {
+	f := adaptiveFixture(t, 10)
+	var held []LeaseID
+	for range 10 {
+		held = append(held, f.acquire(f.sA, f.job, "psp"))
+	}
+	f.clock.Advance(time.Millisecond)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"psp": NoCap}})
+	f.tick()
+	if got := f.adaptiveLimit(); got != 20 {
+		t.Fatalf("limit %d after the decision without a root limit, want its maximum, 20", got)
+	}
+	for _, l := range held {
+		if err := f.e.Release(f.sA, l, 0, true, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.adaptiveLimit(); got != 14 {
+		t.Errorf("limit %d after 10 overloaded calls granted before a decision that was no cut, want 14", got)
+	}
+}
+
+// Inspect lists the acquires queued inside the node, and neither those
+// outside it nor those that are over.
+func TestInspectListsOnlyLiveWaitersInside(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 1}})
+	f.acquire(f.sA, f.job, "db")
+	f.enqueue(f.sA, f.job, "db")
+	f.enqueue(f.sB, f.otherJob, "db")
+	gone := f.enqueue(f.sA, f.job2, "db")
+	f.e.CancelWait(gone)
+	got, err := f.e.Inspect(System, f.job, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Waiters) != 1 || got.Waiters[0].Node != f.job || got.Waiters[0].Session != f.sA {
+		t.Errorf("waiters of job: %+v; want only the one queued on it", got.Waiters)
+	}
+}
+
+// Inspect lists sessions by their last heartbeat, the stalest first, not
+// by when they expire: a long TTL heartbeaten long ago comes before a short
+// one heartbeaten since.
+func TestInspectListsSessionsByLastHeartbeat(t *testing.T) {
+	f := newFixture(t)
+	old := f.open(f.job, time.Hour)
+	f.clock.Advance(time.Minute)
+	recent := f.open(f.job, 10*time.Second)
+	got, err := f.e.Inspect(System, f.job, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []SessionID
+	for _, s := range got.Sessions {
+		order = append(order, s.ID)
+	}
+	if len(order) != 2 || order[0] != old || order[1] != recent {
+		t.Errorf("sessions %v; want %d (heartbeat a minute ago) before %d", order, old, recent)
+	}
+}
+
+// An edit's reason may be MaxReason bytes long, and no longer.
+func TestAuditReasonUpToMaxReason(t *testing.T) {
+	f := newFixture(t)
+	edit := CapsEdit{Quotas: map[string]int64{"tokens": 5}}
+	if _, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: strings.Repeat("r", MaxReason)}, ""); err != nil {
+		t.Errorf("a reason of MaxReason bytes: %v", err)
+	}
+	_, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: strings.Repeat("r", MaxReason+1)}, "")
+	wantErr(t, err, ErrInvalid)
+}
+
+// A permanent edit (For 0) may set any cap; a temporary override sets only
+// quotas and limits, and each of the others, beside a quota, refuses it.
+func TestOverrideSetsOnlyQuotasAndLimits(t *testing.T) {
+	f := newFixture(t)
+	weight, priority, deadline := int64(3), int64(2), f.now()+int64(time.Hour)
+	if _, err := f.e.SetCapsAudited(System, f.job, CapsEdit{Weight: &weight}, Audit{Reason: "permanent"}, ""); err != nil {
+		t.Errorf("a permanent weight edit: %v", err)
+	}
+	quota := map[string]int64{"tokens": 5}
+	for name, edit := range map[string]CapsEdit{
+		"weight": {Quotas: quota, Weight: &weight}, "priority": {Quotas: quota, Priority: &priority},
+		"deadline":       {Quotas: quota, Deadline: &deadline},
+		"default quotas": {Quotas: quota, DefaultQuotas: map[string]int64{"tokens": 1}},
+		"default limits": {Quotas: quota, DefaultLimits: map[string]int64{"db": 1}},
+	} {
+		_, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: "for an hour", For: time.Hour}, "")
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "only quotas and limits") {
+			t.Errorf("an override of a quota and %s: %v, want ErrInvalid: only quotas and limits", name, err)
+		}
+	}
+	if _, err := f.e.SetCapsAudited(System, f.job, CapsEdit{Quotas: quota}, Audit{Reason: "for an hour", For: time.Hour}, ""); err != nil {
+		t.Errorf("an override of a quota alone: %v", err)
+	}
+}
