@@ -79,8 +79,8 @@ public class HttpCompat {
     }
 
     static String[] https() throws Exception {
-        HttpResponse<String> r = get(HTTPS + "/hello");
-        return r.statusCode() == 200 && r.body().equals("hello") ? ok("CONNECT") : fail(r.statusCode() + " " + r.body());
+        HttpResponse<String> r = get(HTTPS + "/secure");
+        return r.statusCode() == 200 && r.body().equals("hello") ? ok("") : fail(r.statusCode() + " " + r.body());
     }
 
     static String[] upload() throws Exception {

@@ -66,8 +66,8 @@ async function cellHTTP() {
 }
 
 async function cellHTTPS() {
-  const r = await request(`${HTTPS}/hello`);
-  return r.status === 200 && r.body === 'hello' ? ['ok', 'CONNECT'] : ['fail', `${r.status} ${r.body}`];
+  const r = await request(`${HTTPS}/secure`);
+  return r.status === 200 && r.body === 'hello' ? ['ok', ''] : ['fail', `${r.status} ${r.body}`];
 }
 
 async function cellUpload() {
