@@ -65,10 +65,24 @@ type UsageReader interface {
 	TrimUsage(ctx context.Context, before int64, carryKind string) error
 }
 
+// usageRows gathers a batch's usage rows, merged by key (a batch often
+// touches the same tenant, task and minute many times), in the order each
+// key first appears, so the store writes each key once.
 func usageRows(recs []Record) []UsageRow {
 	var rows []UsageRow
+	var at map[usageKey]int
 	for _, r := range recs {
-		rows = append(rows, r.Usage...)
+		for _, u := range r.Usage {
+			if at == nil {
+				at = make(map[usageKey]int)
+			}
+			if i, ok := at[u.key()]; ok {
+				rows[i].Amount = merge(rows[i].Amount, u.Amount, u.Merge)
+				continue
+			}
+			at[u.key()] = len(rows)
+			rows = append(rows, u)
+		}
 	}
 	return rows
 }

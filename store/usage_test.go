@@ -80,3 +80,36 @@ func itoa(v int64) string {
 	}
 	return itoa(v/10) + string(rune('0'+v%10))
 }
+
+// Rows of one batch that share a key merge before they are written, as
+// they would one by one: added, the larger, the later.
+func TestUsageRowsMergeWithinABatch(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := b.fresh(t)()
+			defer st.Close()
+			row := func(kind string, amount int64, m store.UsageMerge) store.UsageRow {
+				return store.UsageRow{Tenant: 2, Task: 3, Minute: 7, Kind: kind, Name: "db", Amount: amount, Merge: m}
+			}
+			batch := []store.Record{
+				{Seq: 1, Data: []byte("a"), Usage: []store.UsageRow{row("spend", 2, store.MergeAdd), row("peak", 5, store.MergeMax), row("held_end", 5, store.MergeSet)}},
+				{Seq: 2, Data: []byte("b"), Usage: []store.UsageRow{row("spend", 3, store.MergeAdd), row("peak", 1, store.MergeMax), row("held_end", 1, store.MergeSet)}},
+			}
+			if err := st.Append(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := st.(store.UsageReader).Usage(ctx, 0, 100, "held_end")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]int64{}
+			for _, r := range rows {
+				got[r.Kind] = r.Amount
+			}
+			if got["spend"] != 5 || got["peak"] != 5 || got["held_end"] != 1 || len(rows) != 3 {
+				t.Fatalf("rows %v, want spend 5, peak 5, held_end 1", got)
+			}
+		})
+	}
+}
