@@ -275,3 +275,30 @@ func TestOverrideSetsOnlyQuotasAndLimits(t *testing.T) {
 		t.Errorf("an override of a quota alone: %v", err)
 	}
 }
+
+// A replayed block resize that cannot have happened is refused as corrupt:
+// of no lease, of a lease that is no block, below zero slots, or by none.
+func TestApplyCorruptBlockResizeIsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 5}})
+	blk := f.block(f.sA, f.job, "db", 2, 0)
+	plain := f.acquire(f.sA, f.job2, "db")
+	for name, ev := range map[string]Event{
+		"of no lease":           {Lease: noSuch, Amount: 1},
+		"of a lease, not block": {Lease: plain, Amount: 1},
+		"below zero slots":      {Lease: blk.Lease, Amount: -3},
+		"by no slots":           {Lease: blk.Lease, Amount: 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			ev.Seq, ev.At, ev.Kind, ev.Session, ev.Node, ev.Resource = e.Seq()+1, f.now(), EvBlockResized, f.sA, f.job, "db"
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+	// A block may shrink to no slots at all: that one applies.
+	e := f.rebuild(t, wayReplay)
+	empty := Event{Seq: e.Seq() + 1, At: f.now(), Kind: EvBlockResized, Session: f.sA, Node: f.job, Lease: blk.Lease, Resource: "db", Amount: -2}
+	if err := e.Apply(empty); err != nil {
+		t.Errorf("a resize to no slots: %v", err)
+	}
+}
