@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"gopkg.in/yaml.v3"
@@ -40,7 +41,7 @@ type env struct {
 }
 
 func setUp(ctx context.Context, opts options, log io.Writer) (e *env, err error) {
-	e = &env{opts: opts, log: log, client: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256}}}
+	e = &env{opts: opts, log: log, client: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256}, Timeout: time.Minute}}
 	defer func() {
 		if err != nil {
 			e.close()

@@ -40,14 +40,14 @@ func (r *report) print(out io.Writer) {
 			p.Checkout.failures(), p.Checkout.P50ms, p.Checkout.P99ms, paid, got, p.Gateway.Peak, p.Gateway.Rejected)
 	}
 	w.Flush()
-	without, with := r.find(false, true), r.find(true, true)
-	if without == nil || with == nil {
+	without, with, alone := r.find(false, true), r.find(true, true), r.find(true, false)
+	if without == nil || with == nil || alone == nil {
 		return
 	}
 	fmt.Fprintf(out, "\nWhile the batch ran, %d of %d checkouts failed without Governor and %d of %d with it;\n"+
 		"the checkout's p99 was %.0f ms without and %.0f ms with (%.0f ms alone); the gateway saw up to %d requests at once\n"+
 		"without Governor and %d with it, and the batch paid %d payouts without and %d with.\n",
 		without.Checkout.failures(), without.Checkout.Requests, with.Checkout.failures(), with.Checkout.Requests,
-		without.Checkout.P99ms, with.Checkout.P99ms, r.find(true, false).Checkout.P99ms,
+		without.Checkout.P99ms, with.Checkout.P99ms, alone.Checkout.P99ms,
 		without.Gateway.Peak, with.Gateway.Peak, without.Nightly.Paid, with.Nightly.Paid)
 }
