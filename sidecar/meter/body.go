@@ -52,7 +52,6 @@ type Body struct {
 	json   []byte
 	over   bool
 	held   []byte // filtered bytes not yet handed to the client
-	buf    []byte
 	done   func(Usage, bool)
 	once   sync.Once
 }
@@ -112,11 +111,11 @@ func (b *Body) readFiltered(p []byte) (int, error) {
 			b.held = b.held[n:]
 			return n, nil
 		}
-		if cap(b.buf) < len(p) {
-			b.buf = make([]byte, len(p))
-		}
-		n, err := b.rc.Read(b.buf[:len(p)])
-		b.held = b.sse.Filter(b.buf[:n], b.held[:0])
+		// Read into p itself and filter into held, which needs only as
+		// much room as one event: no buffer of the reader's size per
+		// stream.
+		n, err := b.rc.Read(p)
+		b.held = b.sse.Filter(p[:n], b.held[:0])
 		if err != nil {
 			b.held = b.sse.Flush(b.held)
 			b.end(err == io.EOF)
