@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -54,6 +56,7 @@ type doctorOptions struct {
 	maxSkew        time.Duration
 	maxNodes       int
 	timeout        time.Duration
+	certWarn       time.Duration
 }
 
 type listFlag []string
@@ -77,11 +80,12 @@ func doctor(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.maxSkew, "max-skew", 2*time.Second, "the largest clock difference from governord that is fine")
 	fs.IntVar(&o.maxNodes, "max-nodes", 20000, "the most nodes of the tree to look over")
 	fs.DurationVar(&o.timeout, "timeout", dialTimeout, "how long to try to reach governord")
+	fs.DurationVar(&o.certWarn, "cert-warn", 14*24*time.Hour, "a governord certificate that expires sooner than this is a finding")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	o.proxyConfigs = proxies
-	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 {
+	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 || o.certWarn < 0 {
 		fmt.Fprintln(stderr, "governor doctor: bad arguments: -near-quota is in (0, 1], durations are positive, and no positional arguments")
 		return 2
 	}
@@ -168,7 +172,7 @@ func checkGovernord(ctx context.Context, o doctorOptions) []finding {
 	if addr == "" {
 		addr = governor.DefaultAddr
 	}
-	out := checkTransport(addr)
+	out := checkTransport(addr, o.certWarn)
 	c, err := connectWithin(ctx, o.timeout)
 	if err != nil {
 		return append(out, finding{Check: "connectivity", Level: levelError, Subject: addr, Problem: err.Error(),
@@ -211,11 +215,16 @@ func abs(d time.Duration) time.Duration {
 	return d
 }
 
-// checkTransport warns of plaintext to another host.
-func checkTransport(addrs string) []finding {
+// checkTransport checks governord's certificate when TLS is on, and warns
+// of plaintext to another host when it is off.
+func checkTransport(addrs string, certWarn time.Duration) []finding {
 	tlsOn := os.Getenv(governor.EnvCAFile) != "" || os.Getenv(governor.EnvTLS) == "true" || os.Getenv(governor.EnvTLS) == "1"
 	if tlsOn {
-		return []finding{{Check: "tls", Level: levelOK, Subject: addrs, Problem: "TLS on"}}
+		var out []finding
+		for _, addr := range strings.Split(addrs, ",") {
+			out = append(out, checkCert(strings.TrimSpace(addr), os.Getenv(governor.EnvCAFile), certWarn))
+		}
+		return out
 	}
 	var out []finding
 	for _, addr := range strings.Split(addrs, ",") {
@@ -252,4 +261,41 @@ func checkUpstreams(ctx context.Context, p proxyFile) []finding {
 		out = append(out, finding{Check: "pgwire", Level: levelOK, Subject: p.path + ": " + pg.Upstream, Problem: "reachable"})
 	}
 	return out
+}
+
+// checkCert shakes hands with governord at addr as the SDK would (trusting
+// caFile, or the system's roots) and looks at its certificate's expiry.
+func checkCert(addr, caFile string, warnWithin time.Duration) finding {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		cfg.ServerName = host
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return finding{Check: "tls", Level: levelError, Subject: caFile, Problem: err.Error(), Fix: "point GOVERNOR_CA_FILE at governord's CA certificate"}
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return finding{Check: "tls", Level: levelError, Subject: caFile, Problem: "holds no PEM certificate", Fix: "point GOVERNOR_CA_FILE at governord's CA certificate"}
+		}
+	}
+	d := &net.Dialer{Timeout: 3 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, cfg)
+	if err != nil {
+		return finding{Check: "tls", Level: levelError, Subject: addr, Problem: "the TLS handshake failed: " + err.Error(),
+			Fix: "check that governord has tls.cert_file for this address and that GOVERNOR_CA_FILE trusts it (or unset GOVERNOR_TLS for a plaintext governord)"}
+	}
+	defer conn.Close()
+	certs := conn.ConnectionState().PeerCertificates
+	if len(certs) == 0 {
+		return finding{Check: "tls", Level: levelError, Subject: addr, Problem: "governord sent no certificate"}
+	}
+	left := time.Until(certs[0].NotAfter)
+	if left < warnWithin {
+		return finding{Check: "tls", Level: levelWarn, Subject: addr,
+			Problem: fmt.Sprintf("governord's certificate expires in %v (%s)", left.Round(time.Minute), certs[0].NotAfter.UTC().Format(time.RFC3339)),
+			Fix:     "replace tls.cert_file and tls.key_file; governord reloads them without a restart"}
+	}
+	return finding{Check: "tls", Level: levelOK, Subject: addr, Problem: "certificate valid until " + certs[0].NotAfter.UTC().Format(time.RFC3339)}
 }

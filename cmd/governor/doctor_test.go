@@ -13,6 +13,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/internal/testcert"
 	"github.com/governor-project/governor/server"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -218,14 +219,32 @@ func TestDoctorClockAndTransport(t *testing.T) {
 	}
 	t.Setenv("GOVERNOR_TLS", "")
 	t.Setenv("GOVERNOR_CA_FILE", "")
-	if fs := checkTransport("10.1.2.3:7600"); len(fs) != 1 || fs[0].Level != levelWarn || !strings.Contains(fs[0].Problem, "plaintext to another host") {
+	if fs := checkTransport("10.1.2.3:7600", time.Hour); len(fs) != 1 || fs[0].Level != levelWarn || !strings.Contains(fs[0].Problem, "plaintext to another host") {
 		t.Errorf("plaintext to 10.1.2.3: %+v", fs)
 	}
-	if fs := checkTransport("127.0.0.1:7600,[::1]:7600"); len(fs) != 1 || fs[0].Level != levelOK {
+	if fs := checkTransport("127.0.0.1:7600,[::1]:7600", time.Hour); len(fs) != 1 || fs[0].Level != levelOK {
 		t.Errorf("plaintext on loopback: %+v", fs)
 	}
-	t.Setenv("GOVERNOR_TLS", "true")
-	if fs := checkTransport("10.1.2.3:7600"); fs[0].Level != levelOK {
-		t.Errorf("TLS to 10.1.2.3: %+v", fs)
+}
+
+// With TLS on, doctor shakes hands with governord: a certificate about to
+// expire is a finding, and one the CA file does not trust is an error.
+func TestDoctorTLS(t *testing.T) {
+	cert := testcert.New(t, "127.0.0.1")
+	srv := govtest.Start(t, func(c *server.Config) { c.TLS = server.TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile} })
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	t.Setenv("GOVERNOR_CA_FILE", cert.CertFile)
+	code, doc, out := runDoctorCLI(t)
+	if code != 1 || !has(doc, "tls", "warn", "governord's certificate expires in") || !has(doc, "connectivity", "ok") {
+		t.Fatalf("a certificate valid for an hour: exit %d\n%s", code, out)
+	}
+	if code, doc, out := runDoctorCLI(t, "-cert-warn", "1m"); code != 0 || !has(doc, "tls", "ok", "certificate valid until") {
+		t.Fatalf("the same, warned a minute before: exit %d\n%s", code, out)
+	}
+	other := testcert.New(t, "127.0.0.1")
+	t.Setenv("GOVERNOR_CA_FILE", other.CertFile)
+	if code, doc, out := runDoctorCLI(t, "-timeout", "500ms"); code != 1 || !has(doc, "tls", "error", "the TLS handshake failed") {
+		t.Fatalf("a CA file that does not trust governord: exit %d\n%s", code, out)
 	}
 }
