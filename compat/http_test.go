@@ -38,6 +38,10 @@ const originHost = "origin.test"
 // plain HTTP through CONNECT (undici does) meets the same rules.
 const quotaHost, slowHost = "quota.test", "slow.test"
 
+// tunnelHost is denied on CONNECT: https:// through the proxy, as most
+// production traffic is.
+const tunnelHost = "quota-tunnel.test"
+
 // uploadSize is what the chunked upload cell sends.
 const uploadSize = 1 << 20
 
@@ -46,7 +50,7 @@ type originResolver struct{}
 
 func (originResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
 	switch strings.ToLower(strings.TrimSuffix(host, ".")) {
-	case originHost, quotaHost, slowHost:
+	case originHost, quotaHost, slowHost, tunnelHost:
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
 	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
@@ -126,6 +130,7 @@ type httpSetup struct {
 	proxy             *sidecar.Sidecar
 	httpURL, httpsURL string // the origins' bases, named originHost
 	quotaURL, slowURL string // what the proxy denies: quota, and wait-timeout
+	tunnelURL         string // an https URL whose CONNECT the proxy denies (quota)
 	ca                string // the TLS origin's certificate
 	tmp               string
 }
@@ -150,10 +155,11 @@ metrics_listen: 127.0.0.1:0
 rules:
   - {name: quota, match: {host: %s}, charge: {never: 1}}
   - {name: slow, match: {host: %s}, class: slow}
+  - {name: quota-tunnel, match: {host: %[6]s}, charge: {never: 1}}
   - {name: plain-hello, match: {host: %[5]s, path: /hello}, class: api, charge: {calls: 1}}
   - {name: plain-secure, match: {host: %[5]s, path: /secure}, class: api, charge: {calls: 1}}
   - {name: any, class: api, charge: {calls: 1}}
-`, g.Addr(), govtest.TenantKey, quotaHost, slowHost, originHost))
+`, g.Addr(), govtest.TenantKey, quotaHost, slowHost, originHost, tunnelHost))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,8 +179,9 @@ rules:
 	}
 	s := &httpSetup{proxy: p, httpURL: "http://" + originHost + ":" + portOf(plain.URL),
 		httpsURL: "https://" + originHost + ":" + portOf(secure.URL), ca: cert.CertFile, tmp: t.TempDir(),
-		quotaURL: "http://" + quotaHost + ":" + portOf(plain.URL) + "/quota",
-		slowURL:  "http://" + slowHost + ":" + portOf(plain.URL) + "/slow"}
+		quotaURL:  "http://" + quotaHost + ":" + portOf(plain.URL) + "/quota",
+		slowURL:   "http://" + slowHost + ":" + portOf(plain.URL) + "/slow",
+		tunnelURL: "https://" + tunnelHost + ":" + portOf(secure.URL) + "/secure"}
 
 	// One request holds the only slow slot for the whole test, so that each
 	// client's request for /slow waits wait_timeout and is denied.
@@ -216,12 +223,31 @@ func (s *httpSetup) proxyEnv() []string {
 // originEnv tells a client script where the origins are.
 func (s *httpSetup) originEnv() []string {
 	return []string{"COMPAT_HTTP_BASE=" + s.httpURL, "COMPAT_HTTPS_BASE=" + s.httpsURL, "COMPAT_CA=" + s.ca,
-		"COMPAT_QUOTA_URL=" + s.quotaURL, "COMPAT_SLOW_URL=" + s.slowURL}
+		"COMPAT_QUOTA_URL=" + s.quotaURL, "COMPAT_SLOW_URL=" + s.slowURL, "COMPAT_TUNNEL_URL=" + s.tunnelURL}
 }
 
 // denied is how many requests the proxy denied under rule, by its metrics.
 func (s *httpSetup) denied(t *testing.T, rule string) float64 {
 	return govtest.Scrape(t, s.proxy.MetricsAddr(), fmt.Sprintf(`governor_proxy_requests_total{outcome="denied",rule=%q}`, rule))
+}
+
+// cellTunnel is the column of the denied CONNECT.
+const cellTunnel = "429 on CONNECT"
+
+// tunnelErrorDetail says what an error raised for a denied CONNECT shows:
+// the status, and the reason the proxy puts in the status line ("Governor
+// quota ...") because most clients show only that line.
+func tunnelErrorDetail(msg string) string {
+	status, reason := strings.Contains(msg, "429"), strings.Contains(msg, "Governor")
+	switch {
+	case status && reason:
+		return "raised an error that shows the status line (429 and the reason)"
+	case status:
+		return "raised an error that shows 429 but not the reason"
+	case reason:
+		return "raised an error that shows the reason but not 429"
+	}
+	return "raised an error that shows neither the status nor the reason"
 }
 
 // forwarded is how many requests the proxy forwarded under rule.
@@ -233,10 +259,10 @@ func (s *httpSetup) forwarded(t *testing.T, rule string) float64 {
 // count of denied requests, and records the row.
 func (s *httpSetup) runClient(t *testing.T, client string, run func(t *testing.T) (string, map[string]result)) {
 	t.Helper()
-	quota, slow := s.denied(t, "quota"), s.denied(t, "slow")
+	quota, slow, tunnel := s.denied(t, "quota"), s.denied(t, "slow"), s.denied(t, "quota-tunnel")
 	plain, secure := s.forwarded(t, "plain-hello"), s.forwarded(t, "plain-secure")
 	version, cells := run(t)
-	quota, slow = s.denied(t, "quota")-quota, s.denied(t, "slow")-slow
+	quota, slow, tunnel = s.denied(t, "quota")-quota, s.denied(t, "slow")-slow, s.denied(t, "quota-tunnel")-tunnel
 	plain, secure = s.forwarded(t, "plain-hello")-plain, s.forwarded(t, "plain-secure")-secure
 	// The http and https cells' one request each reaches its path rule only
 	// when sent as a proxy request with the whole URL; through a tunnel the
@@ -253,8 +279,15 @@ func (s *httpSetup) runClient(t *testing.T, client string, run func(t *testing.T
 	switch {
 	case cells["429"].Result == "unsupported" && cells["503"].Result == "unsupported":
 		retry = result{Cell: "no retry", Result: "skip", Detail: ""}
-	case quota != 1 || slow != 1:
-		retry = result{Cell: "no retry", Result: "fail", Detail: fmt.Sprintf("the proxy denied %v quota and %v wait-timeout requests", quota, slow)}
+	case quota != 1 || slow != 1 || tunnel != 1:
+		retry = result{Cell: "no retry", Result: "fail",
+			Detail: fmt.Sprintf("the proxy denied %v quota, %v wait-timeout and %v CONNECT requests", quota, slow, tunnel)}
+	}
+	// A client's error message names ports and hosts: the doc keeps only
+	// what it shows of the denial.
+	if r := cells[cellTunnel]; r.Result == "error" {
+		r.Detail = tunnelErrorDetail(r.Detail)
+		cells[cellTunnel] = r
 	}
 	cells["no retry"] = retry
 	checkCells(t, client, httpClients.columns, cells)
@@ -355,6 +388,13 @@ func (s *httpSetup) curlCells(t *testing.T, id string, env, args []string) (stri
 		h := parseHead(out)
 		ok := err == nil && h.status == d.status && h.get("Governor-Denied") == d.cause
 		set(d.cell, ok, errDetail(out, err, denialDetail(h)+"; exit status 0 (curl fails only with --fail)"))
+	}
+	// A denied CONNECT: curl fails (exit 56) and says why on stderr.
+	out, err = curl("-o", "/dev/null", s.tunnelURL)
+	if err != nil {
+		cells[cellTunnel] = result{Cell: cellTunnel, Result: "error", Detail: err.Error()}
+	} else {
+		set(cellTunnel, false, "no error: "+out)
 	}
 	version, _ := exec.Command("curl", "--version").Output()
 	v, _, _ := strings.Cut(string(version), " (")
@@ -520,6 +560,11 @@ func goClientMain() int {
 		}
 		h := head{status: strconv.Itoa(resp.StatusCode), h: resp.Header}
 		check(d.cell, resp.StatusCode == d.status && h.get("Governor-Denied") == d.cause, nil, denialDetail(h)+"; returned the response")
+	}
+	if resp, _, err := get(os.Getenv("COMPAT_TUNNEL_URL")); err != nil {
+		report(cellTunnel, "error", err.Error())
+	} else {
+		report(cellTunnel, "ok", fmt.Sprintf("returned %d %s", resp.StatusCode, resp.Header.Get("Governor-Denied")))
 	}
 	return 0
 }

@@ -119,6 +119,15 @@ public class HttpCompat {
         return ok(detail + "; returned the response");
     }
 
+    static String[] tunnelDenial(String url) {
+        try {
+            HttpResponse<String> r = get(url);
+            return ok("returned " + r.statusCode() + " " + r.headers().firstValue("Governor-Denied").orElse(""));
+        } catch (Exception e) {
+            return new String[] {"error", e.toString()}; // the raw message: the test keeps what it shows
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         report("version", "ok", "java.net.http.HttpClient (Java " + Runtime.version().feature() + ")");
         client = HttpClient.newBuilder().sslContext(trusting(System.getenv("COMPAT_CA"))).connectTimeout(TIMEOUT).build();
@@ -129,6 +138,7 @@ public class HttpCompat {
             {"sse", (Cell) HttpCompat::sse},
             {"429", (Cell) () -> denial(System.getenv("COMPAT_QUOTA_URL"), 429, "quota")},
             {"503", (Cell) () -> denial(System.getenv("COMPAT_SLOW_URL"), 503, "wait-timeout")},
+            {"429 on CONNECT", (Cell) () -> tunnelDenial(System.getenv("COMPAT_TUNNEL_URL"))},
         };
         for (Object[] cell : cells) {
             String[] r;

@@ -115,6 +115,17 @@ async function denial(url, status, cause) {
   return ['ok', `${detail}; returned the response`];
 }
 
+async function tunnelDenial(url) {
+  try {
+    const r = await request(url);
+    return ['ok', `returned ${r.status} ${r.header('Governor-Denied')}`];
+  } catch (e) {
+    if (client === 'builtin') throw e; // went direct: see below
+    // The raw message: the test keeps what it shows.
+    return ['error', `${e.message} ${e.cause ? e.cause.message : ''}`];
+  }
+}
+
 const cells = [
   ['http', cellHTTP],
   ['https', cellHTTPS],
@@ -122,6 +133,7 @@ const cells = [
   ['sse', cellSSE],
   ['429', () => denial(process.env.COMPAT_QUOTA_URL, 429, 'quota')],
   ['503', () => denial(process.env.COMPAT_SLOW_URL, 503, 'wait-timeout')],
+  ['429 on CONNECT', () => tunnelDenial(process.env.COMPAT_TUNNEL_URL)],
 ];
 
 (async () => {

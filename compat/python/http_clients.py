@@ -121,6 +121,14 @@ def denial(url, status, cause):
     return "ok", detail + "; " + ("raised HTTPError" if CLIENT == "urllib" else "returned the response")
 
 
+def tunnel_denial(url):
+    try:
+        r = get(url)
+    except Exception as e:  # the raw message: the test keeps what it shows
+        return "error", str(e)
+    return "ok", "returned %d %s" % (r.status, r.headers.get("Governor-Denied"))
+
+
 CELLS = [
     ("http", cell_http),
     ("https", cell_https),
@@ -128,6 +136,7 @@ CELLS = [
     ("sse", cell_sse),
     ("429", lambda: denial(os.environ["COMPAT_QUOTA_URL"], 429, "quota")),
     ("503", lambda: denial(os.environ["COMPAT_SLOW_URL"], 503, "wait-timeout")),
+    ("429 on CONNECT", lambda: tunnel_denial(os.environ["COMPAT_TUNNEL_URL"])),
 ]
 
 if __name__ == "__main__":
