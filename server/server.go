@@ -25,6 +25,7 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/internal/tlsreload"
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/store"
 	"github.com/governor-project/governor/usage"
 )
@@ -372,6 +373,9 @@ func (s *Server) serve() error {
 		// call. Calls beyond the idle workers still get a goroutine of
 		// their own, so a call that waits long never holds others up.
 		grpc.NumStreamWorkers(grpcStreamWorkers))
+	if h := tracing.ServerHandler(); h != nil {
+		opts = append(opts, grpc.StatsHandler(h)) // a span of each call, in the caller's trace
+	}
 	s.grpc = grpc.NewServer(opts...)
 	governorpb.RegisterGovernorServer(s.grpc, s)
 	s.health = health.NewServer()

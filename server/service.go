@@ -19,6 +19,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/store"
 )
 
@@ -54,6 +55,11 @@ func hashToken(token string) string {
 // durable waits until every event the engine has emitted so far is
 // committed: write before reply.
 func (s *Server) durable(ctx context.Context) error {
+	if tracing.Enabled() {
+		var end func()
+		ctx, end = commitWaitSpan(ctx)
+		defer end()
+	}
 	err := s.events.WaitDurable(ctx, s.eng.Seq())
 	switch {
 	case err == nil:

@@ -30,8 +30,8 @@
 // # Imports
 //
 // This package may import the standard library, Prometheus, yaml.v3, the
-// SDK, classify, the internal packages for configuration, keys and
-// certificates (envsubst, apikey, tlsreload) and its own subpackages. It
-// must not import the server, the engine or the store: it speaks to
-// governord only through its API.
+// SDK, classify, the internal packages for configuration, keys,
+// certificates and tracing (envsubst, apikey, tlsreload, tracing) and its
+// own subpackages. It must not import the server, the engine or the store:
+// it speaks to governord only through its API.
 package sidecar

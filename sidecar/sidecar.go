@@ -20,6 +20,7 @@ import (
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/apikey"
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/sidecar/budget"
 	"github.com/governor-project/governor/sidecar/httpproxy"
 	"github.com/governor-project/governor/sidecar/pgwire"
@@ -150,6 +151,9 @@ func (s *Sidecar) newAdmitter(opts Options) *budget.Admitter {
 		// The sidecar may inherit HTTPS_PROXY pointing at itself: its own
 		// connection to governord must never go through it.
 		governor.WithGRPCOptions(grpc.WithNoProxy()),
+	}
+	if h := tracing.ClientHandler(); h != nil {
+		dial = append(dial, governor.WithGRPCOptions(grpc.WithStatsHandler(h))) // governord calls in the request's trace
 	}
 	if s.cfg.Governor.Addr != "" {
 		dial = append(dial, governor.WithAddr(s.cfg.Governor.Addr))

@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/sidecar"
 )
 
@@ -57,6 +58,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Off unless OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
+	endTracing, err := tracing.Setup(ctx, "governor-proxy")
+	if err != nil {
+		fmt.Fprintln(stderr, "governor-proxy:", err)
+		return 2
+	}
+	defer endTracing(context.Background())
 	p, err := sidecar.Start(ctx, cfg, sidecar.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/server"
 )
 
@@ -42,6 +43,13 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Off unless OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
+	endTracing, err := tracing.Setup(ctx, "governord")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "governord:", err)
+		return 2
+	}
+	defer endTracing(context.Background())
 	srv, err := server.Start(ctx, cfg, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "governord:", err)

@@ -16,9 +16,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/elazarl/goproxy"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/sidecar/admission"
 	"github.com/governor-project/governor/sidecar/meter"
 )
@@ -52,12 +54,24 @@ func (ex *exchange) end(latency time.Duration, overloaded bool) {
 // Proxy-Authorization is read only when the subtask is needed: the worker
 // may have inherited credentials for another proxy (Bearer, say), which
 // must not stop traffic the rules do not govern.
-func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) error {
+func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) (err error) {
+	traced := tracing.Enabled()
+	if traced {
+		reqCtx := ctx // the request's span, not a step's
+		defer func() { traceDecision(reqCtx, ex, err) }()
+	}
 	rules := p.rules()
 	var d classify.Decision
 	ok := false
 	if rules != nil {
+		var span trace.Span
+		if traced {
+			_, span = traceStep(ctx, "classify")
+		}
 		d, ok = rules.MatchHTTP(q)
+		if traced {
+			span.End()
+		}
 	}
 	if !ok {
 		ex.rule = ruleUnmatched
@@ -85,6 +99,11 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 	if !admits { // charged from a response header, after the response
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
+	}
+	if traced {
+		var span trace.Span
+		ctx, span = traceStep(ctx, "admission")
+		defer span.End()
 	}
 	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges}
 	if d.Meter != nil {
@@ -199,6 +218,11 @@ func defaultPort(scheme string) string {
 // Content-Length.
 func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
 	ex := pctx.UserData.(*exchange)
+	if tracing.Enabled() {
+		var span trace.Span
+		req, span = traceUpstream(req)
+		defer span.End() // at the response's headers
+	}
 	start := time.Now()
 	resp, err := p.transport.RoundTrip(req)
 	if err != nil {

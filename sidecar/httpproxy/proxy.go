@@ -5,9 +5,9 @@
 // can be built and tested with any Admitter; Serve serves it on a listener.
 //
 // It may import the standard library, goproxy and x/net/http2, classify,
-// sidecar/admission, sidecar/meter, the SDK (for its overload test) and
-// Prometheus' client; never governord's server or engine, or the pgwire
-// side.
+// sidecar/admission, sidecar/meter, the SDK (for its overload test),
+// internal/tracing with OpenTelemetry's trace API, and Prometheus' client;
+// never governord's server or engine, or the pgwire side.
 //
 // # Files
 //
@@ -28,6 +28,7 @@
 //     forwarding, the response body read for its usage as it passes, the
 //     settlement, and denials in the provider's error shape.
 //   - deny.go: the one rendering of a denial as HTTP.
+//   - tracing.go: the spans of a request, while tracing is on.
 //   - metrics.go: the HTTP side's series.
 //
 // # On top of goproxy
@@ -59,9 +60,11 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http2"
 
 	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
@@ -334,6 +337,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.setup()
 	p.m.inflight.Add(1)
 	defer p.m.inflight.Add(-1)
+	if tracing.Enabled() {
+		var span trace.Span
+		r, span = traceRequest(r)
+		defer span.End()
+	}
 	if p.Config.Password != "" && !p.authorized(r) {
 		p.proxyAuthRequired(w, r)
 		return
