@@ -261,3 +261,5 @@ func TestBodyJSON(t *testing.T) {
 		t.Fatal("a body closed before its end reported usage")
 	}
 }
+
+func readFixture(name string) ([]byte, error) { return os.ReadFile(filepath.Join("testdata", name)) }
