@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -163,21 +164,17 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 		args = append(args, openIDs, openHashes, endIDs)
 		query = appendWithSessionsSQL
 	}
-	var appended bool
 	if rows := usageRows(recs); len(rows) > 0 {
-		ok, err := p.appendWithUsage(ctx, query, args, int64(len(recs)), rows)
-		if err != nil {
-			return fmt.Errorf("store: append: %w", err)
-		}
-		appended = ok
-	} else {
-		tag, err := p.pool.Exec(ctx, query, args...)
-		if err != nil {
-			return fmt.Errorf("store: append: %w", err)
-		}
-		appended = tag.RowsAffected() == int64(len(recs))
+		// The usage rows ride in the same statement (usage_sql.go).
+		var cte string
+		cte, args = postgresUsageCTE(rows, args)
+		query = strings.Replace(query, appendInsertSQL, cte+appendInsertSQL, 1)
 	}
-	if !appended {
+	tag, err := p.pool.Exec(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("store: append: %w", err)
+	}
+	if tag.RowsAffected() != int64(len(recs)) {
 		var last int64
 		if err := p.pool.QueryRow(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
 			return fmt.Errorf("store: append: %w", err)

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The usage table in SQLite and PostgreSQL (usage.go). Both speak the same
@@ -22,6 +20,7 @@ CREATE TABLE IF NOT EXISTS governor_usage (
 	tenant_name TEXT NOT NULL,
 	task_name   TEXT NOT NULL,
 	amount      INTEGER NOT NULL,
+	merge       INTEGER NOT NULL DEFAULT 0, -- how a row of its key merges (store.UsageMerge)
 	PRIMARY KEY (tenant, task, minute, kind, name)
 );
 `
@@ -36,16 +35,17 @@ CREATE TABLE IF NOT EXISTS governor_usage (
 	tenant_name text NOT NULL,
 	task_name   text NOT NULL,
 	amount      bigint NOT NULL,
+	merge       smallint NOT NULL DEFAULT 0, -- how a row of its key merges (store.UsageMerge)
 	PRIMARY KEY (tenant, task, minute, kind, name)
 );
 `
 
-// usageUpsert merges one row; $9 is its UsageMerge.
-const usageUpsert = `
-INSERT INTO governor_usage (tenant, task, minute, kind, name, tenant_name, task_name, amount)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (tenant, task, minute, kind, name) DO UPDATE SET amount = CASE CAST($9 AS INTEGER)
-	WHEN 1 THEN %s(governor_usage.amount, excluded.amount)
+// sqliteUsageUpsert merges one row; $9 is its UsageMerge.
+const sqliteUsageUpsert = `
+INSERT INTO governor_usage (tenant, task, minute, kind, name, tenant_name, task_name, amount, merge)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (tenant, task, minute, kind, name) DO UPDATE SET amount = CASE excluded.merge
+	WHEN 1 THEN max(governor_usage.amount, excluded.amount)
 	WHEN 2 THEN excluded.amount
 	ELSE governor_usage.amount + excluded.amount END`
 
@@ -74,7 +74,7 @@ func sqliteAddUsage(ctx context.Context, tx *sql.Tx, rows []UsageRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	stmt, err := tx.PrepareContext(ctx, sqliteParams(fmt.Sprintf(usageUpsert, "max")))
+	stmt, err := tx.PrepareContext(ctx, sqliteParams(sqliteUsageUpsert))
 	if err != nil {
 		return fmt.Errorf("usage: %w", err)
 	}
@@ -122,30 +122,33 @@ func (s *SQLite) TrimUsage(ctx context.Context, before int64, carryKind string) 
 	return nil
 }
 
-// postgresAppendWithUsage is Append for a batch with usage rows: the
-// records, the sessions and the rows in one transaction.
-func (p *Postgres) appendWithUsage(ctx context.Context, query string, args []any, want int64, rows []UsageRow) (bool, error) {
-	ok := false
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() != want {
-			return nil // out of sequence: commit nothing (the insert did nothing)
-		}
-		b := &pgx.Batch{}
-		upsert := fmt.Sprintf(usageUpsert, "GREATEST")
-		for _, r := range rows {
-			b.Queue(upsert, r.Tenant, r.Task, r.Minute, r.Kind, r.Name, r.TenantName, r.TaskName, r.Amount, int(r.Merge))
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return fmt.Errorf("usage: %w", err)
-		}
-		ok = true
-		return nil
-	})
-	return ok, err
+// postgresUsageCTE is the part of Append's statement that merges rows into
+// the usage table, gated like the rest on the move of last_seq, with its
+// arrays appended to args. The merge mode is a column, so that ON CONFLICT
+// can read it from the row it would have inserted.
+func postgresUsageCTE(rows []UsageRow, args []any) (string, []any) {
+	n := len(rows)
+	tenants, tasks, minutes, amounts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	kinds, names, tenantNames, taskNames := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	merges := make([]int32, n)
+	for i, r := range rows {
+		tenants[i], tasks[i], minutes[i], amounts[i] = r.Tenant, r.Task, r.Minute, r.Amount
+		kinds[i], names[i], tenantNames[i], taskNames[i] = r.Kind, r.Name, r.TenantName, r.TaskName
+		merges[i] = int32(r.Merge)
+	}
+	at := len(args)
+	args = append(args, tenants, tasks, minutes, kinds, names, tenantNames, taskNames, amounts, merges)
+	p := func(i int) int { return at + i }
+	cte := fmt.Sprintf(`,
+usage AS (
+	INSERT INTO governor_usage (tenant, task, minute, kind, name, tenant_name, task_name, amount, merge)
+	SELECT * FROM unnest($%d::bigint[], $%d::bigint[], $%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::text[], $%d::bigint[], $%d::smallint[])
+	WHERE EXISTS (SELECT 1 FROM moved)
+	ON CONFLICT (tenant, task, minute, kind, name) DO UPDATE SET amount = CASE excluded.merge
+		WHEN 1 THEN GREATEST(governor_usage.amount, excluded.amount)
+		WHEN 2 THEN excluded.amount
+		ELSE governor_usage.amount + excluded.amount END)`, p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9))
+	return cte, args
 }
 
 // Usage implements UsageReader.

@@ -93,7 +93,10 @@ func TestUsageRowsMergeWithinABatch(t *testing.T) {
 				return store.UsageRow{Tenant: 2, Task: 3, Minute: 7, Kind: kind, Name: "db", Amount: amount, Merge: m}
 			}
 			batch := []store.Record{
-				{Seq: 1, Data: []byte("a"), Usage: []store.UsageRow{row("spend", 2, store.MergeAdd), row("peak", 5, store.MergeMax), row("held_end", 5, store.MergeSet)}},
+				// A session opens in the same batch: the sessions table's part
+				// of the statement and the usage rows' go together.
+				{Seq: 1, Data: []byte("a"), Opens: &store.Session{ID: 1, TokenHash: strings.Repeat("ab", 32)},
+					Usage: []store.UsageRow{row("spend", 2, store.MergeAdd), row("peak", 5, store.MergeMax), row("held_end", 5, store.MergeSet)}},
 				{Seq: 2, Data: []byte("b"), Usage: []store.UsageRow{row("spend", 3, store.MergeAdd), row("peak", 1, store.MergeMax), row("held_end", 1, store.MergeSet)}},
 			}
 			if err := st.Append(ctx, batch); err != nil {
