@@ -302,3 +302,22 @@ func TestApplyCorruptBlockResizeIsRefused(t *testing.T) {
 		t.Errorf("a resize to no slots: %v", err)
 	}
 }
+
+// Giving back the growth of a block the session does not hold takes back
+// nothing and says so; the block a give-back leaves says whether its class
+// is adaptive.
+func TestGiveBackBlockOfNoBlockAndAdaptive(t *testing.T) {
+	f := newFixture(t, psp)
+	g, k, err := f.e.GiveBackBlock(f.sA, BlockRequest{Node: f.job, Class: "psp", Want: 2}, 2)
+	if err != nil || k != 0 || g.Lease != 0 {
+		t.Fatalf("giving back a block that is not there: %+v, %d, %v; want nothing taken back", g, k, err)
+	}
+	grow := BlockRequest{Node: f.job, Class: "psp", Want: 3, RequestID: "grow"}
+	if _, err := f.e.Block(f.sA, grow); err != nil {
+		t.Fatal(err)
+	}
+	g, k, err = f.e.GiveBackBlock(f.sA, grow, 0)
+	if err != nil || k != 3 || !g.Adaptive {
+		t.Errorf("giving back an adaptive block's growth: %+v, %d, %v; want 3 taken back and Adaptive", g, k, err)
+	}
+}
