@@ -21,7 +21,7 @@ func TestExplain(t *testing.T) {
 			[]string{`openai-chat: no match: match.method: "GET" is not POST`, "anthropic: no match", "payment-writes: no match: a SQL rule",
 				"no rule matches; http.unmatched is forward"}},
 		{[]string{"-config", example, "-H", "X-Job-Kind: batch-7", "https://example.org/"}, 0,
-			[]string{"2. batch: MATCH", "take a lease of class batch"}},
+			[]string{"3. batch: MATCH", "take a lease of class batch"}},
 		{[]string{"-config", example, "CONNECT", "api.anthropic.com:443"}, 0,
 			[]string{"openai-chat: no match", "anthropic: MATCH", "held until the tunnel's connection closes"}},
 		{[]string{"-config", example, "POST", "/openai/v1/chat/completions"}, 0,
