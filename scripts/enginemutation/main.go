@@ -240,12 +240,12 @@ func try(dir, tmp string, i int, m *mutant, seeds, ops int, timeout timeouts) (s
 }
 
 // runTest runs a built test binary in the package's folder. A run that
-// outlives timeout is run again with four times as long before it counts
-// as a hang, so that a busy machine does not pass for one.
+// outlives timeout is run again with twice as long before it counts as a
+// hang, so that a busy machine does not pass for one.
 func runTest(dir, bin string, timeout time.Duration, args ...string) (string, string) {
 	res, detail := runTestOnce(dir, bin, timeout, args...)
 	if res == "timeout" {
-		res, detail = runTestOnce(dir, bin, 4*timeout, args...)
+		res, detail = runTestOnce(dir, bin, 2*timeout, args...)
 	}
 	return res, detail
 }
