@@ -13,24 +13,34 @@ import (
 // An interval with more releases than the sample window holds decides on
 // the newest 4,096: slow calls pushed out by fast ones no longer count.
 func TestAdaptiveWindowKeepsTheNewestSamples(t *testing.T) {
-	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10, MinSamples: 1})
-	s := f.open(RootID, longTTL)
-	// One batch, so that no early cut sees the slow calls alone.
-	calls := make([]Sample, 4096+4096+7)
-	for i := range calls {
-		calls[i] = Sample{Latency: time.Millisecond}
+	f := observeLLM(t, 4096+4096+7, func(i int) time.Duration {
 		if i < 4096 {
-			calls[i].Latency = time.Second
+			return time.Second
 		}
-	}
-	if err := f.e.Observe(s, "llm", calls); err != nil {
-		t.Fatal(err)
-	}
+		return time.Millisecond
+	})
 	f.clock.Advance(time.Second)
 	f.e.Reap()
 	if got, _ := f.e.AdaptiveLimit("llm"); got != 10 {
 		t.Errorf("limit %d after an interval whose newest 4,096 calls were fast; want it kept at its max, 10", got)
 	}
+}
+
+// observeLLM reports n calls of the adaptive class llm (target 10 ms,
+// limit 1-10, starting at 10), the i-th taking latency(i), in one batch,
+// so that no early cut sees a part of them alone.
+func observeLLM(t *testing.T, n int, latency func(i int) time.Duration) *fixture {
+	t.Helper()
+	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10, MinSamples: 1})
+	s := f.open(RootID, longTTL)
+	calls := make([]Sample, n)
+	for i := range calls {
+		calls[i] = Sample{Latency: latency(i)}
+	}
+	if err := f.e.Observe(s, "llm", calls); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // A call that took no measurable time is a sample like any other.
@@ -131,18 +141,12 @@ func TestEventKindNames(t *testing.T) {
 // them slow (the p95 is just within target), and does not cut; counting
 // the 4,097th would put the p95 over.
 func TestAdaptiveWindowHoldsExactly4096(t *testing.T) {
-	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10})
-	s := f.open(RootID, longTTL)
-	calls := make([]Sample, 1+4096)
-	for i := range calls {
-		calls[i] = Sample{Latency: time.Millisecond}
+	f := observeLLM(t, 1+4096, func(i int) time.Duration {
 		if i == 0 || i > 4096-204 {
-			calls[i].Latency = time.Second
+			return time.Second
 		}
-	}
-	if err := f.e.Observe(s, "llm", calls); err != nil {
-		t.Fatal(err)
-	}
+		return time.Millisecond
+	})
 	f.clock.Advance(time.Second)
 	f.e.Reap()
 	if got, _ := f.e.AdaptiveLimit("llm"); got != 10 {
@@ -154,18 +158,12 @@ func TestAdaptiveWindowHoldsExactly4096(t *testing.T) {
 // in nor when it leaves the window: 4,096 of them pushed out by 205 slow
 // ones leave 205 slow calls in 4,096, a p95 over target.
 func TestAdaptiveWindowForgetsCallsAtTheTarget(t *testing.T) {
-	f := newBareFixture(t, Adaptive{Class: "llm", TargetP95: 10 * time.Millisecond, MinLimit: 1, MaxLimit: 10})
-	s := f.open(RootID, longTTL)
-	calls := make([]Sample, 4096+205)
-	for i := range calls {
-		calls[i] = Sample{Latency: 10 * time.Millisecond}
+	f := observeLLM(t, 4096+205, func(i int) time.Duration {
 		if i >= 4096 {
-			calls[i].Latency = time.Second
+			return time.Second
 		}
-	}
-	if err := f.e.Observe(s, "llm", calls); err != nil {
-		t.Fatal(err)
-	}
+		return 10 * time.Millisecond
+	})
 	if got, _ := f.e.AdaptiveLimit("llm"); got != 7 {
 		t.Errorf("limit %d; want 7, cut at once: 205 slow calls in the window of 4,096", got)
 	}
