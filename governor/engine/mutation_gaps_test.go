@@ -274,9 +274,10 @@ func TestOverrideSetsOnlyQuotasAndLimits(t *testing.T) {
 	}
 }
 
-// A replayed block resize that cannot have happened is refused as corrupt:
+// A replayed block resize or grant that cannot have happened is refused as
+// corrupt. A resize:
 // of no lease, of a lease that is no block, below zero slots, or by none.
-func TestApplyCorruptBlockResizeIsRefused(t *testing.T) {
+func TestApplyCorruptBlockRecordIsRefused(t *testing.T) {
 	f := newFixture(t)
 	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 5}})
 	blk := f.block(f.sA, f.job, "db", 2, 0)
@@ -290,6 +291,18 @@ func TestApplyCorruptBlockResizeIsRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := f.rebuild(t, wayReplay)
 			ev.Seq, ev.At, ev.Kind, ev.Session, ev.Node, ev.Resource = e.Seq()+1, f.now(), EvBlockResized, f.sA, f.job, "db"
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+	// A replayed block grant of negative slots, or of a second block of the
+	// same class on the same node to the same session, is corrupt too.
+	for name, ev := range map[string]Event{
+		"a block of negative slots": {Node: f.job2, Amount: -1},
+		"a second block":            {Node: f.job, Amount: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			ev.Seq, ev.At, ev.Kind, ev.Session, ev.Lease, ev.Resource, ev.Block = e.Seq()+1, f.now(), EvLeaseGranted, f.sA, e.Snapshot().NextLease, "db", true
 			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
 		})
 	}
