@@ -275,8 +275,8 @@ func TestOverrideSetsOnlyQuotasAndLimits(t *testing.T) {
 }
 
 // A replayed block resize or grant that cannot have happened is refused as
-// corrupt. A resize:
-// of no lease, of a lease that is no block, below zero slots, or by none.
+// corrupt: a resize of no lease, of a lease that is no block, below zero
+// slots or by none; a grant of negative slots or of a second block.
 func TestApplyCorruptBlockRecordIsRefused(t *testing.T) {
 	f := newFixture(t)
 	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 5}})
