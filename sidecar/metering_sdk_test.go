@@ -136,6 +136,7 @@ func TestSDKsStreamIncrementally(t *testing.T) {
 	node := needSDKs(t)
 	gate := make(chan struct{})
 	e := startLLM(t, 1_000_000, &fakellm.Provider{Gate: gate})
+	t.Cleanup(func() { close(gate) }) // a failed test leaves no stream waiting on it
 	open := func(n int) {
 		for range n {
 			select {

@@ -167,6 +167,7 @@ func readEvent(t testing.TB, r *bufio.Reader) string {
 func TestMeteredStreamsArriveAsTheyAreSent(t *testing.T) {
 	gate := make(chan struct{})
 	e := startLLM(t, 1_000_000, &fakellm.Provider{Gate: gate})
+	t.Cleanup(func() { close(gate) }) // a failed test leaves no stream waiting on it
 	for _, c := range []struct{ path, body, last string }{
 		{"/openai/chat/completions", `{"model":"m","stream":true,"messages":[]}`, "data: [DONE]\n\n"},
 		{"/anthropic/v1/messages", `{"model":"m","stream":true,"max_tokens":60,"messages":[]}`, "event: message_stop\n"},
