@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -331,4 +333,115 @@ func TestGiveBackBlockOfNoBlockAndAdaptive(t *testing.T) {
 	if err != nil || k != 3 || !g.Adaptive {
 		t.Errorf("giving back an adaptive block's growth: %+v, %d, %v; want 3 taken back and Adaptive", g, k, err)
 	}
+}
+
+// Notice kinds print their names, and a kind without one its number.
+func TestNoticeKindNames(t *testing.T) {
+	for k, want := range map[NoticeKind]string{NoticeContended: "contended", NoticeEnded: "ended",
+		0: "notice(0)", NoticeKind(len(noticeNames)): fmt.Sprintf("notice(%d)", len(noticeNames)), 255: "notice(255)"} {
+		if got := k.String(); got != want {
+			t.Errorf("NoticeKind(%d) = %q, want %q", uint8(k), got, want)
+		}
+	}
+}
+
+// An engine with no notifier tells nobody, and does not fail for it, when
+// a class becomes contended or a limit falls under a block.
+func TestNoNotifierTellsNobody(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 3}})
+	f.block(f.sA, f.job, "db", 3, 0)
+	f.enqueue(f.sB, f.otherJob, "db")                                  // contended
+	f.setCaps(f.acme, CapsEdit{Limits: map[string]int64{"db": 1}})     // a recall
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": NoCap}}) // uncontended
+}
+
+// A replay tells nobody: its notices were told when the events happened.
+func TestReplayTellsNobody(t *testing.T) {
+	f, log := delegationFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 3}})
+	f.block(f.sA, f.job, "db", 3, 0)
+	f.enqueue(f.sB, f.otherJob, "db")
+	f.setCaps(f.acme, CapsEdit{Limits: map[string]int64{"db": 1}})
+	if len(log.take()) == 0 {
+		t.Fatal("the live engine told nobody")
+	}
+	f.rebuild(t, wayReplay)
+	if got := log.take(); len(got) != 0 {
+		t.Errorf("the replay told %v", got)
+	}
+}
+
+// A recall of a class under a node tells the holders of blocks with slots
+// inside it, and neither an empty block nor a block outside.
+func TestRecallTellsOnlyBusyBlocksInside(t *testing.T) {
+	f, log := delegationFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 10}})
+	s3 := f.open(f.acme, longTTL)
+	f.block(f.sA, f.job, "db", 2, 0)
+	f.block(f.sB, f.otherJob, "db", 2, 0)
+	f.block(s3, f.job2, "db", 1, 0)
+	f.block(s3, f.job2, "db", 0, 1) // empty now
+	log.take()
+	f.setCaps(f.acme, CapsEdit{Limits: map[string]int64{"db": 1}}) // recalls every class under acme
+	want := []Notice{{Session: f.sA, Kind: NoticeRecall, Node: f.acme}}
+	if got := log.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("told %v, want %v", got, want)
+	}
+}
+
+// Contention answers for each of the session's blocks; a session that is
+// not open gets an error.
+func TestContentionOfEachBlock(t *testing.T) {
+	f, _ := delegationFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 1}})
+	f.block(f.sA, f.job, "db", 1, 0)
+	f.enqueue(f.sB, f.otherJob, "db")
+	got, err := f.e.Contention(f.sA)
+	want := []Notice{{Session: f.sA, Kind: NoticeContended, Node: f.job, Class: "db"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("Contention = %v, %v; want %v", got, err, want)
+	}
+	if _, err := f.e.Contention(noSuch); err == nil {
+		t.Error("Contention of no session: no error")
+	}
+}
+
+// Alive is true of an open session within its TTL only.
+func TestAliveOnlyWithinTTL(t *testing.T) {
+	f := newFixture(t)
+	s := f.open(f.job, time.Second)
+	if !f.e.Alive(s) || f.e.Alive(noSuch) {
+		t.Errorf("Alive(open) %v, Alive(no such) %v; want true, false", f.e.Alive(s), f.e.Alive(noSuch))
+	}
+	f.clock.Advance(time.Second)
+	if f.e.Alive(s) {
+		t.Error("Alive after its TTL")
+	}
+}
+
+// A reminder of contention goes to blocks with slots, not to empty ones.
+func TestRemindContentionSkipsEmptyBlocks(t *testing.T) {
+	f, log := delegationFixture(t)
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 1}})
+	s3 := f.open(f.acme, longTTL)
+	f.block(s3, f.job2, "db", 1, 0)
+	f.block(s3, f.job2, "db", 0, 1) // empty
+	f.block(f.sA, f.job, "db", 1, 0)
+	f.enqueue(f.sB, f.otherJob, "db")
+	log.take()
+	f.e.RemindContention()
+	want := []Notice{{Session: f.sA, Kind: NoticeContended, Node: f.job, Class: "db"}}
+	if got := log.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("reminded %v, want %v", got, want)
+	}
+}
+
+// Usage may reach exactly the largest int64, and not go past it.
+func TestConsumeUpToMaxInt64(t *testing.T) {
+	f := newFixture(t)
+	f.consume(f.sA, f.job, "tokens", math.MaxInt64-1)
+	f.consume(f.sA, f.job, "tokens", 1)
+	err := f.e.Consume(f.sA, f.job, "tokens", 1, "")
+	wantErr(t, err, ErrInvalid)
 }
