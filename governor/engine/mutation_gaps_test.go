@@ -445,3 +445,21 @@ func TestConsumeUpToMaxInt64(t *testing.T) {
 	err := f.e.Consume(f.sA, f.job, "tokens", 1, "")
 	wantErr(t, err, ErrInvalid)
 }
+
+// A recall of one resource's reservations tells their holders, and not
+// those holding reservations of another resource only.
+func TestRecallOfOneResourceTellsItsHoldersOnly(t *testing.T) {
+	f, log := delegationFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 8, "tokens": 100}})
+	s3 := f.open(f.acme, longTTL)
+	f.reserve(f.sA, ReserveRequest{Node: f.step, Resource: "calls", Want: 8})
+	f.reserve(s3, ReserveRequest{Node: f.job2, Resource: "tokens", Want: 10})
+	f.consume(f.sA, f.job, "calls", 6)
+	log.take()
+	err := unchanged(t, f.e, func() error { return f.e.Consume(f.sA, f.job2, "calls", 1, "") })
+	wantErr(t, err, ErrRecalling)
+	want := []Notice{{Session: f.sA, Kind: NoticeRecall, Node: f.acme, Resource: "calls"}}
+	if got := log.take(); !reflect.DeepEqual(got, want) {
+		t.Errorf("recall notices %+v, want %+v", got, want)
+	}
+}
