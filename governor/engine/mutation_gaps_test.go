@@ -463,3 +463,26 @@ func TestRecallOfOneResourceTellsItsHoldersOnly(t *testing.T) {
 		t.Errorf("recall notices %+v, want %+v", got, want)
 	}
 }
+
+// A top-up denied because what it settles fills a cap counts the settled
+// units where they were spent: in the denial's use, and in the child they
+// were spent under, so that the cap's own direct use is what is left.
+func TestReserveDenialCountsWhatItSettles(t *testing.T) {
+	f, _ := delegationFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 12}})
+	f.consume(f.sA, f.job2, "calls", 2)
+	f.consume(f.sA, f.job, "calls", 1)
+	if r := f.reserve(f.sA, ReserveRequest{Node: f.step, Resource: "calls", Want: 8}); r.Reserved != 2 {
+		t.Fatalf("reserved %d, want 2 (a quarter of the headroom of 9)", r.Reserved)
+	}
+	f.consume(f.sA, f.acme, "calls", 7)
+	_, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.step, Resource: "calls", Spent: 2, Want: 1})
+	var d *Denial
+	if !errors.As(err, &d) {
+		t.Fatalf("a top-up that settles the last 2 units: %v, want a denial", err)
+	}
+	want := Consumer{Node: f.acme, Name: "acme", Used: 7}
+	if d.Node != f.acme || d.Used != 12 || d.Limit != 12 || d.Largest != want {
+		t.Errorf("denial on node %d at %d of %d, largest %+v; want acme at 12 of 12, largest %+v", d.Node, d.Used, d.Limit, d.Largest, want)
+	}
+}
