@@ -486,3 +486,18 @@ func TestReserveDenialCountsWhatItSettles(t *testing.T) {
 		t.Errorf("denial on node %d at %d of %d, largest %+v; want acme at 12 of 12, largest %+v", d.Node, d.Used, d.Limit, d.Largest, want)
 	}
 }
+
+// On a tie the largest consumer is the first child (by creation), and a
+// child before the capped node's own direct use.
+func TestDenialLargestConsumerOnATie(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 6}})
+	f.consume(f.sA, f.job, "calls", 2)
+	f.consume(f.sA, f.job2, "calls", 2)
+	f.consume(f.sA, f.acme, "calls", 2)
+	err := f.e.Consume(f.sA, f.job2, "calls", 1, "")
+	var d *Denial
+	if !errors.As(err, &d) || d.Largest != (Consumer{Node: f.job, Name: "job", Used: 2}) {
+		t.Errorf("%v: largest %+v; want job, the first of three at 2", err, d)
+	}
+}
