@@ -501,3 +501,15 @@ func TestDenialLargestConsumerOnATie(t *testing.T) {
 		t.Errorf("%v: largest %+v; want job, the first of three at 2", err, d)
 	}
 }
+
+// A cap of 0 that nothing used names no largest consumer, not a child that
+// used nothing.
+func TestDenialOfACapOfZeroNamesNoConsumer(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 0}})
+	err := f.e.Consume(f.sA, f.job, "calls", 1, "")
+	var d *Denial
+	if !errors.As(err, &d) || d.Largest != (Consumer{}) {
+		t.Errorf("%v: largest %+v; want none", err, d)
+	}
+}
