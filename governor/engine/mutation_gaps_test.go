@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -366,7 +367,13 @@ func TestReplayTellsNobody(t *testing.T) {
 	if len(log.take()) == 0 {
 		t.Fatal("the live engine told nobody")
 	}
-	f.rebuild(t, wayReplay)
+	replay, err := New(Config{Clock: f.clock, Notifier: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := replay.Apply(f.rec.events...); err != nil {
+		t.Fatal(err)
+	}
 	if got := log.take(); len(got) != 0 {
 		t.Errorf("the replay told %v", got)
 	}
@@ -511,5 +518,80 @@ func TestDenialOfACapOfZeroNamesNoConsumer(t *testing.T) {
 	var d *Denial
 	if !errors.As(err, &d) || d.Largest != (Consumer{}) {
 		t.Errorf("%v: largest %+v; want none", err, d)
+	}
+}
+
+// A replayed reclamation that cannot have happened is refused as corrupt:
+// of no node, of a node that is not there, of the root, of an open node,
+// of a node listed twice, of a node after its ancestor.
+func TestApplyCorruptReclaimIsRefused(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	task := f.create(f.sA, f.acme, NodeSpec{Name: "crawl"})
+	sub := f.create(f.sA, task, NodeSpec{Name: "page"})
+	if _, err := f.e.EndNode(f.sA, task, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	for name, nodes := range map[string][]NodeID{
+		"no node": nil, "a node not there": {noSuch}, "the root": {RootID}, "an open node": {f.job},
+		"a node twice": {task, task}, "a node after its ancestor": {task, sub},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Config{Clock: f.clock, Retention: testRetention})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Apply(f.rec.events...); err != nil {
+				t.Fatal(err)
+			}
+			ev := Event{Seq: e.Seq() + 1, At: f.now(), Kind: EvNodesReclaimed, Nodes: nodes}
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+}
+
+// Compacting the deadlines (once moved deadlines outnumber the nodes)
+// keeps each open node's live one: the node still expires on time.
+func TestCompactedDeadlinesStillExpire(t *testing.T) {
+	f := newFixture(t)
+	var at int64
+	for i := range 200 { // every move leaves the old deadline behind
+		at = f.now() + int64(time.Hour) + int64(i)
+		f.setCaps(f.job, CapsEdit{Deadline: &at})
+	}
+	f.e.Reap() // compacts
+	f.clock.Advance(time.Duration(at - f.now()))
+	f.e.Reap()
+	if v := f.node(f.job); v.State != Expired {
+		t.Errorf("job is %v at its deadline after the deadlines were compacted, want expired", v.State)
+	}
+}
+
+// A node ended before a snapshot is reclaimed by the engine restored from
+// it once its retention passes.
+func TestRestoredEndedNodeIsReclaimed(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	task := f.create(f.sA, f.acme, NodeSpec{Name: "crawl"})
+	f.create(f.sA, task, NodeSpec{Name: "page"})
+	if _, err := f.e.EndNode(f.sA, task, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	e, err := New(Config{Clock: f.clock, Sink: rec, Retention: testRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Restore(cloneSnapshot(t, f.e.Snapshot())); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(testRetention)
+	e.Reap()
+	var got []NodeID
+	for _, ev := range rec.events {
+		if ev.Kind == EvNodesReclaimed {
+			got = append(got, ev.Nodes...)
+		}
+	}
+	if !slices.Equal(got, []NodeID{task}) {
+		t.Errorf("the restored engine reclaimed %v, want the task %d (with its subtask)", got, task)
 	}
 }
