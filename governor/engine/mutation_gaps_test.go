@@ -595,3 +595,22 @@ func TestRestoredEndedNodeIsReclaimed(t *testing.T) {
 		t.Errorf("the restored engine reclaimed %v, want the task %d (with its subtask)", got, task)
 	}
 }
+
+// One Reap reclaims at most maxReclaimPerReap subtrees; the next takes the
+// rest.
+func TestReapReclaimsAtMostItsBound(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	for i := range maxReclaimPerReap + 1 {
+		id := f.create(f.sA, f.acme, NodeSpec{Name: fmt.Sprintf("t%d", i)})
+		if _, err := f.e.EndNode(f.sA, id, Closed, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.clock.Advance(testRetention)
+	for _, want := range []int{maxReclaimPerReap, maxReclaimPerReap + 1} {
+		f.e.Reap()
+		if got := len(f.reclaimed()); got != want {
+			t.Fatalf("%d reclaimed, want %d", got, want)
+		}
+	}
+}
