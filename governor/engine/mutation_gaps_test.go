@@ -614,3 +614,50 @@ func TestReapReclaimsAtMostItsBound(t *testing.T) {
 		}
 	}
 }
+
+// A reservation request with any negative count is refused, whichever it is.
+func TestReserveRefusesANegativeCount(t *testing.T) {
+	f, _ := delegationFixture(t)
+	for _, r := range []ReserveRequest{{Spent: -1, Want: 1}, {Return: -1, Want: 1}, {Want: -1, Spent: 1}} {
+		r.Node, r.Resource = f.job, "calls"
+		_, err := f.e.Reserve(f.sA, r)
+		wantErr(t, err, ErrInvalid)
+	}
+}
+
+// Units a top-up gives back are room for what it wants: at the cap, giving
+// back 2 and wanting 2 is granted.
+func TestReserveReturnedUnitsAreRoom(t *testing.T) {
+	f, _ := delegationFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 8}})
+	f.consume(f.sA, f.job2, "calls", 6)
+	if r := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 8}); r.Reserved != 1 {
+		t.Fatalf("reserved %d, want 1", r.Reserved)
+	}
+	if r := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 8}); r.Reserved != 2 {
+		t.Fatalf("reserved %d, want 2: the cap is full", r.Reserved)
+	}
+	r, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Return: 2, Want: 2})
+	if err != nil || r.Reserved != 1 {
+		t.Errorf("returning 2 and wanting 2 at the cap: %+v, %v; want 1 reserved (a quarter of the 2 freed, at least one)", r, err)
+	}
+}
+
+// A replayed reservation that cannot have happened is refused as corrupt.
+func TestApplyCorruptReservationIsRefused(t *testing.T) {
+	f, _ := delegationFixture(t)
+	for name, ev := range map[string]Event{
+		"of no session":               {Session: noSuch, Node: f.job, Resource: "calls", Amount: 1},
+		"on no node":                  {Session: f.sA, Node: noSuch, Resource: "calls", Amount: 1},
+		"of no resource":              {Session: f.sA, Node: f.job, Amount: 1},
+		"spending less than nothing":  {Session: f.sA, Node: f.job, Resource: "calls", Spent: -1},
+		"returning less than nothing": {Session: f.sA, Node: f.job, Resource: "calls", Returned: -1},
+		"reserving less than nothing": {Session: f.sA, Node: f.job, Resource: "calls", Amount: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			ev.Seq, ev.At, ev.Kind = e.Seq()+1, f.now(), EvReserved
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+}
