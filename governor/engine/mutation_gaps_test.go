@@ -661,3 +661,131 @@ func TestApplyCorruptReservationIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// Restore refuses more corrupt snapshots than TestSnapshotCorruptIsRefused
+// lists (mutation run gaps in its checks), each alone.
+func TestRestoreRefusesEachCorruption(t *testing.T) {
+	f, _ := delegationFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"calls": 100}})
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 10}})
+	f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 8})
+	f.block(f.sA, f.job, "db", 2, 0)
+	f.acquire(f.sB, f.otherJob, "db")
+	good := f.e.Snapshot()
+	lastSession := func(s *Snapshot) *SessionSnapshot { return &s.Sessions[len(s.Sessions)-1] }
+	holder := func(s *Snapshot) *SessionSnapshot {
+		for i := range s.Sessions {
+			if len(s.Sessions[i].Reservations) > 0 {
+				return &s.Sessions[i]
+			}
+		}
+		t.Fatal("no session holds a reservation")
+		return nil
+	}
+	for name, mutate := range map[string]func(s *Snapshot){
+		"a node id twice": func(s *Snapshot) {
+			dup := s.Nodes[len(s.Nodes)-1]
+			dup.Name = "another"
+			s.Nodes = append(s.Nodes, dup)
+		},
+		"two open siblings with one name": func(s *Snapshot) {
+			dup := *nodeNamed(t, s, "job2")
+			dup.ID = s.NextNode
+			s.NextNode++
+			s.Nodes = append(s.Nodes, dup)
+		},
+		"NextSession 0": func(s *Snapshot) { s.NextSession, s.Sessions, s.Leases, s.Tombstones = 0, nil, nil, nil },
+		"NextLease 0":   func(s *Snapshot) { s.NextLease, s.Leases, s.Tombstones = 0, nil, nil },
+		"NextNode at the root": func(s *Snapshot) {
+			s.Nodes, s.Sessions, s.Leases, s.Tombstones, s.NextNode = s.Nodes[:1], nil, nil, nil, RootID
+		},
+		"a session id at NextSession":  func(s *Snapshot) { s.NextSession = lastSession(s).ID },
+		"session id 0":                 func(s *Snapshot) { s.Sessions[0].ID = 0 },
+		"a session id twice":           func(s *Snapshot) { s.Sessions = append(s.Sessions, s.Sessions[0]) },
+		"a reservation on no node":     func(s *Snapshot) { holder(s).Reservations[0].Node = noSuch },
+		"a reservation of nothing":     func(s *Snapshot) { holder(s).Reservations[0].Amount = 0 },
+		"a reservation of no resource": func(s *Snapshot) { holder(s).Reservations[0].Resource = "" },
+		"a reservation twice":          func(s *Snapshot) { h := holder(s); h.Reservations = append(h.Reservations, h.Reservations[0]) },
+		"lease id 0":                   func(s *Snapshot) { s.Leases[0].ID = 0 },
+		"a lease id twice":             func(s *Snapshot) { s.Leases = append(s.Leases, s.Leases[0]) },
+		"a lease of negative slots":    func(s *Snapshot) { s.Leases[0].Count = -1 },
+		"a lease id at NextLease":      func(s *Snapshot) { s.NextLease = s.Leases[len(s.Leases)-1].ID },
+	} {
+		t.Run(name, func(t *testing.T) {
+			snap := cloneSnapshot(t, good)
+			mutate(&snap)
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantErr(t, e.Restore(snap), ErrCorrupt)
+		})
+	}
+}
+
+// A node deeper than MaxDepth in a snapshot is refused; one at the deepest
+// a live engine allows restores.
+func TestRestoreDepthBound(t *testing.T) {
+	f := newBareFixture(t)
+	parent := RootID
+	for i := range MaxDepth - 1 {
+		parent = f.create(System, parent, NodeSpec{Name: fmt.Sprintf("d%d", i)})
+	}
+	snap := f.e.Snapshot()
+	e, _ := New(Config{Clock: f.clock})
+	if err := e.Restore(cloneSnapshot(t, snap)); err != nil {
+		t.Fatalf("the deepest chain a live engine makes: %v", err)
+	}
+	deeper := cloneSnapshot(t, snap)
+	last := deeper.Nodes[len(deeper.Nodes)-1]
+	last.ID, last.Parent, last.Name = deeper.NextNode, last.ID, "deeper"
+	deeper.Nodes, deeper.NextNode = append(deeper.Nodes, last), deeper.NextNode+1
+	e, _ = New(Config{Clock: f.clock})
+	wantErr(t, e.Restore(deeper), ErrCorrupt)
+}
+
+// Restore goes into an engine that has recorded nothing: one with a single
+// event behind it (a consume on the root) is refused too; a fresh engine's
+// snapshot restores.
+func TestRestoreOnlyIntoAFreshEngine(t *testing.T) {
+	f := newBareFixture(t)
+	fresh := f.e.Snapshot()
+	e, _ := New(Config{Clock: f.clock})
+	if err := e.Restore(cloneSnapshot(t, fresh)); err != nil {
+		t.Errorf("a fresh engine's snapshot: %v", err)
+	}
+	used, _ := New(Config{Clock: f.clock})
+	if err := used.Consume(System, RootID, "tokens", 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, used.Restore(cloneSnapshot(t, fresh)), ErrCorrupt)
+}
+
+// An open node's deadline survives a restore: it still expires on time.
+func TestRestoredDeadlineExpires(t *testing.T) {
+	f := newFixture(t)
+	at := f.now() + int64(time.Hour)
+	f.setCaps(f.job, CapsEdit{Deadline: &at})
+	e, _ := New(Config{Clock: f.clock})
+	if err := e.Restore(cloneSnapshot(t, f.e.Snapshot())); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Hour)
+	e.Reap()
+	if v, err := e.Get(System, f.job); err != nil || v.State != Expired {
+		t.Errorf("job after its deadline in the restored engine: %+v, %v; want expired", v, err)
+	}
+	if v, err := e.Get(System, f.job2); err != nil || v.State != Open {
+		t.Errorf("job2, which has no deadline, in the restored engine: %+v, %v; want open", v, err)
+	}
+}
+
+func nodeNamed(t *testing.T, s *Snapshot, name string) *NodeView {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i]
+		}
+	}
+	t.Fatalf("no node %q in the snapshot", name)
+	return nil
+}
