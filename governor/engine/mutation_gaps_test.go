@@ -789,3 +789,32 @@ func nodeNamed(t *testing.T, s *Snapshot, name string) *NodeView {
 	t.Fatalf("no node %q in the snapshot", name)
 	return nil
 }
+
+// SessionTokens lists every open session's token, and not the system's.
+func TestSessionTokensLeaveOutTheSystem(t *testing.T) {
+	f := newFixture(t)
+	got := f.e.SessionTokens()
+	if _, ok := got[System]; ok || len(got) != 2 || got[f.sA] == "" || got[f.sB] == "" {
+		t.Errorf("SessionTokens = %v; want the two open sessions' tokens only", got)
+	}
+}
+
+// A node three levels down (root, tenant, task, subtask) is a subtask.
+func TestNodeKindByDepth(t *testing.T) {
+	f := newFixture(t) // acme is a tenant, job a task, step a subtask
+	for id, want := range map[NodeID]Kind{f.acme: KindTenant, f.job: KindTask, f.step: KindSubtask} {
+		if got := f.node(id).Kind; got != want {
+			t.Errorf("node %d is a %v, want %v", id, got, want)
+		}
+	}
+}
+
+// A name may be MaxNameLen bytes long, and no longer.
+func TestNameUpToMaxNameLen(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.e.CreateNode(f.sA, f.job, NodeSpec{Name: strings.Repeat("n", MaxNameLen)}, ""); err != nil {
+		t.Errorf("a name of MaxNameLen bytes: %v", err)
+	}
+	_, err := f.e.CreateNode(f.sA, f.job, NodeSpec{Name: strings.Repeat("m", MaxNameLen+1)}, "")
+	wantErr(t, err, ErrInvalid)
+}
