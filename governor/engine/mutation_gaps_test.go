@@ -818,3 +818,12 @@ func TestNameUpToMaxNameLen(t *testing.T) {
 	_, err := f.e.CreateNode(f.sA, f.job, NodeSpec{Name: strings.Repeat("m", MaxNameLen+1)}, "")
 	wantErr(t, err, ErrInvalid)
 }
+
+// An override may set a quota and a limit together.
+func TestOverrideOfAQuotaAndALimit(t *testing.T) {
+	f := newFixture(t)
+	edit := CapsEdit{Quotas: map[string]int64{"tokens": 5}, Limits: map[string]int64{"db": 2}}
+	if _, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: "for an hour", For: time.Hour}, ""); err != nil {
+		t.Errorf("an override of a quota and a limit: %v", err)
+	}
+}
