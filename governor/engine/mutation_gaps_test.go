@@ -827,3 +827,18 @@ func TestOverrideOfAQuotaAndALimit(t *testing.T) {
 		t.Errorf("an override of a quota and a limit: %v", err)
 	}
 }
+
+// A node keeps exactly its last AuditKeep cap changes.
+func TestAuditTrailKeepsAuditKeep(t *testing.T) {
+	f := newFixture(t)
+	for i := range AuditKeep + 1 {
+		edit := CapsEdit{Quotas: map[string]int64{"tokens": int64(i + 1)}}
+		if _, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: fmt.Sprint(i)}, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trail, _, err := f.e.CapsHistory(System, f.job)
+	if err != nil || len(trail) != AuditKeep || trail[0].Reason != "1" {
+		t.Errorf("%d changes kept, %v; want the last %d, from reason \"1\"", len(trail), err, AuditKeep)
+	}
+}
