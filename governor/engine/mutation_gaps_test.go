@@ -696,6 +696,17 @@ func TestRestoreRefusesEachCorruption(t *testing.T) {
 		},
 		"NextSession 0": func(s *Snapshot) { s.NextSession, s.Sessions, s.Leases, s.Tombstones = 0, nil, nil, nil },
 		"NextLease 0":   func(s *Snapshot) { s.NextLease, s.Leases, s.Tombstones = 0, nil, nil },
+		"a second block of one class on one node": func(s *Snapshot) {
+			for _, l := range s.Leases {
+				if l.Block {
+					l.ID = s.NextLease
+					s.NextLease++
+					s.Leases = append(s.Leases, l)
+					return
+				}
+			}
+			t.Fatal("no block in the snapshot")
+		},
 		"NextNode at the root": func(s *Snapshot) {
 			s.Nodes, s.Sessions, s.Leases, s.Tombstones, s.NextNode = s.Nodes[:1], nil, nil, nil, RootID
 		},
