@@ -853,3 +853,19 @@ func TestAuditTrailKeepsAuditKeep(t *testing.T) {
 		t.Errorf("%d changes kept, %v; want the last %d, from reason \"1\"", len(trail), err, AuditKeep)
 	}
 }
+
+// A replayed revert of caps on no node, or with no caps, is refused as
+// corrupt.
+func TestApplyCorruptRevertIsRefused(t *testing.T) {
+	f := newFixture(t)
+	for name, ev := range map[string]Event{
+		"on no node":   {Node: noSuch, Caps: &CapsEdit{Quotas: map[string]int64{"tokens": 1}}},
+		"with no caps": {Node: f.job},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			ev.Seq, ev.At, ev.Kind = e.Seq()+1, f.now(), EvCapsReverted
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+}
