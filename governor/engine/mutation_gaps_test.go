@@ -869,3 +869,20 @@ func TestApplyCorruptRevertIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// A node's audit trail, with no override pending, survives a snapshot and
+// a restore.
+func TestAuditTrailSurvivesRestore(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.e.SetCapsAudited(System, f.job, CapsEdit{Quotas: map[string]int64{"tokens": 5}}, Audit{Reason: "kept"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := f.e.CapsHistory(System, f.job)
+	if err != nil || len(want) != 1 {
+		t.Fatalf("history %v, %v", want, err)
+	}
+	e := f.rebuild(t, wayRestore)
+	if got, _, err := e.CapsHistory(System, f.job); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("history after a restore: %+v, %v; want %+v", got, err, want)
+	}
+}
