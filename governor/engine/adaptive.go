@@ -120,10 +120,7 @@ func (c *controller) tick(e *Engine, now int64) {
 	if now-c.last < int64(c.cfg.Interval) {
 		return
 	}
-	current, ok := e.root.limit.capOf(c.cfg.Class)
-	if !ok {
-		current = c.cfg.MaxLimit
-	}
+	current, ok := c.current(e)
 	if next, moved := c.decide(current); moved || !ok {
 		c.adjust(e, now, current, next)
 	}
@@ -140,10 +137,7 @@ func (c *controller) cutEarly(e *Engine, now int64) {
 	if c.count < c.cfg.MinSamples || !c.fails(min(expect, maxSamples), expect) {
 		return
 	}
-	current, ok := e.root.limit.capOf(c.cfg.Class)
-	if !ok {
-		current = c.cfg.MaxLimit
-	}
+	current, _ := c.current(e)
 	if next := c.cut(current); next < current {
 		c.adjust(e, now, current, next)
 		c.restart(now)
@@ -158,6 +152,15 @@ func (c *controller) adjust(e *Engine, now, current, next int64) {
 		e.recallUnder(e.root, c.cfg.Class, "")
 	}
 	e.dispatch(c.cfg.Class)
+}
+
+// current is the class's root limit, or MaxLimit when the root has none
+// (and whether it has one).
+func (c *controller) current(e *Engine) (int64, bool) {
+	if v, ok := e.root.limit.capOf(c.cfg.Class); ok {
+		return v, true
+	}
+	return c.cfg.MaxLimit, false
 }
 
 // restart empties the window after a decision.
@@ -186,13 +189,12 @@ func (e *Engine) sortedAdaptive() []string {
 func (e *Engine) AdaptiveLimit(class string) (int64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.adaptive[class] == nil {
+	c := e.adaptive[class]
+	if c == nil {
 		return 0, fmt.Errorf("%w: no adaptive class %q", ErrNotFound, class)
 	}
-	if v, ok := e.root.limit.capOf(class); ok {
-		return v, nil
-	}
-	return e.adaptive[class].cfg.MaxLimit, nil
+	v, _ := c.current(e)
+	return v, nil
 }
 
 // Sample is how one call went, for an adaptive limit: what a release
