@@ -97,18 +97,7 @@ func (s *SQLite) Usage(ctx context.Context, from, to int64, carryKind string) ([
 		return nil, fmt.Errorf("store: usage: %w", err)
 	}
 	defer rows.Close()
-	var out []UsageRow
-	for rows.Next() {
-		var r UsageRow
-		if err := rows.Scan(&r.Tenant, &r.Task, &r.Minute, &r.Kind, &r.Name, &r.TenantName, &r.TaskName, &r.Amount); err != nil {
-			return nil, fmt.Errorf("store: usage: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	return out, nil
+	return scanUsage(rows)
 }
 
 // TrimUsage implements UsageReader.
@@ -161,6 +150,29 @@ func (p *Postgres) Usage(ctx context.Context, from, to int64, carryKind string) 
 		return nil, fmt.Errorf("store: usage: %w", err)
 	}
 	defer rows.Close()
+	return scanUsage(rows)
+}
+
+// TrimUsage implements UsageReader.
+func (p *Postgres) TrimUsage(ctx context.Context, before int64, carryKind string) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: trim usage: %w", ErrClosed)
+	}
+	if _, err := p.pool.Exec(ctx, usageTrim, before, carryKind); err != nil {
+		return fmt.Errorf("store: trim usage: %w", err)
+	}
+	return nil
+}
+
+// usageRowsIn is what database/sql's and pgx's result rows share.
+type usageRowsIn interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanUsage reads usageSelect's rows, in either driver.
+func scanUsage(rows usageRowsIn) ([]UsageRow, error) {
 	var out []UsageRow
 	for rows.Next() {
 		var r UsageRow
@@ -173,15 +185,4 @@ func (p *Postgres) Usage(ctx context.Context, from, to int64, carryKind string) 
 		return nil, fmt.Errorf("store: usage: %w", err)
 	}
 	return out, nil
-}
-
-// TrimUsage implements UsageReader.
-func (p *Postgres) TrimUsage(ctx context.Context, before int64, carryKind string) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: trim usage: %w", ErrClosed)
-	}
-	if _, err := p.pool.Exec(ctx, usageTrim, before, carryKind); err != nil {
-		return fmt.Errorf("store: trim usage: %w", err)
-	}
-	return nil
 }
