@@ -86,18 +86,32 @@ type Reservation struct {
 // settled: settle with a context that does not end early, as a sidecar
 // does, when that matters.
 func (t *Task) Reserve(ctx context.Context, resource string, spent, ret, want int64) (Reservation, error) {
+	return t.reserve(ctx, &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, Want: want})
+}
+
+// ReserveExactly reserves all of amount units of resource on the task for
+// the session, or nothing: it is checked as Consume(amount) would be, and
+// refused the same way (a *Denial when the quota has no room for all of
+// it). It holds one call's estimate, which a sidecar settles to what the
+// call used, with Reserve(ctx, resource, used, amount-used, 0), when the
+// call ends: what the call did not use goes back.
+func (t *Task) ReserveExactly(ctx context.Context, resource string, amount int64) (Reservation, error) {
+	return t.reserve(ctx, &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Want: amount, Exact: true})
+}
+
+func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Reservation, error) {
+	want := req.GetWant()
 	if want > 0 {
 		if err := t.alive(); err != nil {
 			return Reservation{}, err
 		}
 	}
-	req := &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, Want: want}
 	var resp *governorpb.Reservation
 	var abandon func(ctx context.Context, id string) error
 	if want > 0 {
 		abandon = func(ctx context.Context, id string) error {
-			_, err := t.c.rpc.Reserve(ctx, &governorpb.ReserveRequest{RequestId: id, NodeId: t.id, Resource: resource,
-				Spent: spent, Return: ret, Want: want, Abandon: true})
+			_, err := t.c.rpc.Reserve(ctx, &governorpb.ReserveRequest{RequestId: id, NodeId: req.NodeId, Resource: req.Resource,
+				Spent: req.Spent, Return: req.Return, Want: want, Exact: req.Exact, Abandon: true})
 			return err
 		}
 	}

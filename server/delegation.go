@@ -57,7 +57,7 @@ func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*
 		return nil, err
 	}
 	r := engine.ReserveRequest{Node: engine.NodeID(req.GetNodeId()), Resource: req.GetResource(),
-		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), RequestID: req.GetRequestId()}
+		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), Exact: req.GetExact(), RequestID: req.GetRequestId()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Reservation, bool, error) {
 			res, k, err := s.eng.GiveBackReserved(sid, r, 0)

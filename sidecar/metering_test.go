@@ -27,7 +27,7 @@ type llmEnv struct {
 	base string // the sidecar's base URL, http://127.0.0.1:port
 }
 
-func startLLM(t testing.TB, tokens int64, fake *fakellm.Provider) *llmEnv {
+func startLLM(t testing.TB, tokens int64, fake *fakellm.Provider, extraYAML ...string) *llmEnv {
 	t.Helper()
 	srv := startGovernord(t, nil)
 	up := origin(t, fake, true, false)
@@ -39,7 +39,7 @@ routes:
 rules:
   - {name: anthropic, match: {path: /v1/messages, method: POST}, class: llm, meter: anthropic}
   - {name: openai, match: {path: /v1, method: POST}, class: llm, meter: {api: openai, reserve: 1000}}
-`, tokens, hostURL(up, "example.com"), hostURL(up, "example.com"))})
+%s`, tokens, hostURL(up, "example.com"), hostURL(up, "example.com"), strings.Join(extraYAML, "\n"))})
 	return &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: "http://" + p.Addr()}
 }
 
@@ -231,10 +231,21 @@ func TestMeteredDenialsInTheProvidersShape(t *testing.T) {
 
 // Three sub-agents calling at once, streamed and not, until each is
 // refused: the budget of 10,000 tokens is never exceeded, counted by
-// governord or by the provider.
+// governord or by the provider, and since every response completes,
+// governord charges exactly what the provider reported, up to the budget's
+// edge (where each call's estimate is held at governord and settled to its
+// usage), with delegated budgets and without.
 func TestMeteredBudgetAcrossSubagents(t *testing.T) {
+	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
+		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
+			meteredBudgetAcrossSubagents(t, delegation)
+		})
+	}
+}
+
+func meteredBudgetAcrossSubagents(t *testing.T, delegation string) {
 	const budget = 10_000
-	e := startLLM(t, budget, &fakellm.Provider{Output: 150})
+	e := startLLM(t, budget, &fakellm.Provider{Output: 150}, delegation)
 	var wg sync.WaitGroup
 	for a := range 3 {
 		wg.Add(1)
@@ -268,8 +279,8 @@ func TestMeteredBudgetAcrossSubagents(t *testing.T) {
 	if used > budget || reported > budget {
 		t.Errorf("governord counts %d tokens and the provider reported %d; the budget is %d", used, reported, budget)
 	}
-	if calls < 10 || used < reported {
-		t.Errorf("%d calls, %d tokens reported, %d charged", calls, reported, used)
+	if calls < 10 || used != reported {
+		t.Errorf("%d calls, %d tokens reported, %d charged: want them charged exactly", calls, reported, used)
 	}
 	t.Logf("%d calls, %d tokens reported, %d charged of %d", calls, reported, used, budget)
 }

@@ -2106,7 +2106,12 @@ type ReserveRequest struct {
 	// arguments) before its answer arrived: give back the units it added, if
 	// any. What it settled (spent and return) stays settled. The answer is
 	// the reservation afterwards, with granted 0. See the service comment.
-	Abandon       bool `protobuf:"varint,7,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	Abandon bool `protobuf:"varint,7,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	// Reserve all of want or nothing, checked as a consume of want would be
+	// (RESOURCE_EXHAUSTED with a Denial when it does not fit): the hold of one
+	// call's estimate, settled later to what the call used. spent and return
+	// must be 0.
+	Exact         bool `protobuf:"varint,8,opt,name=exact,proto3" json:"exact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2186,6 +2191,13 @@ func (x *ReserveRequest) GetWant() int64 {
 func (x *ReserveRequest) GetAbandon() bool {
 	if x != nil {
 		return x.Abandon
+	}
+	return false
+}
+
+func (x *ReserveRequest) GetExact() bool {
+	if x != nil {
+		return x.Exact
 	}
 	return false
 }
@@ -4269,7 +4281,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x18\n" +
 	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
 	"\tcontended\x18\x06 \x01(\bR\tcontended\x12\x1a\n" +
-	"\badaptive\x18\a \x01(\bR\badaptive\"\xc0\x01\n" +
+	"\badaptive\x18\a \x01(\bR\badaptive\"\xd6\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -4278,7 +4290,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05spent\x18\x04 \x01(\x03R\x05spent\x12\x16\n" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x18\n" +
-	"\aabandon\x18\a \x01(\bR\aabandon\"x\n" +
+	"\aabandon\x18\a \x01(\bR\aabandon\x12\x14\n" +
+	"\x05exact\x18\b \x01(\bR\x05exact\"x\n" +
 	"\vReservation\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +

@@ -50,7 +50,11 @@ type ReserveRequest struct {
 	// Want is how many more units to reserve. Fewer are reserved when the
 	// headroom is small (see ReserveShare); with no headroom the request is
 	// a *Denial, or ErrRecalling while other reservations hold what it needs.
-	Want      int64
+	Want int64
+	// Exact reserves all of Want or nothing, checked as a consume of Want
+	// would be: the hold of one call's estimate, which must not come back
+	// short. It settles nothing: Spent and Return are 0.
+	Exact     bool
 	RequestID string
 }
 
@@ -89,6 +93,9 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	if r.Spent == 0 && r.Return == 0 && r.Want == 0 {
 		return Reservation{}, invalid("nothing to reserve, settle or return")
 	}
+	if r.Exact && (r.Want == 0 || r.Spent != 0 || r.Return != 0) {
+		return Reservation{}, invalid("an exact reservation reserves want units and settles nothing (want %d, spent %d, return %d)", r.Want, r.Spent, r.Return)
+	}
 	fp := uint64(0)
 	if r.RequestID != "" {
 		fp = r.fingerprint()
@@ -116,20 +123,39 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 		if err := e.checkOpen(n, now); err != nil {
 			return Reservation{}, err
 		}
-		room, err := n.reserveRoom(r.Resource, r.Spent, r.Return)
+		grant, err = n.reserveGrant(r)
 		if err != nil {
 			return Reservation{}, e.refused(s, err)
 		}
-		grant = min(r.Want, max(1, room/ReserveShare))
 	}
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
 		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp})
 	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant}, nil
 }
 
+// reserveGrant is how many units r adds on n: all of Want or a refusal for
+// an exact reservation, otherwise a share of the headroom (ReserveShare).
+func (n *node) reserveGrant(r ReserveRequest) (int64, error) {
+	if r.Exact {
+		if err := n.check(r.Resource, r.Want); err != nil {
+			return 0, err
+		}
+		return r.Want, nil
+	}
+	room, err := n.reserveRoom(r.Resource, r.Spent, r.Return)
+	if err != nil {
+		return 0, err
+	}
+	return min(r.Want, max(1, room/ReserveShare)), nil
+}
+
 // fingerprint tells a retry of r from another request with its id.
 func (r *ReserveRequest) fingerprint() uint64 {
-	return fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
+	fp := fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
+	if r.Exact {
+		fp = fnvAdd(fp, 1)
+	}
+	return fp
 }
 
 // reservedOn is how many units of resource the session holds on node.

@@ -11,7 +11,7 @@ import (
 )
 
 // admitDirect admits work with delegation off: one ChargeAndAcquire, and a
-// Release when the work ends.
+// Release when the work ends (or, for held charges, admitHeld).
 func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.Ticket, error) {
 	if r.Spent {
 		for _, res := range slices.Sorted(maps.Keys(r.Charges)) {
@@ -19,22 +19,75 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 		}
 		return nil, nil
 	}
+	if r.Held {
+		return n.admitHeld(ctx, r)
+	}
 	l, err := n.t.ChargeAndAcquire(ctx, r.Class, r.Charges)
 	if err != nil {
 		return nil, err
 	}
+	if l == nil {
+		return nil, nil
+	}
+	return n.leaseTicket(l), nil
+}
+
+func (n *node) leaseTicket(l *governor.Lease) *leaseTicket {
+	n.s.a.m.slotGrants.WithLabelValues("single").Inc()
+	return &leaseTicket{s: n.s, n: n, l: l}
+}
+
+// admitHeld admits work with held charges (a metered call's estimate) at
+// governord, for work that cannot take them from the session's
+// reservations (delegation off, or a top-up short near the quota's edge):
+// each charge is reserved exactly, all of it or nothing as a consume would
+// be checked, and then the slot is acquired. The ticket settles each hold
+// to what the work used, so that what it did not use goes back.
+func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ticket, error) {
+	resources := slices.Sorted(maps.Keys(r.Charges))
+	for i, res := range resources {
+		if r.Charges[res] <= 0 {
+			continue
+		}
+		if _, err := n.t.ReserveExactly(ctx, res, r.Charges[res]); err != nil {
+			n.giveBackHolds(resources[:i], r.Charges)
+			return nil, err
+		}
+	}
 	var t admission.Ticket
-	if l != nil {
-		n.s.a.m.slotGrants.WithLabelValues("single").Inc()
-		t = &leaseTicket{s: n.s, n: n, l: l}
+	if r.Class != "" {
+		l, err := n.t.ChargeAndAcquire(ctx, r.Class, nil)
+		if err != nil {
+			n.giveBackHolds(resources, r.Charges)
+			return nil, err
+		}
+		t = n.leaseTicket(l)
 	}
-	if r.Held {
-		// Charged whole at governord: what the work leaves unused cannot
-		// be given back (quota is never refunded), only what it uses
-		// beyond is charged.
-		return n.held(t, r.Charges, true), nil
+	return n.held(t, r.Charges, true), nil
+}
+
+// giveBackHolds gives back exact holds of work that was not admitted, in
+// the background: a hold that cannot be given back counts as spent when
+// the session ends, so the caps still hold.
+func (n *node) giveBackHolds(resources []string, charges map[string]int64) {
+	for _, res := range resources {
+		if h := charges[res]; h > 0 {
+			n.settleHold(res, 0, h)
+		}
 	}
-	return t, nil
+}
+
+// settleHold settles an exact hold of resource in the background: spent
+// units are charged for good, ret units go back.
+func (n *node) settleHold(res string, spent, ret int64) {
+	n.s.a.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(n.s.life, callTimeout)
+		defer cancel()
+		if _, err := n.t.Reserve(ctx, res, spent, ret, 0); err != nil {
+			n.s.a.log.Warn("governor-proxy: settling a held estimate failed; governord counts it as spent when the session ends",
+				"resource", res, "spent", spent, "return", ret, "err", err)
+		}
+	})
 }
 
 // consumeUpTo charges up to amount of resource for work that already ran:

@@ -9,31 +9,34 @@ import (
 )
 
 // heldTicket is work admitted with held charges (admission.Request.Held):
-// an estimate taken from the node's reservations and kept held, not spent,
-// while the work runs, so that the part it leaves unused goes back to the
-// reservation instead of being reported as spent. It is an
-// admission.Settler.
+// an estimate taken from the node's reservations (or held exactly at
+// governord: admitHeld) and kept held, not spent, while the work runs, so
+// that the part it leaves unused goes back instead of being reported as
+// spent. It is an admission.Settler.
 type heldTicket struct {
 	n     *node
 	slot  admission.Ticket // the class's slot; nil when none is held
 	held  map[string]int64
-	whole bool // charged whole at governord (direct): nothing to give back
+	exact bool // held at governord (admitHeld), not in the node's reservations
 
 	settle sync.Once
 	end    sync.Once
 }
 
-// held wraps the ticket of work whose charges were taken (whole: charged
-// at governord instead) and are now held until it settles.
-func (n *node) held(slot admission.Ticket, charges map[string]int64, whole bool) *heldTicket {
-	return &heldTicket{n: n, slot: slot, held: charges, whole: whole}
+// held wraps the ticket of work whose charges were taken (exact: held at
+// governord instead) and are now held until it settles.
+func (n *node) held(slot admission.Ticket, charges map[string]int64, exact bool) *heldTicket {
+	return &heldTicket{n: n, slot: slot, held: charges, exact: exact}
 }
 
 func (t *heldTicket) Settle(used map[string]int64) {
 	t.settle.Do(func() {
 		for res, h := range t.held {
 			u := max(used[res], 0)
-			if !t.whole {
+			switch {
+			case t.exact && h > 0:
+				t.n.settleHold(res, min(u, h), h-min(u, h))
+			case !t.exact:
 				q := t.n.reservation(res)
 				q.spend(min(u, h))
 				if u < h {
@@ -55,7 +58,7 @@ func (t *heldTicket) spendBeyond(res string, extra int64) {
 	n.s.a.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(n.s.life, callTimeout)
 		defer cancel()
-		if t.whole {
+		if t.exact {
 			n.consumeUpTo(ctx, res, extra)
 			return
 		}

@@ -3,6 +3,7 @@ package budget_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -42,34 +43,55 @@ func TestHeldChargesSettleToWhatWasUsed(t *testing.T) {
 	})
 }
 
-// A held estimate is refused when the quota cannot hold it, and the quota
-// is never exceeded.
+// Estimates held by calls still running count against the quota: a call
+// whose estimate fits only once they settle waits for them (they may come
+// back unused) instead of being denied, and is admitted when they settle
+// small. Once spent usage leaves no room, it is denied. The quota is never
+// exceeded.
 func TestHeldChargesHoldTheQuota(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
-	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, nil)
-	var tickets []admission.Ticket
-	for {
-		ctx, cancel := admission.WithWaitTimeout(context.Background(), waitFor)
-		tk, err := a.Admit(ctx, admission.Request{Charges: map[string]int64{"tokens": 1000}, Held: true})
-		cancel()
-		var d *admission.Denial
-		if errors.As(err, &d) && d.Cause == admission.CauseQuota {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		tickets = append(tickets, tk)
-		if len(tickets) > 2 {
-			t.Fatalf("%d estimates of 1000 held under a quota of 2500", len(tickets))
-		}
-	}
-	for _, tk := range tickets {
-		tk.(admission.Settler).Settle(map[string]int64{"tokens": 1000})
-		tk.End(0, false)
-	}
-	a.Settle(context.Background())
-	if used := node(t, admin(t, srv), govtest.Tenant).GetUsed()["tokens"]; used > 2500 || used < 1000*int64(len(tickets)) {
-		t.Errorf("used %d with %d calls of 1000 admitted", used, len(tickets))
+	for _, delegate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("delegate=%v", delegate), func(t *testing.T) {
+			srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
+			a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) { c.Delegate = delegate })
+			estimate := admission.Request{Charges: map[string]int64{"tokens": 1000}, Held: true}
+			first, second := admit(t, a, estimate), admit(t, a, estimate)
+
+			ctx, cancel := admission.WithWaitTimeout(context.Background(), 200*time.Millisecond)
+			_, err := a.Admit(ctx, estimate)
+			cancel()
+			var d *admission.Denial
+			if !errors.As(err, &d) || d.Cause != admission.CauseWaitTimeout {
+				t.Fatalf("a third estimate of 1000 with 2000 of 2500 held: %v, want it to wait", err)
+			}
+
+			third := make(chan error, 1)
+			go func() {
+				ctx, cancel := admission.WithWaitTimeout(context.Background(), waitFor)
+				defer cancel()
+				tk, err := a.Admit(ctx, estimate)
+				if err == nil {
+					tk.(admission.Settler).Settle(map[string]int64{"tokens": 1000})
+					tk.End(0, false)
+				}
+				third <- err
+			}()
+			first.(admission.Settler).Settle(map[string]int64{"tokens": 500})
+			first.End(0, false)
+			if err := <-third; err != nil {
+				t.Fatalf("a third estimate once the first call settled at 500: %v, want it admitted", err)
+			}
+			second.(admission.Settler).Settle(map[string]int64{"tokens": 1000})
+			second.End(0, false)
+			eventually(t, "every call's use settled", func() bool {
+				a.Settle(context.Background())
+				return node(t, admin(t, srv), govtest.Tenant).GetUsed()["tokens"] == 2500
+			})
+			ctx, cancel = admission.WithWaitTimeout(context.Background(), waitFor)
+			_, err = a.Admit(ctx, admission.Request{Charges: map[string]int64{"tokens": 1}, Held: true})
+			cancel()
+			if !errors.As(err, &d) || d.Cause != admission.CauseQuota {
+				t.Fatalf("an estimate with all 2500 spent: %v, want a quota denial", err)
+			}
+		})
 	}
 }

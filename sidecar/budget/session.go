@@ -240,9 +240,8 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			// so that a charge the quota cannot hold is refused at once
 			// rather than after its whole wait timeout. The reservations'
 			// unspent units go back first, so as not to stand in its way.
-			// A held estimate is then charged whole: near the edge, what
-			// the work leaves of it is not given back (budgets hold, and
-			// may be under-used).
+			// A held estimate is held exactly at governord instead, and
+			// settled there to what the work used (admitHeld).
 			n.untake(resources[:i], r.Charges)
 			for _, res := range resources {
 				n.reservation(res).settleNow(ctx, true)
