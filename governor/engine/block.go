@@ -129,13 +129,13 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	if l == nil {
 		id := e.nextLease
 		e.emit(Event{Kind: EvLeaseGranted, At: now, Session: s.id, Node: n.id, Lease: id, Resource: r.Class,
-			Block: true, Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
+			Block: true, Amount: grow, RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(nil, r.Class, grow)})
 		return BlockGrant{Lease: id, Node: n.id, Class: r.Class, Count: grow, Granted: grow, Contended: contended,
 			Adaptive: e.adaptive[r.Class] != nil}, nil
 	}
 	if grow > 0 {
 		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
-			Amount: grow, RequestID: r.RequestID, Fingerprint: fp})
+			Amount: grow, RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(nil, l.class, grow)})
 	}
 	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended,
 		Adaptive: e.adaptive[l.class] != nil}, nil
@@ -151,8 +151,10 @@ func (r *BlockRequest) fingerprint() uint64 {
 func (n *node) headroom(class string, want int64) int64 {
 	room := want
 	for a := n; a != nil; a = a.parent {
-		if g := a.limit[class]; g != nil && g.capped {
-			room = min(room, max(g.cap-g.n, 0))
+		if g := a.limit[class]; g != nil {
+			if eff, ok := g.enforced(); ok {
+				room = min(room, max(eff-g.n, 0))
+			}
 		}
 	}
 	return room

@@ -96,6 +96,9 @@ type Config struct {
 	// bound. TenantBounds replaces them for the tenants it names.
 	Bounds       Bounds
 	TenantBounds map[string]Bounds
+	// Near are the near-limit thresholds in percent of a cap, ascending
+	// (policy.go); empty means DefaultNear (80 and 90).
+	Near []int
 }
 
 // Engine is the governed tree. All methods are safe for concurrent use; they
@@ -141,6 +144,7 @@ type Engine struct {
 	retention    time.Duration
 	bounds       Bounds
 	tenantBounds map[string]Bounds
+	near         []int
 
 	// Not state: rebuilt empty by a restart.
 	queues   map[string]*classQueue
@@ -195,6 +199,13 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if err := cfg.Bounds.validate(); err != nil {
 		return nil, err
+	}
+	if err := validNear(cfg.Near); err != nil {
+		return nil, err
+	}
+	e.near = slices.Clone(cfg.Near)
+	if len(e.near) == 0 {
+		e.near = slices.Clone(DefaultNear)
 	}
 	if e.clock == nil {
 		e.clock = WallClock{}

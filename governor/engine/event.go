@@ -117,6 +117,11 @@ type Event struct {
 	// GivenBack marks the EvLeaseReleased of a grant whose caller gave up at
 	// the instant it arrived: the grant is undone whole, its Charges too.
 	GivenBack bool `json:"gb,omitempty"`
+
+	// Warnings are the soft and warn_only caps this charge or grant went
+	// past without being refused (policy.go): what the log keeps of every
+	// would-be denial. Apply ignores them.
+	Warnings []Warning `json:"warn,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes

@@ -11,19 +11,27 @@ type gauge struct {
 	// r is what the subtree's quota reservations hold unspent (quotas only):
 	// it counts against the cap like usage, but it is not spent.
 	r int64
+	// mode and burst are how the cap is enforced (policy.go).
+	mode  Mode
+	burst int64
 }
 
 // full reports whether amount more would go over the cap, counting what is
 // reserved.
-func (g *gauge) full(amount int64) bool { return g.capped && amount > g.cap-g.n-g.r }
+// A soft cap is full past its burst; a warn_only cap never is.
+func (g *gauge) full(amount int64) bool {
+	eff, ok := g.enforced()
+	return ok && amount > eff-g.n-g.r
+}
 
-// room is how much more fits under the cap, counting what is reserved; ok is
-// false when there is no cap.
+// room is how much more fits under the cap as enforced (policy.go),
+// counting what is reserved; ok is false when nothing is refused.
 func (g *gauge) room() (n int64, ok bool) {
-	if !g.capped {
+	eff, ok := g.enforced()
+	if !ok {
 		return 0, false
 	}
-	return max(g.cap-g.n-g.r, 0), true
+	return max(eff-g.n-g.r, 0), true
 }
 
 // gauges maps a name to its gauge. An entry exists while it is capped or has
@@ -53,8 +61,8 @@ func (gs gauges) tidy(k string, g *gauge) {
 func (gs *gauges) setCap(k string, v int64) {
 	g := gs.at(k)
 	g.cap, g.capped = v, v != NoCap
-	if !g.capped {
-		g.cap = 0
+	if !g.capped { // a mode is part of its cap
+		g.cap, g.mode, g.burst = 0, ModeHard, 0
 	}
 	gs.tidy(k, g)
 }

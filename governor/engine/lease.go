@@ -104,7 +104,7 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	}
 	if r.Class == "" {
 		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
-			RequestID: r.RequestID, Fingerprint: fp})
+			RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(charges, "", 0)})
 		return Grant{Node: n.id}, nil, nil
 	}
 	// w stays on the stack when granted at once: only a queued waiter is
@@ -147,7 +147,8 @@ func (e *Engine) CancelWait(wt *Wait) {
 func (e *Engine) grant(w *waiter, now int64) Grant {
 	id := e.nextLease
 	e.emit(Event{Kind: EvLeaseGranted, At: now, Session: w.session.id, Node: w.node.id, Lease: id,
-		Resource: w.class, Charges: w.charges, RequestID: w.requestID, Fingerprint: w.fingerprint})
+		Resource: w.class, Charges: w.charges, RequestID: w.requestID, Fingerprint: w.fingerprint,
+		Warnings: w.node.warnings(w.charges, w.class, 1)})
 	return Grant{Lease: id, Node: w.node.id, Class: w.class}
 }
 

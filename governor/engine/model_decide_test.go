@@ -122,7 +122,7 @@ func (m *model) tenantOf(id NodeID) NodeID {
 // fits: one more lease of class fits under every limit on id's chain.
 func (m *model) fits(id NodeID, class string) bool {
 	for _, a := range m.chain(id) {
-		if limit, ok := m.limits[a][class]; ok && m.held[a][class]+1 > limit {
+		if limit, ok := m.refusesAt(a, true, class); ok && m.held[a][class]+1 > limit {
 			return false
 		}
 	}
@@ -134,7 +134,7 @@ func (m *model) fits(id NodeID, class string) bool {
 func (m *model) chargesFit(id NodeID, charges map[string]int64) bool {
 	for r, amount := range charges {
 		for _, a := range m.chain(id) {
-			if q, ok := m.quotas[a][r]; ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+			if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+amount > q {
 				return false
 			}
 		}
@@ -217,7 +217,7 @@ func (m *model) next(q *mClassQueue, class string) (*mTenantQueue, *mWaiter) {
 			tq.deficit = m.weight[tq.tenant]
 		}
 		ownFull := false
-		if limit, ok := m.limits[tq.tenant][class]; ok && m.held[tq.tenant][class] >= limit {
+		if limit, ok := m.refusesAt(tq.tenant, true, class); ok && m.held[tq.tenant][class] >= limit {
 			ownFull = true
 		}
 		if !ownFull {

@@ -33,6 +33,8 @@ type model struct {
 	endedAt   map[NodeID]int64
 	gone      map[NodeID]map[string]int64
 	retention time.Duration
+	// modes are the caps enforced other than hard (policy.go).
+	modes map[NodeID]map[modeKey]CapMode
 	// The model's own decisions (model_decide_test.go).
 	modelDecide
 }
@@ -60,7 +62,8 @@ func newModel(retention time.Duration) *model {
 		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{},
 		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
-		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention}
+		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
+		modes: map[NodeID]map[modeKey]CapMode{}}
 	m.state[RootID] = Open
 	m.decideInit()
 	return m
@@ -128,6 +131,7 @@ func add(m map[NodeID]map[string]int64, id NodeID, key string, v int64) {
 func (m *model) Emit(ev Event) {
 	wasExpected := m.expected(ev)
 	l := m.leases[ev.Lease]
+	m.checkWarnings(ev)
 	m.applyEvent(ev)
 	m.decideEvent(ev, l)
 	if wasExpected {
@@ -213,6 +217,7 @@ func (m *model) applyEvent(ev Event) {
 		if c.Deadline != nil {
 			m.deadline[ev.Node] = *c.Deadline
 		}
+		m.setModes(ev.Node, c)
 	case EvConsumed:
 		m.checkOpen(ev, ev.Node)
 		m.charge(ev, ev.Node, ev.Resource, ev.Amount)
@@ -278,7 +283,7 @@ func (m *model) applyEvent(ev Event) {
 		for _, a := range m.chain(ev.Node) {
 			// I1: a new reservation fits under every quota, counting what
 			// is reserved; settling moves units from reserved to used.
-			if q, ok := m.quotas[a][ev.Resource]; ok && ev.Amount > 0 &&
+			if q, ok := m.refusesAt(a, false, ev.Resource); ok && ev.Amount > 0 &&
 				m.used[a][ev.Resource]+m.reserved[a][ev.Resource]-ev.Returned+ev.Amount > q {
 				m.failf("I1 quotas: event %d reserves %d of %s on node %d; node %d had %d used and %d reserved of %d, %d returned",
 					ev.Seq, ev.Amount, ev.Resource, ev.Node, a, m.used[a][ev.Resource], m.reserved[a][ev.Resource], q, ev.Returned)
@@ -361,6 +366,7 @@ func (m *model) reclaim(ev Event, root NodeID) {
 			delete(tbl, id)
 		}
 		delete(m.parent, id)
+		delete(m.modes, id)
 		delete(m.state, id)
 		delete(m.deadline, id)
 		delete(m.endedAt, id)
@@ -383,7 +389,7 @@ func (m *model) checkOpen(ev Event, id NodeID) {
 // reserved) and applies it.
 func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.quotas[a][r]; ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+		if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+amount > q {
 			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d used and %d reserved of %d",
 				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], q)
 		}
@@ -395,7 +401,7 @@ func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 // takes count slots of class on id's chain.
 func (m *model) hold(ev Event, id NodeID, class string, count int64) {
 	for _, a := range m.chain(id) {
-		if limit, ok := m.limits[a][class]; ok && count > 0 && m.held[a][class]+count > limit {
+		if limit, ok := m.refusesAt(a, true, class); ok && count > 0 && m.held[a][class]+count > limit {
 			m.failf("I3 limits: event %d (%s) takes %d slots of %s on node %d while node %d holds %d of limit %d",
 				ev.Seq, ev.Kind, count, class, id, a, m.held[a][class], limit)
 		}

@@ -63,9 +63,14 @@ var mutants = []mutant{
 	{"a return that refunds spent units", "reserve.go",
 		"\t\tg.n += ev.Spent\n", "\t\tg.n += ev.Spent - ev.Returned\n", `used \(I2\)`},
 	{"reserved units not counted against the cap", "gauge.go",
-		"amount > g.cap-g.n-g.r }", "amount > g.cap-g.n }", `I1 quotas`},
+		"return ok && amount > eff-g.n-g.r\n", "return ok && amount > eff-g.n\n", `I1 quotas`},
 	{"a denial while reservations could be recalled", "quota.go",
-		"\t\tif amount > g.cap-g.n {\n\t\t\treturn a.denial(r, amount, g.cap)", "\t\tif true {\n\t\t\treturn a.denial(r, amount, g.cap)", `I14 denial`},
+		"\t\tif eff, _ := g.enforced(); amount > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
+	// Enforcement modes (policy.go).
+	{"a soft cap refuses one past its burst", "policy.go",
+		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},
+	{"a warn_only limit passed without a warning", "policy.go",
+		"g.mode != ModeHard && g.n+slots > g.cap", "g.mode == ModeSoft && g.n+slots > g.cap", `I20 warnings`},
 	{"an ended session's reservations vanish unspent", "session.go",
 		"\te.spendReservations(s)\n", "\tfor _, res := range s.reservations {\n\t\tfor a := res.node; a != nil; a = a.parent {\n\t\t\ta.quota.at(res.resource).r -= res.amount\n\t\t}\n\t\te.dropReservation(res)\n\t}\n", `used \(I2\)`},
 	// Reclaiming ended nodes, and tenants' bounds.

@@ -103,7 +103,8 @@ func (a *Audit) validate(edit *CapsEdit) error {
 		return invalid("an override's duration %v is negative", a.For)
 	}
 	if a.For > 0 {
-		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil {
+		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil ||
+			edit.QuotaModes != nil || edit.LimitModes != nil {
 			return invalid("a temporary override sets only quotas and limits")
 		}
 		if len(edit.Quotas)+len(edit.Limits) == 0 {
@@ -144,6 +145,17 @@ func (n *node) oldValues(edit *CapsEdit) CapsEdit {
 	if edit.Deadline != nil {
 		old.Deadline = int64p(n.deadline)
 	}
+	pickModes := func(edited map[string]CapMode, gs gauges) map[string]CapMode {
+		if edited == nil {
+			return nil
+		}
+		out := make(map[string]CapMode, len(edited))
+		for k := range edited {
+			out[k] = gs.modeOf(k)
+		}
+		return out
+	}
+	old.QuotaModes, old.LimitModes = pickModes(edit.QuotaModes, n.quota), pickModes(edit.LimitModes, n.limit)
 	return old
 }
 
@@ -203,6 +215,12 @@ func (c CapsEdit) canonical() CapsEdit {
 	c = c.clone()
 	c.Quotas, c.Limits = nilIfEmpty(c.Quotas), nilIfEmpty(c.Limits)
 	c.DefaultQuotas, c.DefaultLimits = nilIfEmpty(c.DefaultQuotas), nilIfEmpty(c.DefaultLimits)
+	if len(c.QuotaModes) == 0 {
+		c.QuotaModes = nil
+	}
+	if len(c.LimitModes) == 0 {
+		c.LimitModes = nil
+	}
 	return c
 }
 

@@ -44,7 +44,7 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 		return e.refused(s, err)
 	}
 	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,
-		RequestID: requestID, Fingerprint: fp})
+		RequestID: requestID, Fingerprint: fp, Warnings: n.warnings([]Charge{{resource, amount}}, "", 0)})
 	return nil
 }
 
@@ -66,8 +66,8 @@ func (n *node) check(r string, amount int64) error {
 		if !g.full(amount) {
 			continue
 		}
-		if amount > g.cap-g.n {
-			return a.denial(r, amount, g.cap)
+		if eff, _ := g.enforced(); amount > eff-g.n { // full, so enforced
+			return a.denial(r, amount, eff)
 		}
 		blocked = a
 	}

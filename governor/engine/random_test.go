@@ -227,6 +227,32 @@ func (w *world) randCaps(keys []string, max int64) map[string]int64 {
 	return m
 }
 
+// randModes picks enforcement modes (policy.go) for some of the names that
+// will have a cap once edit is applied over have: hard, soft with a burst
+// up to maxBurst, or warn_only.
+func (w *world) randModes(edit, have map[string]int64, keys []string, maxBurst int64) map[string]CapMode {
+	m := map[string]CapMode{}
+	for _, k := range keys {
+		v, edited := edit[k]
+		_, capped := have[k]
+		if (edited && v == NoCap) || (!edited && !capped) || w.rng.Intn(2) == 0 {
+			continue
+		}
+		switch w.rng.Intn(3) {
+		case 0:
+			m[k] = CapMode{}
+		case 1:
+			m[k] = CapMode{Mode: ModeSoft, Burst: w.rng.Int63n(maxBurst + 1)}
+		case 2:
+			m[k] = CapMode{Mode: ModeWarnOnly}
+		}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
 func (w *world) pick(ids []NodeID) NodeID { return ids[w.rng.Intn(len(ids))] }
 
 func (w *world) session() SessionID {
@@ -482,6 +508,10 @@ func (w *world) randomOp() {
 				d = w.clock.Now().Add(time.Duration(w.rng.Intn(10)) * time.Second).UnixNano()
 			}
 			edit.Deadline = &d
+		}
+		if w.rng.Intn(3) == 0 {
+			edit.QuotaModes = w.randModes(edit.Quotas, w.m.quotas[n], resources, 20)
+			edit.LimitModes = w.randModes(edit.Limits, w.m.limits[n], classes, 3)
 		}
 		rid := w.reqID()
 		_, err := e.SetCaps(sid, n, edit, rid)
@@ -750,6 +780,16 @@ func (w *world) check() {
 		}
 		if id != RootID && n.state != m.state[id] {
 			w.fail("node %d state: engine %s, model %s", id, n.state, m.state[id])
+		}
+		modes := map[modeKey]CapMode{}
+		for k, cm := range n.quota.modes() {
+			modes[modeKey{false, k}] = cm
+		}
+		for k, cm := range n.limit.modes() {
+			modes[modeKey{true, k}] = cm
+		}
+		if !maps.Equal(modes, m.modes[id]) && (len(modes) > 0 || len(m.modes[id]) > 0) {
+			w.fail("node %d modes: engine %v, model %v", id, modes, m.modes[id])
 		}
 		for name, c := range n.open {
 			if c.state != Open || c.name != name || c.parent != n {
@@ -1148,7 +1188,8 @@ func (w *world) checkRefusal(sid SessionID, err error, n NodeID, r string, amoun
 	// unspent reservations: every reservation below it must be recalled.
 	var blocked *node
 	for a := w.e.nodes[n]; a != nil; a = a.parent {
-		if g := a.quota[r]; g != nil && g.capped && amount > g.cap-g.n-g.r+returned && amount <= g.cap-g.n {
+		q, refuses := w.m.refusesAt(a.id, false, r) // a soft cap refuses past its burst (policy.go)
+		if g := a.quota[r]; g != nil && refuses && amount > q-g.n-g.r+returned && amount <= q-g.n {
 			blocked = a
 		}
 	}

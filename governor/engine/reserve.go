@@ -128,8 +128,14 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 			return Reservation{}, e.refused(s, err)
 		}
 	}
+	var warn []Warning
+	if grant > 0 {
+		// Units settled leave reserved for used, and returned ones free
+		// room: what the chain holds grows by the grant less what returns.
+		warn = n.warnings([]Charge{{r.Resource, grant - r.Return}}, "", 0)
+	}
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
-		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp})
+		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp, Warnings: warn})
 	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant}, nil
 }
 
@@ -176,15 +182,19 @@ func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
 	var blocked *node
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
-		if g == nil || !g.capped {
+		if g == nil {
 			continue
 		}
-		if g.n+spent >= g.cap {
+		eff, refuses := g.enforced()
+		if !refuses {
+			continue
+		}
+		if g.n+spent >= eff {
 			// What this request settles is spent too: the denial counts it
 			// where it was spent.
-			return 0, a.denialWith(r, 1, g.cap, n, spent)
+			return 0, a.denialWith(r, 1, eff, n, spent)
 		}
-		free := g.cap - g.n - g.r + returned // spent units leave reserved for used: no change
+		free := eff - g.n - g.r + returned // spent units leave reserved for used: no change
 		if free <= 0 {
 			blocked = a
 		}

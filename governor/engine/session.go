@@ -325,6 +325,17 @@ func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
 			h = fnvAdd(h, uint64(*p))
 		}
 	}
+	// Modes came later: an edit without them keeps the fingerprint it
+	// always had, so a remembered request id still matches after an upgrade.
+	for i, m := range []map[string]CapMode{c.QuotaModes, c.LimitModes} {
+		if m == nil {
+			continue
+		}
+		h = fnvAdd(h, uint64(i+1))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			h = fnvAdd(fnvAdd(fnvString(h, k), uint64(m[k].Mode)), uint64(m[k].Burst))
+		}
+	}
 	return h
 }
 

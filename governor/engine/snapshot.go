@@ -180,6 +180,9 @@ func (e *Engine) Restore(snap Snapshot) error {
 		n.state, n.deadline, n.weight, n.priority = v.State, v.Deadline, v.Weight, v.Priority
 		n.quota.setCaps(v.Quotas)
 		n.limit.setCaps(v.Limits)
+		if err := restoreModes(n, v); err != nil {
+			return err
+		}
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}

@@ -83,6 +83,10 @@ type CapsEdit struct {
 	Weight        *int64           `json:"w,omitempty"`
 	Priority      *int64           `json:"pri,omitempty"`
 	Deadline      *int64           `json:"dead,omitempty"` // 0 clears the deadline
+	// QuotaModes and LimitModes set how caps are enforced (policy.go);
+	// the zero CapMode makes a cap hard again. A mode needs a cap.
+	QuotaModes map[string]CapMode `json:"qm,omitempty"`
+	LimitModes map[string]CapMode `json:"lm,omitempty"`
 }
 
 // NodeView is a copy of a node's state, safe to keep. In a snapshot, zero
@@ -112,6 +116,10 @@ type NodeView struct {
 	// Created is when the node was created (unix nanoseconds); 0 for the
 	// root, and for nodes restored from a snapshot that did not keep it.
 	Created int64 `json:",omitempty"`
+	// QuotaModes and LimitModes are the caps enforced other than hard
+	// (policy.go).
+	QuotaModes map[string]CapMode `json:",omitempty"`
+	LimitModes map[string]CapMode `json:",omitempty"`
 }
 
 type node struct {
@@ -181,7 +189,7 @@ func (n *node) view() NodeView {
 		Quotas: n.quota.caps(), Used: n.quota.counts(), Reserved: n.quota.reservedCounts(), Limits: n.limit.caps(),
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
-		Created: n.created}
+		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes()}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -239,6 +247,12 @@ func mergeCaps(base, edit map[string]int64) map[string]int64 {
 func (n *node) applyCaps(c *CapsEdit, e *Engine) {
 	n.quota.setCaps(c.Quotas)
 	n.limit.setCaps(c.Limits)
+	for k, m := range c.QuotaModes {
+		n.quota.setMode(k, m)
+	}
+	for k, m := range c.LimitModes {
+		n.limit.setMode(k, m)
+	}
 	n.defQuotas = mergeCaps(n.defQuotas, c.DefaultQuotas)
 	n.defLimits = mergeCaps(n.defLimits, c.DefaultLimits)
 	if c.Weight != nil {
@@ -264,6 +278,7 @@ func (s NodeSpec) clone() NodeSpec {
 func (c CapsEdit) clone() CapsEdit {
 	c.Quotas, c.Limits = maps.Clone(c.Quotas), maps.Clone(c.Limits)
 	c.DefaultQuotas, c.DefaultLimits = maps.Clone(c.DefaultQuotas), maps.Clone(c.DefaultLimits)
+	c.QuotaModes, c.LimitModes = maps.Clone(c.QuotaModes), maps.Clone(c.LimitModes)
 	for _, p := range []**int64{&c.Weight, &c.Priority, &c.Deadline} {
 		if *p != nil {
 			v := **p
@@ -338,6 +353,19 @@ func (c *CapsEdit) validate() error {
 	}
 	if c.Deadline != nil && *c.Deadline < 0 {
 		return invalid("deadline %d is negative", *c.Deadline)
+	}
+	for _, side := range []struct {
+		what  string
+		modes map[string]CapMode
+	}{{"quota", c.QuotaModes}, {"limit", c.LimitModes}} {
+		for k, m := range side.modes {
+			if err := validName(side.what+" name", k); err != nil {
+				return err
+			}
+			if err := m.validate(side.what + " " + k); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -672,6 +700,9 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 		return NodeView{}, err
 	}
 	if err := e.checkOpen(n, now); err != nil {
+		return NodeView{}, err
+	}
+	if err := n.checkModes(&edit); err != nil {
 		return NodeView{}, err
 	}
 	if s.id != System {

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// The model's side of enforcement modes (policy.go): which caps are soft or
+// warn_only, the usage at which each refuses, and the warnings every charge
+// or grant past a cap it did not refuse must carry (I20).
+
+type modeKey struct {
+	limit bool
+	name  string
+}
+
+// setModes follows an EvCapsSet: a removed cap loses its mode, and the
+// edit's modes replace the old ones (the zero CapMode is hard, kept as none).
+func (m *model) setModes(id NodeID, c *CapsEdit) {
+	for _, side := range []struct {
+		limit bool
+		caps  map[string]int64
+		modes map[string]CapMode
+	}{{false, c.Quotas, c.QuotaModes}, {true, c.Limits, c.LimitModes}} {
+		for k, v := range side.caps {
+			if v == NoCap {
+				delete(m.modes[id], modeKey{side.limit, k})
+			}
+		}
+		for k, cm := range side.modes {
+			if cm == (CapMode{}) {
+				delete(m.modes[id], modeKey{side.limit, k})
+				continue
+			}
+			if m.modes[id] == nil {
+				m.modes[id] = map[modeKey]CapMode{}
+			}
+			m.modes[id][modeKey{side.limit, k}] = cm
+		}
+	}
+}
+
+// refusesAt is the usage at which a's cap on name refuses more, as SPEC.md
+// states it: the cap (hard), cap plus burst (soft), never (warn_only).
+func (m *model) refusesAt(a NodeID, limit bool, name string) (int64, bool) {
+	caps := m.quotas[a]
+	if limit {
+		caps = m.limits[a]
+	}
+	v, ok := caps[name]
+	if !ok {
+		return 0, false
+	}
+	cm := m.modes[a][modeKey{limit, name}]
+	switch cm.Mode {
+	case ModeWarnOnly:
+		return 0, false
+	case ModeSoft:
+		if v > math.MaxInt64-cm.Burst {
+			return math.MaxInt64, true
+		}
+		return v + cm.Burst, true
+	}
+	return v, true
+}
+
+// checkWarnings checks I20 before ev is applied: ev carries exactly one
+// warning for each soft or warn_only cap on its chain that it takes past
+// the cap, with the usage it reaches.
+func (m *model) checkWarnings(ev Event) {
+	var charges []Charge
+	class, slots, node := "", int64(0), ev.Node
+	switch ev.Kind {
+	case EvConsumed:
+		charges = []Charge{{ev.Resource, ev.Amount}}
+	case EvCharged:
+		charges = ev.Charges
+	case EvLeaseGranted:
+		charges, class, slots = ev.Charges, ev.Resource, 1
+		if ev.Block {
+			slots = ev.Amount
+		}
+	case EvBlockResized:
+		l, ok := m.leases[ev.Lease]
+		if !ok || ev.Amount <= 0 {
+			break
+		}
+		class, slots, node = l.class, ev.Amount, l.node
+	case EvReserved:
+		if ev.Amount > 0 {
+			charges = []Charge{{ev.Resource, ev.Amount - ev.Returned}}
+		}
+	}
+	var want []string
+	for _, a := range m.chain(node) {
+		for _, c := range charges {
+			cm := m.modes[a][modeKey{false, c.Resource}]
+			if q, ok := m.quotas[a][c.Resource]; ok && cm.Mode != ModeHard && m.used[a][c.Resource]+m.reserved[a][c.Resource]+c.Amount > q {
+				want = append(want, fmt.Sprint(Warning{Node: a, Name: c.Resource, Mode: cm.Mode,
+					Used: m.used[a][c.Resource] + m.reserved[a][c.Resource] + c.Amount, Cap: q}))
+			}
+		}
+		cm := m.modes[a][modeKey{true, class}]
+		if l, ok := m.limits[a][class]; ok && slots > 0 && cm.Mode != ModeHard && m.held[a][class]+slots > l {
+			want = append(want, fmt.Sprint(Warning{Node: a, Limit: true, Name: class, Mode: cm.Mode, Used: m.held[a][class] + slots, Cap: l}))
+		}
+	}
+	var got []string
+	for _, w := range ev.Warnings {
+		got = append(got, fmt.Sprint(w))
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(want, got) {
+		m.failf("I20 warnings: event %d (%s) warns %v, the model wants %v", ev.Seq, ev.Kind, got, want)
+	}
+}
