@@ -17,6 +17,8 @@ import (
 // database).
 type Postgres struct {
 	pool   *pgxpool.Pool
+	cfg    *pgxpool.Config // for the connections of an Elector and a Listener (leader.go)
+	epoch  atomic.Uint64   // the epoch Appends are fenced by; 0: not fenced (leader.go)
 	closed atomic.Bool
 }
 
@@ -74,7 +76,7 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres: %w", err)
 	}
-	p := &Postgres{pool: pool}
+	p := &Postgres{pool: pool, cfg: cfg.Copy()}
 	if err := p.init(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("store: postgres: create tables: %w", err)
@@ -88,7 +90,7 @@ func (p *Postgres) init(ctx context.Context) error {
 			return err
 		}
 		// Simple protocol: several statements in one Exec.
-		_, err := tx.Exec(ctx, postgresSchema+postgresUsageSchema, pgx.QueryExecModeSimpleProtocol)
+		_, err := tx.Exec(ctx, postgresSchema+postgresUsageSchema+postgresLeaderSchema, pgx.QueryExecModeSimpleProtocol)
 		return err
 	})
 }
@@ -170,14 +172,23 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 		cte, args = postgresUsageCTE(rows, args)
 		query = strings.Replace(query, appendInsertSQL, cte+appendInsertSQL, 1)
 	}
+	epoch := p.epoch.Load()
+	if epoch != 0 {
+		// A leader among standbys: only while its epoch is the newest.
+		args = append(args, int64(epoch))
+		query = fencedSQL(query, len(args))
+	}
 	tag, err := p.pool.Exec(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: append: %w", err)
 	}
 	if tag.RowsAffected() != int64(len(recs)) {
-		var last int64
-		if err := p.pool.QueryRow(ctx, "SELECT last_seq FROM governor_snapshot WHERE id = 1").Scan(&last); err != nil {
+		var last, stored int64
+		if err := p.pool.QueryRow(ctx, "SELECT last_seq, epoch FROM governor_snapshot WHERE id = 1").Scan(&last, &stored); err != nil {
 			return fmt.Errorf("store: append: %w", err)
+		}
+		if epoch != 0 && uint64(stored) != epoch {
+			return fmt.Errorf("store: append: epoch %d, the store's is %d: %w", epoch, stored, ErrDeposed)
 		}
 		return gapError(first, uint64(last))
 	}
@@ -381,9 +392,12 @@ func (p *Postgres) inTx(ctx context.Context, what string, f func(pgx.Tx) error) 
 // checkSnapshotTx checks seq as a new snapshot's, inside tx; lock is "" or
 // " FOR UPDATE".
 func (p *Postgres) checkSnapshotTx(ctx context.Context, tx pgx.Tx, seq uint64, lock string) error {
-	var snapSeq, last int64
-	if err := tx.QueryRow(ctx, "SELECT seq, last_seq FROM governor_snapshot WHERE id = 1"+lock).Scan(&snapSeq, &last); err != nil {
+	var snapSeq, last, stored int64
+	if err := tx.QueryRow(ctx, "SELECT seq, last_seq, epoch FROM governor_snapshot WHERE id = 1"+lock).Scan(&snapSeq, &last, &stored); err != nil {
 		return err
+	}
+	if epoch := p.epoch.Load(); epoch != 0 && uint64(stored) != epoch {
+		return fmt.Errorf("snapshot at seq %d by epoch %d, the store's is %d: %w", seq, epoch, stored, ErrDeposed)
 	}
 	return checkSnapshot(seq, uint64(snapSeq), uint64(last))
 }
