@@ -10,11 +10,13 @@ import (
 	"sync"
 	"testing"
 
+	"go.opentelemetry.io/otel"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 
 	"github.com/governor-project/governor/internal/tracing"
+	"github.com/governor-project/governor/sidecar/meter/fakellm"
 )
 
 // otlpReceiver is an OTLP/gRPC trace receiver in this process: what an
@@ -197,5 +199,48 @@ rules:
 	}
 	if !found {
 		t.Errorf("the denied request's span has no governor.denied event with cause quota: %v", denied.GetEvents())
+	}
+}
+
+// A metered call whose estimate is held at governord (delegation off) has
+// the hold and its settlement, which runs after the response has ended,
+// in its own trace.
+func TestTraceOfAMeteredCallHasItsSettlement(t *testing.T) {
+	rec, _ := startTracing(t)
+	e := startLLM(t, 1_000_000, &fakellm.Provider{}, "delegation: {enabled: false}")
+	const traceID = "5bf92f3577b34da6a3ce929d0e0e4737"
+	resp := e.post("/openai/chat/completions", "agent-1", `{"model":"m","max_tokens":100,"messages":[]}`,
+		"Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	if body := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	// The settlement runs after the response: wait for its span to end
+	// and be exported.
+	provider, ok := otel.GetTracerProvider().(interface{ ForceFlush(context.Context) error })
+	if !ok {
+		t.Fatalf("the tracer provider is a %T", otel.GetTracerProvider())
+	}
+	reserves := func() int {
+		if err := provider.ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		n := 0
+		for _, s := range rec.spans {
+			if hex.EncodeToString(s.GetTraceId()) == traceID && s.GetName() == "governor.v1.Governor/Reserve" &&
+				s.GetKind() == tracepb.Span_SPAN_KIND_CLIENT {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, "the hold and its settlement in the request's trace", func() bool { return reserves() >= 2 })
+	reported, _ := e.fake.Reported()
+	if used := e.used(); used != reported {
+		t.Errorf("governord counts %d tokens; the fake reported %d", used, reported)
+	}
+	if n := reserves(); n != 2 {
+		t.Errorf("%d Reserve calls in the request's trace, want 2: the hold and its settlement", n)
 	}
 }

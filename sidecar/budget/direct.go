@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/sidecar/admission"
 )
@@ -50,7 +52,7 @@ func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ti
 			continue
 		}
 		if _, err := n.t.ReserveExactly(ctx, res, r.Charges[res]); err != nil {
-			n.giveBackHolds(resources[:i], r.Charges)
+			n.giveBackHolds(ctx, resources[:i], r.Charges)
 			return nil, err
 		}
 	}
@@ -58,30 +60,33 @@ func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ti
 	if r.Class != "" {
 		l, err := n.t.ChargeAndAcquire(ctx, r.Class, nil)
 		if err != nil {
-			n.giveBackHolds(resources, r.Charges)
+			n.giveBackHolds(ctx, resources, r.Charges)
 			return nil, err
 		}
 		t = n.leaseTicket(l)
 	}
-	return n.held(t, r.Charges, true), nil
+	h := n.held(t, r.Charges, true)
+	h.trace = trace.SpanContextFromContext(ctx)
+	return h, nil
 }
 
 // giveBackHolds gives back exact holds of work that was not admitted, in
 // the background: a hold that cannot be given back counts as spent when
 // the session ends, so the caps still hold.
-func (n *node) giveBackHolds(resources []string, charges map[string]int64) {
+func (n *node) giveBackHolds(ctx context.Context, resources []string, charges map[string]int64) {
 	for _, res := range resources {
 		if h := charges[res]; h > 0 {
-			n.settleHold(res, 0, h)
+			n.settleHold(trace.SpanContextFromContext(ctx), res, 0, h)
 		}
 	}
 }
 
-// settleHold settles an exact hold of resource in the background: spent
-// units are charged for good, ret units go back.
-func (n *node) settleHold(res string, spent, ret int64) {
+// settleHold settles an exact hold of resource in the background, in the
+// trace of the request that held it: spent units are charged for good, ret
+// units go back.
+func (n *node) settleHold(request trace.SpanContext, res string, spent, ret int64) {
 	n.s.a.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(n.s.life, callTimeout)
+		ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(n.s.life, request), callTimeout)
 		defer cancel()
 		if _, err := n.t.Reserve(ctx, res, spent, ret, 0); err != nil {
 			n.s.a.log.Warn("governor-proxy: settling a held estimate failed; governord counts it as spent when the session ends",

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
@@ -18,6 +20,9 @@ type heldTicket struct {
 	slot  admission.Ticket // the class's slot; nil when none is held
 	held  map[string]int64
 	exact bool // held at governord (admitHeld), not in the node's reservations
+	// trace is the span of the request an exact hold was taken for: its
+	// settlement at governord is part of that request's trace.
+	trace trace.SpanContext
 
 	settle sync.Once
 	end    sync.Once
@@ -35,7 +40,7 @@ func (t *heldTicket) Settle(used map[string]int64) {
 			u := max(used[res], 0)
 			switch {
 			case t.exact && h > 0:
-				t.n.settleHold(res, min(u, h), h-min(u, h))
+				t.n.settleHold(t.trace, res, min(u, h), h-min(u, h))
 			case !t.exact:
 				q := t.n.reservation(res)
 				q.spend(min(u, h))
@@ -56,7 +61,7 @@ func (t *heldTicket) spendBeyond(res string, extra int64) {
 	n := t.n
 	n.s.a.m.heldOver.Inc()
 	n.s.a.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(n.s.life, callTimeout)
+		ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(n.s.life, t.trace), callTimeout)
 		defer cancel()
 		if t.exact {
 			n.consumeUpTo(ctx, res, extra)
