@@ -90,7 +90,8 @@ func TestSDKsChargedExactlyTheirUsage(t *testing.T) {
 }
 
 // Three sub-agents call until refused, under a budget of 10,000 tokens:
-// the budget is never exceeded, and each refusal is the SDK's
+// the budget is never exceeded, every token the provider reported is
+// charged exactly, up to the budget's edge, and each refusal is the SDK's
 // RateLimitError, raised without a retry.
 func TestSDKsHeldToABudget(t *testing.T) {
 	node := needSDKs(t)
@@ -114,8 +115,8 @@ func TestSDKsHeldToABudget(t *testing.T) {
 		succeeded += a.Calls
 	}
 	reported, calls := e.fake.Reported()
-	if used := e.used(); used > budget || reported > budget {
-		t.Errorf("governord counts %d tokens and the provider reported %d; the budget is %d", used, reported, budget)
+	if used := e.used(); used > budget || reported > budget || used != reported {
+		t.Errorf("governord counts %d tokens and the provider reported %d; the budget is %d, and every response completed", used, reported, budget)
 	}
 	// No retries: every request the provider saw succeeded, and the sidecar
 	// refused exactly one request per agent.
