@@ -363,7 +363,8 @@ var otherLabels = map[string]string{
 	"why":     "why a grant was given back",
 	"outcome": "outcome of a request, reload or charge",
 	"cause":   "the Governor-Denied cause",
-	"state":   "in_use/idle slots, unspent/unsettled units, event seq",
+	"state":   "in_use/idle slots, unspent/unsettled units, event seq, a tenant's overage state",
+	"mode":    "a cap's enforcement mode: soft or warn_only (governor_cap_warnings_total)",
 	"how":     "block or lease grant",
 }
 

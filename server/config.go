@@ -71,6 +71,9 @@ type Config struct {
 	// Bounds are what each tenant may hold, unless its TenantConfig says
 	// otherwise. All zero means DefaultBounds.
 	Bounds engine.Bounds
+	// Near are the near-limit thresholds in percent of a cap, ascending
+	// (policy.go); empty means engine.DefaultNear (80 and 90).
+	Near []int
 
 	// ReapInterval is how often expired sessions, deadlines and tombstones
 	// are reaped and adaptive limits decide. Zero means DefaultReapInterval.
@@ -99,10 +102,13 @@ type StoreConfig struct {
 	UsageRetention time.Duration
 }
 
-// Caps are quotas and limits, by resource and class.
+// Caps are quotas and limits, by resource and class, and how those not
+// hard are enforced (policy.go).
 type Caps struct {
-	Quotas map[string]int64
-	Limits map[string]int64
+	Quotas     map[string]int64
+	Limits     map[string]int64
+	QuotaModes map[string]engine.CapMode
+	LimitModes map[string]engine.CapMode
 }
 
 // TenantConfig is one tenant as the operator configures it.
@@ -115,7 +121,11 @@ type TenantConfig struct {
 	Weight       int64
 	Quotas       map[string]int64
 	Limits       map[string]int64
-	Defaults     Caps // what each new task of the tenant starts with
+	// QuotaModes and LimitModes are how the tenant's caps that are not
+	// hard are enforced (policy.go).
+	QuotaModes map[string]engine.CapMode
+	LimitModes map[string]engine.CapMode
+	Defaults   Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
 	Bounds engine.Bounds
 }
@@ -180,6 +190,7 @@ type fileConfig struct {
 	Adaptive       []fileAdaptive `mapstructure:"adaptive"`
 	Tenants        []fileTenant   `mapstructure:"tenants"`
 	ReapInterval   time.Duration  `mapstructure:"reap_interval"`
+	NearThresholds []int          `mapstructure:"near_thresholds"`
 }
 
 type fileTLS struct {
@@ -196,8 +207,19 @@ type fileStore struct {
 }
 
 type fileCaps struct {
-	Quotas map[string]int64 `mapstructure:"quotas"`
-	Limits map[string]int64 `mapstructure:"limits"`
+	Quotas fileCapMap `mapstructure:"quotas"`
+	Limits fileCapMap `mapstructure:"limits"`
+}
+
+// caps reads the caps at key; modes false refuses modes (defaults).
+func (f fileCaps) caps(key string, modes bool) (Caps, error) {
+	var c Caps
+	var err error
+	if c.Quotas, c.QuotaModes, err = f.Quotas.parse(key+".quotas", modes); err != nil {
+		return c, err
+	}
+	c.Limits, c.LimitModes, err = f.Limits.parse(key+".limits", modes)
+	return c, err
 }
 
 type fileAdaptive struct {
@@ -211,14 +233,14 @@ type fileAdaptive struct {
 }
 
 type fileTenant struct {
-	Name     string           `mapstructure:"name"`
-	APIKey   string           `mapstructure:"api_key"`
-	KeyHash  string           `mapstructure:"api_key_sha256"`
-	Weight   int64            `mapstructure:"weight"`
-	Quotas   map[string]int64 `mapstructure:"quotas"`
-	Limits   map[string]int64 `mapstructure:"limits"`
-	Defaults fileCaps         `mapstructure:"defaults"`
-	Bounds   fileBounds       `mapstructure:"bounds"`
+	Name     string     `mapstructure:"name"`
+	APIKey   string     `mapstructure:"api_key"`
+	KeyHash  string     `mapstructure:"api_key_sha256"`
+	Weight   int64      `mapstructure:"weight"`
+	Quotas   fileCapMap `mapstructure:"quotas"`
+	Limits   fileCapMap `mapstructure:"limits"`
+	Defaults fileCaps   `mapstructure:"defaults"`
+	Bounds   fileBounds `mapstructure:"bounds"`
 }
 
 // fileBounds are bounds as written: a key left out takes the default.
@@ -328,7 +350,15 @@ func decodeError(err error, root string) error {
 func (f fileConfig) validate() (Config, error) {
 	c := Config{Listen: f.Listen, MetricsListen: DefaultMetricsListen, SessionTTL: f.SessionTTL,
 		AllowPlaintext: f.AllowPlaintext, TLS: TLSConfig(f.TLS), AdminKey: f.AdminKey,
-		Store: StoreConfig(f.Store), Root: Caps(f.Root), ReapInterval: f.ReapInterval}
+		Store: StoreConfig(f.Store), ReapInterval: f.ReapInterval, Near: f.NearThresholds}
+	root, err := f.Root.caps("root", true)
+	if err != nil {
+		return Config{}, err
+	}
+	c.Root = root
+	if err := checkNear(c.Near); err != nil {
+		return Config{}, err
+	}
 	if f.MetricsListen != nil {
 		c.MetricsListen = *f.MetricsListen
 	}
@@ -433,13 +463,22 @@ func (f fileConfig) validate() (Config, error) {
 		case t.Weight < 0:
 			return Config{}, keyErr(key+".weight", "%d is below 1", t.Weight)
 		}
-		if err := checkCaps(key, t.Quotas, t.Limits); err != nil {
+		own, err := fileCaps{Quotas: t.Quotas, Limits: t.Limits}.caps(key, true)
+		if err != nil {
 			return Config{}, err
 		}
-		if err := checkCaps(key+".defaults", t.Defaults.Quotas, t.Defaults.Limits); err != nil {
+		if err := checkCaps(key, own.Quotas, own.Limits); err != nil {
 			return Config{}, err
 		}
-		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, t.Quotas, t.Limits, Caps(t.Defaults)
+		defaults, err := t.Defaults.caps(key+".defaults", false)
+		if err != nil {
+			return Config{}, err
+		}
+		if err := checkCaps(key+".defaults", defaults.Quotas, defaults.Limits); err != nil {
+			return Config{}, err
+		}
+		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
+		tc.QuotaModes, tc.LimitModes = own.QuotaModes, own.LimitModes
 		bounds, err := t.Bounds.over(key+".bounds", c.Bounds)
 		if err != nil {
 			return Config{}, err

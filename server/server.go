@@ -140,7 +140,7 @@ func (s *Server) recover(ctx context.Context) error {
 		tenantBounds[t.Name] = t.Bounds
 	}
 	engCfg := engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
-		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds}
+		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near}
 	eng, err := engine.New(engCfg)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
@@ -240,6 +240,9 @@ func checkSessionTokens(live map[engine.SessionID]string, table map[uint64]strin
 // It runs under the engine's lock and never blocks.
 func (s *Server) Emit(ev engine.Event) {
 	s.metrics.event(ev.Kind)
+	if ev.Warnings != nil {
+		s.metrics.warned(&ev)
+	}
 	s.events.Emit(ev)
 	s.mirror.add(ev)
 	if settles(ev) {
@@ -264,7 +267,11 @@ func (s *Server) configure(ctx context.Context) error {
 			rootLimits[a.Class] = v
 		}
 	}
-	if edit, changed := capsEdit(root, s.cfg.Root.Quotas, rootLimits, nil, 0); changed {
+	edit, changed := capsEdit(root, s.cfg.Root.Quotas, rootLimits, nil, 0)
+	if modesEdit(&edit, root, s.cfg.Root.Quotas, rootLimits, s.cfg.Root.QuotaModes, s.cfg.Root.LimitModes) {
+		changed = true
+	}
+	if changed {
 		if _, err := s.eng.SetCaps(engine.System, engine.RootID, edit, ""); err != nil {
 			return fmt.Errorf("configure root: %w", err)
 		}
@@ -278,11 +285,17 @@ func (s *Server) configure(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
 		}
+		var edit engine.CapsEdit
+		changed := false
 		if !created {
-			if edit, changed := capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight); changed {
-				if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
-					return fmt.Errorf("configure tenant %q: %w", t.Name, err)
-				}
+			edit, changed = capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight)
+		}
+		if modesEdit(&edit, v, t.Quotas, t.Limits, t.QuotaModes, t.LimitModes) {
+			changed = true
+		}
+		if changed {
+			if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
+				return fmt.Errorf("configure tenant %q: %w", t.Name, err)
 			}
 		}
 		if h, ok := t.keyHash(); ok {

@@ -526,6 +526,12 @@ func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	if edit.QuotaModes, err = capModes("quota_modes", req.GetQuotaModes()); err != nil {
+		return nil, err
+	}
+	if edit.LimitModes, err = capModes("limit_modes", req.GetLimitModes()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.SetCapsAudited(sid, engine.NodeID(req.GetNodeId()), edit, audit, req.GetRequestId()))
 	})
@@ -557,7 +563,8 @@ func nodeOrNil(v engine.NodeView, err error) (*governorpb.Node, error) {
 func toNode(v engine.NodeView) *governorpb.Node {
 	n := &governorpb.Node{Id: int64(v.ID), ParentId: int64(v.Parent), Name: v.Name, Kind: nodeKind(v.Kind),
 		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Reserved: v.Reserved, Limits: v.Limits, Held: v.Held,
-		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority}
+		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority,
+		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes)}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
 	}

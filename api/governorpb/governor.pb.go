@@ -733,7 +733,11 @@ type Node struct {
 	// used does not include them.
 	Reserved map[string]int64 `protobuf:"bytes,15,rep,name=reserved,proto3" json:"reserved,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// When the node was created, on governord's clock; unset for the root.
-	Created       *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created,proto3" json:"created,omitempty"`
+	Created *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created,proto3" json:"created,omitempty"`
+	// How the quota and limit caps are enforced, for those that are not
+	// hard (the default). See CapMode.
+	QuotaModes    map[string]*CapMode `protobuf:"bytes,17,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	LimitModes    map[string]*CapMode `protobuf:"bytes,18,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -876,6 +880,20 @@ func (x *Node) GetReserved() map[string]int64 {
 func (x *Node) GetCreated() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Created
+	}
+	return nil
+}
+
+func (x *Node) GetQuotaModes() map[string]*CapMode {
+	if x != nil {
+		return x.QuotaModes
+	}
+	return nil
+}
+
+func (x *Node) GetLimitModes() map[string]*CapMode {
+	if x != nil {
+		return x.LimitModes
 	}
 	return nil
 }
@@ -2519,7 +2537,13 @@ type SetCapsRequest struct {
 	// restarts. Only quotas and limits may be overridden; with anything else
 	// set it is INVALID_ARGUMENT. Unset or 0 is a permanent change, which also
 	// cancels a pending revert of the caps it sets.
-	OverrideFor   *durationpb.Duration `protobuf:"bytes,12,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
+	OverrideFor *durationpb.Duration `protobuf:"bytes,12,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
+	// How quota caps are enforced, by resource: each needs a cap (set here
+	// or already on the node); {mode: "hard"} makes a cap hard again.
+	// Removing a cap removes its mode. Not with override_for.
+	QuotaModes map[string]*CapMode `protobuf:"bytes,13,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// How limit caps are enforced, by lease class; as quota_modes.
+	LimitModes    map[string]*CapMode `protobuf:"bytes,14,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2638,6 +2662,20 @@ func (x *SetCapsRequest) GetOverrideFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *SetCapsRequest) GetQuotaModes() map[string]*CapMode {
+	if x != nil {
+		return x.QuotaModes
+	}
+	return nil
+}
+
+func (x *SetCapsRequest) GetLimitModes() map[string]*CapMode {
+	if x != nil {
+		return x.LimitModes
+	}
+	return nil
+}
+
 type GetCapsHistoryRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node. Required; 0 is INVALID_ARGUMENT.
@@ -2695,8 +2733,11 @@ type CapsValues struct {
 	Priority      *int64                 `protobuf:"varint,6,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
 	// A deadline in unix nanoseconds; 0 is none.
 	DeadlineUnixNano *int64 `protobuf:"varint,7,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3,oneof" json:"deadline_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Enforcement modes set or replaced ({mode: "hard"} for the default).
+	QuotaModes    map[string]*CapMode `protobuf:"bytes,8,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	LimitModes    map[string]*CapMode `protobuf:"bytes,9,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CapsValues) Reset() {
@@ -2776,6 +2817,20 @@ func (x *CapsValues) GetDeadlineUnixNano() int64 {
 		return *x.DeadlineUnixNano
 	}
 	return 0
+}
+
+func (x *CapsValues) GetQuotaModes() map[string]*CapMode {
+	if x != nil {
+		return x.QuotaModes
+	}
+	return nil
+}
+
+func (x *CapsValues) GetLimitModes() map[string]*CapMode {
+	if x != nil {
+		return x.LimitModes
+	}
+	return nil
 }
 
 // CapsChange is one entry of a node's audit trail.
@@ -4114,6 +4169,288 @@ func (x *ListTreeResponse) GetTruncated() bool {
 	return false
 }
 
+// CapMode is how a cap is enforced.
+type CapMode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "hard" (or empty): refuses past the cap. "soft": lets work past the cap
+	// by up to burst, with a warning, and refuses past cap + burst.
+	// "warn_only": never refuses; records what a hard cap would have refused.
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// How far past the cap a soft cap lets work go; only with "soft".
+	Burst         int64 `protobuf:"varint,2,opt,name=burst,proto3" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapMode) Reset() {
+	*x = CapMode{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapMode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapMode) ProtoMessage() {}
+
+func (x *CapMode) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapMode.ProtoReflect.Descriptor instead.
+func (*CapMode) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *CapMode) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *CapMode) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+type GetCapStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node. Required; 0 is INVALID_ARGUMENT.
+	NodeId        int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCapStatusRequest) Reset() {
+	*x = GetCapStatusRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCapStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCapStatusRequest) ProtoMessage() {}
+
+func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCapStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetCapStatusRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *GetCapStatusRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+// CapStatus is where one cap stands.
+type CapStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeId   int64                  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeName string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// True for a limit (a lease class), false for a quota (a resource).
+	Limit bool `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The resource or lease class.
+	Name string   `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Mode *CapMode `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	Cap  int64    `protobuf:"varint,6,opt,name=cap,proto3" json:"cap,omitempty"`
+	// Usage and unspent reserved units for a quota; slots held for a limit.
+	Used int64 `protobuf:"varint,7,opt,name=used,proto3" json:"used,omitempty"`
+	// How much more fits before the cap itself (0 at or past it); a soft
+	// cap's burst is not counted.
+	Remaining int64 `protobuf:"varint,8,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// "within", "near", "soft_exceeded" or "hard_exceeded" (refusing more).
+	State string `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`
+	// The highest near threshold (percent of the cap) used has reached; 0
+	// when none.
+	Threshold     int32 `protobuf:"varint,10,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapStatus) Reset() {
+	*x = CapStatus{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapStatus) ProtoMessage() {}
+
+func (x *CapStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapStatus.ProtoReflect.Descriptor instead.
+func (*CapStatus) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *CapStatus) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *CapStatus) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *CapStatus) GetLimit() bool {
+	if x != nil {
+		return x.Limit
+	}
+	return false
+}
+
+func (x *CapStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CapStatus) GetMode() *CapMode {
+	if x != nil {
+		return x.Mode
+	}
+	return nil
+}
+
+func (x *CapStatus) GetCap() int64 {
+	if x != nil {
+		return x.Cap
+	}
+	return 0
+}
+
+func (x *CapStatus) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *CapStatus) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *CapStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CapStatus) GetThreshold() int32 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+type CapStatusReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// From the node up to the root; on each node quotas before limits, each
+	// by name.
+	Caps []*CapStatus `protobuf:"bytes,1,rep,name=caps,proto3" json:"caps,omitempty"`
+	// The worst state among them.
+	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapStatusReport) Reset() {
+	*x = CapStatusReport{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapStatusReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapStatusReport) ProtoMessage() {}
+
+func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapStatusReport.ProtoReflect.Descriptor instead.
+func (*CapStatusReport) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *CapStatusReport) GetCaps() []*CapStatus {
+	if x != nil {
+		return x.Caps
+	}
+	return nil
+}
+
+func (x *CapStatusReport) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -4154,7 +4491,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x92\t\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xc4\v\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -4172,7 +4509,11 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06weight\x18\r \x01(\x03R\x06weight\x12\x1a\n" +
 	"\bpriority\x18\x0e \x01(\x03R\bpriority\x12;\n" +
 	"\breserved\x18\x0f \x03(\v2\x1f.governor.v1.Node.ReservedEntryR\breserved\x124\n" +
-	"\acreated\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x1a9\n" +
+	"\acreated\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12B\n" +
+	"\vquota_modes\x18\x11 \x03(\v2!.governor.v1.Node.QuotaModesEntryR\n" +
+	"quotaModes\x12B\n" +
+	"\vlimit_modes\x18\x12 \x03(\v2!.governor.v1.Node.LimitModesEntryR\n" +
+	"limitModes\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -4193,7 +4534,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a;\n" +
 	"\rReservedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aS\n" +
+	"\x0fQuotaModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
+	"\x0fLimitModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -4316,7 +4663,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
 	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ENDED\x10\x04\"\xfd\x06\n" +
+	"KIND_ENDED\x10\x04\"\xc3\t\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -4331,7 +4678,11 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0eclear_deadline\x18\n" +
 	" \x01(\bR\rclearDeadline\x12\x16\n" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12<\n" +
-	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x1a9\n" +
+	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x12L\n" +
+	"\vquota_modes\x18\r \x03(\v2+.governor.v1.SetCapsRequest.QuotaModesEntryR\n" +
+	"quotaModes\x12L\n" +
+	"\vlimit_modes\x18\x0e \x03(\v2+.governor.v1.SetCapsRequest.LimitModesEntryR\n" +
+	"limitModes\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -4343,11 +4694,17 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\t\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aS\n" +
+	"\x0fQuotaModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
+	"\x0fLimitModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priority\"0\n" +
 	"\x15GetCapsHistoryRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\xc6\x05\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x84\b\n" +
 	"\n" +
 	"CapsValues\x12;\n" +
 	"\x06quotas\x18\x01 \x03(\v2#.governor.v1.CapsValues.QuotasEntryR\x06quotas\x12;\n" +
@@ -4356,7 +4713,11 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0edefault_limits\x18\x04 \x03(\v2*.governor.v1.CapsValues.DefaultLimitsEntryR\rdefaultLimits\x12\x1b\n" +
 	"\x06weight\x18\x05 \x01(\x03H\x00R\x06weight\x88\x01\x01\x12\x1f\n" +
 	"\bpriority\x18\x06 \x01(\x03H\x01R\bpriority\x88\x01\x01\x121\n" +
-	"\x12deadline_unix_nano\x18\a \x01(\x03H\x02R\x10deadlineUnixNano\x88\x01\x01\x1a9\n" +
+	"\x12deadline_unix_nano\x18\a \x01(\x03H\x02R\x10deadlineUnixNano\x88\x01\x01\x12H\n" +
+	"\vquota_modes\x18\b \x03(\v2'.governor.v1.CapsValues.QuotaModesEntryR\n" +
+	"quotaModes\x12H\n" +
+	"\vlimit_modes\x18\t \x03(\v2'.governor.v1.CapsValues.LimitModesEntryR\n" +
+	"limitModes\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -4368,7 +4729,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\t\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aS\n" +
+	"\x0fQuotaModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
+	"\x0fLimitModesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priorityB\x15\n" +
 	"\x13_deadline_unix_nano\"\x94\x02\n" +
@@ -4494,7 +4861,27 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x1a:\n" +
 	"\fWaitingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x03R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01*z\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"3\n" +
+	"\aCapMode\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x14\n" +
+	"\x05burst\x18\x02 \x01(\x03R\x05burst\".\n" +
+	"\x13GetCapStatusRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x8d\x02\n" +
+	"\tCapStatus\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\bR\x05limit\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12(\n" +
+	"\x04mode\x18\x05 \x01(\v2\x14.governor.v1.CapModeR\x04mode\x12\x10\n" +
+	"\x03cap\x18\x06 \x01(\x03R\x03cap\x12\x12\n" +
+	"\x04used\x18\a \x01(\x03R\x04used\x12\x1c\n" +
+	"\tremaining\x18\b \x01(\x03R\tremaining\x12\x14\n" +
+	"\x05state\x18\t \x01(\tR\x05state\x12\x1c\n" +
+	"\tthreshold\x18\n" +
+	" \x01(\x05R\tthreshold\"S\n" +
+	"\x0fCapStatusReport\x12*\n" +
+	"\x04caps\x18\x01 \x03(\v2\x16.governor.v1.CapStatusR\x04caps\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -4511,7 +4898,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\x88\r\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xd8\r\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -4537,7 +4924,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistory\x12B\n" +
 	"\bGetUsage\x12\x1c.governor.v1.GetUsageRequest\x1a\x18.governor.v1.UsageReport\x12?\n" +
 	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.Inspection\x12G\n" +
-	"\bListTree\x12\x1c.governor.v1.ListTreeRequest\x1a\x1d.governor.v1.ListTreeResponseB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\bListTree\x12\x1c.governor.v1.ListTreeRequest\x1a\x1d.governor.v1.ListTreeResponse\x12N\n" +
+	"\fGetCapStatus\x12 .governor.v1.GetCapStatusRequest\x1a\x1c.governor.v1.CapStatusReportB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -4552,7 +4940,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -4611,155 +4999,181 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*Inspection)(nil),               // 54: governor.v1.Inspection
 	(*ListTreeRequest)(nil),          // 55: governor.v1.ListTreeRequest
 	(*ListTreeResponse)(nil),         // 56: governor.v1.ListTreeResponse
-	nil,                              // 57: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 58: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 59: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 60: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 61: governor.v1.Node.QuotasEntry
-	nil,                              // 62: governor.v1.Node.UsedEntry
-	nil,                              // 63: governor.v1.Node.LimitsEntry
-	nil,                              // 64: governor.v1.Node.HeldEntry
-	nil,                              // 65: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 66: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 67: governor.v1.Node.ReservedEntry
-	nil,                              // 68: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 69: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 70: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 71: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 72: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 73: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 74: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 75: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 76: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 77: governor.v1.UsageLine.SpendEntry
-	nil,                              // 78: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 79: governor.v1.UsageLine.PeakEntry
-	nil,                              // 80: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 81: governor.v1.ListTreeResponse.WaitingEntry
-	(*durationpb.Duration)(nil),      // 82: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 83: google.protobuf.Timestamp
+	(*CapMode)(nil),                  // 57: governor.v1.CapMode
+	(*GetCapStatusRequest)(nil),      // 58: governor.v1.GetCapStatusRequest
+	(*CapStatus)(nil),                // 59: governor.v1.CapStatus
+	(*CapStatusReport)(nil),          // 60: governor.v1.CapStatusReport
+	nil,                              // 61: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 62: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 63: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 64: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 65: governor.v1.Node.QuotasEntry
+	nil,                              // 66: governor.v1.Node.UsedEntry
+	nil,                              // 67: governor.v1.Node.LimitsEntry
+	nil,                              // 68: governor.v1.Node.HeldEntry
+	nil,                              // 69: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 70: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 71: governor.v1.Node.ReservedEntry
+	nil,                              // 72: governor.v1.Node.QuotaModesEntry
+	nil,                              // 73: governor.v1.Node.LimitModesEntry
+	nil,                              // 74: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 75: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 76: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 77: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 78: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 79: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 80: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 81: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 82: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 83: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 84: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 85: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 86: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 87: governor.v1.UsageLine.SpendEntry
+	nil,                              // 88: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 89: governor.v1.UsageLine.PeakEntry
+	nil,                              // 90: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 91: governor.v1.ListTreeResponse.WaitingEntry
+	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 93: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	82, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	82, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	82, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	82, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	57, // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	58, // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	59, // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	60, // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	83, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
-	0,  // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
-	1,  // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	61, // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	62, // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	63, // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	64, // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	65, // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	66, // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	83, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	67, // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	83, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	10, // 20: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10, // 21: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11, // 22: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11, // 23: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	68, // 24: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23, // 25: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	82, // 26: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	3,  // 27: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	69, // 28: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	70, // 29: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	71, // 30: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	72, // 31: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	83, // 32: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	82, // 33: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	73, // 34: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	74, // 35: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	75, // 36: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	76, // 37: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	83, // 38: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	39, // 39: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	39, // 40: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	83, // 41: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	83, // 42: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	40, // 43: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	41, // 44: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,  // 45: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,  // 46: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	83, // 47: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	83, // 48: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	77, // 49: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	78, // 50: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	79, // 51: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	80, // 52: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	83, // 53: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	83, // 54: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	47, // 55: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	83, // 56: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	83, // 57: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	82, // 58: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	83, // 59: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	83, // 60: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	83, // 61: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	50, // 62: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	51, // 63: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	52, // 64: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	53, // 65: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	82, // 66: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11, // 67: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	81, // 68: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	4,  // 69: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,  // 70: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,  // 71: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12, // 72: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13, // 73: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14, // 74: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16, // 75: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18, // 76: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19, // 77: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20, // 78: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22, // 79: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24, // 80: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26, // 81: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28, // 82: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29, // 83: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31, // 84: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33, // 85: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35, // 86: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	37, // 87: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	38, // 88: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	46, // 89: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	49, // 90: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	55, // 91: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	5,  // 92: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,  // 93: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,  // 94: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11, // 95: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11, // 96: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15, // 97: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17, // 98: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11, // 99: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11, // 100: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21, // 101: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23, // 102: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25, // 103: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27, // 104: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23, // 105: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30, // 106: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32, // 107: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34, // 108: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	36, // 109: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11, // 110: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	42, // 111: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	48, // 112: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	54, // 113: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	56, // 114: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	92, // [92:115] is the sub-list for method output_type
-	69, // [69:92] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	92,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	92,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	92,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	92,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	61,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	62,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	63,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	64,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	93,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
+	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
+	65,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	66,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	67,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	68,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	69,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	70,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	93,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	71,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	93,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	72,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	73,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	10,  // 22: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10,  // 23: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11,  // 24: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11,  // 25: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	74,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23,  // 27: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	92,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	3,   // 29: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	75,  // 30: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	76,  // 31: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	77,  // 32: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	78,  // 33: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	93,  // 34: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	92,  // 35: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	79,  // 36: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	80,  // 37: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	81,  // 38: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	82,  // 39: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	83,  // 40: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	84,  // 41: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	85,  // 42: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	86,  // 43: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	93,  // 44: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	39,  // 45: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	39,  // 46: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	93,  // 47: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	93,  // 48: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	40,  // 49: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	41,  // 50: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 51: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 52: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	93,  // 53: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	93,  // 54: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	87,  // 55: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	88,  // 56: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	89,  // 57: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	90,  // 58: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	93,  // 59: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	93,  // 60: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	47,  // 61: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	93,  // 62: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	93,  // 63: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	92,  // 64: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	93,  // 65: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	93,  // 66: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	93,  // 67: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	50,  // 68: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	51,  // 69: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	52,  // 70: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	53,  // 71: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	92,  // 72: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 73: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	91,  // 74: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	57,  // 75: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	59,  // 76: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	57,  // 77: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	57,  // 78: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	57,  // 79: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	57,  // 80: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	57,  // 81: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	57,  // 82: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	4,   // 83: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 84: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 85: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 86: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 87: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 88: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 89: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 90: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 91: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 92: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 93: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 94: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 95: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 96: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 97: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 98: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 99: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 100: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	37,  // 101: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	38,  // 102: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	46,  // 103: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	49,  // 104: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	55,  // 105: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	58,  // 106: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	5,   // 107: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 108: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 109: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 110: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 111: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 112: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 113: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 114: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 115: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 116: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 117: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 118: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 119: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 120: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 121: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 122: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 123: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	36,  // 124: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 125: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	42,  // 126: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	48,  // 127: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	54,  // 128: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	56,  // 129: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	60,  // 130: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	107, // [107:131] is the sub-list for method output_type
+	83,  // [83:107] is the sub-list for method input_type
+	83,  // [83:83] is the sub-list for extension type_name
+	83,  // [83:83] is the sub-list for extension extendee
+	0,   // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -4775,7 +5189,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   78,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,6 +47,7 @@ const (
 	Governor_GetUsage_FullMethodName         = "/governor.v1.Governor/GetUsage"
 	Governor_Inspect_FullMethodName          = "/governor.v1.Governor/Inspect"
 	Governor_ListTree_FullMethodName         = "/governor.v1.Governor/ListTree"
+	Governor_GetCapStatus_FullMethodName     = "/governor.v1.Governor/GetCapStatus"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -284,6 +285,13 @@ type GovernorClient interface {
 	// and then depth first (children by id), with the acquires queued on
 	// each: what governor top shows. Cut at limit (0 means 20,000).
 	ListTree(ctx context.Context, in *ListTreeRequest, opts ...grpc.CallOption) (*ListTreeResponse, error)
+	// GetCapStatus tells where every cap on a node's chain stands, from the
+	// node up to the root: its mode, used (reserved units included for a
+	// quota) against the cap, what remains before the cap, and its overage
+	// state (within, near, soft_exceeded, hard_exceeded) with the highest
+	// near threshold reached. The node must be inside the session's scope.
+	// It changes nothing.
+	GetCapStatus(ctx context.Context, in *GetCapStatusRequest, opts ...grpc.CallOption) (*CapStatusReport, error)
 }
 
 type governorClient struct {
@@ -533,6 +541,16 @@ func (c *governorClient) ListTree(ctx context.Context, in *ListTreeRequest, opts
 	return out, nil
 }
 
+func (c *governorClient) GetCapStatus(ctx context.Context, in *GetCapStatusRequest, opts ...grpc.CallOption) (*CapStatusReport, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CapStatusReport)
+	err := c.cc.Invoke(ctx, Governor_GetCapStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GovernorServer is the server API for Governor service.
 // All implementations must embed UnimplementedGovernorServer
 // for forward compatibility.
@@ -768,6 +786,13 @@ type GovernorServer interface {
 	// and then depth first (children by id), with the acquires queued on
 	// each: what governor top shows. Cut at limit (0 means 20,000).
 	ListTree(context.Context, *ListTreeRequest) (*ListTreeResponse, error)
+	// GetCapStatus tells where every cap on a node's chain stands, from the
+	// node up to the root: its mode, used (reserved units included for a
+	// quota) against the cap, what remains before the cap, and its overage
+	// state (within, near, soft_exceeded, hard_exceeded) with the highest
+	// near threshold reached. The node must be inside the session's scope.
+	// It changes nothing.
+	GetCapStatus(context.Context, *GetCapStatusRequest) (*CapStatusReport, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -846,6 +871,9 @@ func (UnimplementedGovernorServer) Inspect(context.Context, *InspectRequest) (*I
 }
 func (UnimplementedGovernorServer) ListTree(context.Context, *ListTreeRequest) (*ListTreeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListTree not implemented")
+}
+func (UnimplementedGovernorServer) GetCapStatus(context.Context, *GetCapStatusRequest) (*CapStatusReport, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetCapStatus not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1275,6 +1303,24 @@ func _Governor_ListTree_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_GetCapStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCapStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).GetCapStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_GetCapStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).GetCapStatus(ctx, req.(*GetCapStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1369,6 +1415,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTree",
 			Handler:    _Governor_ListTree_Handler,
+		},
+		{
+			MethodName: "GetCapStatus",
+			Handler:    _Governor_GetCapStatus_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

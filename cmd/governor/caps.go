@@ -26,6 +26,10 @@ const capsUsage = `usage:
 NODE is an id (7) or a path from the root (payments/checkout-42).
 KEY is quota.RESOURCE, limit.CLASS, default_quota.RESOURCE,
 default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
+A quota or limit may add how it is enforced: VALUE:hard (the default),
+VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
+refused) or VALUE:warn_only (never refused; would-be denials are recorded),
+e.g. quota.tokens=50000:soft:burst=5000.
 -for makes the change a temporary override that governord reverts by itself.
 Every change is kept in the node's audit trail: who, when, why, old and new.
 `
@@ -123,6 +127,7 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 		if !ok {
 			return nil, fmt.Errorf("%q is not KEY=VALUE", a)
 		}
+		val, modeText, withMode := strings.Cut(val, ":")
 		var v int64 = -1
 		if val != "none" {
 			var err error
@@ -133,6 +138,17 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 		kind, name, _ := strings.Cut(key, ".")
 		if (kind == "weight" || kind == "priority") != (name == "") {
 			return nil, fmt.Errorf("%q: want quota.NAME, limit.NAME, default_quota.NAME, default_limit.NAME, weight or priority", key)
+		}
+		if withMode {
+			mode, err := parseCapMode(key, kind, modeText, v)
+			if err != nil {
+				return nil, err
+			}
+			if kind == "quota" {
+				putMode(&req.QuotaModes, name, mode)
+			} else {
+				putMode(&req.LimitModes, name, mode)
+			}
 		}
 		switch kind {
 		case "quota":
@@ -154,6 +170,42 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 	return req, nil
 }
 
+// parseCapMode reads the MODE[:burst=N] after a quota's or limit's value.
+func parseCapMode(key, kind, text string, v int64) (*governorpb.CapMode, error) {
+	if kind != "quota" && kind != "limit" {
+		return nil, fmt.Errorf("%s: only a quota or a limit takes a mode", key)
+	}
+	if v < 0 {
+		return nil, fmt.Errorf("%s: a removed cap takes no mode", key)
+	}
+	name, rest, hasBurst := strings.Cut(text, ":")
+	m := &governorpb.CapMode{Mode: name}
+	switch name {
+	case "hard", "soft", "warn_only":
+	default:
+		return nil, fmt.Errorf("%s: mode %q is not hard, soft or warn_only", key, name)
+	}
+	if hasBurst {
+		b, ok := strings.CutPrefix(rest, "burst=")
+		n, err := strconv.ParseInt(b, 10, 64)
+		if !ok || err != nil || n < 0 {
+			return nil, fmt.Errorf("%s: %q is not burst=N with N a whole number >= 0", key, rest)
+		}
+		if name != "soft" {
+			return nil, fmt.Errorf("%s: a burst applies only to a soft cap", key)
+		}
+		m.Burst = n
+	}
+	return m, nil
+}
+
+func putMode(m *map[string]*governorpb.CapMode, key string, v *governorpb.CapMode) {
+	if *m == nil {
+		*m = make(map[string]*governorpb.CapMode)
+	}
+	(*m)[key] = v
+}
+
 // capView is what caps get prints, also as JSON.
 type capView struct {
 	ID        int64       `json:"id"`
@@ -170,6 +222,9 @@ type capLine struct {
 	Used     int64  `json:"used"`
 	Reserved int64  `json:"reserved,omitempty"`
 	Cap      *int64 `json:"cap,omitempty"`
+	// Mode is how the cap is enforced when it is not hard: "soft (burst
+	// N)" or "warn_only".
+	Mode string `json:"mode,omitempty"`
 }
 
 // effective is how much more a resource or class admits at the node: the
@@ -187,19 +242,22 @@ type effective struct {
 func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, asJSON bool, out io.Writer) error {
 	path, chain := pathOf(ctx, rpc, n)
 	v := capView{ID: n.GetId(), Path: path, Kind: kindName(n.GetKind()), State: stateName(n.GetState())}
-	lines := func(caps, used, reserved map[string]int64) []capLine {
+	lines := func(caps, used, reserved map[string]int64, modes map[string]*governorpb.CapMode) []capLine {
 		var out []capLine
 		for _, k := range slices.Sorted(maps.Keys(union(caps, used))) {
 			l := capLine{Name: k, Used: used[k], Reserved: reserved[k]}
 			if c, ok := caps[k]; ok {
 				l.Cap = &c
 			}
+			if m := modes[k]; m != nil && modeText(m) != "hard" {
+				l.Mode = modeText(m)
+			}
 			out = append(out, l)
 		}
 		return out
 	}
-	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved())
-	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil)
+	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetQuotaModes())
+	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, n.GetLimitModes())
 	v.Effective = tightest(chain)
 	if asJSON {
 		enc := json.NewEncoder(out)
@@ -221,6 +279,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 			extra := ""
 			if l.Reserved != 0 {
 				extra = fmt.Sprintf("reserved %d", l.Reserved)
+			}
+			if l.Mode != "" {
+				extra = strings.TrimSpace(extra + " " + l.Mode)
 			}
 			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
 		}
@@ -315,6 +376,17 @@ func capsOf(n *governorpb.Node, req *governorpb.SetCapsRequest) *governorpb.Caps
 	}
 	v := &governorpb.CapsValues{Quotas: pick(req.GetQuotas(), n.GetQuotas()), Limits: pick(req.GetLimits(), n.GetLimits()),
 		DefaultQuotas: pick(req.GetDefaultQuotas(), n.GetDefaultQuotas()), DefaultLimits: pick(req.GetDefaultLimits(), n.GetDefaultLimits())}
+	pickModes := func(named, have map[string]*governorpb.CapMode) map[string]*governorpb.CapMode {
+		if len(named) == 0 {
+			return nil
+		}
+		out := map[string]*governorpb.CapMode{}
+		for k := range named {
+			out[k] = have[k] // nil: hard
+		}
+		return out
+	}
+	v.QuotaModes, v.LimitModes = pickModes(req.GetQuotaModes(), n.GetQuotaModes()), pickModes(req.GetLimitModes(), n.GetLimitModes())
 	if req.Weight != nil {
 		w := n.GetWeight()
 		v.Weight = &w
@@ -342,6 +414,14 @@ func changeLines(old, new *governorpb.CapsValues) []string {
 			out = append(out, fmt.Sprintf("%s%s: %s -> %s", m.prefix, k, capText(o), capText(m.new[k])))
 		}
 	}
+	for _, m := range []struct {
+		prefix   string
+		old, new map[string]*governorpb.CapMode
+	}{{"quota.", old.GetQuotaModes(), new.GetQuotaModes()}, {"limit.", old.GetLimitModes(), new.GetLimitModes()}} {
+		for _, k := range slices.Sorted(maps.Keys(m.new)) {
+			out = append(out, fmt.Sprintf("%s%s mode: %s -> %s", m.prefix, k, modeText(m.old[k]), modeText(m.new[k])))
+		}
+	}
 	if new.Weight != nil {
 		out = append(out, fmt.Sprintf("weight: %d -> %d", old.GetWeight(), new.GetWeight()))
 	}
@@ -352,6 +432,17 @@ func changeLines(old, new *governorpb.CapsValues) []string {
 		out = append(out, fmt.Sprintf("deadline: %s -> %s", deadlineText(old.GetDeadlineUnixNano()), deadlineText(new.GetDeadlineUnixNano())))
 	}
 	return out
+}
+
+// modeText is a mode as caps prints it: hard, soft+N, warn_only.
+func modeText(m *governorpb.CapMode) string {
+	switch m.GetMode() {
+	case "", "hard":
+		return "hard"
+	case "soft":
+		return fmt.Sprintf("soft (burst %d)", m.GetBurst())
+	}
+	return m.GetMode()
 }
 
 func capText(v int64) string {

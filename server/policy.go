@@ -1,0 +1,274 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+)
+
+// Policy: how caps are enforced (hard, soft with a burst, warn_only), as
+// configured and as edited through SetCaps, and where each cap stands
+// (GetCapStatus).
+
+// fileCapMap is caps as written in the file: each a number, or a mapping
+// {cap: N, mode: hard|soft|warn_only, burst: N}.
+type fileCapMap map[string]any
+
+// parse splits the caps into their values and their modes (nil when none
+// is set). modes false refuses the mapping form's mode and burst: defaults
+// carry caps to children, never modes.
+func (m fileCapMap) parse(key string, modes bool) (map[string]int64, map[string]engine.CapMode, error) {
+	if m == nil {
+		return nil, nil, nil
+	}
+	caps := make(map[string]int64, len(m))
+	var out map[string]engine.CapMode
+	for name, raw := range m {
+		k := key + "." + name
+		if name == "" {
+			return nil, nil, keyErr(key, "has an empty name")
+		}
+		spec, isMap := raw.(map[string]any)
+		if !isMap {
+			v, err := capNumber(k, raw)
+			if err != nil {
+				return nil, nil, err
+			}
+			caps[name] = v
+			continue
+		}
+		v, cm, err := parseCapMapping(k, spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		caps[name] = v
+		if cm == (engine.CapMode{}) {
+			continue
+		}
+		if !modes {
+			return nil, nil, keyErr(k, "a default takes no mode or burst; set them on the node")
+		}
+		if out == nil {
+			out = make(map[string]engine.CapMode)
+		}
+		out[name] = cm
+	}
+	return caps, out, nil
+}
+
+func parseCapMapping(k string, spec map[string]any) (int64, engine.CapMode, error) {
+	var cm engine.CapMode
+	for f := range spec {
+		if f != "cap" && f != "mode" && f != "burst" {
+			return 0, cm, keyErr(k+"."+f, "is not a key of a cap (cap, mode, burst)")
+		}
+	}
+	raw, ok := spec["cap"]
+	if !ok {
+		return 0, cm, keyErr(k+".cap", "is missing")
+	}
+	v, err := capNumber(k+".cap", raw)
+	if err != nil {
+		return 0, cm, err
+	}
+	if m, ok := spec["mode"]; ok {
+		name, isStr := m.(string)
+		if !isStr {
+			return 0, cm, keyErr(k+".mode", "%v is not one of hard, soft, warn_only", m)
+		}
+		if cm.Mode, err = engine.ParseMode(name); err != nil {
+			return 0, cm, keyErr(k+".mode", "%q is not one of hard, soft, warn_only", name)
+		}
+	}
+	if b, ok := spec["burst"]; ok {
+		if cm.Burst, err = capNumber(k+".burst", b); err != nil {
+			return 0, cm, err
+		}
+		if cm.Burst > 0 && cm.Mode != engine.ModeSoft {
+			return 0, cm, keyErr(k+".burst", "applies only with mode: soft")
+		}
+	}
+	return v, cm, nil
+}
+
+// capNumber reads a non-negative whole number, as YAML gives it or as a
+// ${VAR} expansion (a string) does.
+func capNumber(k string, raw any) (int64, error) {
+	var v int64
+	switch x := raw.(type) {
+	case int:
+		v = int64(x)
+	case int64:
+		v = x
+	case uint64:
+		if x > 1<<62 {
+			return 0, keyErr(k, "%d is too large", x)
+		}
+		v = int64(x)
+	case float64:
+		if x != float64(int64(x)) {
+			return 0, keyErr(k, "%v is not a whole number", x)
+		}
+		v = int64(x)
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return 0, keyErr(k, "%q is not a whole number", x)
+		}
+		v = n
+	default:
+		return 0, keyErr(k, "%v is not a number or a mapping {cap, mode, burst}", raw)
+	}
+	if v < 0 {
+		return 0, keyErr(k, "%d is negative", v)
+	}
+	return v, nil
+}
+
+// checkNear validates near_thresholds: ascending percentages in 1..100.
+func checkNear(near []int) error {
+	for i, t := range near {
+		if t < 1 || t > 100 {
+			return keyErr(fmt.Sprintf("near_thresholds[%d]", i), "%d is not a percentage between 1 and 100", t)
+		}
+		if i > 0 && t <= near[i-1] {
+			return keyErr(fmt.Sprintf("near_thresholds[%d]", i), "%d does not come after %d; list them ascending", t, near[i-1])
+		}
+	}
+	return nil
+}
+
+// modesEdit adds to edit what makes v's modes the wanted ones, given the
+// caps v will have (wantQ, wantL): a mode no longer wanted becomes hard
+// again where its cap stays (a removed cap takes its mode with it).
+func modesEdit(edit *engine.CapsEdit, v engine.NodeView, wantQ, wantL map[string]int64, modesQ, modesL map[string]engine.CapMode) bool {
+	diff := func(have, want map[string]engine.CapMode, caps map[string]int64) map[string]engine.CapMode {
+		out := map[string]engine.CapMode{}
+		for k, w := range want {
+			if have[k] != w {
+				out[k] = w
+			}
+		}
+		for k := range have {
+			if _, ok := want[k]; !ok {
+				if _, capped := caps[k]; capped {
+					out[k] = engine.CapMode{}
+				}
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
+	}
+	edit.QuotaModes, edit.LimitModes = diff(v.QuotaModes, modesQ, wantQ), diff(v.LimitModes, modesL, wantL)
+	return edit.QuotaModes != nil || edit.LimitModes != nil
+}
+
+// capModes reads a request's modes, refusing a mode name it does not know.
+func capModes(what string, in map[string]*governorpb.CapMode) (map[string]engine.CapMode, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]engine.CapMode, len(in))
+	for k, pm := range in {
+		var cm engine.CapMode
+		if name := pm.GetMode(); name != "" {
+			m, err := engine.ParseMode(name)
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "%s[%q]: %v", what, k, err)
+			}
+			cm.Mode = m
+		}
+		cm.Burst = pm.GetBurst()
+		out[k] = cm
+	}
+	return out, nil
+}
+
+func toCapModes(in map[string]engine.CapMode) map[string]*governorpb.CapMode {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string]*governorpb.CapMode, len(in))
+	for k, cm := range in {
+		out[k] = &governorpb.CapMode{Mode: cm.Mode.String(), Burst: cm.Burst}
+	}
+	return out
+}
+
+// GetCapStatus tells where every cap on a node's chain stands.
+func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusRequest) (*governorpb.CapStatusReport, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.CapStatusReport, error) {
+		st, err := s.eng.Status(sid, engine.NodeID(req.GetNodeId()))
+		if err != nil {
+			return nil, err
+		}
+		return toCapStatusReport(st), nil
+	})
+}
+
+func toCapStatusReport(st []engine.CapStatus) *governorpb.CapStatusReport {
+	out := &governorpb.CapStatusReport{State: engine.Worst(st).String()}
+	for _, c := range st {
+		out.Caps = append(out.Caps, &governorpb.CapStatus{NodeId: int64(c.Node), NodeName: c.NodeName, Limit: c.Limit,
+			Name: c.Name, Mode: &governorpb.CapMode{Mode: c.Mode.String(), Burst: c.Burst}, Cap: c.Cap, Used: c.Used,
+			Remaining: c.Remaining, State: c.State.String(), Threshold: int32(c.Threshold)})
+	}
+	return out
+}
+
+// policyCollector serves each tenant's overage state as a gauge, one
+// series per tenant and state (1 for the state it is in), so the number of
+// series follows the configuration.
+type policyCollector struct{ s *Server }
+
+var descOverage = prometheus.NewDesc("governor_overage_state",
+	"1 for the state each tenant is in against its own caps (within, near, soft_exceeded, hard_exceeded), 0 for the others.",
+	[]string{"tenant", "state"}, nil)
+
+func (policyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descOverage }
+
+func (c policyCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.eng == nil {
+		return
+	}
+	for tenant, st := range c.s.eng.TenantOverage() {
+		for o := engine.Within; o <= engine.HardExceeded; o++ {
+			v := 0.0
+			if o == st {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descOverage, prometheus.GaugeValue, v, tenant, o.String())
+		}
+	}
+}
+
+// newWarnings counts the warnings events carry: every charge or grant that
+// went past a soft or warn_only cap, by mode and by quota or limit.
+func newWarnings() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_cap_warnings_total",
+		Help: "Charges and grants that went past a cap without being refused, by the cap's mode (soft: within its burst; warn_only: a would-be denial) and kind (quota or limit)."},
+		[]string{"mode", "kind"})
+}
+
+// warned counts ev's warnings. It runs under the engine's lock.
+func (m *metrics) warned(ev *engine.Event) {
+	for _, w := range ev.Warnings {
+		kind := "quota"
+		if w.Limit {
+			kind = "limit"
+		}
+		m.warnings.WithLabelValues(w.Mode.String(), kind).Inc()
+	}
+}

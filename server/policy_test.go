@@ -1,0 +1,205 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+)
+
+// The mapping form of a cap in governord's YAML: a plain number stays a
+// hard cap, {cap, mode, burst} sets how it is enforced, and every mistake
+// names its key.
+func TestConfigCapModes(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+near_thresholds: [75, 95]
+root:
+  quotas:
+    tokens: {cap: 1000, mode: soft, burst: 100}
+  limits: {db: 4}
+tenants:
+  - name: payments
+    api_key: payments-key-long-enough-0123456789
+    quotas:
+      calls: {cap: 10, mode: warn_only}
+      retry: 3
+    limits:
+      db: {cap: 2, mode: soft, burst: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Root.Quotas["tokens"] != 1000 || cfg.Root.QuotaModes["tokens"] != (engine.CapMode{Mode: engine.ModeSoft, Burst: 100}) {
+		t.Fatalf("root: %v %v", cfg.Root.Quotas, cfg.Root.QuotaModes)
+	}
+	p := cfg.Tenants[0]
+	if p.Quotas["calls"] != 10 || p.Quotas["retry"] != 3 || p.QuotaModes["calls"] != (engine.CapMode{Mode: engine.ModeWarnOnly}) ||
+		len(p.QuotaModes) != 1 || p.LimitModes["db"] != (engine.CapMode{Mode: engine.ModeSoft, Burst: 1}) {
+		t.Fatalf("tenant: %+v", p)
+	}
+	if len(cfg.Near) != 2 || cfg.Near[0] != 75 {
+		t.Fatalf("near_thresholds %v", cfg.Near)
+	}
+
+	for _, c := range []struct{ yaml, key string }{
+		{"root: {quotas: {tokens: {cap: 5, mode: lenient}}}", "root.quotas.tokens.mode"},
+		{"root: {quotas: {tokens: {cap: 5, mode: hard, burst: 2}}}", "root.quotas.tokens.burst"},
+		{"root: {quotas: {tokens: {mode: soft}}}", "root.quotas.tokens.cap"},
+		{"root: {quotas: {tokens: {cap: 5, brust: 2}}}", "root.quotas.tokens.brust"},
+		{"root: {limits: {db: -3}}", "root.limits.db"},
+		{"root: {limits: {db: many}}", "root.limits.db"},
+		{"tenants: [{name: a, defaults: {quotas: {retry: {cap: 3, mode: soft}}}}]", "tenants[0].defaults.quotas.retry"},
+		{"near_thresholds: [90, 80]", "near_thresholds[1]"},
+		{"near_thresholds: [0]", "near_thresholds[0]"},
+	} {
+		_, err := ParseConfig([]byte(c.yaml))
+		if !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
+		}
+	}
+}
+
+// Modes through the API: the config's modes reach the engine, SetCaps
+// changes them (audited), a soft cap admits up to cap plus burst and then
+// denies, GetCapStatus reports each cap's state, and the metrics show the
+// tenant's state and count the warnings.
+func TestCapModesThroughTheAPI(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tenants[0].Quotas = map[string]int64{"tokens": 100}
+	cfg.Tenants[0].QuotaModes = map[string]engine.CapMode{"tokens": {Mode: engine.ModeSoft, Burst: 10}}
+	srv := start(t, cfg)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	admin := session(t, srv.Addr(), "admin-key", 0)
+	tenant, err := admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{NodeId: pay.scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := tenant.GetQuotaModes()["tokens"]; m.GetMode() != "soft" || m.GetBurst() != 10 {
+		t.Fatalf("the tenant's tokens mode is %v, want soft with a burst of 10", m)
+	}
+	task := pay.task(t, "job", nil)
+	consume := func(n int64) error {
+		_, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: n})
+		return err
+	}
+	if err := consume(85); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := pay.GetCapStatus(pay.ctx, &governorpb.GetCapStatusRequest{NodeId: task.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok *governorpb.CapStatus
+	for _, c := range rep.GetCaps() {
+		if c.GetName() == "tokens" && c.GetNodeId() == pay.scope {
+			tok = c
+		}
+	}
+	if tok == nil || tok.GetState() != "near" || tok.GetThreshold() != 80 || tok.GetRemaining() != 15 || tok.GetUsed() != 85 {
+		t.Fatalf("status of tokens at 85 of 100: %v", tok)
+	}
+	if err := consume(20); err != nil { // 105: past the cap, within the burst
+		t.Fatal(err)
+	}
+	if err := consume(5); err != nil { // 110: exactly cap plus burst
+		t.Fatal(err)
+	}
+	_, d := denialOf(t, "past cap plus burst", consume(1))
+	if d.GetLimit() != 110 || d.GetUsed() != 110 {
+		t.Fatalf("denial %v, want used 110 of 110 (cap plus burst)", d)
+	}
+	rep, err = pay.GetCapStatus(pay.ctx, &governorpb.GetCapStatusRequest{NodeId: task.Id})
+	if err != nil || rep.GetState() != "hard_exceeded" {
+		t.Fatalf("status after the burst: %v, %v", rep, err)
+	}
+	body := scrape(t, srv)
+	for _, want := range []string{`governor_overage_state{state="hard_exceeded",tenant="payments"} 1`,
+		`governor_overage_state{state="within",tenant="payments"} 0`,
+		`governor_cap_warnings_total{kind="quota",mode="soft"} 2`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// The admin makes it warn_only: never refused, and audited.
+	if _, err := admin.SetCaps(admin.ctx, &governorpb.SetCapsRequest{NodeId: pay.scope, Reason: "roll out",
+		QuotaModes: map[string]*governorpb.CapMode{"tokens": {Mode: "warn_only"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := consume(50); err != nil {
+			t.Fatalf("a warn_only cap refused: %v", err)
+		}
+	}
+	hist, err := admin.GetCapsHistory(admin.ctx, &governorpb.GetCapsHistoryRequest{NodeId: pay.scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := hist.GetChanges()[len(hist.GetChanges())-1]
+	if last.GetOld().GetQuotaModes()["tokens"].GetMode() != "soft" || last.GetNew().GetQuotaModes()["tokens"].GetMode() != "warn_only" {
+		t.Fatalf("the audit trail's last change %v, want tokens soft -> warn_only", last)
+	}
+	// A mode without a cap, and an unknown mode, are refused.
+	_, err = admin.SetCaps(admin.ctx, &governorpb.SetCapsRequest{NodeId: pay.scope, QuotaModes: map[string]*governorpb.CapMode{"nothing": {Mode: "soft"}}})
+	wantCode(t, "a mode without a cap", err, codes.InvalidArgument)
+	_, err = admin.SetCaps(admin.ctx, &governorpb.SetCapsRequest{NodeId: pay.scope, QuotaModes: map[string]*governorpb.CapMode{"tokens": {Mode: "lenient"}}})
+	wantCode(t, "an unknown mode", err, codes.InvalidArgument)
+}
+
+// Modes survive a restart: one set by SetCaps on a task is replayed from
+// the store; a configured one is put back by the configuration (the source
+// of truth for tenants' caps).
+func TestCapModesSurviveARestart(t *testing.T) {
+	cfg, _, srv := startSQLite(t)
+	recon := session(t, srv.Addr(), "recon-key", 0)
+	task := recon.task(t, "batch", nil)
+	if _, err := recon.SetCaps(recon.ctx, &governorpb.SetCapsRequest{NodeId: task.Id, Reason: "incident",
+		Quotas: map[string]int64{"calls": 5}, QuotaModes: map[string]*governorpb.CapMode{"calls": {Mode: "soft", Burst: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tenants[0].Quotas = map[string]int64{"tokens": 10}
+	cfg.Tenants[0].QuotaModes = map[string]engine.CapMode{"tokens": {Mode: engine.ModeWarnOnly}}
+	srv2, err := Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv2.Close() })
+	admin := session(t, srv2.Addr(), "admin-key", 0)
+	for path, want := range map[string]string{"reconciliation/batch": "calls=soft/2", "payments": "tokens=warn_only/0"} {
+		n, err := admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for k, m := range n.GetQuotaModes() {
+			got = append(got, k+"="+m.GetMode()+"/"+strconv.FormatInt(m.GetBurst(), 10))
+		}
+		if strings.Join(got, ",") != want {
+			t.Errorf("%s after a restart: modes %v, want %s", path, got, want)
+		}
+	}
+}
+
+func scrape(t *testing.T, srv *Server) string {
+	t.Helper()
+	r, err := http.Get("http://" + srv.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
