@@ -59,6 +59,15 @@ if (($# == 0)); then
 	bash scripts/llmsdk.sh
 fi
 
+# governor hook inside the real Claude Code and Codex CLIs (npm ci from the
+# committed lockfile), each run against a scripted fake model on loopback
+# (cmd/governor/hook_agentcli_test.go; under two minutes). Only on a full
+# run.
+if (($# == 0)); then
+	echo "== governor hook in Claude Code and Codex"
+	bash scripts/agentcli.sh
+fi
+
 # The client compatibility matrix (compat/: PostgreSQL drivers through
 # pgwire, HTTP clients through the forward proxy; docs/compatibility.md) and
 # promtool's checks of deploy/'s alert rules. scripts/compat.sh installs the

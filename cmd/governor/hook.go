@@ -126,10 +126,11 @@ type verdict struct {
 // refuse answers a refusal in the agent's own format. Claude Code: a
 // PreToolUse decision "deny" as JSON on stdout, exit 0, with "continue":
 // false when the run is over; Codex: exit 2 with the reason on stderr, which
-// Codex gives the model.
+// Codex gives the model as "Command blocked by PreToolUse hook: <reason>.
+// Command: <command>" (so the reason's own full stop is left off).
 func refuse(o hookOptions, stdout, stderr io.Writer, message string, stop bool) int {
 	if o.agent == "codex" {
-		fmt.Fprintln(stderr, message)
+		fmt.Fprintln(stderr, strings.TrimSuffix(message, "."))
 		return 2
 	}
 	out := map[string]any{"hookSpecificOutput": map[string]any{"hookEventName": "PreToolUse",

@@ -17,8 +17,15 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 )
 
-// payload reads a testdata payload and gives it another tool_use_id.
+// payload reads a testdata payload (captured from the real CLI by
+// hook_agentcli_test.go) and gives it another tool_use_id.
 func payload(t *testing.T, file, toolUseID string) string {
+	t.Helper()
+	return payloadOf(t, file, "", toolUseID)
+}
+
+// payloadOf is payload in another session too.
+func payloadOf(t *testing.T, file, session, toolUseID string) string {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("testdata/hook", file))
 	if err != nil {
@@ -31,8 +38,21 @@ func payload(t *testing.T, file, toolUseID string) string {
 	if toolUseID != "" {
 		m["tool_use_id"] = toolUseID
 	}
+	if session != "" {
+		m["session_id"] = session
+	}
 	out, _ := json.Marshal(m)
 	return string(out)
+}
+
+// sessionNode is the path of the node of a testdata payload's session.
+func sessionNode(t *testing.T, file string) string {
+	t.Helper()
+	var p hookPayload
+	if err := json.Unmarshal([]byte(payload(t, file, "")), &p); err != nil || p.SessionID == "" {
+		t.Fatalf("%s: no session_id (%v)", file, err)
+	}
+	return govtest.Tenant + "/" + nodeName("agent-", p.SessionID)
 }
 
 type hookResult struct {
@@ -104,7 +124,10 @@ func TestHookBudgets(t *testing.T) {
 	admin := adminRPC(t, srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
 	claude := []string{"-agent", "claude", "-max-calls", "2", "-max-subagents", "1"}
-	const run = "payments/agent-3f1c2a9e-8b7d-4e2f-9a61-0c5d7e8f9a10"
+	run := sessionNode(t, "claude-pretooluse-bash.json")
+	if run != sessionNode(t, "claude-pretooluse-agent.json") {
+		t.Fatal("claude's two payloads are of two sessions")
+	}
 
 	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "the first call")
 	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "its retry")
@@ -124,20 +147,18 @@ func TestHookBudgets(t *testing.T) {
 		t.Fatalf("after a retry across a restart tool_calls is %d, want 1", got)
 	}
 
-	runHook(t, payload(t, "claude-pretooluse-task.json", ""), claude...).allowed(t, "a subagent")
-	runHook(t, payload(t, "claude-pretooluse-task.json", "toolu_second_task"), claude...).claudeDenied(t, "a third call", true, "budget for tool_calls is spent (2 of 2")
+	runHook(t, payload(t, "claude-pretooluse-agent.json", ""), claude...).allowed(t, "a subagent")
+	runHook(t, payload(t, "claude-pretooluse-agent.json", "toolu_second_task"), claude...).claudeDenied(t, "a third call", true, "budget for tool_calls is spent (2 of 2")
 	if got := runUsed(t, admin, run); got[resourceToolCalls] != 2 || got[resourceSubagents] != 1 {
 		t.Fatalf("used %v, want 2 tool calls and 1 subagent", got)
 	}
 
 	// Subagents run out before calls do: only subagents are refused.
 	many := []string{"-agent", "claude", "-max-calls", "10", "-max-subagents", "1"}
-	other := strings.ReplaceAll(payload(t, "claude-pretooluse-task.json", ""), "3f1c2a9e", "4a2d3b0f")
-	runHook(t, other, many...).allowed(t, "another session's subagent")
-	second := strings.ReplaceAll(payload(t, "claude-pretooluse-task.json", "toolu_b"), "3f1c2a9e", "4a2d3b0f")
-	runHook(t, second, many...).claudeDenied(t, "its second subagent", false, "may start no more subagents (1 of 1 used)")
-	bash := strings.ReplaceAll(payload(t, "claude-pretooluse-bash.json", "toolu_c"), "3f1c2a9e", "4a2d3b0f")
-	runHook(t, bash, many...).allowed(t, "a plain call after subagents ran out")
+	const other = "4a2d3b0f-8b7d-4e2f-9a61-0c5d7e8f9a10"
+	runHook(t, payloadOf(t, "claude-pretooluse-agent.json", other, ""), many...).allowed(t, "another session's subagent")
+	runHook(t, payloadOf(t, "claude-pretooluse-agent.json", other, "toolu_b"), many...).claudeDenied(t, "its second subagent", false, "may start no more subagents (1 of 1 used)")
+	runHook(t, payloadOf(t, "claude-pretooluse-bash.json", other, "toolu_c"), many...).allowed(t, "a plain call after subagents ran out")
 
 	// Codex: exit 2 with the reason on stderr.
 	codex := []string{"-agent", "codex", "-max-calls", "1"}
@@ -146,6 +167,18 @@ func TestHookBudgets(t *testing.T) {
 	if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "budget for tool_calls is spent (1 of 1") || !strings.Contains(r.stderr, "Stop now") {
 		t.Fatalf("codex's second call: exit %d, stdout %q, stderr %q; want exit 2 and the reason on stderr", r.code, r.stdout, r.stderr)
 	}
+	// Codex quotes the reason as "<reason>. Command: ...": it comes without
+	// its own full stop.
+	if strings.HasSuffix(strings.TrimSpace(r.stderr), ".") {
+		t.Fatalf("codex's reason %q ends in a full stop", r.stderr)
+	}
+	// Codex's subagent tool, spawn_agent, is a subagent.
+	const codexOther = "01a233ff-0000-7000-8000-000000000001"
+	r = runHook(t, payloadOf(t, "codex-pretooluse-spawn-agent.json", codexOther, ""), "-agent", "codex", "-max-subagents", "0")
+	if r.code != 2 || !strings.Contains(r.stderr, "may start no more subagents (0 of 0 used)") {
+		t.Fatalf("codex's spawn_agent with no subagents left: exit %d, stderr %q", r.code, r.stderr)
+	}
+	runHook(t, payloadOf(t, "codex-pretooluse-bash.json", codexOther, ""), "-agent", "codex", "-max-subagents", "0").allowed(t, "a codex call after subagents ran out")
 }
 
 // The run's time is the node's deadline on governord's clock: once it has
@@ -158,7 +191,7 @@ func TestHookTimeBudget(t *testing.T) {
 	admin := adminRPC(t, srv.Addr())
 	args := []string{"-agent", "claude", "-max-duration", "1h"}
 	runHook(t, payload(t, "claude-pretooluse-bash.json", ""), args...).allowed(t, "the first call")
-	node, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: "payments/agent-3f1c2a9e-8b7d-4e2f-9a61-0c5d7e8f9a10"})
+	node, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: sessionNode(t, "claude-pretooluse-bash.json")})
 	if err != nil {
 		t.Fatal(err)
 	}
