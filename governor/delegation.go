@@ -153,6 +153,30 @@ func (c *Client) ReportSamples(ctx context.Context, class string, samples []Samp
 	})
 }
 
+// DenialCount is how many requests for work on a node a sidecar refused by
+// itself for one cause (ReportDenials).
+type DenialCount struct {
+	Node  int64
+	Cause string // as on the wire ("wait-timeout", "task-ended", "unavailable") or "quota:RESOURCE"
+	Count int64
+}
+
+// ReportDenials tells governord of refusals the caller decided by itself,
+// from what its session holds, for governord's usage records. Refusals of
+// governord's own calls are counted there already: report only the
+// others. A report whose answer was lost may be counted twice if sent
+// again; usage figures are for reports, never authority.
+func (c *Client) ReportDenials(ctx context.Context, denials []DenialCount) error {
+	req := &governorpb.ReportDenialsRequest{Denials: make([]*governorpb.DenialCount, len(denials))}
+	for i, d := range denials {
+		req.Denials[i] = &governorpb.DenialCount{NodeId: d.Node, Cause: d.Cause, Count: d.Count}
+	}
+	return c.call(ctx, "ReportDenials", func(ctx context.Context, _ string) error {
+		_, err := c.rpc.ReportDenials(ctx, req)
+		return err
+	})
+}
+
 // NoticeKind says what a holder of delegated budgets must do.
 type NoticeKind int
 

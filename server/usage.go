@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -73,6 +74,67 @@ func (s *Server) denied(node int64, err error) error {
 		s.recent.add(recentDenial{at: now, node: node, cause: cause})
 	}
 	return err
+}
+
+// Bounds of a ReportDenials call.
+const (
+	maxDenialReports = 1000
+	maxDenialCount   = 1_000_000
+	maxCauseLen      = 80
+)
+
+// ReportDenials counts refusals a sidecar decided by itself, from what its
+// session holds, in the usage records of the nodes they were for, as
+// governord counts its own (denied). It records no event: like governord's
+// own refusals, they go with the next commit.
+func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenialsRequest) (*governorpb.ReportDenialsResponse, error) {
+	sid, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	reports := req.GetDenials()
+	if len(reports) > maxDenialReports {
+		return nil, status.Errorf(codes.InvalidArgument, "%d denial counts in one report; at most %d", len(reports), maxDenialReports)
+	}
+	for i, d := range reports {
+		if err := required("node_id", d.GetNodeId()); err != nil {
+			return nil, err
+		}
+		if err := validCause(d.GetCause()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "denials[%d]: %v", i, err)
+		}
+		if c := d.GetCount(); c < 1 || c > maxDenialCount {
+			return nil, status.Errorf(codes.InvalidArgument, "denials[%d]: count %d is not between 1 and %d", i, c, maxDenialCount)
+		}
+		if _, err := s.eng.Get(sid, engine.NodeID(d.GetNodeId())); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	now := time.Now().UnixNano()
+	for _, d := range reports {
+		s.usage.DenyN(engine.NodeID(d.GetNodeId()), d.GetCause(), now, d.GetCount())
+		s.recent.add(recentDenial{at: now, node: d.GetNodeId(), cause: d.GetCause()})
+	}
+	return &governorpb.ReportDenialsResponse{}, nil
+}
+
+// validCause checks a reported cause's name: lower-case letters, digits,
+// '-', '_' and '.', with at most one ':' (as in "quota:tokens").
+func validCause(c string) error {
+	if c == "" || len(c) > maxCauseLen {
+		return fmt.Errorf("cause %q must be 1 to %d bytes", c, maxCauseLen)
+	}
+	colons := 0
+	for _, r := range c {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+		case r == ':' && colons == 0:
+			colons++
+		default:
+			return fmt.Errorf("cause %q may hold only lower-case letters, digits, '-', '_', '.' and one ':'", c)
+		}
+	}
+	return nil
 }
 
 // trimUsage deletes usage records older than the retention.

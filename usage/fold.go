@@ -351,12 +351,17 @@ func (f *Fold) under(node, top engine.NodeID) bool {
 
 // Deny counts a refusal of a call on node for cause at at.
 func (f *Fold) Deny(node engine.NodeID, cause string, at int64) {
+	f.DenyN(node, cause, at, 1)
+}
+
+// DenyN counts n refusals at once (a sidecar's report of its own).
+func (f *Fold) DenyN(node engine.NodeID, cause string, at, n int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, known := f.nodes[node]; !known {
+	if _, known := f.nodes[node]; !known || n <= 0 {
 		return
 	}
-	f.add(node, MinuteOf(at), Denied, cause, 1)
+	f.add(node, MinuteOf(at), Denied, cause, n)
 }
 
 // Take returns the records folded since the last Take, to be written with

@@ -269,7 +269,7 @@ func (x Notice_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Notice_Kind.Descriptor instead.
 func (Notice_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32, 0}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35, 0}
 }
 
 type OpenSessionRequest struct {
@@ -2392,6 +2392,154 @@ func (*ReportSamplesResponse) Descriptor() ([]byte, []int) {
 	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
 }
 
+type ReportDenialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 1,000 entries.
+	Denials       []*DenialCount `protobuf:"bytes,1,rep,name=denials,proto3" json:"denials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportDenialsRequest) Reset() {
+	*x = ReportDenialsRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportDenialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportDenialsRequest) ProtoMessage() {}
+
+func (x *ReportDenialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportDenialsRequest.ProtoReflect.Descriptor instead.
+func (*ReportDenialsRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReportDenialsRequest) GetDenials() []*DenialCount {
+	if x != nil {
+		return x.Denials
+	}
+	return nil
+}
+
+// DenialCount is how many requests for work on a node were refused for
+// one cause.
+type DenialCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node the work was for. Required.
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The cause, as the sidecar names it on the wire ("wait-timeout",
+	// "task-ended", "unavailable") or "quota:RESOURCE": lower-case letters,
+	// digits, '-', '_', '.', at most one ':', 1 to 80 bytes.
+	Cause string `protobuf:"bytes,2,opt,name=cause,proto3" json:"cause,omitempty"`
+	// How many; 1 to 1,000,000.
+	Count         int64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DenialCount) Reset() {
+	*x = DenialCount{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DenialCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DenialCount) ProtoMessage() {}
+
+func (x *DenialCount) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DenialCount.ProtoReflect.Descriptor instead.
+func (*DenialCount) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DenialCount) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *DenialCount) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *DenialCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ReportDenialsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportDenialsResponse) Reset() {
+	*x = ReportDenialsResponse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportDenialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportDenialsResponse) ProtoMessage() {}
+
+func (x *ReportDenialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportDenialsResponse.ProtoReflect.Descriptor instead.
+func (*ReportDenialsResponse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2400,7 +2548,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2560,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2573,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
 }
 
 // Notice tells a session to act on its delegated budgets.
@@ -2441,7 +2589,7 @@ type Notice struct {
 
 func (x *Notice) Reset() {
 	*x = Notice{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2453,7 +2601,7 @@ func (x *Notice) String() string {
 func (*Notice) ProtoMessage() {}
 
 func (x *Notice) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2466,7 +2614,7 @@ func (x *Notice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notice.ProtoReflect.Descriptor instead.
 func (*Notice) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Notice) GetKind() Notice_Kind {
@@ -2550,7 +2698,7 @@ type SetCapsRequest struct {
 
 func (x *SetCapsRequest) Reset() {
 	*x = SetCapsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2710,7 @@ func (x *SetCapsRequest) String() string {
 func (*SetCapsRequest) ProtoMessage() {}
 
 func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2723,7 @@ func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCapsRequest.ProtoReflect.Descriptor instead.
 func (*SetCapsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetCapsRequest) GetRequestId() string {
@@ -2686,7 +2834,7 @@ type GetCapsHistoryRequest struct {
 
 func (x *GetCapsHistoryRequest) Reset() {
 	*x = GetCapsHistoryRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2698,7 +2846,7 @@ func (x *GetCapsHistoryRequest) String() string {
 func (*GetCapsHistoryRequest) ProtoMessage() {}
 
 func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2711,7 +2859,7 @@ func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapsHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetCapsHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetCapsHistoryRequest) GetNodeId() int64 {
@@ -2742,7 +2890,7 @@ type CapsValues struct {
 
 func (x *CapsValues) Reset() {
 	*x = CapsValues{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2902,7 @@ func (x *CapsValues) String() string {
 func (*CapsValues) ProtoMessage() {}
 
 func (x *CapsValues) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2915,7 @@ func (x *CapsValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsValues.ProtoReflect.Descriptor instead.
 func (*CapsValues) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CapsValues) GetQuotas() map[string]int64 {
@@ -2857,7 +3005,7 @@ type CapsChange struct {
 
 func (x *CapsChange) Reset() {
 	*x = CapsChange{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +3017,7 @@ func (x *CapsChange) String() string {
 func (*CapsChange) ProtoMessage() {}
 
 func (x *CapsChange) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3030,7 @@ func (x *CapsChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsChange.ProtoReflect.Descriptor instead.
 func (*CapsChange) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CapsChange) GetAt() *timestamppb.Timestamp {
@@ -2960,7 +3108,7 @@ type PendingOverride struct {
 
 func (x *PendingOverride) Reset() {
 	*x = PendingOverride{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3120,7 @@ func (x *PendingOverride) String() string {
 func (*PendingOverride) ProtoMessage() {}
 
 func (x *PendingOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3133,7 @@ func (x *PendingOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingOverride.ProtoReflect.Descriptor instead.
 func (*PendingOverride) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PendingOverride) GetKind() string {
@@ -3035,7 +3183,7 @@ type CapsHistory struct {
 
 func (x *CapsHistory) Reset() {
 	*x = CapsHistory{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3195,7 @@ func (x *CapsHistory) String() string {
 func (*CapsHistory) ProtoMessage() {}
 
 func (x *CapsHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3208,7 @@ func (x *CapsHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsHistory.ProtoReflect.Descriptor instead.
 func (*CapsHistory) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CapsHistory) GetChanges() []*CapsChange {
@@ -3114,7 +3262,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3274,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3287,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Denial) GetResource() string {
@@ -3220,7 +3368,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3380,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3393,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -3279,7 +3427,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +3439,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +3452,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -3342,7 +3490,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3502,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3515,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetUsageRequest) GetFrom() *timestamppb.Timestamp {
@@ -3408,7 +3556,10 @@ type UsageLine struct {
 	// The most slots held at once, by class.
 	Peak map[string]int64 `protobuf:"bytes,7,rep,name=peak,proto3" json:"peak,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Refusals by cause: "quota:RESOURCE", "bound", "task-ended",
-	// "wait-abandoned" (the caller gave up waiting for a lease).
+	// "wait-abandoned" (the caller gave up waiting for a lease), and those
+	// sidecars decided by themselves and reported (ReportDenials), by the
+	// cause they answered with ("wait-timeout", "task-ended", "unavailable",
+	// "quota:RESOURCE").
 	Denied        map[string]int64 `protobuf:"bytes,8,rep,name=denied,proto3" json:"denied,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3416,7 +3567,7 @@ type UsageLine struct {
 
 func (x *UsageLine) Reset() {
 	*x = UsageLine{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +3579,7 @@ func (x *UsageLine) String() string {
 func (*UsageLine) ProtoMessage() {}
 
 func (x *UsageLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +3592,7 @@ func (x *UsageLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageLine.ProtoReflect.Descriptor instead.
 func (*UsageLine) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UsageLine) GetTenantId() int64 {
@@ -3514,7 +3665,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3526,7 +3677,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3539,7 +3690,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UsageReport) GetFrom() *timestamppb.Timestamp {
@@ -3576,7 +3727,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3739,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3752,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InspectRequest) GetNodeId() int64 {
@@ -3635,7 +3786,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3647,7 +3798,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3660,7 +3811,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LeaseInfo) GetId() int64 {
@@ -3726,7 +3877,7 @@ type WaiterInfo struct {
 
 func (x *WaiterInfo) Reset() {
 	*x = WaiterInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +3889,7 @@ func (x *WaiterInfo) String() string {
 func (*WaiterInfo) ProtoMessage() {}
 
 func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +3902,7 @@ func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterInfo.ProtoReflect.Descriptor instead.
 func (*WaiterInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WaiterInfo) GetNodeId() int64 {
@@ -3804,7 +3955,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3816,7 +3967,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3829,7 +3980,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SessionInfo) GetId() int64 {
@@ -3880,7 +4031,7 @@ type RecentDenial struct {
 
 func (x *RecentDenial) Reset() {
 	*x = RecentDenial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3892,7 +4043,7 @@ func (x *RecentDenial) String() string {
 func (*RecentDenial) ProtoMessage() {}
 
 func (x *RecentDenial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3905,7 +4056,7 @@ func (x *RecentDenial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecentDenial.ProtoReflect.Descriptor instead.
 func (*RecentDenial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RecentDenial) GetAt() *timestamppb.Timestamp {
@@ -3954,7 +4105,7 @@ type Inspection struct {
 
 func (x *Inspection) Reset() {
 	*x = Inspection{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3966,7 +4117,7 @@ func (x *Inspection) String() string {
 func (*Inspection) ProtoMessage() {}
 
 func (x *Inspection) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3979,7 +4130,7 @@ func (x *Inspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inspection.ProtoReflect.Descriptor instead.
 func (*Inspection) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Inspection) GetServerTime() *timestamppb.Timestamp {
@@ -4064,7 +4215,7 @@ type ListTreeRequest struct {
 
 func (x *ListTreeRequest) Reset() {
 	*x = ListTreeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4076,7 +4227,7 @@ func (x *ListTreeRequest) String() string {
 func (*ListTreeRequest) ProtoMessage() {}
 
 func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4089,7 +4240,7 @@ func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeRequest.ProtoReflect.Descriptor instead.
 func (*ListTreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListTreeRequest) GetNodeId() int64 {
@@ -4120,7 +4271,7 @@ type ListTreeResponse struct {
 
 func (x *ListTreeResponse) Reset() {
 	*x = ListTreeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4283,7 @@ func (x *ListTreeResponse) String() string {
 func (*ListTreeResponse) ProtoMessage() {}
 
 func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4296,7 @@ func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeResponse.ProtoReflect.Descriptor instead.
 func (*ListTreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListTreeResponse) GetNodes() []*Node {
@@ -4184,7 +4335,7 @@ type CapMode struct {
 
 func (x *CapMode) Reset() {
 	*x = CapMode{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4347,7 @@ func (x *CapMode) String() string {
 func (*CapMode) ProtoMessage() {}
 
 func (x *CapMode) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4360,7 @@ func (x *CapMode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapMode.ProtoReflect.Descriptor instead.
 func (*CapMode) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CapMode) GetMode() string {
@@ -4236,7 +4387,7 @@ type GetCapStatusRequest struct {
 
 func (x *GetCapStatusRequest) Reset() {
 	*x = GetCapStatusRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4399,7 @@ func (x *GetCapStatusRequest) String() string {
 func (*GetCapStatusRequest) ProtoMessage() {}
 
 func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4412,7 @@ func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetCapStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetCapStatusRequest) GetNodeId() int64 {
@@ -4298,7 +4449,7 @@ type CapStatus struct {
 
 func (x *CapStatus) Reset() {
 	*x = CapStatus{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4461,7 @@ func (x *CapStatus) String() string {
 func (*CapStatus) ProtoMessage() {}
 
 func (x *CapStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4474,7 @@ func (x *CapStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatus.ProtoReflect.Descriptor instead.
 func (*CapStatus) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CapStatus) GetNodeId() int64 {
@@ -4409,7 +4560,7 @@ type CapStatusReport struct {
 
 func (x *CapStatusReport) Reset() {
 	*x = CapStatusReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4421,7 +4572,7 @@ func (x *CapStatusReport) String() string {
 func (*CapStatusReport) ProtoMessage() {}
 
 func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4434,7 +4585,7 @@ func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatusReport.ProtoReflect.Descriptor instead.
 func (*CapStatusReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CapStatusReport) GetCaps() []*CapStatus {
@@ -4650,7 +4801,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\n" +
 	"overloaded\x18\x03 \x01(\x03R\n" +
 	"overloaded\"\x17\n" +
-	"\x15ReportSamplesResponse\"\x0e\n" +
+	"\x15ReportSamplesResponse\"J\n" +
+	"\x14ReportDenialsRequest\x122\n" +
+	"\adenials\x18\x01 \x03(\v2\x18.governor.v1.DenialCountR\adenials\"R\n" +
+	"\vDenialCount\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05cause\x18\x02 \x01(\tR\x05cause\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x03R\x05count\"\x17\n" +
+	"\x15ReportDenialsResponse\"\x0e\n" +
 	"\fWatchRequest\"\xea\x01\n" +
 	"\x06Notice\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.governor.v1.Notice.KindR\x04kind\x12\x17\n" +
@@ -4898,7 +5056,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xd8\r\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xb0\x0e\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -4918,7 +5076,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bValidate\x12\x1c.governor.v1.ValidateRequest\x1a\x12.governor.v1.Lease\x12B\n" +
 	"\vResizeBlock\x12\x1f.governor.v1.ResizeBlockRequest\x1a\x12.governor.v1.Block\x12@\n" +
 	"\aReserve\x12\x1b.governor.v1.ReserveRequest\x1a\x18.governor.v1.Reservation\x12V\n" +
-	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x129\n" +
+	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x12V\n" +
+	"\rReportDenials\x12!.governor.v1.ReportDenialsRequest\x1a\".governor.v1.ReportDenialsResponse\x129\n" +
 	"\x05Watch\x12\x19.governor.v1.WatchRequest\x1a\x13.governor.v1.Notice0\x01\x129\n" +
 	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.Node\x12N\n" +
 	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistory\x12B\n" +
@@ -4940,7 +5099,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -4977,203 +5136,209 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*Reservation)(nil),              // 32: governor.v1.Reservation
 	(*ReportSamplesRequest)(nil),     // 33: governor.v1.ReportSamplesRequest
 	(*ReportSamplesResponse)(nil),    // 34: governor.v1.ReportSamplesResponse
-	(*WatchRequest)(nil),             // 35: governor.v1.WatchRequest
-	(*Notice)(nil),                   // 36: governor.v1.Notice
-	(*SetCapsRequest)(nil),           // 37: governor.v1.SetCapsRequest
-	(*GetCapsHistoryRequest)(nil),    // 38: governor.v1.GetCapsHistoryRequest
-	(*CapsValues)(nil),               // 39: governor.v1.CapsValues
-	(*CapsChange)(nil),               // 40: governor.v1.CapsChange
-	(*PendingOverride)(nil),          // 41: governor.v1.PendingOverride
-	(*CapsHistory)(nil),              // 42: governor.v1.CapsHistory
-	(*Denial)(nil),                   // 43: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 44: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 45: governor.v1.NodeEnded
-	(*GetUsageRequest)(nil),          // 46: governor.v1.GetUsageRequest
-	(*UsageLine)(nil),                // 47: governor.v1.UsageLine
-	(*UsageReport)(nil),              // 48: governor.v1.UsageReport
-	(*InspectRequest)(nil),           // 49: governor.v1.InspectRequest
-	(*LeaseInfo)(nil),                // 50: governor.v1.LeaseInfo
-	(*WaiterInfo)(nil),               // 51: governor.v1.WaiterInfo
-	(*SessionInfo)(nil),              // 52: governor.v1.SessionInfo
-	(*RecentDenial)(nil),             // 53: governor.v1.RecentDenial
-	(*Inspection)(nil),               // 54: governor.v1.Inspection
-	(*ListTreeRequest)(nil),          // 55: governor.v1.ListTreeRequest
-	(*ListTreeResponse)(nil),         // 56: governor.v1.ListTreeResponse
-	(*CapMode)(nil),                  // 57: governor.v1.CapMode
-	(*GetCapStatusRequest)(nil),      // 58: governor.v1.GetCapStatusRequest
-	(*CapStatus)(nil),                // 59: governor.v1.CapStatus
-	(*CapStatusReport)(nil),          // 60: governor.v1.CapStatusReport
-	nil,                              // 61: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 62: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 63: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 64: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 65: governor.v1.Node.QuotasEntry
-	nil,                              // 66: governor.v1.Node.UsedEntry
-	nil,                              // 67: governor.v1.Node.LimitsEntry
-	nil,                              // 68: governor.v1.Node.HeldEntry
-	nil,                              // 69: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 70: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 71: governor.v1.Node.ReservedEntry
-	nil,                              // 72: governor.v1.Node.QuotaModesEntry
-	nil,                              // 73: governor.v1.Node.LimitModesEntry
-	nil,                              // 74: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 75: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 76: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 77: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 78: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 79: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 80: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 81: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 82: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 83: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 84: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 85: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 86: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 87: governor.v1.UsageLine.SpendEntry
-	nil,                              // 88: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 89: governor.v1.UsageLine.PeakEntry
-	nil,                              // 90: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 91: governor.v1.ListTreeResponse.WaitingEntry
-	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 93: google.protobuf.Timestamp
+	(*ReportDenialsRequest)(nil),     // 35: governor.v1.ReportDenialsRequest
+	(*DenialCount)(nil),              // 36: governor.v1.DenialCount
+	(*ReportDenialsResponse)(nil),    // 37: governor.v1.ReportDenialsResponse
+	(*WatchRequest)(nil),             // 38: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 39: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 40: governor.v1.SetCapsRequest
+	(*GetCapsHistoryRequest)(nil),    // 41: governor.v1.GetCapsHistoryRequest
+	(*CapsValues)(nil),               // 42: governor.v1.CapsValues
+	(*CapsChange)(nil),               // 43: governor.v1.CapsChange
+	(*PendingOverride)(nil),          // 44: governor.v1.PendingOverride
+	(*CapsHistory)(nil),              // 45: governor.v1.CapsHistory
+	(*Denial)(nil),                   // 46: governor.v1.Denial
+	(*LeaseEnded)(nil),               // 47: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 48: governor.v1.NodeEnded
+	(*GetUsageRequest)(nil),          // 49: governor.v1.GetUsageRequest
+	(*UsageLine)(nil),                // 50: governor.v1.UsageLine
+	(*UsageReport)(nil),              // 51: governor.v1.UsageReport
+	(*InspectRequest)(nil),           // 52: governor.v1.InspectRequest
+	(*LeaseInfo)(nil),                // 53: governor.v1.LeaseInfo
+	(*WaiterInfo)(nil),               // 54: governor.v1.WaiterInfo
+	(*SessionInfo)(nil),              // 55: governor.v1.SessionInfo
+	(*RecentDenial)(nil),             // 56: governor.v1.RecentDenial
+	(*Inspection)(nil),               // 57: governor.v1.Inspection
+	(*ListTreeRequest)(nil),          // 58: governor.v1.ListTreeRequest
+	(*ListTreeResponse)(nil),         // 59: governor.v1.ListTreeResponse
+	(*CapMode)(nil),                  // 60: governor.v1.CapMode
+	(*GetCapStatusRequest)(nil),      // 61: governor.v1.GetCapStatusRequest
+	(*CapStatus)(nil),                // 62: governor.v1.CapStatus
+	(*CapStatusReport)(nil),          // 63: governor.v1.CapStatusReport
+	nil,                              // 64: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 65: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 66: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 67: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 68: governor.v1.Node.QuotasEntry
+	nil,                              // 69: governor.v1.Node.UsedEntry
+	nil,                              // 70: governor.v1.Node.LimitsEntry
+	nil,                              // 71: governor.v1.Node.HeldEntry
+	nil,                              // 72: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 73: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 74: governor.v1.Node.ReservedEntry
+	nil,                              // 75: governor.v1.Node.QuotaModesEntry
+	nil,                              // 76: governor.v1.Node.LimitModesEntry
+	nil,                              // 77: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 78: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 79: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 80: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 81: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 82: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 83: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 84: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 85: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 86: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 87: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 88: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 89: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 90: governor.v1.UsageLine.SpendEntry
+	nil,                              // 91: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 92: governor.v1.UsageLine.PeakEntry
+	nil,                              // 93: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 94: governor.v1.ListTreeResponse.WaitingEntry
+	(*durationpb.Duration)(nil),      // 95: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 96: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	92,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	92,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	92,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	92,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	61,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	62,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	63,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	64,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	93,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	95,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	95,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	95,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	95,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	64,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	65,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	66,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	67,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	96,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	65,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	66,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	67,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	68,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	69,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	70,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	93,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	71,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	93,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	72,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	73,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	68,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	69,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	70,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	71,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	72,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	73,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	96,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	74,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	96,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	75,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	76,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
 	10,  // 22: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10,  // 23: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11,  // 24: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11,  // 25: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	74,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	77,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23,  // 27: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	92,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	3,   // 29: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	75,  // 30: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	76,  // 31: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	77,  // 32: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	78,  // 33: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	93,  // 34: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	92,  // 35: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	79,  // 36: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	80,  // 37: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	81,  // 38: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	82,  // 39: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	83,  // 40: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	84,  // 41: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	85,  // 42: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	86,  // 43: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	93,  // 44: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	39,  // 45: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	39,  // 46: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	93,  // 47: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	93,  // 48: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	40,  // 49: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	41,  // 50: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 51: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 52: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	93,  // 53: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	93,  // 54: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	87,  // 55: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	88,  // 56: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	89,  // 57: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	90,  // 58: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	93,  // 59: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	93,  // 60: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	47,  // 61: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	93,  // 62: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	93,  // 63: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	92,  // 64: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	93,  // 65: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	93,  // 66: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	93,  // 67: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	50,  // 68: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	51,  // 69: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	52,  // 70: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	53,  // 71: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	92,  // 72: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 73: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	91,  // 74: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	57,  // 75: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	59,  // 76: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	57,  // 77: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	57,  // 78: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	57,  // 79: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	57,  // 80: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	57,  // 81: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	57,  // 82: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	4,   // 83: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 84: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 85: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 86: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 87: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 88: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 89: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 90: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 91: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 92: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 93: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 94: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 95: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 96: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 97: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 98: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 99: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 100: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	37,  // 101: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	38,  // 102: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	46,  // 103: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	49,  // 104: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	55,  // 105: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	58,  // 106: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	5,   // 107: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 108: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 109: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 110: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 111: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 112: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 113: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 114: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 115: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 116: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 117: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 118: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 119: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 120: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 121: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 122: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 123: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	36,  // 124: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 125: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	42,  // 126: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	48,  // 127: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	54,  // 128: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	56,  // 129: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	60,  // 130: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	107, // [107:131] is the sub-list for method output_type
-	83,  // [83:107] is the sub-list for method input_type
-	83,  // [83:83] is the sub-list for extension type_name
-	83,  // [83:83] is the sub-list for extension extendee
-	0,   // [0:83] is the sub-list for field type_name
+	95,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	36,  // 29: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	3,   // 30: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	78,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	79,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	80,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	81,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	96,  // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	95,  // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	82,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	83,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	84,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	85,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	86,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	87,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	88,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	89,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	96,  // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	42,  // 46: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	42,  // 47: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	96,  // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	96,  // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	43,  // 50: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	44,  // 51: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 52: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 53: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	96,  // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	96,  // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	90,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	91,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	92,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	93,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	96,  // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	96,  // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	50,  // 62: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	96,  // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	96,  // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	95,  // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	96,  // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	96,  // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	96,  // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	53,  // 69: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	54,  // 70: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	55,  // 71: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	56,  // 72: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	95,  // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 74: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	94,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	60,  // 76: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	62,  // 77: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	60,  // 78: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 79: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 80: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 81: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 82: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 83: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	4,   // 84: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 85: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 86: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 87: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 88: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 89: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 90: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 91: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 92: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 93: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 94: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 95: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 96: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 97: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 98: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 99: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 100: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 101: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 102: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 103: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 104: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 105: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 106: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 107: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 108: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	5,   // 109: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 110: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 111: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 112: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 113: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 114: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 115: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 116: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 117: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 118: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 119: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 120: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 121: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 122: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 123: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 124: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 125: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 126: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 127: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 128: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 129: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 130: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 131: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 132: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 133: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	109, // [109:134] is the sub-list for method output_type
+	84,  // [84:109] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -5181,15 +5346,15 @@ func file_api_governorpb_governor_proto_init() {
 	if File_api_governorpb_governor_proto != nil {
 		return
 	}
-	file_api_governorpb_governor_proto_msgTypes[33].OneofWrappers = []any{}
-	file_api_governorpb_governor_proto_msgTypes[35].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[36].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   88,
+			NumMessages:   91,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,7 @@ const (
 	Governor_ResizeBlock_FullMethodName      = "/governor.v1.Governor/ResizeBlock"
 	Governor_Reserve_FullMethodName          = "/governor.v1.Governor/Reserve"
 	Governor_ReportSamples_FullMethodName    = "/governor.v1.Governor/ReportSamples"
+	Governor_ReportDenials_FullMethodName    = "/governor.v1.Governor/ReportDenials"
 	Governor_Watch_FullMethodName            = "/governor.v1.Governor/Watch"
 	Governor_SetCaps_FullMethodName          = "/governor.v1.Governor/SetCaps"
 	Governor_GetCapsHistory_FullMethodName   = "/governor.v1.Governor/GetCapsHistory"
@@ -252,6 +253,13 @@ type GovernorClient interface {
 	// ReportSamples reports how calls made in slots of the session's blocks
 	// went, for adaptive (AIMD) limits, as Release does for one lease.
 	ReportSamples(ctx context.Context, in *ReportSamplesRequest, opts ...grpc.CallOption) (*ReportSamplesResponse, error)
+	// ReportDenials tells governord of work a sidecar refused by itself, from
+	// what its session holds (a delegated slot not free within the wait
+	// timeout, a reservation that could not grow, an ended subtask, governord
+	// out of reach), which no call of governord's refused and counted. They
+	// go into the usage records (GetUsage) as denials by cause. Each node must
+	// be inside the session's scope.
+	ReportDenials(ctx context.Context, in *ReportDenialsRequest, opts ...grpc.CallOption) (*ReportDenialsResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
 	// back idle slots or unspent units (recall), and when a node they are on
@@ -466,6 +474,16 @@ func (c *governorClient) ReportSamples(ctx context.Context, in *ReportSamplesReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportSamplesResponse)
 	err := c.cc.Invoke(ctx, Governor_ReportSamples_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) ReportDenials(ctx context.Context, in *ReportDenialsRequest, opts ...grpc.CallOption) (*ReportDenialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportDenialsResponse)
+	err := c.cc.Invoke(ctx, Governor_ReportDenials_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -753,6 +771,13 @@ type GovernorServer interface {
 	// ReportSamples reports how calls made in slots of the session's blocks
 	// went, for adaptive (AIMD) limits, as Release does for one lease.
 	ReportSamples(context.Context, *ReportSamplesRequest) (*ReportSamplesResponse, error)
+	// ReportDenials tells governord of work a sidecar refused by itself, from
+	// what its session holds (a delegated slot not free within the wait
+	// timeout, a reservation that could not grow, an ended subtask, governord
+	// out of reach), which no call of governord's refused and counted. They
+	// go into the usage records (GetUsage) as denials by cause. Each node must
+	// be inside the session's scope.
+	ReportDenials(context.Context, *ReportDenialsRequest) (*ReportDenialsResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
 	// back idle slots or unspent units (recall), and when a node they are on
@@ -853,6 +878,9 @@ func (UnimplementedGovernorServer) Reserve(context.Context, *ReserveRequest) (*R
 }
 func (UnimplementedGovernorServer) ReportSamples(context.Context, *ReportSamplesRequest) (*ReportSamplesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportSamples not implemented")
+}
+func (UnimplementedGovernorServer) ReportDenials(context.Context, *ReportDenialsRequest) (*ReportDenialsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportDenials not implemented")
 }
 func (UnimplementedGovernorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Notice]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
@@ -1202,6 +1230,24 @@ func _Governor_ReportSamples_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_ReportDenials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportDenialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).ReportDenials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_ReportDenials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).ReportDenials(ctx, req.(*ReportDenialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Governor_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1395,6 +1441,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportSamples",
 			Handler:    _Governor_ReportSamples_Handler,
+		},
+		{
+			MethodName: "ReportDenials",
+			Handler:    _Governor_ReportDenials_Handler,
 		},
 		{
 			MethodName: "SetCaps",

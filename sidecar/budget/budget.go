@@ -136,6 +136,8 @@ type Admitter struct {
 	// idle workers run the calls that follow a ticket's end (a release, a
 	// give-back), so that End never waits on governord.
 	bg background
+
+	local localDenials // refusals decided here, not yet reported (denials.go)
 }
 
 // New returns an Admitter with no session yet: until Run opens one, every
@@ -229,10 +231,11 @@ func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ti
 	if s == nil {
 		return nil, &admission.Denial{Cause: admission.CauseUnavailable, Class: r.Class, Err: errNoSession}
 	}
-	t, err := s.admit(ctx, r)
+	t, node, err := s.admit(ctx, r)
 	if err != nil {
 		d := admission.Deny(ctx, err, r.Class, 0)
 		a.m.denied(d.Cause)
+		a.noteDenial(node, err, d)
 		return nil, d
 	}
 	return t, nil

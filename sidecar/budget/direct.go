@@ -26,7 +26,7 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 	}
 	l, err := n.t.ChargeAndAcquire(ctx, r.Class, r.Charges)
 	if err != nil {
-		return nil, err
+		return nil, counted(err)
 	}
 	if l == nil {
 		return nil, nil
@@ -61,7 +61,7 @@ func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ti
 		l, err := n.t.ChargeAndAcquire(ctx, r.Class, nil)
 		if err != nil {
 			n.giveBackHolds(ctx, resources, r.Charges)
-			return nil, err
+			return nil, counted(err)
 		}
 		t = n.leaseTicket(l)
 	}

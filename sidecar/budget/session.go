@@ -203,20 +203,21 @@ func (n *node) alive() error {
 // ended marks n, and so every node under it, as ended.
 func (n *node) ended(why error) { n.end(why) }
 
-// admit charges r's charges and takes a slot of its class on its node.
-func (s *session) admit(ctx context.Context, r admission.Request) (admission.Ticket, error) {
+// admit charges r's charges and takes a slot of its class on its node,
+// and says which node that is (0 when it is not known).
+func (s *session) admit(ctx context.Context, r admission.Request) (admission.Ticket, int64, error) {
 	if err := s.client.Err(); err != nil {
-		return nil, err
+		return nil, s.task.t.ID(), err
 	}
 	n, err := s.node(ctx, r.Subtask)
 	if err != nil {
-		return nil, err
+		return nil, s.task.t.ID(), err // the subtask could not be had: counted on the task
 	}
 	t, err := s.admitOn(ctx, n, r)
 	if t == nil {
 		n.unuse() // a ticket unuses its node when its work ends
 	}
-	return t, err
+	return t, n.t.ID(), err
 }
 
 // admitOn is admit on node n, found.
@@ -454,11 +455,13 @@ func (n *node) giveBack(class, resource string) {
 	}
 }
 
-// tick closes idle subtasks (idle.go); with delegation it also gives back
+// tick closes idle subtasks (idle.go) and reports the refusals decided
+// here (denials.go); with delegation it also gives back
 // what has been idle for the linger, settles what was spent a settle
 // interval ago, and reports calls made in slots.
 func (s *session) tick(now time.Time) {
 	s.retireIdle(now)
+	s.reportDenials()
 	if !s.a.cfg.Delegate {
 		return
 	}

@@ -153,7 +153,7 @@ func (p *pool) single(ctx context.Context) (ticket, error) {
 	l, err := p.n.t.Acquire(ctx, p.class)
 	if err != nil {
 		p.n.failed(err)
-		return nil, err
+		return nil, counted(err)
 	}
 	p.n.s.a.m.slotGrants.WithLabelValues("single").Inc()
 	return &leaseTicket{s: p.n.s, n: p.n, l: l}, nil
