@@ -1063,8 +1063,12 @@ func (w *world) reserveOp(sid SessionID, before uint64) {
 		loc.spent += amt
 		w.logf("s%d spends %d of %s on n%d locally", sid, amt, r, n)
 		return
-	case x < 8:
+	case x < 6:
 		req.Want = 1 + w.rng.Int63n(8)
+	case x < 8:
+		// The hold of one call's estimate: all of it or nothing, and no
+		// settlement in the same call (the spent units stay local).
+		req.Want, req.Spent, req.Exact = 1+w.rng.Int63n(12), 0, true
 	default:
 		req.Return = w.rng.Int63n(loc.unspent + 1)
 		if req.Spent == 0 && req.Return == 0 {
@@ -1079,9 +1083,16 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	k := modelRes{sid, req.Node, req.Resource}
 	res, err := e.Reserve(sid, req)
 	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
-	w.checkRefusal(sid, err, req.Node, req.Resource, 1, req.Return)
+	asked := int64(1) // a top-up is refused only when not one unit fits
+	if req.Exact {
+		asked = req.Want
+	}
+	w.checkRefusal(sid, err, req.Node, req.Resource, asked, req.Return)
 	if err != nil {
 		return
+	}
+	if req.Exact && res.Granted != req.Want {
+		w.fail("an exact reservation of %d %s on n%d granted %d", req.Want, req.Resource, req.Node, res.Granted)
 	}
 	loc := w.local[k]
 	if loc == nil {
