@@ -105,6 +105,9 @@ type HTTPConfig struct {
 	IdleTimeout           time.Duration // an idle keep-alive client connection is closed after this
 	DialTimeout           time.Duration // connecting to an upstream; over it is 504
 	ResponseHeaderTimeout time.Duration // waiting for an upstream's headers; 0 = no limit; over it is 504
+	// RateLimitHeaders adds the IETF RateLimit headers and Governor-Warning
+	// to governed responses, read from governord (one call per response).
+	RateLimitHeaders bool
 
 	// AllowRemoteClients lets Listen be an address other hosts reach; then
 	// Password is required, or anyone who can reach the port could spend
@@ -143,6 +146,10 @@ type PGWireConfig struct {
 	// with FATAL 08P01. Before login a password or SASL message is held to
 	// PostgreSQL's own 65,535 bytes whatever this says.
 	MaxMessageBytes int
+	// CapNotices sends a NOTICE the first time a transaction runs near or
+	// over a cap over it, read from governord (one call per governed
+	// statement).
+	CapNotices bool
 }
 
 // The range pgwire[i].max_message_bytes may take: PostgreSQL sends and takes
@@ -197,7 +204,8 @@ func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 		TunnelIdleTimeout: h.TunnelIdleTimeout, BodyIdleTimeout: h.BodyIdleTimeout, AllowLinkLocal: h.AllowLinkLocal,
 		ReadHeaderTimeout: h.ReadHeaderTimeout, MaxHeaderBytes: h.MaxHeaderBytes, IdleTimeout: h.IdleTimeout,
 		DialTimeout: h.DialTimeout, ResponseHeaderTimeout: h.ResponseHeaderTimeout,
-		AllowTargets: h.AllowTargets, ConnectPorts: h.ConnectPorts, Password: h.Password, Governord: governord}
+		AllowTargets: h.AllowTargets, ConnectPorts: h.ConnectPorts, Password: h.Password, Governord: governord,
+		RateLimitHeaders: h.RateLimitHeaders}
 }
 
 // ConfigError names the configuration key that is wrong and why. The command
@@ -260,6 +268,7 @@ type fileHTTP struct {
 	IdleTimeout           *time.Duration `yaml:"idle_timeout"`
 	DialTimeout           *time.Duration `yaml:"dial_timeout"`
 	ResponseHeaderTimeout *time.Duration `yaml:"response_header_timeout"`
+	RateLimitHeaders      *bool          `yaml:"ratelimit_headers"`
 	AllowRemoteClients    *bool          `yaml:"allow_remote_clients"`
 	Password              *string        `yaml:"password"`
 	AllowTargets          []string       `yaml:"allow_targets"`
@@ -274,6 +283,7 @@ type filePGWire struct {
 	TLS         *fileTLS         `yaml:"tls"`
 	UpstreamTLS *fileUpstreamTLS `yaml:"upstream_tls"`
 	MaxMessage  *int             `yaml:"max_message_bytes"`
+	CapNotices  *bool            `yaml:"cap_notices"`
 }
 
 type fileTLS struct {
@@ -430,6 +440,7 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		set(&c.HTTP.BodyIdleTimeout, h.BodyIdleTimeout)
 		set(&c.HTTP.ShutdownTimeout, h.ShutdownTimeout)
 		set(&c.HTTP.AllowLinkLocal, h.AllowLinkLocal)
+		set(&c.HTTP.RateLimitHeaders, h.RateLimitHeaders)
 		set(&c.HTTP.ReadHeaderTimeout, h.ReadHeaderTimeout)
 		set(&c.HTTP.MaxHeaderBytes, h.MaxHeaderBytes)
 		set(&c.HTTP.IdleTimeout, h.IdleTimeout)
@@ -455,6 +466,7 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 			WaitTimeout: c.HTTP.WaitTimeout, MaxMessageBytes: pgwire.DefaultMaxMessageSize})
 		set(&c.PGWire[i].WaitTimeout, p.WaitTimeout)
 		set(&c.PGWire[i].MaxMessageBytes, p.MaxMessage)
+		set(&c.PGWire[i].CapNotices, p.CapNotices)
 		if t := p.TLS; t != nil {
 			c.PGWire[i].TLS = TLSFiles{CertFile: deref(t.CertFile), KeyFile: deref(t.KeyFile)}
 		}

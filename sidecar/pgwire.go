@@ -66,6 +66,7 @@ func (s *Sidecar) startPGWire() error {
 			WaitTimeout:             pc.WaitTimeout,
 			TaskFromApplicationName: pc.TaskFrom == "application_name",
 			MaxMessageSize:          pc.MaxMessageBytes,
+			Caps:                    s.capNotices(pc),
 			Logger:                  s.log,
 			Metrics:                 s.pgMetrics,
 		}
@@ -289,4 +290,13 @@ func (c pgFailureCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(pgFailuresDesc, prometheus.CounterValue, float64(v), k)
 	}
+}
+
+// capNotices is what a listener reads the caps' state from for its
+// notices: the session with governord, when pgwire[i].cap_notices is on.
+func (s *Sidecar) capNotices(pc PGWireConfig) admission.CapReader {
+	if !pc.CapNotices {
+		return nil
+	}
+	return s.admitter
 }

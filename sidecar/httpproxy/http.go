@@ -38,6 +38,12 @@ type exchange struct {
 	meter    *metered         // a metered LLM call; nil otherwise
 }
 
+// governed reports whether a rule admitted the exchange: a slot held or
+// quota charged.
+func (ex *exchange) governed() bool {
+	return ex.ticket != nil || len(ex.decision.Charges) > 0 || ex.meter != nil
+}
+
 // end ends the exchange's ticket, if it holds one.
 func (ex *exchange) end(latency time.Duration, overloaded bool) {
 	if ex.ticket != nil {
@@ -233,8 +239,12 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	latency := time.Since(start)
 	p.m.upstream.WithLabelValues(ex.rule).Observe(latency.Seconds())
 	p.finish(ex, outcomeForwarded)
-	// Only the proxy says Governor-Denied.
+	// Only the proxy says Governor-Denied and Governor-Warning.
 	resp.Header.Del(HeaderDenied)
+	resp.Header.Del(HeaderWarning)
+	if p.Config.RateLimitHeaders && ex.governed() {
+		p.addRateLimit(req.Context(), ex, resp.Header)
+	}
 	overloaded := governor.Overloaded(resp)
 	if hc := ex.decision.ChargeFromHeader; hc != nil {
 		p.chargeFromHeader(ex, hc, resp.Header)

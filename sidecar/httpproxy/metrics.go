@@ -33,6 +33,9 @@ type Metrics struct {
 	meterTokens      *prometheus.CounterVec
 	tunnels          prometheus.Gauge
 	inflight         prometheus.Gauge
+	// rateLimitErrors counts readings of the caps' state for the RateLimit
+	// headers that failed (ratelimit.go).
+	rateLimitErrors prometheus.Counter
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -58,6 +61,8 @@ func NewMetrics() *Metrics {
 		Help: "CONNECT tunnels and upgraded connections open now."})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_requests_in_flight",
 		Help: "HTTP requests being served now (tunnels not counted)."})
+	m.rateLimitErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_ratelimit_status_errors_total",
+		Help: "Responses sent without RateLimit headers because reading the caps' state from governord failed (http.ratelimit_headers)."})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -68,7 +73,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -78,6 +78,12 @@ type Config struct {
 	// DenyUnmatched refuses requests no rule matches (403 unmatched);
 	// otherwise they are forwarded ungoverned.
 	DenyUnmatched bool
+	// RateLimitHeaders adds to each governed response the IETF RateLimit
+	// headers of the tightest quota over it and, while a cap over it is
+	// near or over, Governor-Warning (ratelimit.go), read from governord
+	// with one call per response; the Admitter must be an
+	// admission.CapReader.
+	RateLimitHeaders bool
 	// TunnelIdleTimeout closes a CONNECT tunnel idle this long in both
 	// directions. Zero: never.
 	TunnelIdleTimeout time.Duration

@@ -64,6 +64,9 @@ type conn struct {
 	inBatch    bool         // extended-protocol messages sent since the last Sync
 	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
 	overloaded bool
+	// capNoticed: the transaction has had its NOTICE of a cap near or over
+	// (notice.go).
+	capNoticed bool
 	// What the statements run (statements.go).
 	lex         sqlclass.Settings // how the server lexes text, from ParameterStatus
 	names       names             // its prepared statements and portals

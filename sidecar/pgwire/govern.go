@@ -232,6 +232,7 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	for _, g := range grants {
 		c.admitted(g.d, g.req, g.waited)
 	}
+	c.noticeCaps(asks[0].req.Subtask)
 	return nil
 }
 

@@ -64,6 +64,10 @@ type Proxy struct {
 	// subtask named after its application_name (Tx.Subtask); a connection
 	// without one is charged to the task itself.
 	TaskFromApplicationName bool
+	// Caps, when not nil, is read after each governed admission, and the
+	// first time a transaction runs near or over a cap the client gets a
+	// NOTICE naming it (notice.go). Nil: no such notices.
+	Caps admission.CapReader
 
 	// MaxMessageSize caps a message after startup. Zero:
 	// DefaultMaxMessageSize.

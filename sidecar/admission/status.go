@@ -1,0 +1,107 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// CapReader reads, from governord, where the caps over a subtask's node
+// stand (its own and every ancestor's): what the sidecar shows as IETF
+// RateLimit headers, Governor-Warning and pgwire notices. Package budget's
+// Admitter is one.
+type CapReader interface {
+	CapStatus(ctx context.Context, subtask string) (CapReport, error)
+}
+
+// CapReport is where the caps over a node stand, as governord says.
+type CapReport struct {
+	Caps []CapState
+}
+
+// CapState is one cap.
+type CapState struct {
+	Node      string // the node's name
+	Limit     bool   // a limit (lease class), not a quota (resource)
+	Name      string
+	Mode      string // hard, soft, warn_only
+	Cap       int64
+	Used      int64 // usage and unspent reserved units; slots held for a limit
+	Remaining int64 // before the cap itself
+	State     string
+	Threshold int // the highest near threshold reached, percent
+}
+
+// The states of a cap, as governord names them; Within is the only one
+// that warns nobody.
+const (
+	StateWithin       = "within"
+	StateNear         = "near"
+	StateSoftExceeded = "soft_exceeded"
+	StateHardExceeded = "hard_exceeded"
+)
+
+var stateRank = map[string]int{StateWithin: 0, StateNear: 1, StateSoftExceeded: 2, StateHardExceeded: 3}
+
+// Tightest is the quota cap with the least remaining among those over
+// resources (every quota when resources is empty), and whether there is
+// one. Ties go to the cap nearest the node.
+func (r CapReport) Tightest(resources map[string]int64) (CapState, bool) {
+	var best CapState
+	found := false
+	for _, c := range r.Caps {
+		if c.Limit {
+			continue
+		}
+		if len(resources) > 0 {
+			if _, ok := resources[c.Name]; !ok {
+				continue
+			}
+		}
+		if !found || c.Remaining < best.Remaining {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
+
+// Worst is the cap in the worst state (quotas and limits alike, the one
+// nearest the node on a tie), and whether any is near or over.
+func (r CapReport) Worst() (CapState, bool) {
+	var worst CapState
+	found := false
+	for _, c := range r.Caps {
+		if stateRank[c.State] == 0 {
+			continue
+		}
+		if !found || stateRank[c.State] > stateRank[worst.State] {
+			worst, found = c, true
+		}
+	}
+	return worst, found
+}
+
+// Warning is the text of a Governor-Warning header (and of a pgwire
+// notice's detail) for c: its state, then the cap as key=value pairs.
+//
+//	near; quota="tokens"; node="payments"; used=85; cap=100; threshold=80
+func (c CapState) Warning() string {
+	kind := "quota"
+	if c.Limit {
+		kind = "limit"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s; %s=%s; node=%s; used=%d; cap=%d", c.State, kind, strconv.Quote(c.Name), strconv.Quote(c.Node), c.Used, c.Cap)
+	if c.Threshold > 0 {
+		fmt.Fprintf(&b, "; threshold=%d", c.Threshold)
+	}
+	if c.Mode != "" && c.Mode != "hard" {
+		fmt.Fprintf(&b, "; mode=%s", c.Mode)
+	}
+	return b.String()
+}
+
+// PolicyName names c in RateLimit-Policy and RateLimit: the resource and
+// the node whose cap it is.
+func (c CapState) PolicyName() string { return c.Name + "@" + c.Node }

@@ -1,0 +1,58 @@
+package httpproxy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/governor-project/governor/sidecar/admission"
+)
+
+// The headers a governed response carries when Config.RateLimitHeaders is
+// on: the IETF RateLimit fields (draft-ietf-httpapi-ratelimit-headers) for
+// the tightest quota over the request, and Governor-Warning while any cap
+// over it is near or over its cap.
+const (
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+	HeaderRateLimit       = "RateLimit"
+	HeaderWarning         = "Governor-Warning"
+)
+
+// statusTimeout bounds the call that reads the caps' state for the headers.
+const statusTimeout = 2 * time.Second
+
+// addRateLimit adds the headers to h from governord's state of the caps
+// over ex's node. The quota is a budget that never refills, so the fields
+// carry no window and no reset: q is the cap, r what is left of it. A
+// reading that fails leaves the headers out (counted): they inform, they
+// never decide.
+func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
+	reader, ok := p.Admitter.(admission.CapReader)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	rep, err := reader.CapStatus(ctx, ex.subtask)
+	if err != nil {
+		p.m.rateLimitErrors.Inc()
+		p.log.Debug("governor-proxy: reading the caps' state for RateLimit headers failed", "rule", ex.rule, "err", err)
+		return
+	}
+	rateLimitHeaders(h, rep, ex.decision.Charges)
+}
+
+// rateLimitHeaders writes rep into h: the tightest quota over the charged
+// resources (any quota when the rule charges none), and the worst cap.
+func rateLimitHeaders(h http.Header, rep admission.CapReport, charges map[string]int64) {
+	if c, ok := rep.Tightest(charges); ok {
+		name := strconv.Quote(c.PolicyName())
+		h.Add(HeaderRateLimitPolicy, fmt.Sprintf("%s;q=%d", name, c.Cap))
+		h.Add(HeaderRateLimit, fmt.Sprintf("%s;r=%d", name, c.Remaining))
+	}
+	if c, ok := rep.Worst(); ok {
+		h.Set(HeaderWarning, c.Warning())
+	}
+}

@@ -1,0 +1,60 @@
+package pgwire
+
+import (
+	"context"
+	"time"
+
+	"github.com/governor-project/governor/sidecar/admission"
+)
+
+// capStatusTimeout bounds the call that reads the caps' state for a notice.
+const capStatusTimeout = 2 * time.Second
+
+// noticeCaps sends the client a NOTICE, before the statement's results,
+// the first time a transaction runs near or over a cap over it (Proxy.Caps):
+// the cap's state, node and use, as Governor-Warning says it over HTTP. A
+// statement outside a transaction block is a transaction of its own. A
+// reading that fails sends nothing: notices inform, they never decide.
+func (c *conn) noticeCaps(subtask string) {
+	if c.p.Caps == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.status == TxIdle {
+		c.capNoticed = false // a new transaction
+	}
+	done := c.capNoticed
+	c.mu.Unlock()
+	if done {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, capStatusTimeout)
+	defer cancel()
+	rep, err := c.p.Caps.CapStatus(ctx, subtask)
+	if err != nil {
+		return
+	}
+	worst, ok := rep.Worst()
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	c.capNoticed = true
+	c.mu.Unlock()
+	c.writeClient(noticeResponse("governor: "+capWords(worst)+" ("+worst.Warning()+")"), true)
+}
+
+// capWords says a cap's state in words.
+func capWords(c admission.CapState) string {
+	what := "quota " + c.Name
+	if c.Limit {
+		what = "limit " + c.Name
+	}
+	switch c.State {
+	case admission.StateNear:
+		return what + " on " + c.Node + " is near its cap"
+	case admission.StateSoftExceeded:
+		return what + " on " + c.Node + " is over its cap"
+	}
+	return what + " on " + c.Node + " is at its cap: new work is refused"
+}

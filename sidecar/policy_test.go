@@ -1,0 +1,207 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/sidecar/httpproxy"
+)
+
+// policyProxy starts governord with the tenant's quotas and modes, and a
+// sidecar with one rule per resource (GET /RESOURCE charges 1 of it) and
+// the RateLimit headers on; delegate false makes each request one call.
+func policyProxy(t *testing.T, quotas map[string]int64, modes map[string]engine.CapMode, delegate bool) (*server.Server, *testProxy, string) {
+	t.Helper()
+	g := startGovernord(t, func(c *server.Config) {
+		c.Tenants[0].Quotas, c.Tenants[0].QuotaModes = quotas, modes
+	})
+	o := origin(t, http.HandlerFunc(hello), false, false)
+	var rules strings.Builder
+	rules.WriteString("rules:\n")
+	for r := range quotas {
+		fmt.Fprintf(&rules, "  - {name: %s, match: {host: origin.test, path: /%s}, charge: {%s: 1}}\n", r, r, r)
+	}
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], ratelimit_headers: true}\n" +
+		fmt.Sprintf("delegation: {enabled: %t}\n", delegate) + rules.String()})
+	return g, p, hostURL(o, "origin.test")
+}
+
+// get sends GET base/path through p and returns the status, the
+// Governor-Denied header and the response's headers.
+func get(t *testing.T, p *testProxy, base, path string) (int, string, http.Header) {
+	t.Helper()
+	resp, err := p.client("", nil).Get(base + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	return resp.StatusCode, resp.Header.Get(httpproxy.HeaderDenied), resp.Header
+}
+
+// A soft quota lets requests through the sidecar up to cap plus burst, the
+// ones past the cap with a Governor-Warning, and then denies them with 429
+// quota; a warn_only quota never denies, and governord counts every
+// would-be denial (one per request past the cap, with delegation off: one
+// call, one event each). With delegation on, the soft cap still admits
+// exactly cap plus burst.
+func TestSoftAndWarnOnlyThroughTheSidecar(t *testing.T) {
+	for _, delegate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) {
+			g, p, base := policyProxy(t, map[string]int64{"soft_calls": 10, "warn_calls": 4},
+				map[string]engine.CapMode{"soft_calls": {Mode: engine.ModeSoft, Burst: 5}, "warn_calls": {Mode: engine.ModeWarnOnly}}, delegate)
+			ok, warned := 0, 0
+			for i := 1; i <= 20; i++ {
+				code, denied, h := get(t, p, base, "/soft_calls")
+				switch {
+				case code == 200:
+					ok++
+					if strings.HasPrefix(h.Get(httpproxy.HeaderWarning), "soft_exceeded") || strings.HasPrefix(h.Get(httpproxy.HeaderWarning), "hard_exceeded") {
+						warned++
+					}
+				case code != 429 || denied != "quota":
+					t.Fatalf("request %d: %d %q", i, code, denied)
+				}
+			}
+			if ok != 15 {
+				t.Errorf("a soft quota of 10 with a burst of 5 admitted %d of 20, want 15", ok)
+			}
+			if !delegate && warned != 5 {
+				t.Errorf("%d of the admitted requests carried an exceeded warning, want the 5 past the cap", warned)
+			}
+			for i := 1; i <= 10; i++ {
+				if code, denied, _ := get(t, p, base, "/warn_calls"); code != 200 {
+					t.Fatalf("warn_only request %d: %d %q", i, code, denied)
+				}
+			}
+			if !delegate {
+				if n := govtest.Scrape(t, g.MetricsAddr(), `governor_cap_warnings_total{kind="quota",mode="warn_only"}`); n != 6 {
+					t.Errorf("governord counted %v warn_only would-be denials, want 6 (requests 5 to 10 of a cap of 4)", n)
+				}
+				if n := govtest.Scrape(t, g.MetricsAddr(), `governor_cap_warnings_total{kind="quota",mode="soft"}`); n != 5 {
+					t.Errorf("governord counted %v soft warnings, want 5", n)
+				}
+			}
+		})
+	}
+}
+
+// The RateLimit headers carry governord's own numbers: after each request
+// the remaining quota the sidecar reports is what GetCapStatus tells the
+// operator, for the tightest cap over the request (here the task's own,
+// under the tenant's looser one), and Governor-Warning appears exactly
+// when that cap is near (80% and 90%) or over.
+func TestRateLimitHeadersMatchGovernord(t *testing.T) {
+	g, p, base := policyProxy(t, map[string]int64{"calls": 100}, nil, false)
+	a := newAdmin(t, g.Addr())
+	// The task's own cap, 10, is the tightest.
+	code, _, _ := get(t, p, base, "/calls")
+	if code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	task := a.node("payments", "pod-7")
+	if _, err := a.c.Raw().SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: task.GetId(), Quotas: map[string]int64{"calls": 10}, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 10; i++ {
+		code, denied, h := get(t, p, base, "/calls")
+		if code != 200 {
+			t.Fatalf("request %d: %d %q", i, code, denied)
+		}
+		rep, err := a.c.Raw().GetCapStatus(context.Background(), &governorpb.GetCapStatusRequest{NodeId: task.GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := rep.GetCaps()[0] // the task's own quota comes first
+		name := strconv.Quote("calls@pod-7")
+		if got, want := h.Get("RateLimit-Policy"), name+";q=10"; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i, got, want)
+		}
+		if got, want := h.Get("RateLimit"), fmt.Sprintf("%s;r=%d", name, own.GetRemaining()); got != want || own.GetRemaining() != int64(10-i) {
+			t.Errorf("request %d: RateLimit %q; governord says %d remain (want %d); want %q", i, got, own.GetRemaining(), 10-i, want)
+		}
+		warning := h.Get(httpproxy.HeaderWarning)
+		switch {
+		case i < 8 && warning != "":
+			t.Errorf("request %d (%d of 10): Governor-Warning %q, want none", i, i, warning)
+		case i >= 8 && i < 10 && !strings.HasPrefix(warning, "near; quota=\"calls\"; node=\"pod-7\"; used="+strconv.Itoa(i)+"; cap=10; threshold="):
+			t.Errorf("request %d: Governor-Warning %q, want near on pod-7", i, warning)
+		case i == 10 && !strings.HasPrefix(warning, "hard_exceeded; quota=\"calls\""):
+			t.Errorf("request %d: Governor-Warning %q, want hard_exceeded", i, warning)
+		}
+	}
+}
+
+// An upstream cannot send Governor-Warning: only the proxy says it.
+func TestUpstreamCannotSpoofGovernorWarning(t *testing.T) {
+	g := startGovernord(t, nil)
+	o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set(httpproxy.HeaderWarning, "hard_exceeded; quota=\"made-up\"")
+		w.Write([]byte("ok"))
+	}), false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "rules:\n  - {name: any, match: {host: origin.test}, charge: {calls: 1}}\n"})
+	_, _, h := get(t, p, hostURL(o, "origin.test"), "/")
+	if w := h.Get(httpproxy.HeaderWarning); w != "" {
+		t.Fatalf("the upstream's Governor-Warning %q reached the client", w)
+	}
+}
+
+// pgwire: the first time a transaction runs near or over a cap the client
+// gets one NOTICE naming it; a statement in the same transaction gets no
+// second one, and the next transaction gets its own.
+func TestPGWireCapNotice(t *testing.T) {
+	pgUpstream(t)
+	table := "pgq_notice"
+	freshPGTable(t, table)
+	g := startGovernord(t, nil)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(),
+		yaml: "task: {name: " + table + ", quotas: {db_writes: 10}}\n" + pgListenerYAML(t, ", cap_notices: true") + pgRules})
+	cfg, err := pgx.ParseConfig(pgDSN(p.PGWireAddrs()[0], ""))
+	must(t, err)
+	var notices []string
+	var mu sync.Mutex
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		notices = append(notices, n.Message)
+		mu.Unlock()
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	c, err := pgx.ConnectConfig(context.Background(), cfg)
+	must(t, err)
+	defer c.Close(context.Background())
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(notices) }
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := c.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for i := range 7 { // 7 of 10: within
+		exec(fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, i))
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d notices within the cap: %v", n, notices)
+	}
+	exec("BEGIN")
+	exec("INSERT INTO " + table + " VALUES (8)") // 8 of 10: near
+	exec("INSERT INTO " + table + " VALUES (9)") // 9 of 10: the same transaction
+	exec("COMMIT")
+	if n := count(); n != 1 || !strings.Contains(notices[0], "quota db_writes on "+table+" is near its cap") {
+		t.Fatalf("notices of one transaction near the cap: %v, want one", notices)
+	}
+	exec("INSERT INTO " + table + " VALUES (10)") // 10 of 10: a new transaction, at the cap
+	if n := count(); n != 2 || !strings.Contains(notices[1], "is at its cap") {
+		t.Fatalf("notices after the next transaction: %v", notices)
+	}
+}
