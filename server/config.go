@@ -81,6 +81,12 @@ type Config struct {
 	// TLSReloadInterval is how often the TLS files are polled for a new
 	// pair. Zero means tlsreload.DefaultInterval.
 	TLSReloadInterval time.Duration
+	// HA runs this governord as one of several over one PostgreSQL store:
+	// a fenced leader or a hot standby (ha.go). Off by default.
+	HA HAConfig
+	// HATestHooks plant faults in a governord with ha on, for tests; nil
+	// in production.
+	HATestHooks *HATestHooks
 	// OpenStore, when set, opens the store instead of Store.Driver and
 	// Store.DSN; tests use it to inject a store that fails.
 	OpenStore func(ctx context.Context) (store.Store, error)
@@ -190,6 +196,7 @@ type fileConfig struct {
 	Adaptive       []fileAdaptive `mapstructure:"adaptive"`
 	Tenants        []fileTenant   `mapstructure:"tenants"`
 	ReapInterval   time.Duration  `mapstructure:"reap_interval"`
+	HA             fileHA         `mapstructure:"ha"`
 	NearThresholds []int          `mapstructure:"near_thresholds"`
 }
 
@@ -410,6 +417,9 @@ func (f fileConfig) validate() (Config, error) {
 	}
 	if c.Store.UsageRetention < 0 {
 		return Config{}, keyErr("store.usage_retention", "%v is negative", c.Store.UsageRetention)
+	}
+	if err := f.HA.validate(&c); err != nil {
+		return Config{}, err
 	}
 	if err := checkCaps("root", c.Root.Quotas, c.Root.Limits); err != nil {
 		return Config{}, err

@@ -65,7 +65,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "Grants given back because their callers never learned of them: the caller's context ended before the answer was committed (caller_gone), or the caller abandoned the request (abandoned)."}, []string{"why"})
 	m.warnings = newWarnings()
 	m.reg.MustRegister(m.warnings, policyCollector{s})
-	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m},
+	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m}, haCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -113,6 +113,11 @@ func (m *metrics) handler() http.Handler {
 		case <-m.s.stopping:
 			http.Error(w, "stopping", http.StatusServiceUnavailable)
 		default:
+			if err := m.s.servingErr(); err != nil {
+				// A standby, or a leader whose lease ran out (ha.go).
+				http.Error(w, status.Convert(err).Message(), http.StatusServiceUnavailable)
+				return
+			}
 			w.Write([]byte("ready\n"))
 		}
 	})
@@ -179,7 +184,7 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases))
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, float64(st.Nodes))
 	ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.eng.Seq()), "emitted")
-	if s.events != nil {
+	if s.events != nil && s.leading() {
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.events.Committed()), "committed")
 	}
 }

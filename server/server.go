@@ -67,6 +67,9 @@ type Server struct {
 	// (inspect.go).
 	recent     recentDenials
 	lastCommit atomic.Int64
+
+	engCfg engine.Config // the engine's configuration, for the mirror
+	ha     *haState      // nil without ha (ha.go)
 }
 
 // Start recovers the state from the store, applies the configuration, and
@@ -105,13 +108,15 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancelRun = cancel
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.events.Run(runCtx); err != nil {
-			s.die(fmt.Errorf("commit failed: %w", err))
+	if cfg.HA.Enabled {
+		// A standby first; it leads once it wins the election (ha.go).
+		if err := s.startStandby(runCtx); err != nil {
+			s.Close()
+			return nil, err
 		}
-	}()
+		return s, nil
+	}
+	s.runLog(runCtx)
 	if err := s.configure(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -123,13 +128,31 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		s.Close()
 		return nil, err
 	}
-	s.wg.Add(3)
-	go s.reapWhenDue(runCtx)
-	go s.every(runCtx, time.Second, s.snapshotWhenDue(runCtx))
-	go s.every(runCtx, time.Second, s.eng.RemindContention)
+	s.runLoops(runCtx)
 	s.log.Info("governord ready", "listen", s.Addr(), "metrics", s.MetricsAddr(), "store", cfg.Store.Driver,
 		"seq", s.eng.Seq(), "tenants", len(cfg.Tenants))
 	return s, nil
+}
+
+// runLog commits the engine's events until ctx ends; a failed commit stops
+// the server.
+func (s *Server) runLog(ctx context.Context) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.events.Run(ctx); err != nil {
+			s.die(fmt.Errorf("commit failed: %w", err))
+		}
+	}()
+}
+
+// runLoops starts what a serving governord does on its own: reaping,
+// snapshots and reminders of contention.
+func (s *Server) runLoops(ctx context.Context) {
+	s.wg.Add(3)
+	go s.reapWhenDue(ctx)
+	go s.every(ctx, time.Second, s.snapshotWhenDue(ctx))
+	go s.every(ctx, time.Second, s.eng.RemindContention)
 }
 
 // recover rebuilds the engine from the newest snapshot and the events after it.
@@ -195,16 +218,27 @@ func (s *Server) recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("replay the store: %w", err)
 	}
-	if s.mirror, err = newMirror(engCfg, eng); err != nil {
+	s.eng, s.engCfg = eng, engCfg
+	if err := s.attach(ctx); err != nil {
 		return err
 	}
-	s.eng = eng
-	s.usage = usage.New(eng.Snapshot())
-	s.events = store.NewLog(s.st, s.encodeWithUsage, store.LogOptions{Committed: eng.Seq(), Observe: s.metrics.observeCommit,
+	s.log.Info("state recovered", "seq", eng.Seq(), "events replayed", events, "took", time.Since(began))
+	return nil
+}
+
+// attach builds what serves alongside the engine from its state as it is:
+// the snapshots' mirror, the usage fold and the log that commits its next
+// events. A standby does it again when it takes over.
+func (s *Server) attach(context.Context) error {
+	var err error
+	if s.mirror, err = newMirror(s.engCfg, s.eng); err != nil {
+		return err
+	}
+	s.usage = usage.New(s.eng.Snapshot())
+	s.events = store.NewLog(s.st, s.encodeWithUsage, store.LogOptions{Committed: s.eng.Seq(), Observe: s.metrics.observeCommit,
 		OnError: func(err error) {
 			s.log.Warn("tidying the store after a snapshot failed; the next snapshot tries again", "err", err)
 		}})
-	s.log.Info("state recovered", "seq", eng.Seq(), "events replayed", events, "took", time.Since(began))
 	return nil
 }
 
@@ -374,7 +408,7 @@ func (s *Server) serve() error {
 		s.certs = certs
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: certs.GetCertificate})))
 	}
-	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary), grpc.ChainStreamInterceptor(s.metrics.stream),
+	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary, s.haUnary), grpc.ChainStreamInterceptor(s.metrics.stream, s.haStream),
 		// Fixed flow-control windows turn off gRPC's BDP estimation, which
 		// otherwise sends a PING for nearly every request that arrives on an
 		// idle connection (and the client answers it): two extra writes and
@@ -518,6 +552,7 @@ func (s *Server) Close() error {
 		}
 		s.closeCerts()
 		s.wg.Wait()
+		s.closeHA()
 		if s.st != nil {
 			s.closeErr = s.st.Close()
 		}

@@ -63,7 +63,8 @@ func (s *Server) durable(ctx context.Context) error {
 	err := s.events.WaitDurable(ctx, s.eng.Seq())
 	switch {
 	case err == nil:
-		return nil
+		// With ha, no answer leaves a leader whose term has ended (ha.go).
+		return s.servingErr()
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case errors.Is(err, store.ErrLogStopped):

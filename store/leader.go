@@ -63,7 +63,8 @@ const (
 	WHERE id = 1 AND epoch = $1 RETURNING 1`
 	resignSQL = `UPDATE governor_leader SET expires_at = '-infinity' WHERE id = 1 AND epoch = $1`
 	leaderSQL = `SELECT l.epoch, l.holder, l.addr, l.expires_at > clock_timestamp(),
-	GREATEST(0, EXTRACT(epoch FROM l.expires_at - clock_timestamp()) * 1e6)::bigint, s.last_seq
+	CASE WHEN l.expires_at > clock_timestamp() -- '-infinity' (none yet, or resigned) cannot be subtracted
+		THEN (EXTRACT(epoch FROM l.expires_at - clock_timestamp()) * 1e6)::bigint ELSE 0 END, s.last_seq
 	FROM governor_leader l, governor_snapshot s WHERE l.id = 1 AND s.id = 1`
 )
 

@@ -235,12 +235,18 @@ func TestResignLetsAStandbyWinAtOnce(t *testing.T) {
 	a := newCandidate(t, dsn, "a", time.Hour, time.Second)
 	b := newCandidate(t, dsn, "b", time.Hour, time.Second)
 	ctx := context.Background()
+	if info, err := a.el.Leader(ctx); err != nil || info.Live || info.Epoch != 0 {
+		t.Fatalf("the leadership of a fresh store: %+v, %v", info, err)
+	}
 	ta := winWhenDue(t, a)
 	if _, won, _ := b.el.Campaign(ctx); won {
 		t.Fatal("won during an hour's lease")
 	}
 	if err := a.el.Resign(ctx, ta.Epoch); err != nil {
 		t.Fatal(err)
+	}
+	if info, err := b.el.Leader(ctx); err != nil || info.Live || info.Epoch != ta.Epoch {
+		t.Fatalf("the leadership after a resignation: %+v, %v", info, err)
 	}
 	if _, won, err := b.el.Campaign(ctx); err != nil || !won {
 		t.Fatalf("a campaign after the leader resigned: won %v, %v", won, err)
