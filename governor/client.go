@@ -49,7 +49,7 @@ const (
 // heartbeats, attaches its token to every call, and gives the session up at
 // its local deadline. It is safe for concurrent use. Close it when done.
 type Client struct {
-	conn  *grpc.ClientConn
+	conn  *leaderConn // one connection per address (leader.go)
 	rpc   governorpb.GovernorClient
 	log   *slog.Logger
 	token string
@@ -103,10 +103,15 @@ func Dial(ctx context.Context, opts ...Option) (*Client, error) {
 		grpc.WithStaticStreamWindowSize(grpcWindow),
 		grpc.WithStaticConnWindowSize(grpcWindow),
 	}, cfg.grpcOpts...)
-	conn, err := grpc.NewClient(cfg.addr, dialOpts...)
+	addrs, err := splitAddrs(cfg.addr)
 	if err != nil {
 		c.end(err)
-		return nil, fmt.Errorf("governor: connect to %s: %w", cfg.addr, err)
+		return nil, err
+	}
+	conn, err := newLeaderConn(addrs, func(addr string) (*grpc.ClientConn, error) { return grpc.NewClient(addr, dialOpts...) })
+	if err != nil {
+		c.end(err)
+		return nil, err
 	}
 	c.conn = conn
 	c.rpc = governorpb.NewGovernorClient(conn)

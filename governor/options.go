@@ -54,7 +54,10 @@ type config struct {
 }
 
 // WithAddr sets governord's address, overriding GOVERNOR_ADDR. Any target
-// grpc.NewClient accepts works.
+// grpc.NewClient accepts works. A comma-separated list names governords
+// that run as a leader and standbys: calls go to the leader, found by
+// trying the addresses and following a standby's hint, and the session
+// moves with it when another takes over.
 func WithAddr(addr string) Option { return func(c *config) { c.addr = addr } }
 
 // WithAPIKey sets the tenant's API key, overriding GOVERNOR_API_KEY.

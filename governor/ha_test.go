@@ -1,0 +1,156 @@
+package governor_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/pgtest"
+	"github.com/governor-project/governor/server"
+)
+
+// startHA starts a governord with ha on over the PostgreSQL store dsn.
+func startHA(t *testing.T, dsn string) *server.Server {
+	t.Helper()
+	cfg := server.Config{
+		Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 10 * time.Second,
+		AdminKey: adminKey, Store: server.StoreConfig{Driver: "postgres", DSN: dsn},
+		Root:    server.Caps{Limits: map[string]int64{"db": 4}},
+		Tenants: []server.TenantConfig{{Name: "payments", APIKey: paymentsKey, Weight: 4}},
+		HA:      server.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond},
+	}
+	srv, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+func waitLeads(t *testing.T, srv *server.Server) {
+	t.Helper()
+	select {
+	case <-srv.Leading():
+	case <-time.After(time.Minute):
+		t.Fatalf("governord at %s never led", srv.Addr())
+	}
+}
+
+// TestSessionFollowsTheLeader: a client given the standby's address first
+// finds the leader by the standby's hint, and when the leader stops, its
+// calls go on at the new leader with the same session, the same task and
+// the same lease, and no consume it was told of is lost.
+func TestSessionFollowsTheLeader(t *testing.T) {
+	dsn := pgtest.Schema(t, "governor_sdk_ha_")
+	a := startHA(t, dsn)
+	waitLeads(t, a)
+	b := startHA(t, dsn)
+	c := dialReal(t, governor.WithAddr(b.Addr()+","+a.Addr()))
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Name: "follow", Quotas: map[string]int64{"calls": 1_000_000}})
+	lease, err := task.Acquire(ctx, "db")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	acked := make(chan int64)
+	stop := make(chan struct{})
+	go func() {
+		var n int64
+		defer func() { acked <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := task.Consume(ctx, "calls", 1); err != nil {
+				t.Errorf("a consume across the failover: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	// Some consumes at a, then a stops (and resigns); b takes over.
+	waitUsed(t, c, task.ID(), 20)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitLeads(t, b)
+	before := int64(-1)
+	for before < 0 {
+		before = used(t, c, task.ID())
+	}
+	waitUsed(t, c, task.ID(), before+20) // consumes go on at b
+	close(stop)
+	n := <-acked
+	if err := c.Err(); err != nil {
+		t.Fatalf("the session was lost across the failover: %v", err)
+	}
+	if err := lease.Validate(ctx); err != nil {
+		t.Fatalf("the lease from the old leader at the new: %v", err)
+	}
+	if got := used(t, c, task.ID()); got < n {
+		t.Fatalf("the new leader counts %d calls; the client was told of %d", got, n)
+	}
+	if err := lease.Release(ctx, 0, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// used reads a task's spending of "calls"; -1 while governord answers
+// UNAVAILABLE (Raw calls are not retried).
+func used(t *testing.T, c *governor.Client, id int64) int64 {
+	t.Helper()
+	n, err := c.Raw().GetNode(t.Context(), &governorpb.GetNodeRequest{NodeId: id})
+	if status.Code(err) == codes.Unavailable {
+		return -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.GetUsed()["calls"]
+}
+
+func waitUsed(t *testing.T, c *governor.Client, id, atLeast int64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for used(t, c, id) < atLeast {
+		if time.Now().After(deadline) {
+			t.Fatalf("the task never reached %d calls", atLeast)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a count, not waiting for readiness
+	}
+}
+
+func TestAddrListRefusesAnEmptyEntry(t *testing.T) {
+	_, err := governor.Dial(t.Context(), governor.WithAddr("127.0.0.1:1,,127.0.0.1:2"))
+	if !errors.Is(err, governor.ErrInvalidArgument) || !strings.Contains(err.Error(), "empty address") {
+		t.Fatalf("Dial with an empty entry in the list: %v", err)
+	}
+}
+
+// TestStandbyHintFindsALeaderNotInTheList: given only a standby's address,
+// the client reaches the leader the standby names.
+func TestStandbyHintFindsALeaderNotInTheList(t *testing.T) {
+	dsn := pgtest.Schema(t, "governor_sdk_ha_")
+	a := startHA(t, dsn)
+	waitLeads(t, a)
+	b := startHA(t, dsn)
+	// Until b has read the leadership row it names no leader; Dial keeps
+	// trying meanwhile.
+	c := dialReal(t, governor.WithAddr(b.Addr()))
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Name: "hinted", Quotas: map[string]int64{"calls": 10}})
+	if err := task.Consume(ctx, "calls", 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := used(t, c, task.ID()); got != 3 {
+		t.Fatalf("the leader counts %d calls, want 3", got)
+	}
+}
