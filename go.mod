@@ -3,6 +3,7 @@ module github.com/governor-project/governor
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/charmbracelet/bubbletea v1.3.10
 	github.com/charmbracelet/lipgloss v1.1.0
 	github.com/elazarl/goproxy v1.9.3

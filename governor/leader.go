@@ -117,6 +117,13 @@ func (l *leaderConn) Invoke(ctx context.Context, method string, args, reply any,
 	for hints := 0; ; hints++ {
 		i, cc := l.current()
 		err := cc.Invoke(ctx, method, args, reply, opts...)
+		if status.Code(err) == codes.DeadlineExceeded && ctx.Err() != nil {
+			// No answer in the caller's time: a governord that is paused
+			// or cut off answers nothing, not even UNAVAILABLE. The next
+			// call tries the next address (a standby sends it back here).
+			l.moveOn(i, nil)
+			return err
+		}
 		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 			return err
 		}

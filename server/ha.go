@@ -148,8 +148,8 @@ type haState struct {
 // fields do nothing.
 type HATestHooks struct {
 	// IgnoreLease makes the leader answer whether or not its term is
-	// valid: the bug the checker must catch (a leader serving past its
-	// lease).
+	// valid, and carry on until a renewal tells it it was deposed: the bug
+	// the checker must catch (a leader serving past its lease).
 	IgnoreLease bool
 	// HoldRenewals, when not nil, holds the leader's renewals until it is
 	// closed, as a renewing goroutine that is starved or stuck would.
@@ -514,7 +514,11 @@ func (s *Server) keepLease(ctx context.Context) {
 		h.mu.Lock()
 		term := h.term
 		h.mu.Unlock()
-		rctx, cancel := context.WithDeadline(ctx, term.Until)
+		until := term.Until
+		if h.hooks().IgnoreLease { // the planted bug trusts its leadership until told otherwise
+			until = time.Now().Add(s.cfg.HA.Lease)
+		}
+		rctx, cancel := context.WithDeadline(ctx, until)
 		next, err := h.elector.Renew(rctx, term.Epoch)
 		cancel()
 		switch {
@@ -528,7 +532,7 @@ func (s *Server) keepLease(ctx context.Context) {
 		case errors.Is(err, store.ErrDeposed):
 			s.die(fmt.Errorf("deposed as leader (epoch %d): %w", term.Epoch, err))
 			return
-		case !term.Valid(time.Now()):
+		case !term.Valid(time.Now()) && !h.hooks().IgnoreLease:
 			s.die(fmt.Errorf("the lease as leader (epoch %d) ran out before a renewal got through: %w", term.Epoch, err))
 			return
 		default:

@@ -41,6 +41,7 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "governord:", err)
 		return 2
 	}
+	cfg.HATestHooks = testHooks()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// Off unless OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.

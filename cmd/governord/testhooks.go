@@ -1,0 +1,19 @@
+package main
+
+import (
+	"os"
+
+	"github.com/governor-project/governor/server"
+)
+
+// testIgnoreLeaseEnv plants a bug for the HA checker's own test (ha/): a
+// leader that answers past its lease. Never set it in production.
+const testIgnoreLeaseEnv = "GOVERNOR_TEST_HA_IGNORE_LEASE"
+
+// testHooks returns the faults planted through the environment, or nil.
+func testHooks() *server.HATestHooks {
+	if os.Getenv(testIgnoreLeaseEnv) != "1" {
+		return nil
+	}
+	return &server.HATestHooks{IgnoreLease: true}
+}
