@@ -39,7 +39,7 @@ const (
 	alertsFile    = "prometheus/alerts.yaml"
 )
 
-var manifests = []string{"kubernetes/governord.yaml", "kubernetes/worker-with-sidecar.yaml"}
+var manifests = []string{"kubernetes/governord.yaml", "kubernetes/governord-ha.yaml", "kubernetes/worker-with-sidecar.yaml"}
 
 // series are the metric families a registry describes, by name, with their
 // label names.
@@ -554,6 +554,14 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 	}
 	if cfg.TLS.CertFile == "" || !strings.HasPrefix(cfg.Listen, "0.0.0.0") {
 		t.Fatalf("governord's config: %+v", cfg)
+	}
+	t.Setenv("GOVERNOR_PG_DSN", "postgres://governor@postgres/governor")
+	ha, err := server.ParseConfig(configMapFile(t, "kubernetes/governord-ha.yaml", "governord", "governor.yaml"))
+	if err != nil {
+		t.Fatalf("governord's config with standbys: %v", err)
+	}
+	if !ha.HA.Enabled || ha.Store.Driver != "postgres" || ha.HA.AdvertiseAddr != "crawler-0.governord-peers.default.svc:7600" {
+		t.Fatalf("governord's config with standbys: %+v", ha)
 	}
 	pcfg, err := sidecar.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
 	if err != nil {

@@ -357,3 +357,36 @@ func TestHAStalledLeaderStopsAnsweringAtItsTermsEnd(t *testing.T) {
 	_, err = pay.GovernorClient.Validate(pay.ctx, &governorpb.ValidateRequest{LeaseId: l.Id})
 	wantCode(t, "Validate at the old leader after the takeover", err, codes.Unavailable)
 }
+
+func TestHAConfigKeys(t *testing.T) {
+	for _, tc := range []struct {
+		text    string
+		key     string // "" when the config is good
+		problem string
+	}{
+		{text: "ha: {enabled: true}", key: "ha.enabled", problem: "postgres"},
+		{text: "store: {driver: postgres, dsn: x}\nha: {enabled: true}"},
+		{text: "store: {driver: postgres, dsn: x}\nlisten: 0.0.0.0:7600\nallow_plaintext: true\nha: {enabled: true}", key: "ha.advertise_addr", problem: "single address"},
+		{text: "store: {driver: postgres, dsn: x}\nlisten: 0.0.0.0:7600\nallow_plaintext: true\nha: {enabled: true, advertise_addr: \"gov-0.gov:7600\"}"},
+		{text: "ha: {advertise_addr: nohostport}", key: "ha.advertise_addr", problem: "host:port"},
+		{text: "ha: {lease: 10ms}", key: "ha.lease", problem: "outside"},
+		{text: "ha: {lease: 1s, drift_allowance: 500ms}", key: "ha.drift_allowance", problem: "lease/2"},
+		{text: "ha: {lease: 1s, drift_allowance: -1s}", key: "ha.drift_allowance", problem: "outside"},
+		{text: "ha: {leese: 1s}", key: "ha.leese", problem: "unknown"},
+	} {
+		cfg, err := ParseConfig([]byte(tc.text))
+		if tc.key == "" {
+			if err != nil {
+				t.Errorf("%q: %v", tc.text, err)
+			}
+			if cfg.HA.Lease != DefaultHALease || cfg.HA.DriftAllowance != DefaultHADriftAllowance {
+				t.Errorf("%q: the defaults are %+v", tc.text, cfg.HA)
+			}
+			continue
+		}
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Key != tc.key || !strings.Contains(ce.Problem, tc.problem) {
+			t.Errorf("%q: %v; want a ConfigError on %s saying %q", tc.text, err, tc.key, tc.problem)
+		}
+	}
+}

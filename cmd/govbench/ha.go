@@ -1,0 +1,445 @@
+package main
+
+// The ha scenario (docs/ha.md): governords with standbys over one
+// PostgreSQL.
+//
+//	go run ./cmd/govbench ha [-dsn DSN] [-failovers 50] [-T 10] [-rounds 3] [-out docs/bench]
+//
+// Two figures:
+//
+//   - failover: the leader is killed with SIGKILL under load (and started
+//     again, as a standby), over and over. For each failover it times, from
+//     the kill, the first request that succeeds through a sidecar (which
+//     may be served from the budgets delegated to it), the first consume
+//     that succeeds through the SDK (which needs a leader), and when the
+//     new leader says it leads (/readyz).
+//   - standbys: consumes per second at the leader with 0, 1 and 2 standbys
+//     following, in one run, the three interleaved round by round.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/governor-project/governor/governor"
+)
+
+const haKey = "ha-bench-tenant-key-0123456789"
+
+func haMain(args []string, stdout, stderr io.Writer) int {
+	fs := flagSet("ha", stderr)
+	dsn := fs.String("dsn", os.Getenv("GOVERNOR_TEST_PG_DSN"), "the PostgreSQL the governords share (default $GOVERNOR_TEST_PG_DSN)")
+	failovers := fs.Int("failovers", 50, "how many times the leader is killed")
+	seconds := fs.Int("T", 10, "seconds of load per throughput measurement")
+	rounds := fs.Int("rounds", 3, "rounds of the throughput comparison")
+	clients := fs.Int("clients", 32, "concurrent consumers in the throughput comparison")
+	out := fs.String("out", "", "a folder for the raw results (ha.json)")
+	if fs.Parse(args) != nil {
+		return 2
+	}
+	if *dsn == "" {
+		fmt.Fprintln(stderr, "govbench ha: no PostgreSQL: pass -dsn or set GOVERNOR_TEST_PG_DSN (source scripts/testpg.sh)")
+		return 2
+	}
+	dir, err := os.MkdirTemp("", "govbench-ha-")
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	gd, proxy, err := binaries(dir)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	b := &haBench{governord: gd, proxy: proxy, dir: dir, stdout: stdout}
+	res := haResults{}
+	if res.Failovers, err = b.failovers(*dsn, *failovers); err != nil {
+		fmt.Fprintln(stderr, "govbench ha: failovers:", err)
+		return 1
+	}
+	if res.Standbys, err = b.standbys(*dsn, *rounds, *clients, time.Duration(*seconds)*time.Second); err != nil {
+		fmt.Fprintln(stderr, "govbench ha: standbys:", err)
+		return 1
+	}
+	if *out != "" {
+		data, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(filepath.Join(*out, "ha.json"), data, 0o644); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	return 0
+}
+
+type haResults struct {
+	Failovers []haFailover        `json:"failovers"`
+	Standbys  map[int][]float64   `json:"consumes_per_second_by_standbys"`
+	Notes     map[string][]string `json:"notes,omitempty"`
+}
+
+type haFailover struct {
+	Sidecar time.Duration `json:"sidecar_ns"` // kill to the first request through the sidecar that succeeded
+	SDK     time.Duration `json:"sdk_ns"`     // kill to the first consume through the SDK that succeeded
+	Leads   time.Duration `json:"leads_ns"`   // kill to the new leader's /readyz
+}
+
+type haBench struct {
+	governord, proxy, dir string
+	stdout                io.Writer
+}
+
+// haNode is one governord slot on a fixed address, restarted in place.
+type haNode struct {
+	bin, cfg, addr, metrics string
+	p                       *proc
+}
+
+func (b *haBench) node(dsn, name string) (*haNode, error) {
+	addr, metrics := freeLocalAddr(), freeLocalAddr()
+	cfg := filepath.Join(b.dir, name+".yaml")
+	text := fmt.Sprintf(`listen: %s
+metrics_listen: %s
+session_ttl: 10s
+store: {driver: postgres, dsn: %q}
+ha: {enabled: true, advertise_addr: %s}
+root: {limits: {bench: 1000000}}
+tenants:
+  - {name: bench, api_key: %s}
+`, addr, metrics, dsn, addr, haKey)
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		return nil, err
+	}
+	n := &haNode{bin: b.governord, cfg: cfg, addr: addr, metrics: metrics}
+	return n, n.start()
+}
+
+func (n *haNode) start() error {
+	p, err := start(filepath.Base(n.cfg), exec.Command(n.bin, "-config", n.cfg))
+	n.p = p
+	return err
+}
+
+func (n *haNode) running() bool {
+	select {
+	case <-n.p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (n *haNode) leads() bool {
+	c := http.Client{Timeout: 200 * time.Millisecond}
+	r, err := c.Get("http://" + n.metrics + "/readyz")
+	if err != nil {
+		return false
+	}
+	r.Body.Close()
+	return r.StatusCode == http.StatusOK
+}
+
+func freeLocalAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitLeader(nodes []*haNode, within time.Duration) (*haNode, error) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if n.running() && n.leads() {
+				return n, nil
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("no governord led within %v", within)
+}
+
+// freshSchema gives the run a schema of its own in the database dsn names.
+func freshSchema(dsn, name string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", err
+	}
+	schema := fmt.Sprintf("govbench_%s_%d", name, time.Now().UnixNano())
+	psql := exec.Command("psql", dsn, "-v", "ON_ERROR_STOP=1", "-qc", "CREATE SCHEMA "+schema)
+	if bin := os.Getenv("GOVERNOR_TEST_PG_BIN"); bin != "" {
+		psql.Path = filepath.Join(bin, "psql")
+	}
+	if out, err := psql.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("create schema: %v: %s", err, out)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// failovers kills the leader n times under load and times each failover.
+func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
+	dsn, err := freshSchema(dsn, "failover")
+	if err != nil {
+		return nil, err
+	}
+	var nodes []*haNode
+	defer func() {
+		for _, nd := range nodes {
+			nd.p.stop()
+		}
+	}()
+	for _, name := range []string{"a", "b"} {
+		nd, err := b.node(dsn, name)
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, nd)
+	}
+	if _, err := waitLeader(nodes, time.Minute); err != nil {
+		return nil, err
+	}
+	addrs := nodes[0].addr + "," + nodes[1].addr
+	origin, originAddr, err := startSelf("serve-origin")
+	if err != nil {
+		return nil, err
+	}
+	defer origin.stop()
+	sc, err := startSidecar(b.proxy, b.dir, "sidecar", fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: failover}\n", addrs, haKey)+
+		"rules:\n  - {name: http, match: {host: 127.0.0.1}, class: bench, charge: {calls: 1}}\n")
+	if err != nil {
+		return nil, err
+	}
+	defer sc.stop()
+
+	// Load: one HTTP client through the sidecar, one SDK consumer; each
+	// keeps the time of its newest success.
+	var viaSidecar, viaSDK atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	proxyURL, _ := url.Parse("http://" + sc.addr)
+	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}, Timeout: 5 * time.Second}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r, err := hc.Get("http://" + originAddr + "/")
+			if err == nil {
+				io.Copy(io.Discard, r.Body)
+				r.Body.Close()
+				if r.StatusCode == http.StatusOK {
+					viaSidecar.Store(time.Now().UnixNano())
+				}
+			}
+		}
+	}()
+	c, err := governor.Dial(context.Background(), governor.WithAddr(addrs), governor.WithAPIKey(haKey))
+	if err != nil {
+		close(stop)
+		wg.Wait()
+		return nil, err
+	}
+	defer c.Close()
+	ctx, task, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: "sdk"})
+	if err != nil {
+		close(stop)
+		wg.Wait()
+		return nil, err
+	}
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if task.Consume(cctx, "calls", 1) == nil {
+				viaSDK.Store(time.Now().UnixNano())
+			}
+			cancel()
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	var res []haFailover
+	fmt.Fprintf(b.stdout, "failover: the leader killed with SIGKILL %d times (lease 2s, drift allowance 250ms)\n", n)
+	for i := 0; i < n; i++ {
+		time.Sleep(500 * time.Millisecond) // load at the leader before the next kill
+		leader, err := waitLeader(nodes, time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		killed := time.Now()
+		leader.p.cmd.Process.Signal(syscall.SIGKILL)
+		<-leader.p.done
+		if err := leader.start(); err != nil {
+			return nil, err
+		}
+		var f haFailover
+		deadline := time.Now().Add(time.Minute)
+		for f.Sidecar == 0 || f.SDK == 0 || f.Leads == 0 {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("failover %d: no success within a minute: %+v", i+1, f)
+			}
+			if t := viaSidecar.Load(); f.Sidecar == 0 && t > killed.UnixNano() {
+				f.Sidecar = time.Duration(t - killed.UnixNano())
+			}
+			if t := viaSDK.Load(); f.SDK == 0 && t > killed.UnixNano() {
+				f.SDK = time.Duration(t - killed.UnixNano())
+			}
+			if f.Leads == 0 {
+				for _, nd := range nodes {
+					if nd != leader && nd.leads() {
+						f.Leads = time.Since(killed)
+					}
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		res = append(res, f)
+	}
+	row := func(name string, pick func(haFailover) time.Duration) {
+		var d []time.Duration
+		for _, f := range res {
+			d = append(d, pick(f))
+		}
+		slices.Sort(d)
+		fmt.Fprintf(b.stdout, "  %-46s median %7v   max %7v\n", name, d[len(d)/2].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond))
+	}
+	row("kill to the new leader's /readyz", func(f haFailover) time.Duration { return f.Leads })
+	row("kill to the first consume via the SDK", func(f haFailover) time.Duration { return f.SDK })
+	row("kill to the first request via the sidecar", func(f haFailover) time.Duration { return f.Sidecar })
+	return res, nil
+}
+
+// standbys measures consumes per second at the leader with 0, 1 and 2
+// standbys following, interleaved round by round.
+func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (map[int][]float64, error) {
+	dsn, err := freshSchema(dsn, "standbys")
+	if err != nil {
+		return nil, err
+	}
+	leader, err := b.node(dsn, "leader")
+	if err != nil {
+		return nil, err
+	}
+	defer leader.p.stop()
+	if _, err := waitLeader([]*haNode{leader}, time.Minute); err != nil {
+		return nil, err
+	}
+	var cs []*governor.Client
+	var tasks []*governor.Task
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for i := 0; i < clients; i++ {
+		c, err := governor.Dial(context.Background(), governor.WithAddr(leader.addr), governor.WithAPIKey(haKey))
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, c)
+		_, t, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: fmt.Sprint("c", i)})
+		if err != nil {
+			return nil, err
+		}
+		tasks = append(tasks, t)
+	}
+	load := func() float64 {
+		var n atomic.Int64
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, t := range tasks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					if t.Consume(ctx, "calls", 1) == nil {
+						n.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(n.Load()) / d.Seconds()
+	}
+	var standbys []*haNode
+	defer func() {
+		for _, s := range standbys {
+			s.p.stop()
+		}
+	}()
+	setStandbys := func(k int) error {
+		for len(standbys) > k {
+			standbys[len(standbys)-1].p.stop()
+			standbys = standbys[:len(standbys)-1]
+		}
+		for len(standbys) < k {
+			s, err := b.node(dsn, fmt.Sprint("standby", len(standbys)))
+			if err != nil {
+				return err
+			}
+			standbys = append(standbys, s)
+			if _, err := s.p.logLine("governord standing by", time.Minute); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	res := map[int][]float64{}
+	fmt.Fprintf(b.stdout, "standbys: consumes/s at the leader, %d clients, %v per measurement, %d rounds\n", clients, d, rounds)
+	for r := 0; r < rounds; r++ {
+		for _, k := range []int{0, 1, 2} {
+			if err := setStandbys(k); err != nil {
+				return nil, err
+			}
+			res[k] = append(res[k], load())
+		}
+	}
+	base := median(res[0])
+	for _, k := range []int{0, 1, 2} {
+		m := median(res[k])
+		fmt.Fprintf(b.stdout, "  %d standbys: median %8.0f/s  (%+.1f%%)  rounds %s\n", k, m, (m/base-1)*100, fmtRates(res[k]))
+	}
+	return res, nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func fmtRates(v []float64) string {
+	var parts []string
+	for _, x := range v {
+		parts = append(parts, fmt.Sprintf("%.0f", x))
+	}
+	return strings.Join(parts, " ")
+}
