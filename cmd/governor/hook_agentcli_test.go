@@ -314,6 +314,30 @@ type claudeResult struct {
 	} `json:"permission_denials"`
 }
 
+// claudeRig is an agentRig for Claude Code: the hook in the project's
+// .claude/settings.json (with the matcher docs/cli.md gives) and the fake
+// model as its API. Its run function runs `claude` with args and the
+// options every run has, and reads its JSON result.
+func claudeRig(t *testing.T, model *scriptedModel, hookArgs ...string) (*agentRig, func(t *testing.T, args ...string) (claudeResult, string)) {
+	t.Helper()
+	bin := agentCLI(t, "claude")
+	r := newAgentRig(t, model, hookArgs...)
+	writeFile(t, filepath.Join(r.project, ".claude", "settings.json"), r.hooksJSON(t, docMatcher(t, "claude")))
+	env := []string{"ANTHROPIC_BASE_URL=" + r.modelURL, "ANTHROPIC_API_KEY=sk-ant-fake-for-tests",
+		// Nothing but the model's requests leave the CLI.
+		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_TELEMETRY=1", "DISABLE_AUTOUPDATER=1",
+		"DISABLE_ERROR_REPORTING=1", "DISABLE_BUG_COMMAND=1"}
+	return r, func(t *testing.T, args ...string) (claudeResult, string) {
+		t.Helper()
+		out, _ := r.run(t, bin, env, append(args, "--output-format", "json", "--allowedTools", "Bash", "--max-turns", "10")...)
+		var res claudeResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("claude's result %q: %v", out, err)
+		}
+		return res, out
+	}
+}
+
 // Claude Code runs with the hook in its project settings and a budget of 2
 // tool calls and no subagents. The model asks for a subagent (refused, and
 // it is told why in the tool result, and the run goes on), two shell calls
@@ -322,21 +346,10 @@ type claudeResult struct {
 // session is the same agent session: the model is given the refusal, asks
 // again, and is refused again without a second budget.
 func TestHookInClaudeCode(t *testing.T) {
-	claude := agentCLI(t, "claude")
 	model := newScriptedModel("Agent", "Bash", "Bash", "Bash", "Bash")
-	r := newAgentRig(t, model, "-agent", "claude", "-max-calls", "2", "-max-subagents", "0")
-	writeFile(t, filepath.Join(r.project, ".claude", "settings.json"), r.hooksJSON(t, docMatcher(t, "claude")))
-	env := []string{"ANTHROPIC_BASE_URL=" + r.modelURL, "ANTHROPIC_API_KEY=sk-ant-fake-for-tests",
-		// Nothing but the model's requests leave the CLI.
-		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_TELEMETRY=1", "DISABLE_AUTOUPDATER=1",
-		"DISABLE_ERROR_REPORTING=1", "DISABLE_BUG_COMMAND=1"}
-	args := []string{"--output-format", "json", "--allowedTools", "Bash", "--max-turns", "10"}
+	r, claude := claudeRig(t, model, "-agent", "claude", "-max-calls", "2", "-max-subagents", "0")
 
-	var res claudeResult
-	out, _ := r.run(t, claude, env, append([]string{"-p", "Say hi with the shell."}, args...)...)
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("claude's result %q: %v", out, err)
-	}
+	res, out := claude(t, "-p", agentPrompt)
 	// (Its result names the Agent tool by its old name, Task; the hook is
 	// given Agent.)
 	var denied []string
@@ -371,11 +384,7 @@ func TestHookInClaudeCode(t *testing.T) {
 
 	// Resumed: the model now reads the refusal that ended the run, asks for
 	// one more call, and the same session's spent budget refuses it.
-	out, _ = r.run(t, claude, env, append([]string{"-p", "Go on.", "--resume", session}, args...)...)
-	res = claudeResult{}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("claude's result %q: %v", out, err)
-	}
+	res, out = claude(t, "-p", "Go on.", "--resume", session)
 	if res.SessionID != session || res.TerminalReason != "hook_stopped" {
 		t.Fatalf("the resumed run's result %s; want session %s stopped by the hook", out, session)
 	}
@@ -390,6 +399,52 @@ func TestHookInClaudeCode(t *testing.T) {
 	if got := r.used(t, session); got[resourceToolCalls] != 2 {
 		t.Fatalf("after the resume the session's node used %v, want still 2 tool calls", got)
 	}
+}
+
+// A Claude Code subagent's tool calls are the session's: the hook is given
+// them with the session's id (and the subagent's agent_id), so they spend
+// the session's budget. With 3 calls and 1 subagent: the Agent call (1)
+// starts a subagent, which waits for it; the subagent's two shell calls (2,
+// 3) run; the agent's own shell call after it is refused, the budget spent.
+func TestHookInClaudeCodeSubagent(t *testing.T) {
+	model := newScriptedModel("Agent", "Bash")
+	model.SubSteps = []string{"Bash", "Bash"}
+	r, claude := claudeRig(t, model, "-agent", "claude", "-max-calls", "3", "-max-subagents", "1")
+	res, out := claude(t, "-p", agentPrompt)
+	if res.SessionID == "" || res.TerminalReason != "hook_stopped" {
+		t.Fatalf("claude's result %s; want the run stopped by the hook", out)
+	}
+	payloads := r.payloads(t)
+	checkPayloads(t, payloads, res.SessionID, map[string]string{"toolu_call_fake_1": "Agent",
+		"toolu_call_sub_1": "Bash", "toolu_call_sub_2": "Bash", "toolu_call_fake_2": "Bash"})
+	for id, p := range payloads {
+		var who struct {
+			AgentID   string `json:"agent_id"`
+			AgentType string `json:"agent_type"`
+		}
+		if err := json.Unmarshal(p.raw, &who); err != nil {
+			t.Fatal(err)
+		}
+		if sub := strings.HasPrefix(id, "toolu_call_sub_"); sub != (who.AgentID != "") || sub != (who.AgentType == "general-purpose") {
+			t.Fatalf("payload of %s: %s; want agent_id and agent_type exactly on the subagent's calls", id, p.raw)
+		}
+	}
+	results := map[string]toolResult{}
+	for _, res := range model.Results() {
+		results[res.CallID] = res
+	}
+	for _, id := range []string{"toolu_call_sub_1", "toolu_call_sub_2"} {
+		if res := results[id]; res.IsError || strings.TrimSpace(res.Content) != "hi" {
+			t.Fatalf("the subagent's call %s: %+v, want hi", id, res)
+		}
+	}
+	if got := r.used(t, res.SessionID); got[resourceToolCalls] != 3 || got[resourceSubagents] != 1 {
+		t.Fatalf("the session's node used %v, want 3 tool calls (1 of them the subagent's start, 2 the subagent's) and 1 subagent", got)
+	}
+	if len(res.PermissionDenials) != 1 || res.PermissionDenials[0].ToolUseID != "toolu_call_fake_2" {
+		t.Fatalf("claude's result %s; want the agent's own shell call refused", out)
+	}
+	r.keepPayload(t, payloads["toolu_call_sub_1"], "claude-pretooluse-subagent-bash.json")
 }
 
 // codexRig is an agentRig for Codex: the hook in ~/.codex/hooks.json (with
@@ -437,7 +492,7 @@ func TestHookInCodex(t *testing.T) {
 	r, codex, env := codexRig(t, model, "-agent", "codex", "-max-calls", "2", "-max-subagents", "0")
 	// Codex runs a hook only once it is trusted (its /hooks screen); a run
 	// with no terminal trusts it with --dangerously-bypass-hook-trust.
-	out, _ := r.run(t, codex, env, append(codexExec, "--dangerously-bypass-hook-trust", "Say hi with the shell.")...)
+	out, _ := r.run(t, codex, env, append(codexExec, "--dangerously-bypass-hook-trust", agentPrompt)...)
 
 	session, ran, final := codexEvents(t, out)
 	if session == "" || ran != 2 || final != scriptedFinal {
@@ -473,18 +528,66 @@ func TestHookInCodex(t *testing.T) {
 	r.keepPayload(t, payloads["call_fake_1"], "codex-pretooluse-spawn-agent.json")
 }
 
+// A Codex subagent's tool calls are the session's, as in Claude Code: the
+// hook is given them with the session's id (and the subagent's agent_id).
+// With 4 calls and 1 subagent: spawn_agent (1) and wait_agent (2), the
+// subagent's two shell calls (3, 4), and the agent's own shell call after
+// the wait is refused, the budget spent.
+func TestHookInCodexSubagent(t *testing.T) {
+	model := newScriptedModel("spawn_agent", "wait_agent", "Bash")
+	model.SubSteps = []string{"Bash", "Bash"}
+	r, codex, env := codexRig(t, model, "-agent", "codex", "-max-calls", "4", "-max-subagents", "1")
+	out, _ := r.run(t, codex, env, append(codexExec, "--dangerously-bypass-hook-trust", agentPrompt)...)
+	session, ran, final := codexEvents(t, out)
+	if session == "" || final != scriptedFinal {
+		t.Fatalf("codex's events:\n%s\nwant a thread and the final message", out)
+	}
+	payloads := r.payloads(t)
+	// (Codex 0.169.0 names wait_agent by its namespace and name run
+	// together; spawn_agent by its name.)
+	checkPayloads(t, payloads, session, map[string]string{"call_fake_1": "spawn_agent", "call_fake_2": "multi_agent_v1wait_agent",
+		"call_sub_1": "Bash", "call_sub_2": "Bash", "call_fake_3": "Bash"})
+	for id, p := range payloads {
+		var who struct {
+			AgentID string `json:"agent_id"`
+		}
+		if err := json.Unmarshal(p.raw, &who); err != nil {
+			t.Fatal(err)
+		}
+		if sub := strings.HasPrefix(id, "call_sub_"); sub != (who.AgentID != "") {
+			t.Fatalf("payload of %s: %s; want an agent_id exactly on the subagent's calls", id, p.raw)
+		}
+	}
+	results := map[string]toolResult{}
+	for _, res := range model.Results() {
+		results[res.CallID] = res
+	}
+	for _, id := range []string{"call_sub_1", "call_sub_2"} {
+		if !strings.Contains(results[id].Content, "Output:\nhi") {
+			t.Fatalf("the subagent's call %s: %+v, want hi", id, results[id])
+		}
+	}
+	if res := results["call_fake_3"]; !strings.HasPrefix(res.Content, "Command blocked by PreToolUse hook: Governor: the budget for tool_calls is spent (4 of 4") {
+		t.Fatalf("the agent's own shell call: %+v; want it blocked, the budget spent", res)
+	}
+	if got := r.used(t, session); got[resourceToolCalls] != 4 || got[resourceSubagents] != 1 {
+		t.Fatalf("the session's node used %v, want 4 tool calls and 1 subagent", got)
+	}
+	_ = ran // the subagent's commands are its own thread's events, not exec's
+	r.keepPayload(t, payloads["call_sub_1"], "codex-pretooluse-subagent-bash.json")
+}
+
 // A hook Codex has not been told to trust does not run, and `codex exec`
 // says nothing about it: every call runs, uncounted. docs/cli.md tells the
 // user to trust it.
 func TestHookInCodexUntrusted(t *testing.T) {
 	model := newScriptedModel("Bash", "Bash", "Bash")
 	r, codex, env := codexRig(t, model, "-agent", "codex", "-max-calls", "2")
-	out, errOut := r.run(t, codex, env, append(codexExec, "Say hi with the shell.")...)
+	out, _ := r.run(t, codex, env, append(codexExec, agentPrompt)...)
 	_, ran, _ := codexEvents(t, out)
 	if ran != 3 || len(r.payloads(t)) != 0 {
 		t.Fatalf("an untrusted hook: %d commands ran and the hook was given %d payloads, want 3 and none\n%s", ran, len(r.payloads(t)), out)
 	}
-	t.Logf("codex's stderr:\n%s", errOut)
 }
 
 // codexEvents reads `codex exec --json`'s events: the session (thread) id,

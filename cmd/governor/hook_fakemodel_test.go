@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,11 +16,15 @@ import (
 // agent's main loop, while the conversation holds fewer tool results than
 // Steps, it asks for the next step's tool call, then it answers with a final
 // text. A step is "Bash" (a shell call, `echo hi`), "Agent" (Claude Code's
-// subagent tool) or "spawn_agent" (Codex's). Every tool result it is sent is recorded, so a test can
-// read what the agent told the model when a call was refused. Requests
-// outside the main loop (those that offer no shell tool) get a short text.
+// subagent tool, which waits for the subagent), "spawn_agent" (Codex's) or
+// "wait_agent" (Codex's wait for the subagent spawn_agent started).
+// A subagent's own loop (a conversation that holds agentSubPrompt and not
+// agentPrompt) plays SubSteps instead, with call ids of its own. Every tool
+// result it is sent is recorded, so a test can read what the agent told the
+// model when a call was refused. Requests outside the main loop (those that
+// offer no shell tool) get a short text.
 type scriptedModel struct {
-	Steps []string
+	Steps, SubSteps []string
 
 	mu       sync.Mutex
 	results  []toolResult // every tool result seen, by call id (the first sighting)
@@ -134,15 +139,26 @@ func textOf(raw json.RawMessage) string {
 
 // next decides the main loop's next turn from the tool results the
 // conversation holds: another call (its tool and id), or the end ("").
-func (m *scriptedModel) next(results int) (tool, id string) {
+func (m *scriptedModel) next(results int, body []byte) (tool, id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if results >= len(m.Steps) {
+	steps, prefix := m.Steps, "call_fake_"
+	if !bytes.Contains(body, []byte(agentPrompt)) && bytes.Contains(body, []byte(agentSubPrompt)) {
+		steps, prefix = m.SubSteps, "call_sub_"
+	}
+	if results >= len(steps) {
 		return "", ""
 	}
 	m.asked++
-	return m.Steps[results], fmt.Sprintf("call_fake_%d", results+1)
+	return steps[results], fmt.Sprintf("%s%d", prefix, results+1)
 }
+
+// The prompts of the scripted runs: the agent's, and the one its subagent
+// is given.
+const (
+	agentPrompt    = "Say hi with the shell."
+	agentSubPrompt = "Count the files in this directory and say how many."
+)
 
 const scriptedFinal = "All done."
 
@@ -190,7 +206,7 @@ func (m *scriptedModel) anthropic(w http.ResponseWriter, r *http.Request, body [
 	}
 	tool, id := "", ""
 	if bash {
-		tool, id = m.next(results)
+		tool, id = m.next(results, body)
 	}
 	var content []map[string]any
 	stop := "end_turn"
@@ -198,7 +214,7 @@ func (m *scriptedModel) anthropic(w http.ResponseWriter, r *http.Request, body [
 		stop = "tool_use"
 		input := map[string]any{"command": "echo hi", "description": "Say hi"}
 		if tool == "Agent" {
-			input = map[string]any{"description": "Count the files", "prompt": "Count the files in this directory and say how many.", "subagent_type": "general-purpose"}
+			input = map[string]any{"description": "Count the files", "prompt": agentSubPrompt, "subagent_type": "general-purpose", "run_in_background": false}
 		}
 		content = []map[string]any{{"type": "tool_use", "id": "toolu_" + id, "name": tool, "input": input}}
 	} else {
@@ -271,25 +287,36 @@ func (m *scriptedModel) openai(w http.ResponseWriter, r *http.Request, body []by
 		Output json.RawMessage `json:"output"`
 	}
 	_ = json.Unmarshal(req.Input, &items)
-	results := 0
+	results, spawned := 0, ""
 	for _, it := range items {
 		if it.Type == "function_call_output" || it.Type == "custom_tool_call_output" {
 			results++
+			out := textOf(it.Output)
 			m.mu.Lock()
-			m.record(toolResult{CallID: it.CallID, Content: textOf(it.Output)})
+			m.record(toolResult{CallID: it.CallID, Content: out})
 			m.mu.Unlock()
+			var agent struct {
+				AgentID string `json:"agent_id"`
+			}
+			if json.Unmarshal([]byte(out), &agent) == nil && agent.AgentID != "" {
+				spawned = agent.AgentID // what spawn_agent answered
+			}
 		}
 	}
 	tool, id := "", ""
 	if shell != "" {
-		tool, id = m.next(results)
+		tool, id = m.next(results, body)
 	}
 	var item map[string]any
 	switch {
 	case tool == "spawn_agent": // Codex's subagent tool, in its multi_agent_v1 namespace
-		a, _ := json.Marshal(map[string]any{"message": "Count the files in this directory and say how many."})
+		a, _ := json.Marshal(map[string]any{"message": agentSubPrompt})
 		item = map[string]any{"type": "function_call", "id": "fc_" + id, "call_id": id, "namespace": "multi_agent_v1",
 			"name": "spawn_agent", "arguments": string(a), "status": "completed"}
+	case tool == "wait_agent": // wait for the subagent spawn_agent started
+		a, _ := json.Marshal(map[string]any{"targets": []string{spawned}, "timeout_ms": 600000})
+		item = map[string]any{"type": "function_call", "id": "fc_" + id, "call_id": id, "namespace": "multi_agent_v1",
+			"name": "wait_agent", "arguments": string(a), "status": "completed"}
 	case tool != "": // a shell call, in the shell tool Codex offers
 		var args any
 		switch shell {

@@ -246,3 +246,24 @@ func TestHookFailsClosed(t *testing.T) {
 		}
 	}
 }
+
+// A subagent's tool calls, which both CLIs send with the session's id and
+// the subagent's agent_id, are charged to the session.
+func TestHookSubagentCalls(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	admin := adminRPC(t, srv.Addr())
+	for _, c := range []struct{ agent, file string }{{"claude", "claude-pretooluse-subagent-bash.json"}, {"codex", "codex-pretooluse-subagent-bash.json"}} {
+		var p struct {
+			AgentID string `json:"agent_id"`
+		}
+		if err := json.Unmarshal([]byte(payload(t, c.file, "")), &p); err != nil || p.AgentID == "" {
+			t.Fatalf("%s: no agent_id (%v)", c.file, err)
+		}
+		runHook(t, payload(t, c.file, ""), "-agent", c.agent).allowed(t, c.file)
+		if got := runUsed(t, admin, sessionNode(t, c.file))[resourceToolCalls]; got != 1 {
+			t.Fatalf("%s: the session's node used %d tool calls, want 1", c.file, got)
+		}
+	}
+}
