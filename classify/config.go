@@ -81,6 +81,7 @@ type fileRule struct {
 	Charge           map[string]integer `yaml:"charge"`
 	ChargeFromHeader *fileHeaderCharge  `yaml:"charge_from_header"`
 	Meter            yaml.Node          `yaml:"meter"`
+	Read             *bool              `yaml:"read"`
 }
 
 type fileMatch struct {
@@ -451,6 +452,9 @@ func compileRule(fr *fileRule) (rule, error) {
 		if amt := fr.Charge[res]; amt <= 0 {
 			return r, fieldErr("charge."+res, "%d is not a positive amount", amt)
 		}
+	}
+	if fr.Read != nil {
+		r.decision.Read = *fr.Read
 	}
 	if len(fr.Charge) > 0 {
 		r.decision.Charges = make(map[string]int64, len(fr.Charge))

@@ -31,6 +31,34 @@ type Decision struct {
 	ChargeFromHeader *HeaderCharge
 	// Meter, when not nil, meters the call's LLM tokens (see Meter).
 	Meter *Meter
+	// Read marks what the rule matches as reads, whatever the HTTP method,
+	// so that a read-only tenant does not refuse it (a search by POST).
+	Read bool
+}
+
+// WritesSQL reports whether a statement of these kinds may write, as a
+// read-only tenant refuses: anything but a plain read, a transaction
+// statement or a utility one (SET, SHOW, ...), unknown kinds included.
+func WritesSQL(kinds []string) bool {
+	for _, k := range kinds {
+		switch k {
+		case KindSelect, KindTransaction, KindUtility:
+		default:
+			return true
+		}
+	}
+	return false
+}
+
+// WritesHTTP reports whether a request with this method is a write, as a
+// read-only tenant refuses: any method but GET, HEAD and OPTIONS (CONNECT
+// included: a tunnel may carry anything), unless the rule says read.
+func WritesHTTP(method string, d Decision) bool {
+	switch method {
+	case "GET", "HEAD", "OPTIONS":
+		return false
+	}
+	return !d.Read
 }
 
 // HeaderCharge charges a resource, after the response, by the number the

@@ -262,6 +262,8 @@ func fromStatus(op string, err error) error {
 				se.err = &TaskEndedError{NodeID: d.GetNodeId(), NodeName: d.GetNodeName(), State: NodeState(d.GetState())}
 			case *governorpb.LeaseEnded:
 				se.err = &LeaseEndedError{LeaseID: d.GetLeaseId(), Reason: LeaseEndReason(d.GetReason())}
+			case *governorpb.TenantRefusal:
+				se.err = &TenantStateError{Tenant: d.GetTenant(), State: d.GetState(), Reason: d.GetReason(), Refused: d.GetRefused()}
 			}
 		}
 	case codes.Unauthenticated:

@@ -224,10 +224,20 @@ func (t *Task) Acquire(ctx context.Context, class string) (*Lease, error) {
 // lease granted as ctx ended is given back, charges included, as Acquire
 // does. With an empty class it only charges and returns a nil lease.
 func (t *Task) ChargeAndAcquire(ctx context.Context, class string, charges map[string]int64) (*Lease, error) {
+	return t.chargeAndAcquire(ctx, class, charges, false)
+}
+
+// ChargeAndAcquireWrite is ChargeAndAcquire for work classified as a
+// write, which a read_only tenant refuses (a *TenantStateError).
+func (t *Task) ChargeAndAcquireWrite(ctx context.Context, class string, charges map[string]int64) (*Lease, error) {
+	return t.chargeAndAcquire(ctx, class, charges, true)
+}
+
+func (t *Task) chargeAndAcquire(ctx context.Context, class string, charges map[string]int64, write bool) (*Lease, error) {
 	if err := t.alive(); err != nil {
 		return nil, err
 	}
-	req := &governorpb.ChargeAndAcquireRequest{NodeId: t.id, Class: class, Charges: maps.Clone(charges)}
+	req := &governorpb.ChargeAndAcquireRequest{NodeId: t.id, Class: class, Charges: maps.Clone(charges), Write: write}
 	var resp *governorpb.ChargeAndAcquireResponse
 	err := t.c.grant(ctx, "ChargeAndAcquire", func(ctx context.Context, id string) error {
 		req.RequestId = id
@@ -236,7 +246,7 @@ func (t *Task) ChargeAndAcquire(ctx context.Context, class string, charges map[s
 		return err
 	}, func(ctx context.Context, id string) error {
 		_, err := t.c.rpc.ChargeAndAcquire(ctx, &governorpb.ChargeAndAcquireRequest{RequestId: id, NodeId: t.id,
-			Class: class, Charges: req.GetCharges(), Abandon: true})
+			Class: class, Charges: req.GetCharges(), Abandon: true, Write: write})
 		return err
 	})
 	if err != nil {

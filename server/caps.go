@@ -47,7 +47,8 @@ func (s *Server) GetCapsHistory(ctx context.Context, req *governorpb.GetCapsHist
 		out := &governorpb.CapsHistory{}
 		for _, c := range changes {
 			pc := &governorpb.CapsChange{At: timestamppb.New(time.Unix(0, c.At)), Who: c.Who, Reason: c.Reason,
-				Old: capsValues(c.Old), New: capsValues(c.New), Revert: c.Revert, Seq: c.Seq}
+				Old: capsValues(c.Old), New: capsValues(c.New), Revert: c.Revert, Seq: c.Seq,
+				OldState: c.OldState, NewState: c.NewState, Revoked: c.Revoked}
 			if c.Until != 0 {
 				pc.Until = timestamppb.New(time.Unix(0, c.Until))
 			}

@@ -272,3 +272,27 @@ func (m *metrics) warned(ev *engine.Event) {
 		m.warnings.WithLabelValues(w.Mode.String(), kind).Inc()
 	}
 }
+
+// SetTenantState sets a tenant's state (engine/tenantstate.go).
+func (s *Server) SetTenantState(ctx context.Context, req *governorpb.SetTenantStateRequest) (*governorpb.Node, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	st, err := engine.ParseTenantState(req.GetState())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
+		v, err := s.eng.SetTenantState(sid, engine.NodeID(req.GetNodeId()), st, req.GetReason(), req.GetRevoke(), req.GetRequestId())
+		if err != nil {
+			return nil, err
+		}
+		s.log.Info("tenant state set", "tenant", v.Name, "state", st.String(), "reason", req.GetReason(), "revoke", req.GetRevoke())
+		return toNode(v), nil
+	})
+}
+
+// tenantRefusal is the detail of work refused for its tenant's state.
+func tenantRefusal(te *engine.TenantStateError) *governorpb.TenantRefusal {
+	return &governorpb.TenantRefusal{Tenant: te.Tenant, State: te.State.String(), Reason: te.Reason, Refused: te.What}
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
@@ -202,4 +203,71 @@ func scrape(t *testing.T, srv *Server) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// Tenant states through the API: only the admin key sets them; a refused
+// call is FAILED_PRECONDITION with a TenantRefusal detail; running leases
+// stay unless revoked; the audit trail has who and why; and the state
+// survives a restart on the same store.
+func TestTenantStatesThroughTheAPI(t *testing.T) {
+	cfg, _, srv := startSQLite(t)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	admin := session(t, srv.Addr(), "admin-key", 0)
+	task := pay.task(t, "job", nil)
+	lease, err := pay.Acquire(pay.ctx, &governorpb.AcquireRequest{NodeId: task.Id, Class: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pay.SetTenantState(pay.ctx, &governorpb.SetTenantStateRequest{NodeId: pay.scope, State: "suspended", Reason: "self"})
+	wantCode(t, "a tenant suspending itself", err, codes.PermissionDenied)
+	_, err = admin.SetTenantState(admin.ctx, &governorpb.SetTenantStateRequest{NodeId: pay.scope, State: "frozen"})
+	wantCode(t, "an unknown state", err, codes.InvalidArgument)
+	n, err := admin.SetTenantState(admin.ctx, &governorpb.SetTenantStateRequest{NodeId: pay.scope, State: "suspended", Reason: "incident 12"})
+	if err != nil || n.GetTenantState() != "suspended" || n.GetTenantStateReason() != "incident 12" {
+		t.Fatalf("suspend: %v %v", n, err)
+	}
+	_, err = pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: 1})
+	wantCode(t, "a consume while suspended", err, codes.FailedPrecondition)
+	var refusal *governorpb.TenantRefusal
+	for _, d := range status.Convert(err).Details() {
+		if r, ok := d.(*governorpb.TenantRefusal); ok {
+			refusal = r
+		}
+	}
+	if refusal.GetTenant() != "payments" || refusal.GetState() != "suspended" || refusal.GetReason() != "incident 12" || refusal.GetRefused() != "new work" {
+		t.Fatalf("refusal detail %v", refusal)
+	}
+	if _, err := pay.Validate(pay.ctx, &governorpb.ValidateRequest{LeaseId: lease.Id}); err != nil {
+		t.Fatalf("the running lease after a suspension: %v", err)
+	}
+	// read_only: a read goes on, a write is refused.
+	if _, err := admin.SetTenantState(admin.ctx, &governorpb.SetTenantStateRequest{NodeId: pay.scope, State: "read_only", Reason: "migration"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pay.ChargeAndAcquire(pay.ctx, &governorpb.ChargeAndAcquireRequest{NodeId: task.Id, Charges: map[string]int64{"tokens": 1}}); err != nil {
+		t.Fatalf("a read while read_only: %v", err)
+	}
+	_, err = pay.ChargeAndAcquire(pay.ctx, &governorpb.ChargeAndAcquireRequest{NodeId: task.Id, Charges: map[string]int64{"tokens": 1}, Write: true})
+	wantCode(t, "a write while read_only", err, codes.FailedPrecondition)
+	hist, err := admin.GetCapsHistory(admin.ctx, &governorpb.GetCapsHistoryRequest{NodeId: pay.scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := hist.GetChanges()[len(hist.GetChanges())-1]
+	if last.GetWho() != "admin" || last.GetOldState() != "suspended" || last.GetNewState() != "read_only" || last.GetReason() != "migration" {
+		t.Fatalf("the audit trail's last entry %v", last)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv2.Close() })
+	admin = session(t, srv2.Addr(), "admin-key", 0)
+	n, err = admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{Path: "payments"})
+	if err != nil || n.GetTenantState() != "read_only" || n.GetTenantStateReason() != "migration" {
+		t.Fatalf("after a restart: %v %v", n, err)
+	}
 }

@@ -370,7 +370,8 @@ func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*
 	if req.GetClass() == "" {
 		return nil, status.Error(codes.InvalidArgument, "class is empty")
 	}
-	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), RequestID: req.GetRequestId()}
+	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), RequestID: req.GetRequestId(),
+		Write: req.GetWrite()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Lease, bool, error) {
 			id, err := s.eng.GiveBack(sid, r, 0)
@@ -391,7 +392,7 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 		return nil, err
 	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
-		Charges: req.GetCharges(), RequestID: req.GetRequestId()}
+		Charges: req.GetCharges(), RequestID: req.GetRequestId(), Write: req.GetWrite()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, bool, error) {
 			id, err := s.eng.GiveBack(sid, r, 0)
@@ -568,6 +569,7 @@ func toNode(v engine.NodeView) *governorpb.Node {
 		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes)}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
+		n.TenantState, n.TenantStateReason = v.TenantState.String(), v.TenantStateReason
 	}
 	if v.Deadline != 0 {
 		n.Deadline = timestamppb.New(time.Unix(0, v.Deadline))

@@ -25,8 +25,11 @@ func toStatus(err error) error {
 		denial *engine.Denial
 		ended  *engine.EndedError
 		lease  *engine.LeaseEndedError
+		tstate *engine.TenantStateError
 	)
 	switch {
+	case errors.As(err, &tstate):
+		return withDetail(codes.FailedPrecondition, err, tenantRefusal(tstate))
 	case errors.As(err, &denial):
 		return withDetail(codes.ResourceExhausted, err, &governorpb.Denial{Resource: denial.Resource,
 			NodeId: int64(denial.Node), NodeName: denial.NodeName, Used: denial.Used, Limit: denial.Limit,

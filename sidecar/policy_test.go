@@ -205,3 +205,129 @@ func TestPGWireCapNotice(t *testing.T) {
 		t.Fatalf("notices after the next transaction: %v", notices)
 	}
 }
+
+// Suspending a tenant mid-load, through the real sidecar: with delegation
+// off every request is one call, so the first request after the
+// suspension is denied (403, Governor-Denied: suspended) while a request
+// already running keeps its lease and finishes; with delegation on, what
+// the sidecar holds is recalled and a request is denied as soon as the
+// recall has arrived. Resuming lets work in again; read-only refuses POST
+// but not GET, nor a POST a rule marks as a read.
+func TestTenantStatesThroughTheSidecar(t *testing.T) {
+	for _, delegate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) {
+			g := startGovernord(t, nil)
+			arrived, release := make(chan struct{}, 1), make(chan struct{})
+			o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/slow" {
+					arrived <- struct{}{}
+					<-release
+				}
+				w.Write([]byte("ok"))
+			}), false, false)
+			base := hostURL(o, "origin.test")
+			p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: fmt.Sprintf("delegation: {enabled: %t}\n", delegate) + `rules:
+  - {name: search, match: {host: origin.test, path: /search}, class: api, charge: {calls: 1}, read: true}
+  - {name: api, match: {host: origin.test}, class: api, charge: {calls: 1}}
+`})
+			a := newAdmin(t, g.Addr())
+			tenant := a.node("payments")
+			setState := func(state string) {
+				t.Helper()
+				if _, err := a.c.Raw().SetTenantState(context.Background(), &governorpb.SetTenantStateRequest{NodeId: tenant.GetId(), State: state, Reason: "test " + state}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if code, _, _ := get(t, p, base, "/"); code != 200 {
+				t.Fatalf("before: %d", code)
+			}
+			slow := make(chan int, 1)
+			go func() {
+				resp, err := p.client("", nil).Get(base + "/slow")
+				if err != nil {
+					slow <- 0
+					return
+				}
+				resp.Body.Close()
+				slow <- resp.StatusCode
+			}()
+			<-arrived
+			setState("suspended")
+			if delegate {
+				eventually(t, "a request denied as suspended", func() bool {
+					code, denied, _ := get(t, p, base, "/")
+					return code == 403 && denied == "suspended"
+				})
+			} else if code, denied, _ := get(t, p, base, "/"); code != 403 || denied != "suspended" {
+				t.Fatalf("the first request after the suspension: %d %q, want 403 suspended", code, denied)
+			}
+			if held := a.node("payments").GetHeld()["api"]; held < 1 {
+				t.Fatalf("the running request's lease is gone after a suspension without revoke (held %d)", held)
+			}
+			close(release)
+			if code := <-slow; code != 200 {
+				t.Fatalf("the request running during the suspension ended %d, want 200", code)
+			}
+			setState("read_only")
+			if delegate {
+				return // reads and writes share delegated budgets: read-only is enforced on calls (docs/policy.md)
+			}
+			if code, denied, _ := get(t, p, base, "/"); code != 200 {
+				t.Fatalf("a GET while read-only: %d %q", code, denied)
+			}
+			post := func(path string) (int, string) {
+				resp, err := p.client("", nil).Post(base+path, "text/plain", strings.NewReader("x"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				readAll(t, resp)
+				return resp.StatusCode, resp.Header.Get(httpproxy.HeaderDenied)
+			}
+			if code, denied := post("/"); code != 403 || denied != "read-only" {
+				t.Fatalf("a POST while read-only: %d %q, want 403 read-only", code, denied)
+			}
+			if code, denied := post("/search"); code != 200 {
+				t.Fatalf("a POST a rule marks as a read, while read-only: %d %q", code, denied)
+			}
+			setState("active")
+			if code, denied := post("/"); code != 200 {
+				t.Fatalf("a POST after resuming: %d %q", code, denied)
+			}
+		})
+	}
+}
+
+// pgwire: a read-only tenant's SELECT runs and its INSERT is an ERROR
+// 25006; a suspended tenant's statements are ERROR 53400; the connection
+// stays usable.
+func TestTenantStatesThroughPGWire(t *testing.T) {
+	pgUpstream(t)
+	table := "pgq_tstate"
+	freshPGTable(t, table)
+	g := startGovernord(t, nil)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "delegation: {enabled: false}\n" + pgListenerYAML(t, "") +
+		"rules:\n  - {name: any-sql, match: {sql: any}, class: db}\n"})
+	a := newAdmin(t, g.Addr())
+	tenant := a.node("payments")
+	c := pgConnect(t, pgDSN(p.PGWireAddrs()[0], ""))
+	setState := func(state string) {
+		t.Helper()
+		if _, err := a.c.Raw().SetTenantState(context.Background(), &governorpb.SetTenantStateRequest{NodeId: tenant.GetId(), State: state, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setState("read_only")
+	var n int
+	if err := c.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatalf("a SELECT while read-only: %v", err)
+	}
+	wantPGError(t, c, "25006", "read-only", "INSERT INTO "+table+" VALUES (1)")
+	pgAlive(t, c)
+	setState("suspended")
+	wantPGError(t, c, "53400", "suspended", "SELECT count(*) FROM "+table)
+	setState("active")
+	pgAlive(t, c)
+	if _, err := c.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1)"); err != nil {
+		t.Fatalf("an INSERT after resuming: %v", err)
+	}
+}

@@ -736,10 +736,14 @@ type Node struct {
 	Created *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created,proto3" json:"created,omitempty"`
 	// How the quota and limit caps are enforced, for those that are not
 	// hard (the default). See CapMode.
-	QuotaModes    map[string]*CapMode `protobuf:"bytes,17,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	LimitModes    map[string]*CapMode `protobuf:"bytes,18,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	QuotaModes map[string]*CapMode `protobuf:"bytes,17,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	LimitModes map[string]*CapMode `protobuf:"bytes,18,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A tenant's state ("active", "suspended", "read_only", "closing"; empty
+	// on other kinds) and the reason its last change gave.
+	TenantState       string `protobuf:"bytes,19,opt,name=tenant_state,json=tenantState,proto3" json:"tenant_state,omitempty"`
+	TenantStateReason string `protobuf:"bytes,20,opt,name=tenant_state_reason,json=tenantStateReason,proto3" json:"tenant_state_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -896,6 +900,20 @@ func (x *Node) GetLimitModes() map[string]*CapMode {
 		return x.LimitModes
 	}
 	return nil
+}
+
+func (x *Node) GetTenantState() string {
+	if x != nil {
+		return x.TenantState
+	}
+	return ""
+}
+
+func (x *Node) GetTenantStateReason() string {
+	if x != nil {
+		return x.TenantStateReason
+	}
+	return ""
 }
 
 type CreateNodeRequest struct {
@@ -1488,7 +1506,9 @@ type AcquireRequest struct {
 	// arguments) before its answer arrived: give back the lease it got, if any,
 	// and grant nothing. The answer is a Lease whose id is the lease given
 	// back, 0 if none was held. See the service comment.
-	Abandon       bool `protobuf:"varint,4,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	Abandon bool `protobuf:"varint,4,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	// Marks the work as a write, which a read_only tenant refuses.
+	Write         bool `protobuf:"varint,5,opt,name=write,proto3" json:"write,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1547,6 +1567,13 @@ func (x *AcquireRequest) GetClass() string {
 func (x *AcquireRequest) GetAbandon() bool {
 	if x != nil {
 		return x.Abandon
+	}
+	return false
+}
+
+func (x *AcquireRequest) GetWrite() bool {
+	if x != nil {
+		return x.Write
 	}
 	return false
 }
@@ -1640,7 +1667,9 @@ type ChargeAndAcquireRequest struct {
 	// unset if none was held. A charge-only call (no class) is not undone:
 	// quota is never refunded, and its request_id already keeps a retry from
 	// charging twice. See the service comment.
-	Abandon       bool `protobuf:"varint,5,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	Abandon bool `protobuf:"varint,5,opt,name=abandon,proto3" json:"abandon,omitempty"`
+	// Marks the work as a write, which a read_only tenant refuses.
+	Write         bool `protobuf:"varint,6,opt,name=write,proto3" json:"write,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1706,6 +1735,13 @@ func (x *ChargeAndAcquireRequest) GetCharges() map[string]int64 {
 func (x *ChargeAndAcquireRequest) GetAbandon() bool {
 	if x != nil {
 		return x.Abandon
+	}
+	return false
+}
+
+func (x *ChargeAndAcquireRequest) GetWrite() bool {
+	if x != nil {
+		return x.Write
 	}
 	return false
 }
@@ -2998,7 +3034,13 @@ type CapsChange struct {
 	// True on the revert of a temporary override.
 	Revert bool `protobuf:"varint,7,opt,name=revert,proto3" json:"revert,omitempty"`
 	// The sequence number of the event that made it.
-	Seq           uint64 `protobuf:"varint,8,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,8,opt,name=seq,proto3" json:"seq,omitempty"`
+	// A change of a tenant's state (SetTenantState): the states before and
+	// after, and whether its leases were revoked; old and new are then
+	// empty.
+	OldState      string `protobuf:"bytes,9,opt,name=old_state,json=oldState,proto3" json:"old_state,omitempty"`
+	NewState      string `protobuf:"bytes,10,opt,name=new_state,json=newState,proto3" json:"new_state,omitempty"`
+	Revoked       bool   `protobuf:"varint,11,opt,name=revoked,proto3" json:"revoked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3087,6 +3129,27 @@ func (x *CapsChange) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *CapsChange) GetOldState() string {
+	if x != nil {
+		return x.OldState
+	}
+	return ""
+}
+
+func (x *CapsChange) GetNewState() string {
+	if x != nil {
+		return x.NewState
+	}
+	return ""
+}
+
+func (x *CapsChange) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
 }
 
 // PendingOverride is a cap a temporary override set, still to revert.
@@ -4602,6 +4665,161 @@ func (x *CapStatusReport) GetState() string {
 	return ""
 }
 
+type SetTenantStateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Idempotency key; see the service comment.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The tenant's node. Required.
+	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// "active", "suspended", "read_only" or "closing".
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Why, kept in the audit trail. At most 1024 bytes.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Ends every lease and block below the tenant at once (as revoked).
+	Revoke        bool `protobuf:"varint,5,opt,name=revoke,proto3" json:"revoke,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTenantStateRequest) Reset() {
+	*x = SetTenantStateRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTenantStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTenantStateRequest) ProtoMessage() {}
+
+func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTenantStateRequest.ProtoReflect.Descriptor instead.
+func (*SetTenantStateRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *SetTenantStateRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SetTenantStateRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *SetTenantStateRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SetTenantStateRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SetTenantStateRequest) GetRevoke() bool {
+	if x != nil {
+		return x.Revoke
+	}
+	return false
+}
+
+// TenantRefusal is attached as a detail of a FAILED_PRECONDITION status
+// when the tenant's state refuses the work.
+type TenantRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant's name.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// "suspended", "read_only" or "closing".
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// The reason its last change gave.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What was refused: "new work", "a write", "a new task".
+	Refused       string `protobuf:"bytes,4,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantRefusal) Reset() {
+	*x = TenantRefusal{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantRefusal) ProtoMessage() {}
+
+func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantRefusal.ProtoReflect.Descriptor instead.
+func (*TenantRefusal) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *TenantRefusal) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantRefusal) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TenantRefusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TenantRefusal) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -4642,7 +4860,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xc4\v\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x97\f\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -4664,7 +4882,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vquota_modes\x18\x11 \x03(\v2!.governor.v1.Node.QuotaModesEntryR\n" +
 	"quotaModes\x12B\n" +
 	"\vlimit_modes\x18\x12 \x03(\v2!.governor.v1.Node.LimitModesEntryR\n" +
-	"limitModes\x1a9\n" +
+	"limitModes\x12!\n" +
+	"\ftenant_state\x18\x13 \x01(\tR\vtenantState\x12.\n" +
+	"\x13tenant_state_reason\x18\x14 \x01(\tR\x11tenantStateReason\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -4730,24 +4950,26 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x03 \x01(\tR\bresource\x12\x16\n" +
 	"\x06amount\x18\x04 \x01(\x03R\x06amount\"\x11\n" +
-	"\x0fConsumeResponse\"x\n" +
+	"\x0fConsumeResponse\"\x8e\x01\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12\x18\n" +
-	"\aabandon\x18\x04 \x01(\bR\aabandon\"F\n" +
+	"\aabandon\x18\x04 \x01(\bR\aabandon\x12\x14\n" +
+	"\x05write\x18\x05 \x01(\bR\x05write\"F\n" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
-	"\x05class\x18\x03 \x01(\tR\x05class\"\x8a\x02\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\"\xa0\x02\n" +
 	"\x17ChargeAndAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12K\n" +
 	"\acharges\x18\x04 \x03(\v21.governor.v1.ChargeAndAcquireRequest.ChargesEntryR\acharges\x12\x18\n" +
-	"\aabandon\x18\x05 \x01(\bR\aabandon\x1a:\n" +
+	"\aabandon\x18\x05 \x01(\bR\aabandon\x12\x14\n" +
+	"\x05write\x18\x06 \x01(\bR\x05write\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"D\n" +
@@ -4896,7 +5118,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priorityB\x15\n" +
-	"\x13_deadline_unix_nano\"\x94\x02\n" +
+	"\x13_deadline_unix_nano\"\xe8\x02\n" +
 	"\n" +
 	"CapsChange\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x10\n" +
@@ -4906,7 +5128,11 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x03new\x18\x05 \x01(\v2\x17.governor.v1.CapsValuesR\x03new\x120\n" +
 	"\x05until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x16\n" +
 	"\x06revert\x18\a \x01(\bR\x06revert\x12\x10\n" +
-	"\x03seq\x18\b \x01(\x04R\x03seq\"\x9b\x01\n" +
+	"\x03seq\x18\b \x01(\x04R\x03seq\x12\x1b\n" +
+	"\told_state\x18\t \x01(\tR\boldState\x12\x1b\n" +
+	"\tnew_state\x18\n" +
+	" \x01(\tR\bnewState\x12\x18\n" +
+	"\arevoked\x18\v \x01(\bR\arevoked\"\x9b\x01\n" +
 	"\x0fPendingOverride\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -5039,7 +5265,19 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	" \x01(\x05R\tthreshold\"S\n" +
 	"\x0fCapStatusReport\x12*\n" +
 	"\x04caps\x18\x01 \x03(\v2\x16.governor.v1.CapStatusR\x04caps\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state*z\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\"\x95\x01\n" +
+	"\x15SetTenantStateRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06revoke\x18\x05 \x01(\bR\x06revoke\"o\n" +
+	"\rTenantRefusal\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
+	"\arefused\x18\x04 \x01(\tR\arefused*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -5056,7 +5294,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xb0\x0e\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xf9\x0e\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -5084,7 +5322,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bGetUsage\x12\x1c.governor.v1.GetUsageRequest\x1a\x18.governor.v1.UsageReport\x12?\n" +
 	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.Inspection\x12G\n" +
 	"\bListTree\x12\x1c.governor.v1.ListTreeRequest\x1a\x1d.governor.v1.ListTreeResponse\x12N\n" +
-	"\fGetCapStatus\x12 .governor.v1.GetCapStatusRequest\x1a\x1c.governor.v1.CapStatusReportB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\fGetCapStatus\x12 .governor.v1.GetCapStatusRequest\x1a\x1c.governor.v1.CapStatusReport\x12G\n" +
+	"\x0eSetTenantState\x12\".governor.v1.SetTenantStateRequest\x1a\x11.governor.v1.NodeB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -5099,7 +5338,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5165,117 +5404,119 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*GetCapStatusRequest)(nil),      // 61: governor.v1.GetCapStatusRequest
 	(*CapStatus)(nil),                // 62: governor.v1.CapStatus
 	(*CapStatusReport)(nil),          // 63: governor.v1.CapStatusReport
-	nil,                              // 64: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 65: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 66: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 67: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 68: governor.v1.Node.QuotasEntry
-	nil,                              // 69: governor.v1.Node.UsedEntry
-	nil,                              // 70: governor.v1.Node.LimitsEntry
-	nil,                              // 71: governor.v1.Node.HeldEntry
-	nil,                              // 72: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 73: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 74: governor.v1.Node.ReservedEntry
-	nil,                              // 75: governor.v1.Node.QuotaModesEntry
-	nil,                              // 76: governor.v1.Node.LimitModesEntry
-	nil,                              // 77: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 78: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 79: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 80: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 81: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 82: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 83: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 84: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 85: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 86: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 87: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 88: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 89: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 90: governor.v1.UsageLine.SpendEntry
-	nil,                              // 91: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 92: governor.v1.UsageLine.PeakEntry
-	nil,                              // 93: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 94: governor.v1.ListTreeResponse.WaitingEntry
-	(*durationpb.Duration)(nil),      // 95: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 96: google.protobuf.Timestamp
+	(*SetTenantStateRequest)(nil),    // 64: governor.v1.SetTenantStateRequest
+	(*TenantRefusal)(nil),            // 65: governor.v1.TenantRefusal
+	nil,                              // 66: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 67: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 68: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 69: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 70: governor.v1.Node.QuotasEntry
+	nil,                              // 71: governor.v1.Node.UsedEntry
+	nil,                              // 72: governor.v1.Node.LimitsEntry
+	nil,                              // 73: governor.v1.Node.HeldEntry
+	nil,                              // 74: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 75: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 76: governor.v1.Node.ReservedEntry
+	nil,                              // 77: governor.v1.Node.QuotaModesEntry
+	nil,                              // 78: governor.v1.Node.LimitModesEntry
+	nil,                              // 79: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 80: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 81: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 82: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 83: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 84: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 85: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 86: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 87: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 88: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 89: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 90: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 91: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 92: governor.v1.UsageLine.SpendEntry
+	nil,                              // 93: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 94: governor.v1.UsageLine.PeakEntry
+	nil,                              // 95: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 96: governor.v1.ListTreeResponse.WaitingEntry
+	(*durationpb.Duration)(nil),      // 97: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 98: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	95,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	95,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	95,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	95,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	64,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	65,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	66,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	67,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	96,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	97,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	97,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	97,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	97,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	66,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	67,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	68,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	69,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	98,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	68,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	69,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	70,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	71,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	72,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	73,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	96,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	74,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	96,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	75,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	76,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	70,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	71,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	72,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	73,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	74,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	75,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	98,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	76,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	98,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	77,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	78,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
 	10,  // 22: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10,  // 23: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11,  // 24: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11,  // 25: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	77,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	79,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23,  // 27: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	95,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	97,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
 	36,  // 29: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
 	3,   // 30: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	78,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	79,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	80,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	81,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	96,  // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	95,  // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	82,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	83,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	84,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	85,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	86,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	87,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	88,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	89,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	96,  // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	80,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	81,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	82,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	83,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	98,  // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	97,  // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	84,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	85,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	86,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	87,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	88,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	89,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	90,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	91,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	98,  // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
 	42,  // 46: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
 	42,  // 47: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	96,  // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	96,  // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	98,  // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	98,  // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
 	43,  // 50: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
 	44,  // 51: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
 	2,   // 52: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
 	1,   // 53: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	96,  // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	96,  // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	90,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	91,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	92,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	93,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	96,  // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	96,  // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	98,  // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	98,  // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	92,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	93,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	94,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	95,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	98,  // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	98,  // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
 	50,  // 62: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	96,  // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	96,  // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	95,  // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	96,  // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	96,  // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	96,  // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	98,  // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	98,  // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	97,  // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	98,  // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	98,  // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	98,  // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
 	53,  // 69: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
 	54,  // 70: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
 	55,  // 71: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
 	56,  // 72: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	95,  // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	97,  // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
 	11,  // 74: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	94,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	96,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
 	60,  // 76: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
 	62,  // 77: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
 	60,  // 78: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
@@ -5309,33 +5550,35 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	52,  // 106: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
 	58,  // 107: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
 	61,  // 108: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	5,   // 109: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 110: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 111: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 112: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 113: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 114: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 115: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 116: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 117: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 118: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 119: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 120: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 121: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 122: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 123: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 124: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 125: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 126: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 127: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 128: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 129: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 130: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 131: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 132: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 133: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	109, // [109:134] is the sub-list for method output_type
-	84,  // [84:109] is the sub-list for method input_type
+	64,  // 109: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	5,   // 110: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 111: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 112: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 113: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 114: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 115: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 116: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 117: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 118: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 119: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 120: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 121: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 122: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 123: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 124: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 125: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 126: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 127: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 128: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 129: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 130: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 131: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 132: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 133: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 134: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 135: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	110, // [110:136] is the sub-list for method output_type
+	84,  // [84:110] is the sub-list for method input_type
 	84,  // [84:84] is the sub-list for extension type_name
 	84,  // [84:84] is the sub-list for extension extendee
 	0,   // [0:84] is the sub-list for field type_name
@@ -5354,7 +5597,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   91,
+			NumMessages:   93,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,7 @@ const (
 	Governor_Inspect_FullMethodName          = "/governor.v1.Governor/Inspect"
 	Governor_ListTree_FullMethodName         = "/governor.v1.Governor/ListTree"
 	Governor_GetCapStatus_FullMethodName     = "/governor.v1.Governor/GetCapStatus"
+	Governor_SetTenantState_FullMethodName   = "/governor.v1.Governor/SetTenantState"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -300,6 +301,15 @@ type GovernorClient interface {
 	// near threshold reached. The node must be inside the session's scope.
 	// It changes nothing.
 	GetCapStatus(ctx context.Context, in *GetCapStatusRequest, opts ...grpc.CallOption) (*CapStatusReport, error)
+	// SetTenantState sets a tenant's state: "active", "suspended" (no new
+	// work at all: charges, leases, delegated growth, reservations, nodes),
+	// "read_only" (no new work marked as a write) or "closing" (no new
+	// tasks; what runs finishes). Work refused for it is FAILED_PRECONDITION
+	// with a TenantRefusal detail. Leases already granted are left alone
+	// unless revoke is set. Queued acquires the new state refuses fail. The
+	// change is kept in the tenant's audit trail (GetCapsHistory) with who
+	// and why, and survives restarts. Only the admin key may call it.
+	SetTenantState(ctx context.Context, in *SetTenantStateRequest, opts ...grpc.CallOption) (*Node, error)
 }
 
 type governorClient struct {
@@ -569,6 +579,16 @@ func (c *governorClient) GetCapStatus(ctx context.Context, in *GetCapStatusReque
 	return out, nil
 }
 
+func (c *governorClient) SetTenantState(ctx context.Context, in *SetTenantStateRequest, opts ...grpc.CallOption) (*Node, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Node)
+	err := c.cc.Invoke(ctx, Governor_SetTenantState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GovernorServer is the server API for Governor service.
 // All implementations must embed UnimplementedGovernorServer
 // for forward compatibility.
@@ -818,6 +838,15 @@ type GovernorServer interface {
 	// near threshold reached. The node must be inside the session's scope.
 	// It changes nothing.
 	GetCapStatus(context.Context, *GetCapStatusRequest) (*CapStatusReport, error)
+	// SetTenantState sets a tenant's state: "active", "suspended" (no new
+	// work at all: charges, leases, delegated growth, reservations, nodes),
+	// "read_only" (no new work marked as a write) or "closing" (no new
+	// tasks; what runs finishes). Work refused for it is FAILED_PRECONDITION
+	// with a TenantRefusal detail. Leases already granted are left alone
+	// unless revoke is set. Queued acquires the new state refuses fail. The
+	// change is kept in the tenant's audit trail (GetCapsHistory) with who
+	// and why, and survives restarts. Only the admin key may call it.
+	SetTenantState(context.Context, *SetTenantStateRequest) (*Node, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -902,6 +931,9 @@ func (UnimplementedGovernorServer) ListTree(context.Context, *ListTreeRequest) (
 }
 func (UnimplementedGovernorServer) GetCapStatus(context.Context, *GetCapStatusRequest) (*CapStatusReport, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetCapStatus not implemented")
+}
+func (UnimplementedGovernorServer) SetTenantState(context.Context, *SetTenantStateRequest) (*Node, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetTenantState not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1367,6 +1399,24 @@ func _Governor_GetCapStatus_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_SetTenantState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetTenantStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).SetTenantState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_SetTenantState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).SetTenantState(ctx, req.(*SetTenantStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1469,6 +1519,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCapStatus",
 			Handler:    _Governor_GetCapStatus_Handler,
+		},
+		{
+			MethodName: "SetTenantState",
+			Handler:    _Governor_SetTenantState_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

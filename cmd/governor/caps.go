@@ -434,6 +434,20 @@ func changeLines(old, new *governorpb.CapsValues) []string {
 	return out
 }
 
+// historyLines is what one entry of the audit trail changed: caps, or a
+// tenant's state (governor tenant).
+func historyLines(c *governorpb.CapsChange) []string {
+	out := changeLines(c.GetOld(), c.GetNew())
+	if c.GetNewState() != "" {
+		line := fmt.Sprintf("state: %s -> %s", c.GetOldState(), c.GetNewState())
+		if c.GetRevoked() {
+			line += " (leases revoked)"
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
 // modeText is a mode as caps prints it: hard, soft+N, warn_only.
 func modeText(m *governorpb.CapMode) string {
 	switch m.GetMode() {
@@ -487,7 +501,7 @@ func capsHistory(ctx context.Context, rpc governorpb.GovernorClient, n *governor
 			Pending []pending `json:"pending"`
 		}{Node: n.GetId(), Changes: []entry{}, Pending: []pending{}}
 		for _, c := range h.GetChanges() {
-			e := entry{At: c.GetAt().AsTime(), Who: c.GetWho(), Reason: c.GetReason(), Changes: changeLines(c.GetOld(), c.GetNew()),
+			e := entry{At: c.GetAt().AsTime(), Who: c.GetWho(), Reason: c.GetReason(), Changes: historyLines(c),
 				Revert: c.GetRevert(), Seq: c.GetSeq()}
 			if c.GetUntil() != nil {
 				u := c.GetUntil().AsTime()
@@ -510,7 +524,7 @@ func capsHistory(ctx context.Context, rpc governorpb.GovernorClient, n *governor
 		if c.GetUntil() != nil {
 			until = c.GetUntil().AsTime().UTC().Format(time.DateTime)
 		}
-		for i, line := range changeLines(c.GetOld(), c.GetNew()) {
+		for i, line := range historyLines(c) {
 			if i == 0 {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.GetAt().AsTime().UTC().Format(time.DateTime), c.GetWho(), line, until, c.GetReason())
 			} else {

@@ -4,6 +4,7 @@
 //	governor explain -config proxy.yaml --sql "INSERT INTO payments ..."
 //	printf %s "$KEY" | governor hash-key
 //	governor caps get|set|history NODE ...
+//	governor tenant NAME suspend|resume|read-only|close -reason "why" [-revoke]
 //	governor usage [-since 24h] [-format table|csv|json]
 //	governor doctor [-config governord.yaml] [-proxy-config proxy.yaml] [-json]
 //	governor hook -agent claude|codex [-max-calls N] ...
@@ -14,7 +15,7 @@
 // hash-key prints the SHA-256 of an API key read from stdin, for
 // governord's api_key_sha256. The others talk to governord, reading the
 // environment the SDK reads (GOVERNOR_ADDR, GOVERNOR_API_KEY, GOVERNOR_TLS,
-// GOVERNOR_CA_FILE); docs/cli.md describes each. The files: caps.go,
+// GOVERNOR_CA_FILE); docs/cli.md describes each. The files: caps.go, tenant.go,
 // usage.go, doctor*.go, hook.go, top.go (its screen is package cli/top),
 // connect.go (the session and node paths they share).
 //
@@ -38,6 +39,7 @@ commands:
   explain   which proxy rule a request or SQL statement matches, and why
   hash-key  the SHA-256 of an API key read from stdin, for api_key_sha256
   caps      a node's caps (get), change them with a reason (set), their audit trail (history)
+  tenant    suspend, resume, make read-only or close a tenant, with a reason
   usage     what each tenant and task spent, held and was refused over a window
   doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams
   hook      a PreToolUse hook for Claude Code and Codex: budgets of tool calls, subagents and time
@@ -58,6 +60,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return hashKey(args[1:], stdin, stdout, stderr)
 	case "caps":
 		return caps(args[1:], stdout, stderr)
+	case "tenant":
+		return tenantCmd(args[1:], stdout, stderr)
 	case "usage":
 		return usageCmd(args[1:], stdout, stderr)
 	case "doctor":

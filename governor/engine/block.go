@@ -121,6 +121,9 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	if err := e.checkOpen(n, now); err != nil {
 		return BlockGrant{}, err
 	}
+	if err := n.admits(false, false); err != nil {
+		return BlockGrant{}, err
+	}
 	grow := int64(0)
 	contended := e.contended(r.Class)
 	if !contended {

@@ -54,6 +54,9 @@ var (
 	// open nodes, queued acquires, distinct names). The error is a
 	// *BoundError naming the bound (bounds.go).
 	ErrBound = errors.New("tenant bound reached")
+	// ErrTenantState: the tenant's state (suspended, read_only, closing)
+	// refuses this work. The error is a *TenantStateError (tenantstate.go).
+	ErrTenantState = errors.New("refused by the tenant's state")
 )
 
 // Consumer names the part of a node that spent most of a resource: one of its

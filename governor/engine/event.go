@@ -25,6 +25,7 @@ const (
 	EvReserved
 	EvNodesReclaimed
 	EvCapsReverted
+	EvTenantStateSet
 )
 
 var kindNames = [...]string{
@@ -43,6 +44,7 @@ var kindNames = [...]string{
 
 	EvNodesReclaimed: "nodes_reclaimed",
 	EvCapsReverted:   "caps_reverted",
+	EvTenantStateSet: "tenant_state_set",
 }
 
 func (k EventKind) String() string {
@@ -122,6 +124,14 @@ type Event struct {
 	// past without being refused (policy.go): what the log keeps of every
 	// would-be denial. Apply ignores them.
 	Warnings []Warning `json:"warn,omitempty"`
+
+	// TenantState is a tenant's new state, and Revoke says its leases end
+	// with the change (EvTenantStateSet; tenantstate.go). Write marks a
+	// grant or charge of work classified as a write (EvLeaseGranted,
+	// EvCharged), which a read_only tenant refuses.
+	TenantState TenantState `json:"ts,omitempty"`
+	Revoke      bool        `json:"rv,omitempty"`
+	Write       bool        `json:"wr,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes
@@ -204,6 +214,8 @@ func (e *Engine) applyKind(ev *Event) error {
 		return e.applyReserved(ev)
 	case EvNodesReclaimed:
 		return e.applyReclaimed(ev)
+	case EvTenantStateSet:
+		return e.applyTenantState(ev)
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
 	}

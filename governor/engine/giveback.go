@@ -32,7 +32,7 @@ func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (Lease
 		return 0, err
 	}
 	if r.RequestID != "" {
-		res, ok, err := s.requests.lookup(r.RequestID, fingerprintCharges(opAcquire, r.Node, r.Class, charges))
+		res, ok, err := s.requests.lookup(r.RequestID, r.fingerprint(charges))
 		if err != nil || !ok {
 			return 0, err
 		}

@@ -34,6 +34,20 @@ type AcquireRequest struct {
 	Class     string
 	Charges   map[string]int64
 	RequestID string
+	// Write marks work classified as a write, which a read_only tenant
+	// refuses (tenantstate.go).
+	Write bool
+}
+
+// fingerprint tells a retry of r (with its normalized charges) from
+// another request with its id; a request not marked Write keeps the
+// fingerprint it always had.
+func (r *AcquireRequest) fingerprint(charges []Charge) uint64 {
+	fp := fingerprintCharges(opAcquire, r.Node, r.Class, charges)
+	if r.Write {
+		fp = fnvAdd(fp, 1)
+	}
+	return fp
 }
 
 // Grant is a granted lease. Lease is zero for a charge-only request.
@@ -84,7 +98,7 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	}
 	fp := uint64(0)
 	if r.RequestID != "" {
-		fp = fingerprintCharges(opAcquire, r.Node, r.Class, charges)
+		fp = r.fingerprint(charges)
 		if res, ok, err := s.requests.lookup(r.RequestID, fp); ok || err != nil {
 			return Grant{Lease: res.lease, Node: r.Node, Class: r.Class}, nil, err
 		}
@@ -96,6 +110,9 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	if err := e.checkOpen(n, now); err != nil {
 		return Grant{}, nil, err
 	}
+	if err := n.admits(r.Write, false); err != nil {
+		return Grant{}, nil, err
+	}
 	if err := e.checkUse(n.tenant, r.Class, charges); err != nil {
 		return Grant{}, nil, err
 	}
@@ -104,13 +121,13 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	}
 	if r.Class == "" {
 		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
-			RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(charges, "", 0)})
+			RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(charges, "", 0), Write: r.Write})
 		return Grant{Node: n.id}, nil, nil
 	}
 	// w stays on the stack when granted at once: only a queued waiter is
 	// allocated (by enqueue), so the uncontended path does not pay for it.
 	w := waiter{session: s, node: n, class: r.Class, charges: charges, requestID: r.RequestID,
-		fingerprint: fp, priority: n.priority}
+		fingerprint: fp, priority: n.priority, write: r.Write}
 	if n.fits(r.Class) {
 		return e.grant(&w, now), nil, nil
 	}
@@ -148,7 +165,7 @@ func (e *Engine) grant(w *waiter, now int64) Grant {
 	id := e.nextLease
 	e.emit(Event{Kind: EvLeaseGranted, At: now, Session: w.session.id, Node: w.node.id, Lease: id,
 		Resource: w.class, Charges: w.charges, RequestID: w.requestID, Fingerprint: w.fingerprint,
-		Warnings: w.node.warnings(w.charges, w.class, 1)})
+		Warnings: w.node.warnings(w.charges, w.class, 1), Write: w.write})
 	return Grant{Lease: id, Node: w.node.id, Class: w.class}
 }
 

@@ -31,6 +31,7 @@ type mWaiter struct {
 	requestID string
 	priority  int64
 	arrival   uint64
+	write     bool
 }
 
 type mTenantQueue struct {
@@ -143,10 +144,10 @@ func (m *model) chargesFit(id NodeID, charges map[string]int64) bool {
 }
 
 // Enqueue is told by the driver of each acquire that queued.
-func (m *model) Enqueue(wt *Wait, sid SessionID, node NodeID, class string, charges map[string]int64, requestID string) {
+func (m *model) Enqueue(wt *Wait, sid SessionID, node NodeID, class string, charges map[string]int64, requestID string, write bool) {
 	m.arrival++
 	w := &mWaiter{wait: wt, session: sid, node: node, class: class, charges: maps.Clone(charges), requestID: requestID,
-		priority: m.priority[node], arrival: m.arrival}
+		priority: m.priority[node], arrival: m.arrival, write: write}
 	q := m.queues[class]
 	if q == nil {
 		q = &mClassQueue{}
@@ -378,6 +379,8 @@ func (m *model) decideEvent(ev Event, l modelLease) {
 		m.touched[ev.Session] = true
 	case EvNodeEnded:
 		m.dropWaiters(func(w *mWaiter) bool { return m.state[w.node] != Open })
+	case EvTenantStateSet:
+		m.decideTenantState(ev)
 	}
 	m.rememberRequest(ev)
 	switch {
@@ -385,7 +388,7 @@ func (m *model) decideEvent(ev Event, l modelLease) {
 		m.startDispatch([]string{l.class})
 	case ev.Kind == EvBlockResized && ev.Amount < 0, ev.Kind == EvLimitAdjusted:
 		m.startDispatch([]string{ev.Resource})
-	case ev.Kind == EvSessionEnded, ev.Kind == EvNodeEnded, ev.Kind == EvCapsSet:
+	case ev.Kind == EvSessionEnded, ev.Kind == EvNodeEnded, ev.Kind == EvCapsSet, ev.Kind == EvTenantStateSet:
 		m.startDispatch(nil)
 	}
 }

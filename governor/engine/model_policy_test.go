@@ -116,3 +116,81 @@ func (m *model) checkWarnings(ev Event) {
 		m.failf("I20 warnings: event %d (%s) warns %v, the model wants %v", ev.Seq, ev.Kind, got, want)
 	}
 }
+
+// The model's side of tenant states (tenantstate.go): each tenant's state,
+// checked against every event that starts work (I21), and the waiters a
+// change fails.
+
+// tenantRefuses is what SPEC.md says a tenant in state st refuses: for
+// suspended everything new, for read_only a write, for closing a task.
+func tenantRefuses(st TenantState, write, task bool) bool {
+	switch st {
+	case Suspended:
+		return true
+	case ReadOnly:
+		return write
+	case Closing:
+		return task
+	}
+	return false
+}
+
+// checkTenantState checks I21 before ev is applied: no event starts work
+// its tenant's state refuses.
+func (m *model) checkTenantState(ev Event) {
+	node, write, task := ev.Node, ev.Write, false
+	switch ev.Kind {
+	case EvConsumed, EvCharged, EvLeaseGranted:
+	case EvBlockResized:
+		l, ok := m.leases[ev.Lease]
+		if !ok || ev.Amount <= 0 {
+			return
+		}
+		node = l.node
+	case EvReserved:
+		if ev.Amount <= 0 {
+			return
+		}
+	case EvNodeCreated:
+		node = ev.Parent
+		task = m.parent[ev.Parent] == RootID
+		if ev.Parent == RootID {
+			return
+		}
+	default:
+		return
+	}
+	t := m.tenantOf(node)
+	if t == RootID {
+		return
+	}
+	if st := m.tstate[t]; tenantRefuses(st, write, task) {
+		m.failf("I21 tenant state: event %d (%s, write %v) on node %d starts work its tenant %d, %s, refuses", ev.Seq, ev.Kind, write, node, t, st)
+	}
+}
+
+// applyTenantState follows an EvTenantStateSet: the new state, and with
+// Revoke every lease below the tenant ended as revoked.
+func (m *model) applyTenantState(ev Event) {
+	if m.parent[ev.Node] != RootID {
+		m.failf("event %d sets the state of node %d, which is not a tenant", ev.Seq, ev.Node)
+		return
+	}
+	m.tstate[ev.Node] = ev.TenantState
+	if !ev.Revoke {
+		return
+	}
+	for _, id := range sortedKeys(m.leases) {
+		if m.inside(m.leases[id].node, ev.Node) {
+			m.endLease(id, EndRevoked, ev.At)
+		}
+	}
+}
+
+// decideTenantState fails the tenant's waiters its new state refuses, as
+// the engine does at the change.
+func (m *model) decideTenantState(ev Event) {
+	m.dropWaiters(func(w *mWaiter) bool {
+		return m.tenantOf(w.node) == ev.Node && tenantRefuses(ev.TenantState, w.write, false)
+	})
+}

@@ -35,6 +35,8 @@ type model struct {
 	retention time.Duration
 	// modes are the caps enforced other than hard (policy.go).
 	modes map[NodeID]map[modeKey]CapMode
+	// tstate is each tenant's state (tenantstate.go).
+	tstate map[NodeID]TenantState
 	// The model's own decisions (model_decide_test.go).
 	modelDecide
 }
@@ -63,7 +65,7 @@ func newModel(retention time.Duration) *model {
 		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
-		modes: map[NodeID]map[modeKey]CapMode{}}
+		modes: map[NodeID]map[modeKey]CapMode{}, tstate: map[NodeID]TenantState{}}
 	m.state[RootID] = Open
 	m.decideInit()
 	return m
@@ -132,6 +134,7 @@ func (m *model) Emit(ev Event) {
 	wasExpected := m.expected(ev)
 	l := m.leases[ev.Lease]
 	m.checkWarnings(ev)
+	m.checkTenantState(ev)
 	m.applyEvent(ev)
 	m.decideEvent(ev, l)
 	if wasExpected {
@@ -319,6 +322,8 @@ func (m *model) applyEvent(ev Event) {
 		for _, id := range ev.Nodes {
 			m.reclaim(ev, id)
 		}
+	case EvTenantStateSet:
+		m.applyTenantState(ev)
 	}
 }
 
@@ -367,6 +372,7 @@ func (m *model) reclaim(ev Event, root NodeID) {
 		}
 		delete(m.parent, id)
 		delete(m.modes, id)
+		delete(m.tstate, id)
 		delete(m.state, id)
 		delete(m.deadline, id)
 		delete(m.endedAt, id)

@@ -69,6 +69,10 @@ var mutants = []mutant{
 	// Enforcement modes (policy.go).
 	{"a soft cap refuses one past its burst", "policy.go",
 		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},
+	{"a closing tenant takes new tasks", "tenantstate.go",
+		"case t.tstate == Closing && task:", "case t.tstate == Closing && task && false:", `I21 tenant state`},
+	{"a suspension leaves the tenant's waiters queued", "tenantstate.go",
+		"\t\te.failRefusedWaiters(n)\n", "", `I6 DRR|I21`},
 	{"a warn_only limit passed without a warning", "policy.go",
 		"g.mode != ModeHard && g.n+slots > g.cap", "g.mode == ModeSoft && g.n+slots > g.cap", `I20 warnings`},
 	{"an ended session's reservations vanish unspent", "session.go",

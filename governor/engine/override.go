@@ -61,6 +61,12 @@ type CapsChange struct {
 	New    CapsEdit
 	Until  int64 `json:",omitempty"` // an override: when it reverts
 	Revert bool  `json:",omitempty"` // an override's revert
+	// OldState and NewState are a tenant's state before and after a change
+	// of it (tenantstate.go), and Revoked says its leases were revoked;
+	// Old and New are then empty.
+	OldState string `json:",omitempty"`
+	NewState string `json:",omitempty"`
+	Revoked  bool   `json:",omitempty"`
 }
 
 // Override is a cap an override set that goes back to Restore at Until.

@@ -15,6 +15,7 @@ type waiter struct {
 	requestID   string
 	fingerprint uint64
 	priority    int64
+	write       bool // a write, which a read_only tenant refuses
 	arrival     uint64
 	since       int64 // when it queued (not state: for Inspect)
 	ch          chan Outcome

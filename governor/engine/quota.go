@@ -37,6 +37,9 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 	if err := e.checkOpen(n, now); err != nil {
 		return err
 	}
+	if err := n.admits(false, false); err != nil {
+		return err
+	}
 	if err := e.checkResource(n.tenant, resource); err != nil {
 		return err
 	}

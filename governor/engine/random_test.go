@@ -53,6 +53,7 @@ func TestRandomized(t *testing.T) {
 					w.burst() // some sessions outrun their request memory
 				}
 				w.randomOp()
+				w.policyOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -86,17 +87,20 @@ type doneRequest struct {
 }
 
 type world struct {
-	t     *testing.T
-	seed  int64
-	rng   *rand.Rand
-	clock *fakeClock
-	cfg   Config
-	e     *Engine
-	rec   *recorder
-	m     *model
-	step  int
-	trail []string
-	mid   *Snapshot
+	t    *testing.T
+	seed int64
+	rng  *rand.Rand
+	// policy draws the tenant-state ops and write marks from a stream of
+	// their own, so that they leave every other draw of a seed as it was.
+	policy *rand.Rand
+	clock  *fakeClock
+	cfg    Config
+	e      *Engine
+	rec    *recorder
+	m      *model
+	step   int
+	trail  []string
+	mid    *Snapshot
 
 	sessions []SessionID
 	scope    map[SessionID]NodeID
@@ -140,7 +144,7 @@ func (w *world) Notify(n Notice) { w.notices = append(w.notices, n) }
 func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
-	w := &world{t: t, seed: seed, rng: rng, clock: newFakeClock(),
+	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -332,6 +336,10 @@ func (w *world) expect(what string, before uint64, err error, allowed ...error) 
 	if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrSessionExpired) {
 		return
 	}
+	if errors.Is(err, ErrTenantState) {
+		w.checkTenantRefusal(what, err)
+		return
+	}
 	ok := false
 	for _, a := range allowed {
 		ok = ok || errors.Is(err, a)
@@ -342,8 +350,10 @@ func (w *world) expect(what string, before uint64, err error, allowed ...error) 
 	// These refusals are decided before anything could end lazily. (A
 	// bound is checked after the target: a node found past its deadline
 	// on the way has ended, and that is all.)
-	if errors.Is(err, ErrBound) && !slices.ContainsFunc(w.rec.events[before:], func(ev Event) bool {
-		return !(ev.Kind == EvNodeEnded && ev.State == Expired)
+	// What an end found on the way frees is dispatched at once: grants
+	// may follow it.
+	if evs := w.rec.events[before:]; errors.Is(err, ErrBound) && (len(evs) == 0 || evs[0].Kind == EvNodeEnded) && !slices.ContainsFunc(evs, func(ev Event) bool {
+		return !(ev.Kind == EvNodeEnded && ev.State == Expired) && ev.Kind != EvLeaseGranted
 	}) {
 		return
 	}
@@ -791,6 +801,9 @@ func (w *world) check() {
 		if !maps.Equal(modes, m.modes[id]) && (len(modes) > 0 || len(m.modes[id]) > 0) {
 			w.fail("node %d modes: engine %v, model %v", id, modes, m.modes[id])
 		}
+		if n.tstate != m.tstate[id] {
+			w.fail("node %d tenant state: engine %s, model %s", id, n.tstate, m.tstate[id])
+		}
 		for name, c := range n.open {
 			if c.state != Open || c.name != name || c.parent != n {
 				w.fail("node %d's open index names %q -> node %d (%s)", id, name, c.id, c.state)
@@ -953,7 +966,8 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 		}
 	}
 	rid := w.reqID()
-	g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid})
+	write := w.policy.Intn(3) == 0
+	g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid, Write: write})
 	w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
 	for r, amt := range charges {
 		w.checkRefusal(sid, err, n, r, amt, 0)
@@ -963,7 +977,7 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	}
 	if wait != nil {
 		w.waits = append(w.waits, &pending{wait: wait, sid: sid})
-		w.m.Enqueue(wait, sid, n, class, charges, rid)
+		w.m.Enqueue(wait, sid, n, class, charges, rid, write)
 		return
 	}
 	if g.Lease != 0 {
@@ -974,7 +988,7 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 		if differ {
 			c += "x"
 		}
-		g, _, err := e.Acquire(sid, AcquireRequest{Node: n, Class: c, Charges: charges, RequestID: id})
+		g, _, err := e.Acquire(sid, AcquireRequest{Node: n, Class: c, Charges: charges, RequestID: id, Write: write})
 		return fmt.Sprint(g.Lease), err
 	})
 }

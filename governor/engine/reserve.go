@@ -123,6 +123,9 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 		if err := e.checkOpen(n, now); err != nil {
 			return Reservation{}, err
 		}
+		if err := n.admits(false, false); err != nil {
+			return Reservation{}, err
+		}
 		grant, err = n.reserveGrant(r)
 		if err != nil {
 			return Reservation{}, e.refused(s, err)

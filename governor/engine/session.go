@@ -276,6 +276,7 @@ const (
 	opCaps
 	opBlock
 	opReserve
+	opTenantState
 )
 
 // fingerprint hashes a request's arguments (FNV-1a) without allocating, so a

@@ -183,6 +183,10 @@ func (e *Engine) Restore(snap Snapshot) error {
 		if err := restoreModes(n, v); err != nil {
 			return err
 		}
+		if v.TenantState > Closing || (v.TenantState != Active && v.Parent != RootID) {
+			return fmt.Errorf("%w: snapshot node %d has tenant state %v", ErrCorrupt, v.ID, v.TenantState)
+		}
+		n.tstate, n.tstateWhy = v.TenantState, v.TenantStateReason
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}

@@ -120,6 +120,10 @@ type NodeView struct {
 	// (policy.go).
 	QuotaModes map[string]CapMode `json:",omitempty"`
 	LimitModes map[string]CapMode `json:",omitempty"`
+	// TenantState is a tenant's state, and TenantStateReason the reason
+	// its last change gave (tenantstate.go).
+	TenantState       TenantState `json:",omitempty"`
+	TenantStateReason string      `json:",omitempty"`
 }
 
 type node struct {
@@ -155,6 +159,10 @@ type node struct {
 	audit     []CapsChange
 	overrides map[overrideKey]Override
 
+	// A tenant's state and the reason given for it (tenantstate.go).
+	tstate    TenantState
+	tstateWhy string
+
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
 	openBelow int
@@ -189,7 +197,8 @@ func (n *node) view() NodeView {
 		Quotas: n.quota.caps(), Used: n.quota.counts(), Reserved: n.quota.reservedCounts(), Limits: n.limit.caps(),
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
-		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes()}
+		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes(),
+		TenantState: n.tstate, TenantStateReason: n.tstateWhy}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -438,6 +447,9 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 		return NodeView{}, false, fmt.Errorf("%w: %q already has an open child %q (node %d)", ErrExists, parent.name, spec.Name, existing.id)
 	}
 	if err := e.checkOpen(parent, now); err != nil {
+		return NodeView{}, false, err
+	}
+	if err := parent.admits(false, parent.depth == int(KindTenant)); err != nil {
 		return NodeView{}, false, err
 	}
 	if parent.depth+1 >= MaxDepth {

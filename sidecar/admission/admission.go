@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/governor-project/governor/governor"
@@ -39,6 +40,10 @@ type Request struct {
 	// while it runs, and its Ticket, never nil, is a Settler that says
 	// what was used.
 	Held bool
+	// Write marks work classified as a write (an HTTP method other than
+	// GET, HEAD, OPTIONS unless the rule says read; a SQL statement that
+	// may write), which a read-only tenant refuses.
+	Write bool
 }
 
 // Ticket is admitted work. End it once, when the work is done.
@@ -92,6 +97,8 @@ const (
 	CauseBadRequest                   // the request names a subtask badly, or too many
 	CauseCanceled                     // the client went away while it waited
 	CauseStopping                     // the sidecar is shutting down and admits nothing new
+	CauseSuspended                    // the tenant is suspended: no new work
+	CauseReadOnly                     // the tenant is read-only and this is a write
 )
 
 var causeNames = [...]string{
@@ -103,6 +110,8 @@ var causeNames = [...]string{
 	CauseBadRequest:  "bad-request",
 	CauseCanceled:    "canceled",
 	CauseStopping:    "stopping",
+	CauseSuspended:   "suspended",
+	CauseReadOnly:    "read-only",
 }
 
 func (c Cause) String() string {
@@ -115,7 +124,7 @@ func (c Cause) String() string {
 // Causes lists every cause, for metrics that start at zero.
 func Causes() []Cause {
 	return []Cause{CauseQuota, CauseWaitTimeout, CauseUnavailable, CauseTaskEnded, CauseUnmatched,
-		CauseBadRequest, CauseCanceled, CauseStopping}
+		CauseBadRequest, CauseCanceled, CauseStopping, CauseSuspended, CauseReadOnly}
 }
 
 // Denial is work that was refused.
@@ -129,6 +138,10 @@ type Denial struct {
 	Quota *governor.Denial
 	// Ended names the node that ended (CauseTaskEnded), when governord said.
 	Ended *governor.TaskEndedError
+	// Tenant is the tenant's state that refused the work (CauseSuspended,
+	// CauseReadOnly, and a closing tenant's refused task as
+	// CauseTaskEnded), when governord said.
+	Tenant *governor.TenantStateError
 	// Err is what went wrong underneath, if anything.
 	Err error
 }
@@ -171,9 +184,20 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 	d = &Denial{Cause: CauseUnavailable, Class: class, Wait: wait, Err: err}
 	var quota *governor.Denial
 	var ended *governor.TaskEndedError
+	var tenant *governor.TenantStateError
 	switch {
 	case errors.As(err, &quota):
 		d.Cause, d.Quota = CauseQuota, quota
+	case errors.As(err, &tenant):
+		d.Tenant = tenant
+		switch tenant.State {
+		case "suspended":
+			d.Cause = CauseSuspended
+		case "read_only":
+			d.Cause = CauseReadOnly
+		default: // closing: a new task is refused, as if it had ended
+			d.Cause = CauseTaskEnded
+		}
 	case errors.As(err, &ended):
 		d.Cause, d.Ended = CauseTaskEnded, ended
 	case errors.Is(err, governor.ErrTaskEnded):
@@ -228,6 +252,18 @@ func (d *Denial) Message() string {
 		return "governor: governor-proxy is shutting down and admits no new work"
 	case CauseCanceled:
 		return "governor: the client went away while it waited"
+	case CauseSuspended, CauseReadOnly:
+		s := "governor: the tenant is suspended; it admits no new work"
+		if d.Cause == CauseReadOnly {
+			s = "governor: the tenant is read-only; it admits no writes"
+		}
+		if t := d.Tenant; t != nil {
+			s = fmt.Sprintf("governor: the tenant %q is %s; %s is refused", t.Tenant, strings.ReplaceAll(t.State, "_", "-"), t.Refused)
+			if t.Reason != "" {
+				s += " (" + t.Reason + ")"
+			}
+		}
+		return s
 	}
 	if d.Err != nil {
 		return "governor-proxy: " + d.Err.Error()

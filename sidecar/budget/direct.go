@@ -24,7 +24,11 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 	if r.Held {
 		return n.admitHeld(ctx, r)
 	}
-	l, err := n.t.ChargeAndAcquire(ctx, r.Class, r.Charges)
+	acquire := n.t.ChargeAndAcquire
+	if r.Write { // a read-only tenant refuses it (tenant states)
+		acquire = n.t.ChargeAndAcquireWrite
+	}
+	l, err := acquire(ctx, r.Class, r.Charges)
 	if err != nil {
 		return nil, counted(err)
 	}

@@ -54,7 +54,7 @@ func (d denial) status() int {
 		return http.StatusTooManyRequests
 	case admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseStopping, admission.CauseCanceled:
 		return http.StatusServiceUnavailable
-	case admission.CauseTaskEnded, admission.CauseUnmatched:
+	case admission.CauseTaskEnded, admission.CauseUnmatched, admission.CauseSuspended, admission.CauseReadOnly:
 		return http.StatusForbidden
 	}
 	return http.StatusBadRequest
@@ -82,6 +82,10 @@ func (d denial) reason() string {
 		return "Governor task ended"
 	case admission.CauseUnmatched:
 		return "Governor no rule matches"
+	case admission.CauseSuspended:
+		return "Governor tenant suspended"
+	case admission.CauseReadOnly:
+		return "Governor tenant read-only"
 	}
 	return "Bad Request"
 }

@@ -111,7 +111,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		ctx, span = traceStep(ctx, "admission")
 		defer span.End()
 	}
-	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges}
+	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d)}
 	if d.Meter != nil {
 		mt, err := p.prepareMeter(r, ex, d.Meter)
 		if err != nil {

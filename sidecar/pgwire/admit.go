@@ -13,6 +13,8 @@ const (
 	SQLStateWaitTimeout = "55P03" // lock_not_available: waited past wait_timeout
 	SQLStateUnavailable = "53000" // insufficient_resources: governord unreachable
 	SQLStateBadRequest  = "22023" // invalid_parameter_value: an application_name the proxy refuses
+	SQLStateSuspended   = "53400" // configuration_limit_exceeded: the tenant is suspended
+	SQLStateReadOnly    = "25006" // read_only_sql_transaction: a write while the tenant is read-only
 )
 
 // sqlState is the one place a refusal becomes what a SQL client sees: its
@@ -27,6 +29,10 @@ func sqlState(d *admission.Denial) (code string, f Failure) {
 		return SQLStateWaitTimeout, DenyWaitTimeout
 	case admission.CauseBadRequest:
 		return SQLStateBadRequest, DenyBadRequest
+	case admission.CauseSuspended:
+		return SQLStateSuspended, DenySuspended
+	case admission.CauseReadOnly:
+		return SQLStateReadOnly, DenyReadOnly
 	}
 	// Unavailable, stopping; canceled too (the client is gone and sees
 	// nothing).

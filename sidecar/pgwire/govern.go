@@ -190,6 +190,11 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	if len(asks) == 0 {
 		return nil
 	}
+	if c.writes(cl, run) {
+		for i := range asks {
+			asks[i].req.Write = true
+		}
+	}
 	if c.p.TaskFromApplicationName {
 		if err := checkSubtask(c.appName); err != nil {
 			a := asks[0]

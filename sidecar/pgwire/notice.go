@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/governor-project/governor/classify"
+	"github.com/governor-project/governor/classify/sqlclass"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
@@ -57,4 +59,19 @@ func capWords(c admission.CapState) string {
 		return what + " on " + c.Node + " is over its cap"
 	}
 	return what + " on " + c.Node + " is at its cap: new work is refused"
+}
+
+// writes reports whether a message's statements may write, as a read-only
+// tenant refuses: a statement of a write kind, or a message classified by
+// its connection alone (a COPY or FunctionCall stream), which may.
+func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement) bool {
+	if cl == byConnection {
+		return true
+	}
+	for i := range run {
+		if classify.WritesSQL(c.statement(&run[i]).Kinds) {
+			return true
+		}
+	}
+	return false
 }

@@ -107,11 +107,14 @@ const (
 	DenyUnavailable                // a statement denied: governord unreachable
 	DenyTaskEnded                  // a statement denied: the task ended
 	DenyBadRequest                 // a statement denied: its application_name cannot name a subtask
+	DenySuspended                  // a statement denied: the tenant is suspended
+	DenyReadOnly                   // a write denied: the tenant is read-only
 	failureCount
 )
 
 var failureNames = [failureCount]string{"startup", "tls", "upstream", "auth", "too_large", "protocol",
-	"cancel", "deny_quota", "deny_wait_timeout", "deny_unavailable", "deny_task_ended", "deny_bad_request"}
+	"cancel", "deny_quota", "deny_wait_timeout", "deny_unavailable", "deny_task_ended", "deny_bad_request",
+	"deny_suspended", "deny_read_only"}
 
 func (f Failure) String() string {
 	if f >= 0 && f < failureCount {

@@ -1,0 +1,30 @@
+package governor
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrTenantState matches a *TenantStateError: work the tenant's state
+// refuses (SetTenantState in the API).
+var ErrTenantState = errors.New("refused by the tenant's state")
+
+// TenantStateError is work refused because its tenant is suspended
+// (nothing new), read_only (no new writes) or closing (no new tasks).
+type TenantStateError struct {
+	Tenant  string
+	State   string // "suspended", "read_only" or "closing"
+	Reason  string // the operator's reason for the state
+	Refused string // what was refused: "new work", "a write", "a new task"
+}
+
+func (e *TenantStateError) Error() string {
+	s := fmt.Sprintf("tenant %q is %s; %s is refused", e.Tenant, e.State, e.Refused)
+	if e.Reason != "" {
+		s += " (" + e.Reason + ")"
+	}
+	return s
+}
+
+// Is makes errors.Is(e, ErrTenantState) true.
+func (e *TenantStateError) Is(target error) bool { return target == ErrTenantState }
