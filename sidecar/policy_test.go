@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
@@ -329,5 +331,67 @@ func TestTenantStatesThroughPGWire(t *testing.T) {
 	pgAlive(t, c)
 	if _, err := c.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1)"); err != nil {
 		t.Fatalf("an INSERT after resuming: %v", err)
+	}
+}
+
+// Policy survives a crash: a governord process on SQLite gets a soft cap
+// with its mode set through the API, a warn_only cap from its config, and
+// a suspended tenant; it is killed with SIGKILL and started again on the
+// same store, and the modes, the state and its reason are all back and
+// enforced.
+func TestPolicySurvivesKill9(t *testing.T) {
+	const otherKey = "recon-key-for-kill9-tests"
+	g := startGovProc(t, "tenants:\n  - {name: payments, api_key: "+tenantKey+", quotas: {calls: {cap: 3, mode: warn_only}}}\n"+
+		"  - {name: reconciliation, api_key: "+otherKey+"}\n")
+	a := newAdmin(t, g.addr)
+	pay, recon := a.node("payments"), a.node("reconciliation")
+	c, err := governor.Dial(context.Background(), governor.WithAddr(g.addr), governor.WithAPIKey(tenantKey))
+	must(t, err)
+	_, task, err := c.NewTask(context.Background(), governor.Spec{Name: "job"})
+	must(t, err)
+	if _, err := a.c.Raw().SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: task.ID(), Reason: "roll out",
+		Quotas: map[string]int64{"tokens": 10}, QuotaModes: map[string]*governorpb.CapMode{"tokens": {Mode: "soft", Burst: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.Raw().SetTenantState(context.Background(), &governorpb.SetTenantStateRequest{NodeId: recon.GetId(), State: "suspended", Reason: "incident 5"}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	g.kill()
+	g.start()
+
+	a = newAdmin(t, g.addr)
+	n, err := a.c.Raw().GetNode(context.Background(), &governorpb.GetNodeRequest{NodeId: task.ID()})
+	must(t, err)
+	if m := n.GetQuotaModes()["tokens"]; m.GetMode() != "soft" || m.GetBurst() != 2 || n.GetQuotas()["tokens"] != 10 {
+		t.Fatalf("the task's tokens after kill -9: cap %d mode %v", n.GetQuotas()["tokens"], m)
+	}
+	p, err := a.c.Raw().GetNode(context.Background(), &governorpb.GetNodeRequest{NodeId: pay.GetId()})
+	must(t, err)
+	if m := p.GetQuotaModes()["calls"]; m.GetMode() != "warn_only" {
+		t.Fatalf("payments' calls mode after kill -9: %v", m)
+	}
+	r, err := a.c.Raw().GetNode(context.Background(), &governorpb.GetNodeRequest{NodeId: recon.GetId()})
+	must(t, err)
+	if r.GetTenantState() != "suspended" || r.GetTenantStateReason() != "incident 5" {
+		t.Fatalf("reconciliation after kill -9: %q (%q)", r.GetTenantState(), r.GetTenantStateReason())
+	}
+	// Enforced: 12 tokens fit under the soft 10 + 2, the 13th does not; the
+	// suspended tenant is refused.
+	c, err = governor.Dial(context.Background(), governor.WithAddr(g.addr), governor.WithAPIKey(tenantKey))
+	must(t, err)
+	defer c.Close()
+	_, task, _, err = c.FindOrCreateTask(context.Background(), governor.Spec{Name: "job"})
+	must(t, err)
+	must(t, task.Consume(context.Background(), "tokens", 12))
+	var d *governor.Denial
+	if err := task.Consume(context.Background(), "tokens", 1); !errors.As(err, &d) || d.Limit != 12 {
+		t.Fatalf("the 13th token after kill -9: %v, want a denial at cap plus burst (12)", err)
+	}
+	rc, err := governor.Dial(context.Background(), governor.WithAddr(g.addr), governor.WithAPIKey(otherKey))
+	must(t, err)
+	defer rc.Close()
+	if _, _, err := rc.NewTask(context.Background(), governor.Spec{Name: "batch"}); !errors.Is(err, governor.ErrTenantState) {
+		t.Fatalf("a suspended tenant's new task after kill -9: %v", err)
 	}
 }
