@@ -388,7 +388,8 @@ func (m *model) decideEvent(ev Event, l modelLease) {
 		m.startDispatch([]string{l.class})
 	case ev.Kind == EvBlockResized && ev.Amount < 0, ev.Kind == EvLimitAdjusted:
 		m.startDispatch([]string{ev.Resource})
-	case ev.Kind == EvSessionEnded, ev.Kind == EvNodeEnded, ev.Kind == EvCapsSet, ev.Kind == EvTenantStateSet:
+	case ev.Kind == EvSessionEnded, ev.Kind == EvNodeEnded, ev.Kind == EvCapsSet, ev.Kind == EvCapsReverted,
+		ev.Kind == EvTenantStateSet:
 		m.startDispatch(nil)
 	}
 }

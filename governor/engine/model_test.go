@@ -37,6 +37,8 @@ type model struct {
 	modes map[NodeID]map[modeKey]CapMode
 	// tstate is each tenant's state (tenantstate.go).
 	tstate map[NodeID]TenantState
+	// overrides are the temporary overrides pending (model_override_test.go).
+	overrides map[NodeID]map[modeKey]modelOverride
 	// The model's own decisions (model_decide_test.go).
 	modelDecide
 }
@@ -65,7 +67,8 @@ func newModel(retention time.Duration) *model {
 		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
-		modes: map[NodeID]map[modeKey]CapMode{}, tstate: map[NodeID]TenantState{}}
+		modes: map[NodeID]map[modeKey]CapMode{}, overrides: map[NodeID]map[modeKey]modelOverride{},
+		tstate: map[NodeID]TenantState{}}
 	m.state[RootID] = Open
 	m.decideInit()
 	return m
@@ -213,6 +216,7 @@ func (m *model) applyEvent(ev Event) {
 		}
 	case EvCapsSet:
 		c := ev.Caps
+		m.capsSet(ev)
 		m.quotas[ev.Node] = overlay(m.quotas[ev.Node], c.Quotas)
 		m.limits[ev.Node] = overlay(m.limits[ev.Node], c.Limits)
 		m.defQ[ev.Node] = overlay(m.defQ[ev.Node], c.DefaultQuotas)
@@ -221,6 +225,8 @@ func (m *model) applyEvent(ev Event) {
 			m.deadline[ev.Node] = *c.Deadline
 		}
 		m.setModes(ev.Node, c)
+	case EvCapsReverted:
+		m.capsReverted(ev)
 	case EvConsumed:
 		m.checkOpen(ev, ev.Node)
 		m.charge(ev, ev.Node, ev.Resource, ev.Amount)

@@ -292,8 +292,11 @@ func (e *Engine) revertOverrides(now int64) {
 		if n.state == Open {
 			e.recallUnder(n, "", "")
 		}
+		// As after any edit of caps, and only then: a dispatch with
+		// nothing changed would still move the fair queue's turns, which
+		// no event records.
+		e.dispatchAll()
 	}
-	e.dispatchAll()
 }
 
 // nextRevert is when the soonest pending override reverts, or MaxInt64.

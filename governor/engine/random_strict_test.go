@@ -36,6 +36,7 @@ func (w *world) reap() {
 	want := w.m.DecideAdaptive(w.clock.Now().UnixNano())
 	s, n := w.e.Reap()
 	w.reaped = true
+	w.checkOverridesDue(w.clock.Now().UnixNano())
 	w.logf("reap: %d sessions, %d nodes", s, n)
 	var got []string
 	for _, ev := range w.rec.events[from:] {

@@ -93,6 +93,7 @@ type world struct {
 	// policy draws the tenant-state ops and write marks from a stream of
 	// their own, so that they leave every other draw of a seed as it was.
 	policy *rand.Rand
+	orng   *rand.Rand // which edits are overrides, a stream of its own (model_override_test.go)
 	clock  *fakeClock
 	cfg    Config
 	e      *Engine
@@ -144,7 +145,7 @@ func (w *world) Notify(n Notice) { w.notices = append(w.notices, n) }
 func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
-	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), clock: newFakeClock(),
+	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -524,8 +525,9 @@ func (w *world) randomOp() {
 			edit.LimitModes = w.randModes(edit.Limits, w.m.limits[n], classes, 3)
 		}
 		rid := w.reqID()
-		_, err := e.SetCaps(sid, n, edit, rid)
-		w.expect(fmt.Sprintf("caps s%d n%d %+v %q", sid, n, edit, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
+		audit := w.randOverride(edit)
+		_, err := e.SetCapsAudited(sid, n, edit, audit, rid)
+		w.expect(fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
 		switch {
 		case n == w.scope[sid] && err == nil:
 			w.fail("session %d edited its own scope node %d", sid, n)
