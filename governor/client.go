@@ -265,7 +265,10 @@ func (c *Client) heartbeatLoop() {
 			continue
 		}
 		failures++
-		t.Reset(retry.Backoff(c.every/8, c.every, failures-1))
+		// At most a quarter of the interval apart: a failover leaves
+		// short windows in which the new leader answers, and the session
+		// must not reach its local deadline between them.
+		t.Reset(retry.Backoff(c.every/8, c.every/4, failures-1))
 	}
 }
 

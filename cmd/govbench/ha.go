@@ -232,6 +232,7 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 	// Load: one HTTP client through the sidecar, one SDK consumer; each
 	// keeps the time of its newest success.
 	var viaSidecar, viaSDK atomic.Int64
+	var lastSDKErr atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	proxyURL, _ := url.Parse("http://" + sc.addr)
@@ -277,8 +278,10 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 			default:
 			}
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if task.Consume(cctx, "calls", 1) == nil {
+			if err := task.Consume(cctx, "calls", 1); err == nil {
 				viaSDK.Store(time.Now().UnixNano())
+			} else {
+				lastSDKErr.Store(err.Error())
 			}
 			cancel()
 		}
@@ -288,7 +291,7 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 	var res []haFailover
 	fmt.Fprintf(b.stdout, "failover: the leader killed with SIGKILL %d times (lease 2s, drift allowance 250ms)\n", n)
 	for i := 0; i < n; i++ {
-		time.Sleep(500 * time.Millisecond) // load at the leader before the next kill
+		time.Sleep(2 * time.Second) // load at the leader before the next kill
 		leader, err := waitLeader(nodes, time.Minute)
 		if err != nil {
 			return nil, err
@@ -303,7 +306,8 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 		deadline := time.Now().Add(time.Minute)
 		for f.Sidecar == 0 || f.SDK == 0 || f.Leads == 0 {
 			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("failover %d: no success within a minute: %+v", i+1, f)
+				return nil, fmt.Errorf("failover %d: no success within a minute: %+v (the SDK's last error: %v)\n%s:\n%s\n%s:\n%s", i+1, f, lastSDKErr.Load(),
+					nodes[0].cfg, lastLines(nodes[0].p.logText(), 15), nodes[1].cfg, lastLines(nodes[1].p.logText(), 15))
 			}
 			if t := viaSidecar.Load(); f.Sidecar == 0 && t > killed.UnixNano() {
 				f.Sidecar = time.Duration(t - killed.UnixNano())
@@ -313,7 +317,7 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 			}
 			if f.Leads == 0 {
 				for _, nd := range nodes {
-					if nd != leader && nd.leads() {
+					if nd.leads() { // the restarted one may win again
 						f.Leads = time.Since(killed)
 					}
 				}

@@ -5,6 +5,7 @@
 //	go run ./cmd/govbench [-out docs/bench] [-only NAMES] [-short] [-store memory|sqlite|postgres] [-runs 5] [-seed 1]
 //	go run ./cmd/govbench sidecar [-T 10] [-rounds 3] [-out docs/bench]
 //	go run ./cmd/govbench ha [-dsn DSN] [-failovers 50] [-T 10] [-rounds 3]   (ha.go; docs/ha.md)
+//	go run ./cmd/govbench scaling [-seed 1] [-hours 1]   (scaling.go, a simulation; docs/scaling.md)
 //	bash scripts/sidecarbench.sh          (installs and starts what it needs)
 //
 // Without a subcommand it runs the numbered scenarios of docs/bench.md
@@ -59,6 +60,7 @@ func main() {
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"sidecar":       sidecarMain,
 	"ha":            haMain,
+	"scaling":       scalingMain,
 	"plot":          plotMain,
 	"serve-origin":  serveOrigin,
 	"serve-goproxy": serveGoproxy,
