@@ -82,6 +82,7 @@ type fileRule struct {
 	ChargeFromHeader *fileHeaderCharge  `yaml:"charge_from_header"`
 	Meter            yaml.Node          `yaml:"meter"`
 	Read             *bool              `yaml:"read"`
+	Mode             *string            `yaml:"mode"`
 }
 
 type fileMatch struct {
@@ -455,6 +456,15 @@ func compileRule(fr *fileRule) (rule, error) {
 	}
 	if fr.Read != nil {
 		r.decision.Read = *fr.Read
+	}
+	if fr.Mode != nil {
+		switch *fr.Mode {
+		case "enforce":
+		case "shadow":
+			r.decision.Shadow = true
+		default:
+			return r, fieldErr("mode", "%q is not enforce or shadow", *fr.Mode)
+		}
 	}
 	if len(fr.Charge) > 0 {
 		r.decision.Charges = make(map[string]int64, len(fr.Charge))

@@ -34,6 +34,10 @@ type Decision struct {
 	// Read marks what the rule matches as reads, whatever the HTTP method,
 	// so that a read-only tenant does not refuse it (a search by POST).
 	Read bool
+	// Shadow is a rule in dry run (mode: shadow): what it matches is asked
+	// about, never charged or held, and always forwarded; a would-be
+	// denial is logged and counted (docs/policy.md).
+	Shadow bool
 }
 
 // WritesSQL reports whether a statement of these kinds may write, as a

@@ -33,8 +33,10 @@ type metrics struct {
 
 	// tlsReloads counts changes to the TLS files, by outcome.
 	tlsReloads *prometheus.CounterVec
-	// warnings counts caps passed without a refusal (policy.go).
+	// warnings counts caps passed without a refusal, and dryRuns the
+	// answers to DryRun (policy.go).
 	warnings *prometheus.CounterVec
+	dryRuns  *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -63,8 +65,8 @@ func newMetrics(s *Server) *metrics {
 		Help: "Size of the newest snapshot saved, encoded."})
 	m.given = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_given_back_total",
 		Help: "Grants given back because their callers never learned of them: the caller's context ended before the answer was committed (caller_gone), or the caller abandoned the request (abandoned)."}, []string{"why"})
-	m.warnings = newWarnings()
-	m.reg.MustRegister(m.warnings, policyCollector{s})
+	m.warnings, m.dryRuns = newWarnings(), newDryRuns()
+	m.reg.MustRegister(m.warnings, m.dryRuns, policyCollector{s})
 	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m}, haCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -295,4 +296,66 @@ func (s *Server) SetTenantState(ctx context.Context, req *governorpb.SetTenantSt
 // tenantRefusal is the detail of work refused for its tenant's state.
 func tenantRefusal(te *engine.TenantStateError) *governorpb.TenantRefusal {
 	return &governorpb.TenantRefusal{Tenant: te.Tenant, State: te.State.String(), Reason: te.Reason, Refused: te.What}
+}
+
+// DryRun decides a request as ChargeAndAcquire would, changing nothing,
+// and counts the answer (governor_dry_runs_total).
+func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*governorpb.DryRunResponse, error) {
+	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), Charges: req.GetCharges(), Write: req.GetWrite()}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.DryRunResponse, error) {
+		dr, err := s.eng.DryRun(sid, r)
+		if err != nil {
+			return nil, err
+		}
+		resp := dryRunResponse(dr)
+		s.metrics.dryRuns.WithLabelValues(resp.GetOutcome()).Inc()
+		return resp, nil
+	})
+}
+
+// dryRunOutcomes are DryRunResponse.outcome's values, for metrics that
+// start at zero.
+var dryRunOutcomes = []string{"admitted", "wait", "quota", "task-ended", "suspended", "read-only", "recalling"}
+
+func dryRunResponse(dr engine.DryRun) *governorpb.DryRunResponse {
+	var (
+		denial *engine.Denial
+		ended  *engine.EndedError
+		tstate *engine.TenantStateError
+	)
+	resp := &governorpb.DryRunResponse{Outcome: "admitted"}
+	switch err := dr.Err; {
+	case err == nil && dr.Wait:
+		resp.Outcome = "wait"
+	case err == nil:
+	case errors.As(err, &denial):
+		resp.Outcome, resp.Message = "quota", err.Error()
+		resp.Denial = &governorpb.Denial{Resource: denial.Resource, NodeId: int64(denial.Node), NodeName: denial.NodeName,
+			Used: denial.Used, Limit: denial.Limit, Amount: denial.Amount, LargestConsumerId: int64(denial.Largest.Node),
+			LargestConsumerName: denial.Largest.Name, LargestConsumerUsed: denial.Largest.Used}
+	case errors.As(err, &ended):
+		resp.Outcome, resp.Message = "task-ended", err.Error()
+	case errors.As(err, &tstate) && tstate.State == engine.ReadOnly:
+		resp.Outcome, resp.Message = "read-only", err.Error()
+	case errors.As(err, &tstate) && tstate.State == engine.Suspended:
+		resp.Outcome, resp.Message = "suspended", err.Error()
+	case errors.As(err, &tstate):
+		resp.Outcome, resp.Message = "task-ended", err.Error()
+	default:
+		resp.Outcome, resp.Message = "recalling", err.Error()
+	}
+	return resp
+}
+
+func newDryRuns() *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_dry_runs_total",
+		Help: "DryRun answers (the sidecar's shadow rules), by outcome: admitted, wait, or the cause a real request would have been refused for."},
+		[]string{"outcome"})
+	for _, o := range dryRunOutcomes {
+		c.WithLabelValues(o)
+	}
+	return c
 }

@@ -108,6 +108,9 @@ type HTTPConfig struct {
 	// RateLimitHeaders adds the IETF RateLimit headers and Governor-Warning
 	// to governed responses, read from governord (one call per response).
 	RateLimitHeaders bool
+	// Shadow puts every rule in dry run: the file's top-level mode: shadow
+	// (docs/policy.md).
+	Shadow bool
 
 	// AllowRemoteClients lets Listen be an address other hosts reach; then
 	// Password is required, or anyone who can reach the port could spend
@@ -205,7 +208,7 @@ func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 		ReadHeaderTimeout: h.ReadHeaderTimeout, MaxHeaderBytes: h.MaxHeaderBytes, IdleTimeout: h.IdleTimeout,
 		DialTimeout: h.DialTimeout, ResponseHeaderTimeout: h.ResponseHeaderTimeout,
 		AllowTargets: h.AllowTargets, ConnectPorts: h.ConnectPorts, Password: h.Password, Governord: governord,
-		RateLimitHeaders: h.RateLimitHeaders}
+		RateLimitHeaders: h.RateLimitHeaders, Shadow: h.Shadow}
 }
 
 // ConfigError names the configuration key that is wrong and why. The command
@@ -239,6 +242,7 @@ type fileConfig struct {
 	Routes        []fileRoute     `yaml:"routes"`
 	Delegation    *fileDelegation `yaml:"delegation"`
 	Rules         skipped         `yaml:"rules"` // parsed by classify
+	Mode          *string         `yaml:"mode"`
 }
 
 type fileGovernor struct {
@@ -430,6 +434,15 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 			if d.after > 0 {
 				c.Task.Deadline = now.Add(d.after)
 			}
+		}
+	}
+	if m := f.Mode; m != nil {
+		switch *m {
+		case "enforce":
+		case "shadow":
+			c.HTTP.Shadow = true
+		default:
+			return Config{}, keyErr("mode", "%q is not enforce or shadow", *m)
 		}
 	}
 	if h := f.HTTP; h != nil {

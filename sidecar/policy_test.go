@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -393,5 +394,76 @@ func TestPolicySurvivesKill9(t *testing.T) {
 	defer rc.Close()
 	if _, _, err := rc.NewTask(context.Background(), governor.Spec{Name: "batch"}); !errors.Is(err, governor.ErrTenantState) {
 		t.Fatalf("a suspended tenant's new task after kill -9: %v", err)
+	}
+}
+
+// The same request sequence through a sidecar with its rules enforced and
+// through one with them in shadow (per rule, and the whole sidecar): the
+// shadow one forwards every request, charges nothing, and counts exactly
+// the denials the enforcing one made, by rule and cause; governord counts
+// the same dry runs.
+func TestShadowCountsWhatHardDenies(t *testing.T) {
+	for _, mode := range []string{"hard", "rule", "sidecar"} {
+		t.Run(mode, func(t *testing.T) {
+			g := startGovernord(t, func(c *server.Config) {
+				c.Tenants[0].Quotas = map[string]int64{"spent": 2, "free": 100}
+			})
+			// Another task of the tenant has spent the whole quota of spent.
+			other, err := governor.Dial(context.Background(), governor.WithAddr(g.Addr()), governor.WithAPIKey(tenantKey))
+			must(t, err)
+			defer other.Close()
+			_, pre, err := other.NewTask(context.Background(), governor.Spec{Name: "pre"})
+			must(t, err)
+			must(t, pre.Consume(context.Background(), "spent", 2))
+			var served atomic.Int64
+			o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { served.Add(1); w.Write([]byte("ok")) }), false, false)
+			ruleMode, top := "", ""
+			switch mode {
+			case "rule":
+				ruleMode = ", mode: shadow"
+			case "sidecar":
+				top = "mode: shadow\n"
+			}
+			p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: top + "delegation: {enabled: false}\nrules:\n" +
+				"  - {name: spent, match: {host: origin.test, path: /spent}, class: api, charge: {spent: 1}" + ruleMode + "}\n" +
+				"  - {name: free, match: {host: origin.test, path: /free}, class: api, charge: {free: 1}" + ruleMode + "}\n"})
+			base := hostURL(o, "origin.test")
+			denied := 0
+			for i := range 10 {
+				path := "/free"
+				if i%2 == 0 {
+					path = "/spent"
+				}
+				code, cause, _ := get(t, p, base, path)
+				switch {
+				case code == 429 && cause == "quota":
+					denied++
+				case code != 200:
+					t.Fatalf("%s %s: %d %q", mode, path, code, cause)
+				}
+			}
+			a := newAdmin(t, g.Addr())
+			free := a.node("payments").GetUsed()["free"]
+			shadowDenied := p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="spent"}`)
+			if mode == "hard" {
+				if denied != 5 || served.Load() != 5 || free != 5 {
+					t.Fatalf("hard: %d denied, %d served, %d of free charged; want 5, 5, 5", denied, served.Load(), free)
+				}
+				return
+			}
+			if denied != 0 || served.Load() != 10 || free != 0 {
+				t.Fatalf("shadow: %d denied, %d served, %d of free charged; want 0, 10, 0", denied, served.Load(), free)
+			}
+			if shadowDenied != 5 || p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="free"}`) != 0 ||
+				p.metric(`governor_proxy_shadow_requests_total{rule="spent"}`) != 5 {
+				t.Fatalf("shadow counted %v would-be denials of spent, want 5 (what hard denied)", shadowDenied)
+			}
+			if n := govtest.Scrape(t, g.MetricsAddr(), `governor_dry_runs_total{outcome="quota"}`); n != 5 {
+				t.Fatalf("governord counted %v dry runs refused for quota, want 5", n)
+			}
+			if !strings.Contains(p.logs.String(), "shadow_denied") {
+				t.Fatalf("no would-be denial in the sidecar's log:\n%s", p.logs.String())
+			}
+		})
 	}
 }

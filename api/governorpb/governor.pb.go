@@ -4820,6 +4820,144 @@ func (x *TenantRefusal) GetRefused() string {
 	return ""
 }
 
+type DryRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node the work is for. Required.
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The lease class it would hold; empty for none.
+	Class string `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
+	// What it would charge.
+	Charges map[string]int64 `protobuf:"bytes,3,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Whether it is a write (see AcquireRequest.write).
+	Write         bool `protobuf:"varint,4,opt,name=write,proto3" json:"write,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DryRunRequest) Reset() {
+	*x = DryRunRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DryRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DryRunRequest) ProtoMessage() {}
+
+func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DryRunRequest.ProtoReflect.Descriptor instead.
+func (*DryRunRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *DryRunRequest) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *DryRunRequest) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *DryRunRequest) GetCharges() map[string]int64 {
+	if x != nil {
+		return x.Charges
+	}
+	return nil
+}
+
+func (x *DryRunRequest) GetWrite() bool {
+	if x != nil {
+		return x.Write
+	}
+	return false
+}
+
+type DryRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "admitted", "wait" (a lease would queue: a limit is full now),
+	// "quota", "task-ended", "suspended", "read-only" or "recalling" (a
+	// quota held by others' reservations, which would be recalled).
+	Outcome string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// For "quota": the cap that would refuse it, as a RESOURCE_EXHAUSTED
+	// would carry it.
+	Denial *Denial `protobuf:"bytes,2,opt,name=denial,proto3" json:"denial,omitempty"`
+	// The refusal in words; empty when admitted.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DryRunResponse) Reset() {
+	*x = DryRunResponse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DryRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DryRunResponse) ProtoMessage() {}
+
+func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DryRunResponse.ProtoReflect.Descriptor instead.
+func (*DryRunResponse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *DryRunResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *DryRunResponse) GetDenial() *Denial {
+	if x != nil {
+		return x.Denial
+	}
+	return nil
+}
+
+func (x *DryRunResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -5277,7 +5415,19 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
-	"\arefused\x18\x04 \x01(\tR\arefused*z\n" +
+	"\arefused\x18\x04 \x01(\tR\arefused\"\xd3\x01\n" +
+	"\rDryRunRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\x12A\n" +
+	"\acharges\x18\x03 \x03(\v2'.governor.v1.DryRunRequest.ChargesEntryR\acharges\x12\x14\n" +
+	"\x05write\x18\x04 \x01(\bR\x05write\x1a:\n" +
+	"\fChargesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"q\n" +
+	"\x0eDryRunResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12+\n" +
+	"\x06denial\x18\x02 \x01(\v2\x13.governor.v1.DenialR\x06denial\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -5294,7 +5444,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xf9\x0e\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\xbc\x0f\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -5323,7 +5473,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\aInspect\x12\x1b.governor.v1.InspectRequest\x1a\x17.governor.v1.Inspection\x12G\n" +
 	"\bListTree\x12\x1c.governor.v1.ListTreeRequest\x1a\x1d.governor.v1.ListTreeResponse\x12N\n" +
 	"\fGetCapStatus\x12 .governor.v1.GetCapStatusRequest\x1a\x1c.governor.v1.CapStatusReport\x12G\n" +
-	"\x0eSetTenantState\x12\".governor.v1.SetTenantStateRequest\x1a\x11.governor.v1.NodeB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
+	"\x0eSetTenantState\x12\".governor.v1.SetTenantStateRequest\x1a\x11.governor.v1.Node\x12A\n" +
+	"\x06DryRun\x12\x1a.governor.v1.DryRunRequest\x1a\x1b.governor.v1.DryRunResponseB@Z>github.com/governor-project/governor/api/governorpb;governorpbb\x06proto3"
 
 var (
 	file_api_governorpb_governor_proto_rawDescOnce sync.Once
@@ -5338,7 +5489,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5406,182 +5557,189 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*CapStatusReport)(nil),          // 63: governor.v1.CapStatusReport
 	(*SetTenantStateRequest)(nil),    // 64: governor.v1.SetTenantStateRequest
 	(*TenantRefusal)(nil),            // 65: governor.v1.TenantRefusal
-	nil,                              // 66: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 67: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 68: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 69: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 70: governor.v1.Node.QuotasEntry
-	nil,                              // 71: governor.v1.Node.UsedEntry
-	nil,                              // 72: governor.v1.Node.LimitsEntry
-	nil,                              // 73: governor.v1.Node.HeldEntry
-	nil,                              // 74: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 75: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 76: governor.v1.Node.ReservedEntry
-	nil,                              // 77: governor.v1.Node.QuotaModesEntry
-	nil,                              // 78: governor.v1.Node.LimitModesEntry
-	nil,                              // 79: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 80: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 81: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 82: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 83: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 84: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 85: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 86: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 87: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 88: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 89: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 90: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 91: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 92: governor.v1.UsageLine.SpendEntry
-	nil,                              // 93: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 94: governor.v1.UsageLine.PeakEntry
-	nil,                              // 95: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 96: governor.v1.ListTreeResponse.WaitingEntry
-	(*durationpb.Duration)(nil),      // 97: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 98: google.protobuf.Timestamp
+	(*DryRunRequest)(nil),            // 66: governor.v1.DryRunRequest
+	(*DryRunResponse)(nil),           // 67: governor.v1.DryRunResponse
+	nil,                              // 68: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 69: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 70: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 71: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 72: governor.v1.Node.QuotasEntry
+	nil,                              // 73: governor.v1.Node.UsedEntry
+	nil,                              // 74: governor.v1.Node.LimitsEntry
+	nil,                              // 75: governor.v1.Node.HeldEntry
+	nil,                              // 76: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 77: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 78: governor.v1.Node.ReservedEntry
+	nil,                              // 79: governor.v1.Node.QuotaModesEntry
+	nil,                              // 80: governor.v1.Node.LimitModesEntry
+	nil,                              // 81: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 82: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 83: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 84: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 85: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 86: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 87: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 88: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 89: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 90: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 91: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 92: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 93: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 94: governor.v1.UsageLine.SpendEntry
+	nil,                              // 95: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 96: governor.v1.UsageLine.PeakEntry
+	nil,                              // 97: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 98: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 99: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 100: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 101: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	97,  // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	97,  // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	97,  // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	97,  // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	66,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	67,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	68,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	69,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	98,  // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	100, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	100, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	100, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	100, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	68,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	69,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	70,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	71,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	101, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	70,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	71,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	72,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	73,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	74,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	75,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	98,  // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	76,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	98,  // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	77,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	78,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	72,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	73,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	74,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	75,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	76,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	77,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	101, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	78,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	101, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	79,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	80,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
 	10,  // 22: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10,  // 23: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11,  // 24: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11,  // 25: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	79,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	81,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23,  // 27: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	97,  // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	100, // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
 	36,  // 29: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
 	3,   // 30: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	80,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	81,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	82,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	83,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	98,  // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	97,  // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	84,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	85,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	86,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	87,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	88,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	89,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	90,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	91,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	98,  // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	82,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	83,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	84,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	85,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	101, // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	100, // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	86,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	87,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	88,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	89,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	90,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	91,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	92,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	93,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	101, // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
 	42,  // 46: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
 	42,  // 47: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	98,  // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	98,  // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	101, // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	101, // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
 	43,  // 50: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
 	44,  // 51: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
 	2,   // 52: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
 	1,   // 53: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	98,  // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	98,  // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	92,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	93,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	94,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	95,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	98,  // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	98,  // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	101, // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	101, // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	94,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	95,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	96,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	97,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	101, // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	101, // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
 	50,  // 62: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	98,  // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	98,  // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	97,  // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	98,  // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	98,  // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	98,  // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	101, // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	101, // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	100, // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	101, // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	101, // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	101, // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
 	53,  // 69: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
 	54,  // 70: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
 	55,  // 71: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
 	56,  // 72: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	97,  // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	100, // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
 	11,  // 74: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	96,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	98,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
 	60,  // 76: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
 	62,  // 77: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	60,  // 78: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 79: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 80: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 81: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 82: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 83: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	4,   // 84: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 85: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 86: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 87: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 88: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 89: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 90: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 91: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 92: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 93: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 94: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 95: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 96: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 97: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 98: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 99: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 100: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 101: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 102: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 103: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 104: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 105: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 106: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 107: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 108: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 109: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	5,   // 110: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 111: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 112: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 113: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 114: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 115: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 116: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 117: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 118: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 119: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 120: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 121: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 122: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 123: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 124: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 125: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 126: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 127: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 128: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 129: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 130: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 131: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 132: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 133: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 134: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 135: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	110, // [110:136] is the sub-list for method output_type
-	84,  // [84:110] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	99,  // 78: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	46,  // 79: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	60,  // 80: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 81: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 82: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 83: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 84: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 85: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	4,   // 86: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 87: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 88: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 89: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 90: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 91: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 92: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 93: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 94: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 95: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 96: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 97: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 98: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 99: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 100: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 101: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 102: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 103: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 104: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 105: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 106: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 107: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 108: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 109: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 110: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	64,  // 111: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	66,  // 112: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 113: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 114: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 115: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 116: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 117: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 118: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 119: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 120: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 121: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 122: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 123: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 124: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 125: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 126: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 127: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 128: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 129: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 130: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 131: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 132: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 133: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 134: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 135: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 136: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 137: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 138: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	67,  // 139: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	113, // [113:140] is the sub-list for method output_type
+	86,  // [86:113] is the sub-list for method input_type
+	86,  // [86:86] is the sub-list for extension type_name
+	86,  // [86:86] is the sub-list for extension extendee
+	0,   // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -5597,7 +5755,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   93,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

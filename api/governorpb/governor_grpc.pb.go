@@ -50,6 +50,7 @@ const (
 	Governor_ListTree_FullMethodName         = "/governor.v1.Governor/ListTree"
 	Governor_GetCapStatus_FullMethodName     = "/governor.v1.Governor/GetCapStatus"
 	Governor_SetTenantState_FullMethodName   = "/governor.v1.Governor/SetTenantState"
+	Governor_DryRun_FullMethodName           = "/governor.v1.Governor/DryRun"
 )
 
 // GovernorClient is the client API for Governor service.
@@ -310,6 +311,12 @@ type GovernorClient interface {
 	// change is kept in the tenant's audit trail (GetCapsHistory) with who
 	// and why, and survives restarts. Only the admin key may call it.
 	SetTenantState(ctx context.Context, in *SetTenantStateRequest, opts ...grpc.CallOption) (*Node, error)
+	// DryRun decides a request as ChargeAndAcquire would at this instant and
+	// says what it would answer, charging nothing, holding nothing, queueing
+	// nothing: what the sidecar's shadow rules ask (docs/policy.md). A
+	// refusal is in the response, not a status; governord counts each
+	// answer in governor_dry_runs_total{outcome}.
+	DryRun(ctx context.Context, in *DryRunRequest, opts ...grpc.CallOption) (*DryRunResponse, error)
 }
 
 type governorClient struct {
@@ -589,6 +596,16 @@ func (c *governorClient) SetTenantState(ctx context.Context, in *SetTenantStateR
 	return out, nil
 }
 
+func (c *governorClient) DryRun(ctx context.Context, in *DryRunRequest, opts ...grpc.CallOption) (*DryRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DryRunResponse)
+	err := c.cc.Invoke(ctx, Governor_DryRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GovernorServer is the server API for Governor service.
 // All implementations must embed UnimplementedGovernorServer
 // for forward compatibility.
@@ -847,6 +864,12 @@ type GovernorServer interface {
 	// change is kept in the tenant's audit trail (GetCapsHistory) with who
 	// and why, and survives restarts. Only the admin key may call it.
 	SetTenantState(context.Context, *SetTenantStateRequest) (*Node, error)
+	// DryRun decides a request as ChargeAndAcquire would at this instant and
+	// says what it would answer, charging nothing, holding nothing, queueing
+	// nothing: what the sidecar's shadow rules ask (docs/policy.md). A
+	// refusal is in the response, not a status; governord counts each
+	// answer in governor_dry_runs_total{outcome}.
+	DryRun(context.Context, *DryRunRequest) (*DryRunResponse, error)
 	mustEmbedUnimplementedGovernorServer()
 }
 
@@ -934,6 +957,9 @@ func (UnimplementedGovernorServer) GetCapStatus(context.Context, *GetCapStatusRe
 }
 func (UnimplementedGovernorServer) SetTenantState(context.Context, *SetTenantStateRequest) (*Node, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetTenantState not implemented")
+}
+func (UnimplementedGovernorServer) DryRun(context.Context, *DryRunRequest) (*DryRunResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DryRun not implemented")
 }
 func (UnimplementedGovernorServer) mustEmbedUnimplementedGovernorServer() {}
 func (UnimplementedGovernorServer) testEmbeddedByValue()                  {}
@@ -1417,6 +1443,24 @@ func _Governor_SetTenantState_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_DryRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DryRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).DryRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_DryRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).DryRun(ctx, req.(*DryRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Governor_ServiceDesc is the grpc.ServiceDesc for Governor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1523,6 +1567,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetTenantState",
 			Handler:    _Governor_SetTenantState_Handler,
+		},
+		{
+			MethodName: "DryRun",
+			Handler:    _Governor_DryRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

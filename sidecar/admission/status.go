@@ -105,3 +105,25 @@ func (c CapState) Warning() string {
 // PolicyName names c in RateLimit-Policy and RateLimit: the resource and
 // the node whose cap it is.
 func (c CapState) PolicyName() string { return c.Name + "@" + c.Node }
+
+// DryRunner asks governord how it would answer a request now, charging and
+// holding nothing: what a shadow rule does instead of admitting. Package
+// budget's Admitter is one.
+type DryRunner interface {
+	DryRun(ctx context.Context, r Request) (DryRunResult, error)
+}
+
+// DryRunResult is governord's answer to a dry run.
+type DryRunResult struct {
+	// Outcome is "admitted", "wait" (a lease would queue), or the cause a
+	// real request would have been refused for: "quota", "task-ended",
+	// "suspended", "read-only", "recalling".
+	Outcome string
+	// Message says the refusal in words.
+	Message string
+}
+
+// Denied reports whether a real request would have been refused.
+func (r DryRunResult) Denied() bool {
+	return r.Outcome != "admitted" && r.Outcome != "wait" && r.Outcome != ""
+}

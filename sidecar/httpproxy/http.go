@@ -36,6 +36,7 @@ type exchange struct {
 	ticket   admission.Ticket // nil when none is held
 	local    bool             // the response is the proxy's own: keep its Governor-Denied
 	meter    *metered         // a metered LLM call; nil otherwise
+	shadowed bool             // its rule is in dry run: nothing is charged, before or after
 }
 
 // governed reports whether a rule admitted the exchange: a slot held or
@@ -102,6 +103,11 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		return den
 	}
 	ex.subtask = subtask
+	if d.Shadow || p.Config.Shadow { // dry run: asked about, never charged, always forwarded
+		ex.shadowed = true
+		p.shadow(ctx, ex, q, admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d)})
+		return nil
+	}
 	if !admits { // charged from a response header, after the response
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
@@ -246,7 +252,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		p.addRateLimit(req.Context(), ex, resp.Header)
 	}
 	overloaded := governor.Overloaded(resp)
-	if hc := ex.decision.ChargeFromHeader; hc != nil {
+	if hc := ex.decision.ChargeFromHeader; hc != nil && !ex.shadowed {
 		p.chargeFromHeader(ex, hc, resp.Header)
 	}
 	if ex.meter != nil {

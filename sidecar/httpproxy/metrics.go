@@ -36,6 +36,10 @@ type Metrics struct {
 	// rateLimitErrors counts readings of the caps' state for the RateLimit
 	// headers that failed (ratelimit.go).
 	rateLimitErrors prometheus.Counter
+	// shadowRequests and shadowDenials count requests of shadow rules, and
+	// those a real rule would have refused, by cause (ratelimit.go).
+	shadowRequests *prometheus.CounterVec
+	shadowDenials  *prometheus.CounterVec
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -63,6 +67,10 @@ func NewMetrics() *Metrics {
 		Help: "HTTP requests being served now (tunnels not counted)."})
 	m.rateLimitErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_ratelimit_status_errors_total",
 		Help: "Responses sent without RateLimit headers because reading the caps' state from governord failed (http.ratelimit_headers)."})
+	m.shadowRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_shadow_requests_total",
+		Help: "Requests of rules in dry run (mode: shadow), by rule: asked about, never charged or held, always forwarded."}, []string{"rule"})
+	m.shadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_shadow_denials_total",
+		Help: "Requests of rules in dry run that governord would have refused, by rule and cause (the Governor-Denied value it would have sent; unavailable: no dry run could be made)."}, []string{"rule", "cause"})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -73,7 +81,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -84,6 +84,10 @@ type Config struct {
 	// with one call per response; the Admitter must be an
 	// admission.CapReader.
 	RateLimitHeaders bool
+	// Shadow puts every rule in dry run, as a rule's mode: shadow does:
+	// each request is asked about (the Admitter must be an
+	// admission.DryRunner), never charged or held, and always forwarded.
+	Shadow bool
 	// TunnelIdleTimeout closes a CONNECT tunnel idle this long in both
 	// directions. Zero: never.
 	TunnelIdleTimeout time.Duration

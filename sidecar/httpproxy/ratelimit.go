@@ -3,10 +3,12 @@ package httpproxy
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
@@ -55,4 +57,34 @@ func rateLimitHeaders(h http.Header, rep admission.CapReport, charges map[string
 	if c, ok := rep.Worst(); ok {
 		h.Set(HeaderWarning, c.Warning())
 	}
+}
+
+// shadow dry-runs req instead of admitting it (a rule's mode: shadow, or
+// the sidecar's): governord says how it would answer, nothing is charged
+// or held, and the request goes on ungoverned. A would-be denial is
+// logged and counted by rule and cause; a dry run that fails (governord
+// away) is counted as "unavailable" and forwards all the same: shadow
+// rules never refuse.
+func (p *Proxy) shadow(ctx context.Context, ex *exchange, q classify.HTTPRequest, req admission.Request) {
+	p.m.shadowRequests.WithLabelValues(ex.rule).Inc()
+	cause, msg := "unavailable", "no dry run: the admitter cannot"
+	if dr, ok := p.Admitter.(admission.DryRunner); ok {
+		ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+		defer cancel()
+		res, err := dr.DryRun(ctx, req)
+		switch {
+		case err != nil:
+			msg = err.Error()
+		case !res.Denied():
+			p.logDecision(ex, q, "shadow_"+res.Outcome, 0)
+			return
+		default:
+			cause, msg = res.Outcome, res.Message
+		}
+	}
+	p.m.shadowDenials.WithLabelValues(ex.rule, cause).Inc()
+	p.log.LogAttrs(context.Background(), slog.LevelInfo, "decision",
+		slog.String("kind", ex.kind), slog.String("rule", ex.rule), slog.String("class", ex.decision.Class),
+		slog.String("subtask", ex.subtask), slog.String("outcome", "shadow_denied"), slog.String("cause", cause),
+		slog.String("method", q.Method), slog.String("host", q.Host), slog.String("err", msg))
 }
