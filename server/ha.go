@@ -174,18 +174,25 @@ func newHAState(s *Server) (*haState, error) {
 	if s.cfg.HA.DriftAllowance == 0 {
 		s.cfg.HA.DriftAllowance = min(DefaultHADriftAllowance, s.cfg.HA.Lease/4)
 	}
+	return &haState{pg: pg, tokens: map[uint64]string{}, led: make(chan struct{}), testHooks: s.cfg.HATestHooks}, nil
+}
+
+// connect names this governord, once it listens, and opens its Elector.
+func (h *haState) connect(s *Server) error {
 	self := s.cfg.HA.AdvertiseAddr
 	if self == "" {
 		self = s.Addr()
 	}
 	holder := make([]byte, 8)
 	rand.Read(holder)
-	el, err := pg.NewElector(context.Background(), self+"/"+hex.EncodeToString(holder), self, s.cfg.HA.Lease, s.cfg.HA.DriftAllowance)
+	el, err := h.pg.NewElector(context.Background(), self+"/"+hex.EncodeToString(holder), self, s.cfg.HA.Lease, s.cfg.HA.DriftAllowance)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &haState{pg: pg, elector: el, self: self, tokens: map[uint64]string{}, led: make(chan struct{}),
-		testHooks: s.cfg.HATestHooks}, nil
+	h.mu.Lock()
+	h.self, h.elector = self, el
+	h.mu.Unlock()
+	return nil
 }
 
 // servingErr is nil while this governord may answer: it has no ha, or it
@@ -199,12 +206,12 @@ func (s *Server) servingErr() error {
 		return h.standbyError()
 	}
 	h.mu.Lock()
-	term := h.term
+	term, self := h.term, h.self
 	h.mu.Unlock()
 	if term.Valid(time.Now()) || h.hooks().IgnoreLease {
 		return nil
 	}
-	return status.Errorf(codes.Unavailable, "governord at %s: its lease as leader (epoch %d) has ended; it is stopping and another governord takes over", h.self, term.Epoch)
+	return status.Errorf(codes.Unavailable, "governord at %s: its lease as leader (epoch %d) has ended; it is stopping and another governord takes over", self, term.Epoch)
 }
 
 // leading says whether the leader's parts (the log, the mirror, usage) are
@@ -226,11 +233,11 @@ const (
 // ErrorInfo detail.
 func (h *haState) standbyError() error {
 	h.mu.Lock()
-	leader := h.leader
+	leader, self := h.leader, h.self
 	h.mu.Unlock()
 	info := &errdetails.ErrorInfo{Reason: StandbyReason, Domain: StandbyDomain, Metadata: map[string]string{}}
-	msg := fmt.Sprintf("governord at %s is a standby; ", h.self)
-	if leader.Live && leader.Addr != "" && leader.Addr != h.self {
+	msg := fmt.Sprintf("governord at %s is a standby; ", self)
+	if leader.Live && leader.Addr != "" && leader.Addr != self {
 		info.Metadata[StandbyLeader] = leader.Addr
 		info.Metadata[StandbyEpoch] = strconv.FormatUint(leader.Epoch, 10)
 		msg += fmt.Sprintf("the leader is at %s (epoch %d)", leader.Addr, leader.Epoch)
@@ -295,15 +302,18 @@ var errFellBehind = errors.New("the standby fell behind a snapshot")
 
 // startStandby serves as a standby and starts following and campaigning.
 func (s *Server) startStandby(runCtx context.Context) error {
-	if err := s.serve(); err != nil {
-		return err
-	}
+	// In place before the first call can arrive: it refuses them all.
 	h, err := newHAState(s)
 	if err != nil {
 		return err
 	}
 	s.ha = h
-	s.setHealth(false)
+	if err := s.serve(); err != nil {
+		return err
+	}
+	if err := h.connect(s); err != nil {
+		return err
+	}
 	s.maxSessionFromEngine()
 	wake := make(chan struct{}, 1)
 	s.wg.Add(2)
@@ -551,7 +561,7 @@ func (s *Server) closeHA() {
 	if h == nil {
 		return
 	}
-	if h.role.Load() == roleLeader {
+	if h.role.Load() == roleLeader && h.elector != nil {
 		h.mu.Lock()
 		epoch := h.term.Epoch
 		h.mu.Unlock()
@@ -561,7 +571,9 @@ func (s *Server) closeHA() {
 		}
 		cancel()
 	}
-	h.elector.Close()
+	if h.elector != nil {
+		h.elector.Close()
+	}
 }
 
 // Leading is closed once this governord leads: at once without ha.

@@ -451,8 +451,7 @@ func (s *Server) serve() error {
 			}
 		}()
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(governorpb.Governor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.setHealth(s.leading()) // a standby is NOT_SERVING from the start (ha.go)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

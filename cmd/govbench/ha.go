@@ -42,7 +42,7 @@ const haKey = "ha-bench-tenant-key-0123456789"
 func haMain(args []string, stdout, stderr io.Writer) int {
 	fs := flagSet("ha", stderr)
 	dsn := fs.String("dsn", os.Getenv("GOVERNOR_TEST_PG_DSN"), "the PostgreSQL the governords share (default $GOVERNOR_TEST_PG_DSN)")
-	failovers := fs.Int("failovers", 50, "how many times the leader is killed")
+	failovers := fs.Int("failovers", 50, "how many times the leader is killed (0: none, only the standbys' figure)")
 	seconds := fs.Int("T", 10, "seconds of load per throughput measurement")
 	rounds := fs.Int("rounds", 3, "rounds of the throughput comparison")
 	clients := fs.Int("clients", 32, "concurrent consumers in the throughput comparison")
@@ -67,9 +67,11 @@ func haMain(args []string, stdout, stderr io.Writer) int {
 	}
 	b := &haBench{governord: gd, proxy: proxy, dir: dir, stdout: stdout}
 	res := haResults{}
-	if res.Failovers, err = b.failovers(*dsn, *failovers); err != nil {
-		fmt.Fprintln(stderr, "govbench ha: failovers:", err)
-		return 1
+	if *failovers > 0 { // -failovers 0: the standbys' figure alone
+		if res.Failovers, err = b.failovers(*dsn, *failovers); err != nil {
+			fmt.Fprintln(stderr, "govbench ha: failovers:", err)
+			return 1
+		}
 	}
 	if res.Standbys, err = b.standbys(*dsn, *rounds, *clients, time.Duration(*seconds)*time.Second); err != nil {
 		fmt.Fprintln(stderr, "govbench ha: standbys:", err)
@@ -417,19 +419,39 @@ func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (ma
 		return nil
 	}
 	res := map[int][]float64{}
+	// CPU used meanwhile, in cores: the leader's and each standby's (the
+	// machine's cores are shared by all of them, the clients and PostgreSQL).
+	leaderCPU, standbyCPU := map[int][]float64{}, map[int][]float64{}
 	fmt.Fprintf(b.stdout, "standbys: consumes/s at the leader, %d clients, %v per measurement, %d rounds\n", clients, d, rounds)
 	for r := 0; r < rounds; r++ {
 		for _, k := range []int{0, 1, 2} {
 			if err := setStandbys(k); err != nil {
 				return nil, err
 			}
+			l0 := leader.p.cpu()
+			var s0 time.Duration
+			for _, s := range standbys {
+				s0 += s.p.cpu()
+			}
 			res[k] = append(res[k], load())
+			leaderCPU[k] = append(leaderCPU[k], (leader.p.cpu()-l0).Seconds()/d.Seconds())
+			if k > 0 {
+				var s1 time.Duration
+				for _, s := range standbys {
+					s1 += s.p.cpu()
+				}
+				standbyCPU[k] = append(standbyCPU[k], (s1-s0).Seconds()/d.Seconds()/float64(k))
+			}
 		}
 	}
 	base := median(res[0])
 	for _, k := range []int{0, 1, 2} {
 		m := median(res[k])
-		fmt.Fprintf(b.stdout, "  %d standbys: median %8.0f/s  (%+.1f%%)  rounds %s\n", k, m, (m/base-1)*100, fmtRates(res[k]))
+		fmt.Fprintf(b.stdout, "  %d standbys: median %8.0f/s  (%+.1f%%)  rounds %s; leader %.2f cores", k, m, (m/base-1)*100, fmtRates(res[k]), median(leaderCPU[k]))
+		if k > 0 {
+			fmt.Fprintf(b.stdout, ", each standby %.2f cores", median(standbyCPU[k]))
+		}
+		fmt.Fprintln(b.stdout)
 	}
 	return res, nil
 }
