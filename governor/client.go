@@ -278,8 +278,13 @@ func (c *Client) heartbeat() bool {
 	deadline := c.deadline
 	c.mu.Unlock()
 	// A reply after the local deadline is useless: the session is given up.
+	// One attempt waits at most half an interval, so that a governord that
+	// answers nothing (paused, or cut off) cannot hold the heartbeat until
+	// the deadline: the next attempt goes to the next address.
 	ctx, cancel := context.WithDeadline(c.life, deadline)
 	defer cancel()
+	ctx, cancelAttempt := context.WithTimeout(ctx, c.every/2)
+	defer cancelAttempt()
 	sent := time.Now() // monotonic: a wall-clock jump does not move the deadline
 	resp, err := c.rpc.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
 	if err == nil {

@@ -3,6 +3,7 @@ package governor_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/faultproxy"
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/server"
 )
@@ -152,5 +154,38 @@ func TestStandbyHintFindsALeaderNotInTheList(t *testing.T) {
 	}
 	if got := used(t, c, task.ID()); got != 3 {
 		t.Fatalf("the leader counts %d calls, want 3", got)
+	}
+}
+
+// TestHeartbeatMovesOnFromAnAddressThatAnswersNothing: the address the
+// session uses stops answering (a blackhole, as a paused leader's would);
+// the heartbeats go to the next address and follow its hint to the leader,
+// and the session outlives its local deadline many times over.
+func TestHeartbeatMovesOnFromAnAddressThatAnswersNothing(t *testing.T) {
+	dsn := pgtest.Schema(t, "governor_sdk_ha_")
+	a := startHA(t, dsn)
+	waitLeads(t, a)
+	b := startHA(t, dsn)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.New(ln, a.Addr())
+	defer proxy.Close()
+	const ttl = 2 * time.Second
+	c := dialReal(t, governor.WithAddr(proxy.Addr()+","+b.Addr()), governor.WithTTL(ttl))
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Name: "blackholed", Quotas: map[string]int64{"calls": 10}})
+	if err := task.Consume(ctx, "calls", 1); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Blackhole(true)
+	// Only the heartbeats run meanwhile: nothing else moves the client on.
+	select {
+	case <-c.Done():
+		t.Fatalf("the session was lost: %v", c.Err())
+	case <-time.After(3 * ttl): // proving a negative needs a bound
+	}
+	if err := task.Consume(ctx, "calls", 1); err != nil {
+		t.Fatalf("a consume after the address went dark: %v", err)
 	}
 }
