@@ -278,15 +278,9 @@ func (c *Client) heartbeat() bool {
 	deadline := c.deadline
 	c.mu.Unlock()
 	// A reply after the local deadline is useless: the session is given up.
-	// One attempt waits at most half an interval, so that a governord that
-	// answers nothing (paused, or cut off) cannot hold the heartbeat until
-	// the deadline: the next attempt goes to the next address.
 	ctx, cancel := context.WithDeadline(c.life, deadline)
 	defer cancel()
-	ctx, cancelAttempt := context.WithTimeout(ctx, c.every/2)
-	defer cancelAttempt()
-	sent := time.Now() // monotonic: a wall-clock jump does not move the deadline
-	resp, err := c.rpc.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
+	resp, sent, err := c.hedgedHeartbeat(ctx)
 	if err == nil {
 		ttl := resp.GetTtl().AsDuration()
 		if ttl <= 0 {
@@ -309,6 +303,51 @@ func (c *Client) heartbeat() bool {
 		c.log.Warn("governor: heartbeat failed", "err", err, "session_given_up_in", time.Until(deadline).Round(time.Millisecond))
 	}
 	return false
+}
+
+// heartbeatAnswer is one attempt's outcome and when it was sent.
+type heartbeatAnswer struct {
+	resp *governorpb.HeartbeatResponse
+	sent time.Time
+	err  error
+}
+
+// hedgedHeartbeat sends a heartbeat, and when no answer has come within half
+// an interval sends a second one to the next address, so that a governord
+// that answers nothing (a paused leader, one cut off) cannot hold the
+// session until its local deadline, while a slow answer still counts. It
+// returns the first success, with when that attempt was sent; heartbeats
+// are idempotent.
+func (c *Client) hedgedHeartbeat(ctx context.Context) (*governorpb.HeartbeatResponse, time.Time, error) {
+	answers := make(chan heartbeatAnswer, 2)
+	send := func() {
+		sent := time.Now() // monotonic: a wall-clock jump does not move the deadline
+		resp, err := c.rpc.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
+		answers <- heartbeatAnswer{resp, sent, err}
+	}
+	go send()
+	hedge := time.NewTimer(c.every / 2)
+	defer hedge.Stop()
+	pending := 1
+	var last error
+	for {
+		select {
+		case a := <-answers:
+			pending--
+			if a.err == nil {
+				return a.resp, a.sent, nil
+			}
+			last = a.err
+			if pending == 0 {
+				return nil, time.Time{}, last
+			}
+		case <-hedge.C:
+			if c.conn.skip() {
+				pending++
+				go send()
+			}
+		}
+	}
 }
 
 // extend moves the local deadline later, unless the session has ended.

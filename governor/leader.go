@@ -108,6 +108,18 @@ func (l *leaderConn) moveOn(failed int, err error) bool {
 	return false
 }
 
+// skip moves the next call on to the next address; false when there is
+// only one.
+func (l *leaderConn) skip() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.conns) < 2 {
+		return false
+	}
+	l.cur = (l.cur + 1) % len(l.conns)
+	return true
+}
+
 // maxHints bounds how many standbys' hints one call follows, so that
 // standbys that disagree cannot bounce it for ever; the caller's retries
 // then take over.
