@@ -294,6 +294,10 @@ const (
 	followPoll = 100 * time.Millisecond
 	// followBatch is how many records one read of the tail takes.
 	followBatch = 4096
+	// followGap is the least time between two reads of the tail: a busy
+	// leader notifies on every commit, and a read per commit per standby
+	// would cost PostgreSQL (on the leader's path) more than it buys.
+	followGap = 20 * time.Millisecond
 )
 
 // errFellBehind: the records a standby needed next were folded into a
@@ -366,13 +370,19 @@ func (s *Server) standBy(ctx context.Context, wake <-chan struct{}) {
 	h := s.ha
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-wake:
+			if gap := time.Since(last); gap < followGap {
+				t.Reset(followGap - gap)
+				continue
+			}
 		case <-t.C:
 		}
+		last = time.Now()
 		next := followPoll
 		if err := s.follow(ctx); err != nil {
 			if ctx.Err() != nil {
