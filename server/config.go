@@ -131,7 +131,10 @@ type TenantConfig struct {
 	// hard are enforced (policy.go).
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
-	Defaults   Caps // what each new task of the tenant starts with (no modes)
+	// Minimums are the tenant's reserved minimums by lease class
+	// (policy.go); their sum per class is within root.limits.
+	Minimums map[string]engine.Minimum
+	Defaults Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
 	Bounds engine.Bounds
 }
@@ -248,6 +251,7 @@ type fileTenant struct {
 	Limits   fileCapMap `mapstructure:"limits"`
 	Defaults fileCaps   `mapstructure:"defaults"`
 	Bounds   fileBounds `mapstructure:"bounds"`
+	Minimums fileCapMap `mapstructure:"minimums"`
 }
 
 // fileBounds are bounds as written: a key left out takes the default.
@@ -489,12 +493,18 @@ func (f fileConfig) validate() (Config, error) {
 		}
 		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
 		tc.QuotaModes, tc.LimitModes = own.QuotaModes, own.LimitModes
+		if tc.Minimums, err = t.Minimums.parseMinimums(key + ".minimums"); err != nil {
+			return Config{}, err
+		}
 		bounds, err := t.Bounds.over(key+".bounds", c.Bounds)
 		if err != nil {
 			return Config{}, err
 		}
 		tc.Bounds = bounds
 		c.Tenants = append(c.Tenants, tc)
+	}
+	if err := checkMinimums(&c); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
@@ -358,4 +362,162 @@ func newDryRuns() *prometheus.CounterVec {
 		c.WithLabelValues(o)
 	}
 	return c
+}
+
+// parseMinimums reads a tenant's minimums: each a number, or a mapping
+// {min: N, valid_from: TIME, valid_until: TIME} with RFC 3339 times.
+func (m fileCapMap) parseMinimums(key string) (map[string]engine.Minimum, error) {
+	if m == nil {
+		return nil, nil
+	}
+	out := make(map[string]engine.Minimum, len(m))
+	for class, raw := range m {
+		k := key + "." + class
+		if class == "" {
+			return nil, keyErr(key, "has an empty class name")
+		}
+		spec, isMap := raw.(map[string]any)
+		if !isMap {
+			v, err := capNumber(k, raw)
+			if err != nil {
+				return nil, err
+			}
+			out[class] = engine.Minimum{Min: v}
+			continue
+		}
+		var mn engine.Minimum
+		for f, v := range spec {
+			var err error
+			switch f {
+			case "min":
+				mn.Min, err = capNumber(k+".min", v)
+			case "valid_from", "valid_until":
+				var at int64
+				at, err = parseTime(k+"."+f, v)
+				if f == "valid_from" {
+					mn.From = at
+				} else {
+					mn.Until = at
+				}
+			default:
+				err = keyErr(k+"."+f, "is not a key of a minimum (min, valid_from, valid_until)")
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		if mn.Until != 0 && mn.Until <= mn.From {
+			return nil, keyErr(k+".valid_until", "is not after valid_from")
+		}
+		out[class] = mn
+	}
+	return out, nil
+}
+
+func parseTime(k string, raw any) (int64, error) {
+	switch x := raw.(type) {
+	case time.Time:
+		return x.UnixNano(), nil
+	case string:
+		t, err := time.Parse(time.RFC3339, x)
+		if err != nil {
+			return 0, keyErr(k, "%q is not an RFC 3339 time (2026-12-01T22:00:00Z)", x)
+		}
+		return t.UnixNano(), nil
+	}
+	return 0, keyErr(k, "%v is not an RFC 3339 time (2026-12-01T22:00:00Z)", raw)
+}
+
+// checkMinimums refuses tenants' minimums that sum, for a class, over the
+// root's limit of it.
+func checkMinimums(c *Config) error {
+	sums := map[string]int64{}
+	for i, t := range c.Tenants {
+		for _, class := range slices.Sorted(maps.Keys(t.Minimums)) {
+			sums[class] += t.Minimums[class].Min
+			if limit, ok := c.Root.Limits[class]; ok && sums[class] > limit {
+				return keyErr(fmt.Sprintf("tenants[%d].minimums.%s", i, class), "the tenants' minimums of %s sum to %d, over root.limits.%s (%d)",
+					class, sums[class], class, limit)
+			}
+		}
+	}
+	return nil
+}
+
+// minimumsEdit adds to edit what makes v's minimums the wanted ones: only
+// the lowered ones when lower is set (applied before anything is raised,
+// so that the sum never passes the pool on the way), else the raised ones.
+func minimumsEdit(edit *engine.CapsEdit, v engine.NodeView, want map[string]engine.Minimum, lower bool) bool {
+	out := map[string]engine.Minimum{}
+	for k, w := range want {
+		if h := v.Minimums[k]; h != w && (w.Min <= h.Min) == lower {
+			out[k] = w
+		}
+	}
+	if lower {
+		for k := range v.Minimums {
+			if _, ok := want[k]; !ok {
+				out[k] = engine.Minimum{}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return false
+	}
+	edit.Minimums = out
+	return true
+}
+
+// lowerMinimums applies the configuration's lowered and removed minimums
+// of the tenants that exist, before the root's limits and the raises.
+func (s *Server) lowerMinimums() error {
+	for _, t := range s.cfg.Tenants {
+		v, err := s.eng.Lookup(engine.System, t.Name)
+		if err != nil {
+			continue // made later, with its minimums
+		}
+		var edit engine.CapsEdit
+		if minimumsEdit(&edit, v, t.Minimums, true) {
+			if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
+				return fmt.Errorf("configure tenant %q: %w", t.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func capMinimums(in map[string]*governorpb.Minimum) map[string]engine.Minimum {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string]engine.Minimum, len(in))
+	for k, m := range in {
+		mn := engine.Minimum{Min: m.GetMin()}
+		if m.GetValidFrom() != nil {
+			mn.From = m.GetValidFrom().AsTime().UnixNano()
+		}
+		if m.GetValidUntil() != nil {
+			mn.Until = m.GetValidUntil().AsTime().UnixNano()
+		}
+		out[k] = mn
+	}
+	return out
+}
+
+func toMinimums(in map[string]engine.Minimum) map[string]*governorpb.Minimum {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string]*governorpb.Minimum, len(in))
+	for k, m := range in {
+		pm := &governorpb.Minimum{Min: m.Min}
+		if m.From != 0 {
+			pm.ValidFrom = timestamppb.New(time.Unix(0, m.From))
+		}
+		if m.Until != 0 {
+			pm.ValidUntil = timestamppb.New(time.Unix(0, m.Until))
+		}
+		out[k] = pm
+	}
+	return out
 }

@@ -271,3 +271,68 @@ func TestTenantStatesThroughTheAPI(t *testing.T) {
 		t.Fatalf("after a restart: %v %v", n, err)
 	}
 }
+
+// Reserved minimums in governord's YAML: a number or {min, valid_from,
+// valid_until}; their sum per class is checked against root.limits at
+// load; they reach the tenants, and a restart that lowers one and raises
+// another in the same pool is applied in an order that never passes it.
+func TestConfigMinimums(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+root: {limits: {db: 4}}
+tenants:
+  - {name: payments, api_key: payments-key-long-enough-0123456789, minimums: {db: 3}}
+  - name: reconciliation
+    api_key: recon-key-long-enough-0123456789
+    minimums: {db: {min: 1, valid_from: "2026-12-01T00:00:00Z", valid_until: "2026-12-02T00:00:00Z"}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tenants[0].Minimums["db"].Min != 3 || cfg.Tenants[1].Minimums["db"].From == 0 || cfg.Tenants[1].Minimums["db"].Until == 0 {
+		t.Fatalf("minimums: %+v %+v", cfg.Tenants[0].Minimums, cfg.Tenants[1].Minimums)
+	}
+	for _, c := range []struct{ yaml, key string }{
+		{"root: {limits: {db: 4}}\ntenants: [{name: a, minimums: {db: 3}}, {name: b, minimums: {db: 2}}]", "tenants[1].minimums.db"},
+		{"tenants: [{name: a, minimums: {db: {min: 1, valid_from: tomorrow}}}]", "tenants[0].minimums.db.valid_from"},
+		{"tenants: [{name: a, minimums: {db: {min: 1, valid_from: \"2026-12-02T00:00:00Z\", valid_until: \"2026-12-01T00:00:00Z\"}}}]", "tenants[0].minimums.db.valid_until"},
+		{"tenants: [{name: a, minimums: {db: {minimum: 1}}}]", "tenants[0].minimums.db.minimum"},
+	} {
+		if _, err := ParseConfig([]byte(c.yaml)); !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
+		}
+	}
+
+	base := testConfig()
+	base.Root.Limits = map[string]int64{"db": 4}
+	base.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 3}}
+	base.Tenants[1].Limits = nil
+	base.Tenants[1].Minimums = map[string]engine.Minimum{"db": {Min: 1}}
+	base.Store = StoreConfig{Driver: "sqlite", DSN: t.TempDir() + "/governor.db"}
+	srv, err := Start(context.Background(), base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := session(t, srv.Addr(), "admin-key", 0)
+	pay, err := admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{Path: "payments"})
+	if err != nil || pay.GetMinimums()["db"].GetMin() != 3 {
+		t.Fatalf("payments' minimums: %v %v", pay.GetMinimums(), err)
+	}
+	_, err = admin.SetCaps(admin.ctx, &governorpb.SetCapsRequest{NodeId: pay.Id, Minimums: map[string]*governorpb.Minimum{"db": {Min: 4}}})
+	wantCode(t, "a minimum over the pool", err, codes.InvalidArgument)
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Swap them: payments 3 -> 1, reconciliation 1 -> 3, in one restart.
+	base.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 1}}
+	base.Tenants[1].Minimums = map[string]engine.Minimum{"db": {Min: 3}}
+	srv, err = Start(context.Background(), base, nil)
+	if err != nil {
+		t.Fatalf("a restart that swaps the minimums: %v", err)
+	}
+	defer srv.Close()
+	admin = session(t, srv.Addr(), "admin-key", 0)
+	recon, err := admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{Path: "reconciliation"})
+	if err != nil || recon.GetMinimums()["db"].GetMin() != 3 {
+		t.Fatalf("reconciliation's minimums after the restart: %v %v", recon.GetMinimums(), err)
+	}
+}

@@ -288,6 +288,9 @@ func (s *Server) Emit(ev engine.Event) {
 // The configuration is the source of truth for them; tasks are left alone.
 // A root limit of an adaptive class keeps the value the controller reached.
 func (s *Server) configure(ctx context.Context) error {
+	if err := s.lowerMinimums(); err != nil {
+		return err
+	}
 	root, err := s.eng.Get(engine.System, engine.RootID)
 	if err != nil {
 		return err
@@ -325,6 +328,9 @@ func (s *Server) configure(ctx context.Context) error {
 			edit, changed = capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight)
 		}
 		if modesEdit(&edit, v, t.Quotas, t.Limits, t.QuotaModes, t.LimitModes) {
+			changed = true
+		}
+		if minimumsEdit(&edit, v, t.Minimums, false) {
 			changed = true
 		}
 		if changed {

@@ -534,6 +534,7 @@ func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*
 	if edit.LimitModes, err = capModes("limit_modes", req.GetLimitModes()); err != nil {
 		return nil, err
 	}
+	edit.Minimums = capMinimums(req.GetMinimums())
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.SetCapsAudited(sid, engine.NodeID(req.GetNodeId()), edit, audit, req.GetRequestId()))
 	})
@@ -570,6 +571,7 @@ func toNode(v engine.NodeView) *governorpb.Node {
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
 		n.TenantState, n.TenantStateReason = v.TenantState.String(), v.TenantStateReason
+		n.Minimums = toMinimums(v.Minimums)
 	}
 	if v.Deadline != 0 {
 		n.Deadline = timestamppb.New(time.Unix(0, v.Deadline))

@@ -742,8 +742,10 @@ type Node struct {
 	// on other kinds) and the reason its last change gave.
 	TenantState       string `protobuf:"bytes,19,opt,name=tenant_state,json=tenantState,proto3" json:"tenant_state,omitempty"`
 	TenantStateReason string `protobuf:"bytes,20,opt,name=tenant_state_reason,json=tenantStateReason,proto3" json:"tenant_state_reason,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A tenant's reserved minimums by lease class.
+	Minimums      map[string]*Minimum `protobuf:"bytes,21,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -914,6 +916,13 @@ func (x *Node) GetTenantStateReason() string {
 		return x.TenantStateReason
 	}
 	return ""
+}
+
+func (x *Node) GetMinimums() map[string]*Minimum {
+	if x != nil {
+		return x.Minimums
+	}
+	return nil
 }
 
 type CreateNodeRequest struct {
@@ -2727,7 +2736,12 @@ type SetCapsRequest struct {
 	// Removing a cap removes its mode. Not with override_for.
 	QuotaModes map[string]*CapMode `protobuf:"bytes,13,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How limit caps are enforced, by lease class; as quota_modes.
-	LimitModes    map[string]*CapMode `protobuf:"bytes,14,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	LimitModes map[string]*CapMode `protobuf:"bytes,14,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A tenant's reserved minimums by lease class (tenants only): when the
+	// pool is contended the fair queue serves a tenant below its minimum
+	// first. A min of 0 removes one. The minimums of a class, summed over
+	// the tenants, may not exceed the root's limit: INVALID_ARGUMENT.
+	Minimums      map[string]*Minimum `protobuf:"bytes,15,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2860,6 +2874,13 @@ func (x *SetCapsRequest) GetLimitModes() map[string]*CapMode {
 	return nil
 }
 
+func (x *SetCapsRequest) GetMinimums() map[string]*Minimum {
+	if x != nil {
+		return x.Minimums
+	}
+	return nil
+}
+
 type GetCapsHistoryRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node. Required; 0 is INVALID_ARGUMENT.
@@ -2918,8 +2939,10 @@ type CapsValues struct {
 	// A deadline in unix nanoseconds; 0 is none.
 	DeadlineUnixNano *int64 `protobuf:"varint,7,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3,oneof" json:"deadline_unix_nano,omitempty"`
 	// Enforcement modes set or replaced ({mode: "hard"} for the default).
-	QuotaModes    map[string]*CapMode `protobuf:"bytes,8,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	LimitModes    map[string]*CapMode `protobuf:"bytes,9,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	QuotaModes map[string]*CapMode `protobuf:"bytes,8,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	LimitModes map[string]*CapMode `protobuf:"bytes,9,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Minimums set or replaced (min 0: none).
+	Minimums      map[string]*Minimum `protobuf:"bytes,10,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3013,6 +3036,13 @@ func (x *CapsValues) GetQuotaModes() map[string]*CapMode {
 func (x *CapsValues) GetLimitModes() map[string]*CapMode {
 	if x != nil {
 		return x.LimitModes
+	}
+	return nil
+}
+
+func (x *CapsValues) GetMinimums() map[string]*Minimum {
+	if x != nil {
+		return x.Minimums
 	}
 	return nil
 }
@@ -4958,6 +4988,70 @@ func (x *DryRunResponse) GetMessage() string {
 	return ""
 }
 
+// Minimum is a tenant's reserved minimum of a lease class.
+type Minimum struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Slots the fair queue serves the tenant first up to, when contended.
+	Min int64 `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	// When it applies: from valid_from (unset: from the start) until valid_until
+	// (unset: never ends).
+	ValidFrom     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=valid_from,json=validFrom,proto3" json:"valid_from,omitempty"`
+	ValidUntil    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=valid_until,json=validUntil,proto3" json:"valid_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Minimum) Reset() {
+	*x = Minimum{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Minimum) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Minimum) ProtoMessage() {}
+
+func (x *Minimum) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Minimum.ProtoReflect.Descriptor instead.
+func (*Minimum) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *Minimum) GetMin() int64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *Minimum) GetValidFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ValidFrom
+	}
+	return nil
+}
+
+func (x *Minimum) GetValidUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ValidUntil
+	}
+	return nil
+}
+
 var File_api_governorpb_governor_proto protoreflect.FileDescriptor
 
 const file_api_governorpb_governor_proto_rawDesc = "" +
@@ -4998,7 +5092,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x97\f\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa7\r\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -5022,7 +5116,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vlimit_modes\x18\x12 \x03(\v2!.governor.v1.Node.LimitModesEntryR\n" +
 	"limitModes\x12!\n" +
 	"\ftenant_state\x18\x13 \x01(\tR\vtenantState\x12.\n" +
-	"\x13tenant_state_reason\x18\x14 \x01(\tR\x11tenantStateReason\x1a9\n" +
+	"\x13tenant_state_reason\x18\x14 \x01(\tR\x11tenantStateReason\x12;\n" +
+	"\bminimums\x18\x15 \x03(\v2\x1f.governor.v1.Node.MinimumsEntryR\bminimums\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -5049,7 +5144,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
 	"\x0fLimitModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aQ\n" +
+	"\rMinimumsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -5181,7 +5279,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
 	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ENDED\x10\x04\"\xc3\t\n" +
+	"KIND_ENDED\x10\x04\"\xdd\n" +
+	"\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -5200,7 +5299,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vquota_modes\x18\r \x03(\v2+.governor.v1.SetCapsRequest.QuotaModesEntryR\n" +
 	"quotaModes\x12L\n" +
 	"\vlimit_modes\x18\x0e \x03(\v2+.governor.v1.SetCapsRequest.LimitModesEntryR\n" +
-	"limitModes\x1a9\n" +
+	"limitModes\x12E\n" +
+	"\bminimums\x18\x0f \x03(\v2).governor.v1.SetCapsRequest.MinimumsEntryR\bminimums\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -5218,11 +5318,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
 	"\x0fLimitModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01B\t\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aQ\n" +
+	"\rMinimumsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priority\"0\n" +
 	"\x15GetCapsHistoryRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x84\b\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x9a\t\n" +
 	"\n" +
 	"CapsValues\x12;\n" +
 	"\x06quotas\x18\x01 \x03(\v2#.governor.v1.CapsValues.QuotasEntryR\x06quotas\x12;\n" +
@@ -5235,7 +5338,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vquota_modes\x18\b \x03(\v2'.governor.v1.CapsValues.QuotaModesEntryR\n" +
 	"quotaModes\x12H\n" +
 	"\vlimit_modes\x18\t \x03(\v2'.governor.v1.CapsValues.LimitModesEntryR\n" +
-	"limitModes\x1a9\n" +
+	"limitModes\x12A\n" +
+	"\bminimums\x18\n" +
+	" \x03(\v2%.governor.v1.CapsValues.MinimumsEntryR\bminimums\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -5253,7 +5358,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
 	"\x0fLimitModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01B\t\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aQ\n" +
+	"\rMinimumsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priorityB\x15\n" +
 	"\x13_deadline_unix_nano\"\xe8\x02\n" +
@@ -5427,7 +5535,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0eDryRunResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12+\n" +
 	"\x06denial\x18\x02 \x01(\v2\x13.governor.v1.DenialR\x06denial\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*z\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x93\x01\n" +
+	"\aMinimum\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\x03R\x03min\x129\n" +
+	"\n" +
+	"valid_from\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tvalidFrom\x12;\n" +
+	"\vvalid_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"validUntil*z\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_ROOT\x10\x01\x12\x14\n" +
@@ -5489,7 +5603,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 100)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5559,187 +5673,199 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*TenantRefusal)(nil),            // 65: governor.v1.TenantRefusal
 	(*DryRunRequest)(nil),            // 66: governor.v1.DryRunRequest
 	(*DryRunResponse)(nil),           // 67: governor.v1.DryRunResponse
-	nil,                              // 68: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 69: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 70: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 71: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 72: governor.v1.Node.QuotasEntry
-	nil,                              // 73: governor.v1.Node.UsedEntry
-	nil,                              // 74: governor.v1.Node.LimitsEntry
-	nil,                              // 75: governor.v1.Node.HeldEntry
-	nil,                              // 76: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 77: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 78: governor.v1.Node.ReservedEntry
-	nil,                              // 79: governor.v1.Node.QuotaModesEntry
-	nil,                              // 80: governor.v1.Node.LimitModesEntry
-	nil,                              // 81: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 82: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 83: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 84: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 85: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 86: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 87: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 88: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 89: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 90: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 91: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 92: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 93: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 94: governor.v1.UsageLine.SpendEntry
-	nil,                              // 95: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 96: governor.v1.UsageLine.PeakEntry
-	nil,                              // 97: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 98: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 99: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 100: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 101: google.protobuf.Timestamp
+	(*Minimum)(nil),                  // 68: governor.v1.Minimum
+	nil,                              // 69: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 70: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 71: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 72: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 73: governor.v1.Node.QuotasEntry
+	nil,                              // 74: governor.v1.Node.UsedEntry
+	nil,                              // 75: governor.v1.Node.LimitsEntry
+	nil,                              // 76: governor.v1.Node.HeldEntry
+	nil,                              // 77: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 78: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 79: governor.v1.Node.ReservedEntry
+	nil,                              // 80: governor.v1.Node.QuotaModesEntry
+	nil,                              // 81: governor.v1.Node.LimitModesEntry
+	nil,                              // 82: governor.v1.Node.MinimumsEntry
+	nil,                              // 83: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 84: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 85: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 86: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 87: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 88: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 89: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 90: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 91: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 92: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 93: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 94: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 95: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 96: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 97: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 98: governor.v1.UsageLine.SpendEntry
+	nil,                              // 99: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 100: governor.v1.UsageLine.PeakEntry
+	nil,                              // 101: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 102: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 103: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 104: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 105: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	100, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	100, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	100, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	100, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	68,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	69,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	70,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	71,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	101, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	104, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	104, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	104, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	104, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	69,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	70,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	71,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	72,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	105, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	72,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	73,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	74,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	75,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	76,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	77,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	101, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	78,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	101, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	79,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	80,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
-	10,  // 22: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10,  // 23: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11,  // 24: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11,  // 25: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	81,  // 26: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23,  // 27: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	100, // 28: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	36,  // 29: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	3,   // 30: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	82,  // 31: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	83,  // 32: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	84,  // 33: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	85,  // 34: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	101, // 35: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	100, // 36: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	86,  // 37: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	87,  // 38: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	88,  // 39: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	89,  // 40: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	90,  // 41: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	91,  // 42: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	92,  // 43: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	93,  // 44: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	101, // 45: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	42,  // 46: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	42,  // 47: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	101, // 48: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	101, // 49: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	43,  // 50: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	44,  // 51: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 52: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 53: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	101, // 54: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	101, // 55: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	94,  // 56: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	95,  // 57: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	96,  // 58: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	97,  // 59: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	101, // 60: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	101, // 61: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	50,  // 62: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	101, // 63: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	101, // 64: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	100, // 65: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	101, // 66: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	101, // 67: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	101, // 68: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	53,  // 69: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	54,  // 70: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	55,  // 71: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	56,  // 72: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	100, // 73: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 74: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	98,  // 75: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	60,  // 76: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	62,  // 77: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	99,  // 78: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	46,  // 79: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	60,  // 80: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 81: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 82: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 83: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 84: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 85: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	4,   // 86: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 87: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 88: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 89: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 90: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 91: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 92: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 93: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 94: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 95: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 96: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 97: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 98: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 99: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 100: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 101: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 102: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 103: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 104: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 105: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 106: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 107: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 108: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 109: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 110: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 111: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	66,  // 112: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 113: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 114: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 115: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 116: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 117: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 118: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 119: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 120: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 121: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 122: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 123: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 124: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 125: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 126: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 127: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 128: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 129: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 130: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 131: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 132: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 133: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 134: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 135: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 136: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 137: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 138: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	67,  // 139: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	113, // [113:140] is the sub-list for method output_type
-	86,  // [86:113] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	73,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	74,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	75,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	76,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	77,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	78,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	105, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	79,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	105, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	80,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	81,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	82,  // 22: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
+	10,  // 23: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10,  // 24: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11,  // 25: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11,  // 26: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	83,  // 27: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23,  // 28: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	104, // 29: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	36,  // 30: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	3,   // 31: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	84,  // 32: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	85,  // 33: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	86,  // 34: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	87,  // 35: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	105, // 36: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	104, // 37: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	88,  // 38: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	89,  // 39: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	90,  // 40: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	91,  // 41: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	92,  // 42: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	93,  // 43: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	94,  // 44: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	95,  // 45: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	96,  // 46: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	97,  // 47: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	105, // 48: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	42,  // 49: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	42,  // 50: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	105, // 51: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	105, // 52: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	43,  // 53: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	44,  // 54: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 55: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 56: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	105, // 57: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	105, // 58: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	98,  // 59: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	99,  // 60: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	100, // 61: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	101, // 62: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	105, // 63: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	105, // 64: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	50,  // 65: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	105, // 66: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	105, // 67: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	104, // 68: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	105, // 69: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	105, // 70: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	105, // 71: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	53,  // 72: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	54,  // 73: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	55,  // 74: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	56,  // 75: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	104, // 76: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 77: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	102, // 78: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	60,  // 79: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	62,  // 80: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	103, // 81: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	46,  // 82: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	105, // 83: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	105, // 84: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	60,  // 85: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 86: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 87: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 88: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 89: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 90: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 91: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 92: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 93: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 94: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 95: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 96: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 97: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 98: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 99: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 100: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 101: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 102: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 103: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 104: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 105: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 106: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 107: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 108: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 109: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 110: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 111: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 112: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 113: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 114: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 115: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 116: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 117: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 118: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	64,  // 119: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	66,  // 120: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 121: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 122: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 123: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 124: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 125: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 126: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 127: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 128: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 129: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 130: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 131: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 132: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 133: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 134: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 135: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 136: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 137: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 138: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 139: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 140: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 141: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 142: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 143: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 144: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 145: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 146: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	67,  // 147: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	121, // [121:148] is the sub-list for method output_type
+	94,  // [94:121] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -5755,7 +5881,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   96,
+			NumMessages:   100,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

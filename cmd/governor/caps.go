@@ -29,7 +29,8 @@ default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
 A quota or limit may add how it is enforced: VALUE:hard (the default),
 VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
 refused) or VALUE:warn_only (never refused; would-be denials are recorded),
-e.g. quota.tokens=50000:soft:burst=5000.
+e.g. quota.tokens=50000:soft:burst=5000. min.CLASS=N sets a tenant's
+reserved minimum of a pool class (0 removes it).
 -for makes the change a temporary override that governord reverts by itself.
 Every change is kept in the node's audit trail: who, when, why, old and new.
 `
@@ -151,6 +152,14 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 			}
 		}
 		switch kind {
+		case "min":
+			if v < 0 {
+				return nil, fmt.Errorf("%s: a minimum is a whole number >= 0 (0 removes it)", key)
+			}
+			if req.Minimums == nil {
+				req.Minimums = map[string]*governorpb.Minimum{}
+			}
+			req.Minimums[name] = &governorpb.Minimum{Min: v}
 		case "quota":
 			put(&req.Quotas, name, v)
 		case "limit":
@@ -387,6 +396,12 @@ func capsOf(n *governorpb.Node, req *governorpb.SetCapsRequest) *governorpb.Caps
 		return out
 	}
 	v.QuotaModes, v.LimitModes = pickModes(req.GetQuotaModes(), n.GetQuotaModes()), pickModes(req.GetLimitModes(), n.GetLimitModes())
+	if len(req.GetMinimums()) > 0 {
+		v.Minimums = map[string]*governorpb.Minimum{}
+		for k := range req.GetMinimums() {
+			v.Minimums[k] = &governorpb.Minimum{Min: n.GetMinimums()[k].GetMin()}
+		}
+	}
 	if req.Weight != nil {
 		w := n.GetWeight()
 		v.Weight = &w
@@ -421,6 +436,9 @@ func changeLines(old, new *governorpb.CapsValues) []string {
 		for _, k := range slices.Sorted(maps.Keys(m.new)) {
 			out = append(out, fmt.Sprintf("%s%s mode: %s -> %s", m.prefix, k, modeText(m.old[k]), modeText(m.new[k])))
 		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(new.GetMinimums())) {
+		out = append(out, fmt.Sprintf("min.%s: %d -> %d", k, old.GetMinimums()[k].GetMin(), new.GetMinimums()[k].GetMin()))
 	}
 	if new.Weight != nil {
 		out = append(out, fmt.Sprintf("weight: %d -> %d", old.GetWeight(), new.GetWeight()))

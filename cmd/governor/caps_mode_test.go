@@ -52,3 +52,30 @@ func TestCapsSetMode(t *testing.T) {
 		t.Fatalf("back to hard: %d\n%s%s", code, out, errOut)
 	}
 }
+
+// governor caps set min.CLASS=N sets a tenant's reserved minimum, shown as
+// a change and kept in the audit trail; on a task it is refused.
+func TestCapsSetMinimum(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	code, out, errOut := cli(t, "caps", "set", "payments", "min.db=2", "-reason", "reserve for payments")
+	if code != 0 || !strings.Contains(out, "min.db: 0 -> 2") {
+		t.Fatalf("caps set min: %d\n%s%s", code, out, errOut)
+	}
+	_, out, _ = cli(t, "caps", "history", "payments")
+	if !strings.Contains(out, "min.db: 0 -> 2") || !strings.Contains(out, "reserve for payments") {
+		t.Fatalf("caps history:\n%s", out)
+	}
+	if code, _, errOut := cli(t, "caps", "set", "payments", "min.db=none", "-reason", "r"); code != 2 {
+		t.Fatalf("min.db=none: exit %d %s", code, errOut)
+	}
+	admin := adminRPC(t, srv.Addr())
+	if _, err := admin.FindOrCreateNode(context.Background(), &governorpb.FindOrCreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "job"}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := cli(t, "caps", "set", "payments/job", "min.db=1", "-reason", "r"); code != 1 || !strings.Contains(errOut, "only a tenant has minimums") {
+		t.Fatalf("a minimum on a task: exit %d %s", code, errOut)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
 	"github.com/governor-project/governor/sidecar"
@@ -51,6 +53,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 	database := fs.String("database", "", "with -sql: the connection's database")
 	user := fs.String("user", "", "with -sql: the connection's user")
 	app := fs.String("application-name", "", "with -sql: the connection's application_name")
+	live := fs.String("live", "", "a node (path or id, e.g. payments/pod-7/crawl-42): also ask governord how it would answer the request there now, in dry run (GOVERNOR_ADDR, GOVERNOR_API_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -78,7 +81,13 @@ func explain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	return explainHTTP(stdout, cfg, req)
+	code := explainHTTP(stdout, cfg, req)
+	if *live != "" && code == 0 {
+		if d, ok := cfg.Rules.MatchHTTP(classify.HTTPRequestFrom(req)); ok {
+			return explainLive(stdout, stderr, *live, d, classify.WritesHTTP(req.Method, d))
+		}
+	}
+	return code
 }
 
 func split(s string) []string {
@@ -211,6 +220,41 @@ func describe(w io.Writer, d classify.Decision, tunnel bool, cfg sidecar.Config)
 		}
 	}
 	fmt.Fprintln(w, "  charged to the subtask named by Proxy-Authorization's username, or to the task without one")
+	if d.Shadow || cfg.HTTP.Shadow {
+		fmt.Fprintln(w, "  mode: shadow: governord is asked in dry run and the request is always forwarded; nothing is charged or held, and a would-be denial is logged and counted (governor_proxy_shadow_denials_total)")
+	}
+}
+
+// explainLive asks governord how it would answer the decision's request on
+// node now (DryRun: nothing is charged or held) and says so.
+func explainLive(w, stderr io.Writer, node string, d classify.Decision, write bool) int {
+	ctx := context.Background()
+	c, err := connect(ctx)
+	if err != nil {
+		fmt.Fprintln(stderr, "governor explain:", err)
+		return 1
+	}
+	defer c.Close()
+	n, err := resolve(ctx, c.Raw(), node)
+	if err != nil {
+		fmt.Fprintln(stderr, "governor explain:", err)
+		return 1
+	}
+	resp, err := c.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.GetId(), Class: d.Class, Charges: d.Charges, Write: write})
+	if err != nil {
+		fmt.Fprintln(stderr, "governor explain:", plainStatus(err))
+		return 1
+	}
+	fmt.Fprintf(w, "\nlive, on %s (id %d), as governord would answer now (a dry run: nothing charged or held):\n", node, n.GetId())
+	switch resp.GetOutcome() {
+	case "admitted":
+		fmt.Fprintln(w, "  admitted")
+	case "wait":
+		fmt.Fprintln(w, "  it would wait for a lease: a limit on the chain is full now")
+	default:
+		fmt.Fprintf(w, "  refused (%s): %s\n", resp.GetOutcome(), resp.GetMessage())
+	}
+	return 0
 }
 
 func chargeList(m map[string]int64) string {

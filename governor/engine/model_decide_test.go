@@ -32,12 +32,14 @@ type mWaiter struct {
 	priority  int64
 	arrival   uint64
 	write     bool
+	mark      int64 // its tenant queue's grants when it queued (the aging guard)
 }
 
 type mTenantQueue struct {
 	tenant  NodeID
 	waiters []*mWaiter // highest priority first, then arrival
 	deficit int64
+	grants  int64 // grants made from this queue (the aging guard)
 }
 
 type mClassQueue struct {
@@ -55,6 +57,7 @@ type mDispatch struct {
 	expect  *mWaiter
 	kind    EventKind // what the expected waiter's turn brings: a grant, or its session's or node's end
 	tq      *mTenantQueue
+	fromMin bool // the waiter's tenant was below its minimum: outside the round robin
 }
 
 type mTomb struct {
@@ -160,6 +163,7 @@ func (m *model) Enqueue(wt *Wait, sid SessionID, node NodeID, class string, char
 		i = len(q.ring) - 1
 	}
 	tq := q.ring[i]
+	w.mark = tq.grants
 	j := slices.IndexFunc(tq.waiters, func(o *mWaiter) bool { return o.priority < w.priority })
 	if j < 0 {
 		j = len(tq.waiters)
@@ -217,16 +221,8 @@ func (m *model) next(q *mClassQueue, class string) (*mTenantQueue, *mWaiter) {
 		if tq.deficit <= 0 {
 			tq.deficit = m.weight[tq.tenant]
 		}
-		ownFull := false
-		if limit, ok := m.refusesAt(tq.tenant, true, class); ok && m.held[tq.tenant][class] >= limit {
-			ownFull = true
-		}
-		if !ownFull {
-			for _, w := range tq.waiters {
-				if m.fits(w.node, class) {
-					return tq, w
-				}
-			}
+		if w := m.firstFit(tq, class); w != nil {
+			return tq, w
 		}
 		tq.deficit = 0
 		q.cursor = (q.cursor + 1) % len(q.ring)
@@ -268,7 +264,11 @@ func (m *model) advance() {
 			d.idx++
 			continue
 		}
-		tq, w := m.next(q, class)
+		tq, w := m.belowMinimum(q, class)
+		d.fromMin = w != nil
+		if w == nil {
+			tq, w = m.next(q, class)
+		}
 		if w == nil {
 			d.idx++
 			continue
@@ -337,8 +337,11 @@ func (m *model) afterExpected(ev Event) {
 		m.dropWaiters(func(o *mWaiter) bool { return o == w })
 		m.granted[w.wait] = ev.Lease
 		q := m.queues[w.class]
-		if tq.deficit--; tq.deficit <= 0 {
-			q.cursor = (q.cursor + 1) % len(q.ring)
+		tq.grants++
+		if !d.fromMin {
+			if tq.deficit--; tq.deficit <= 0 {
+				q.cursor = (q.cursor + 1) % len(q.ring)
+			}
 		}
 	} else {
 		d.again = true // the end asked for a dispatch of every class

@@ -194,3 +194,75 @@ func (m *model) decideTenantState(ev Event) {
 		return m.tenantOf(w.node) == ev.Node && tenantRefuses(ev.TenantState, w.write, false)
 	})
 }
+
+// The model's side of reserved minimums and the aging guard (minimum.go),
+// written from SPEC.md: a tenant below its active minimum is served before
+// the round robin, the one furthest below first (ring order from the
+// cursor on a tie); within a tenant, a waiter passed over by AgingGrants
+// grants of its queue goes first (oldest first) when it fits.
+
+const specAgingGrants = 16 // "passed over by at most 16 grants of its tenant's queue"
+
+func (m *model) setMinimums(id NodeID, edit map[string]Minimum) {
+	for class, mn := range edit {
+		if mn.Min == 0 {
+			delete(m.mins[id], class)
+			continue
+		}
+		if m.mins[id] == nil {
+			m.mins[id] = map[string]Minimum{}
+		}
+		m.mins[id][class] = mn
+	}
+}
+
+// shortfall is how far tenant t is below its active minimum of class.
+func (m *model) shortfall(t NodeID, class string) int64 {
+	mn, ok := m.mins[t][class]
+	if !ok || mn.Min <= 0 || (mn.From != 0 && m.now < mn.From) || (mn.Until != 0 && m.now >= mn.Until) {
+		return 0
+	}
+	return max(mn.Min-m.held[t][class], 0)
+}
+
+// firstFit is the waiter tq serves: none when the tenant's own cap is
+// full; else its oldest aged waiter that fits; else its first in priority
+// order that fits.
+func (m *model) firstFit(tq *mTenantQueue, class string) *mWaiter {
+	if limit, ok := m.refusesAt(tq.tenant, true, class); ok && m.held[tq.tenant][class] >= limit {
+		return nil
+	}
+	var oldest *mWaiter
+	for _, w := range tq.waiters {
+		if tq.grants-w.mark >= specAgingGrants && m.fits(w.node, class) && (oldest == nil || w.arrival < oldest.arrival) {
+			oldest = w
+		}
+	}
+	if oldest != nil {
+		return oldest
+	}
+	for _, w := range tq.waiters {
+		if m.fits(w.node, class) {
+			return w
+		}
+	}
+	return nil
+}
+
+// belowMinimum is the waiter served before the round robin, if any.
+func (m *model) belowMinimum(q *mClassQueue, class string) (*mTenantQueue, *mWaiter) {
+	var best *mTenantQueue
+	var bestW *mWaiter
+	short := int64(0)
+	for i := range len(q.ring) {
+		tq := q.ring[(q.cursor+i)%len(q.ring)]
+		s := m.shortfall(tq.tenant, class)
+		if s <= short || len(tq.waiters) == 0 {
+			continue
+		}
+		if w := m.firstFit(tq, class); w != nil {
+			best, bestW, short = tq, w, s
+		}
+	}
+	return best, bestW
+}

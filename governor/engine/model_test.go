@@ -35,8 +35,10 @@ type model struct {
 	retention time.Duration
 	// modes are the caps enforced other than hard (policy.go).
 	modes map[NodeID]map[modeKey]CapMode
-	// tstate is each tenant's state (tenantstate.go).
+	// tstate is each tenant's state (tenantstate.go), mins its reserved
+	// minimums (minimum.go).
 	tstate map[NodeID]TenantState
+	mins   map[NodeID]map[string]Minimum
 	// overrides are the temporary overrides pending (model_override_test.go).
 	overrides map[NodeID]map[modeKey]modelOverride
 	// The model's own decisions (model_decide_test.go).
@@ -68,7 +70,7 @@ func newModel(retention time.Duration) *model {
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
 		modes: map[NodeID]map[modeKey]CapMode{}, overrides: map[NodeID]map[modeKey]modelOverride{},
-		tstate: map[NodeID]TenantState{}}
+		tstate: map[NodeID]TenantState{}, mins: map[NodeID]map[string]Minimum{}}
 	m.state[RootID] = Open
 	m.decideInit()
 	return m
@@ -225,6 +227,7 @@ func (m *model) applyEvent(ev Event) {
 			m.deadline[ev.Node] = *c.Deadline
 		}
 		m.setModes(ev.Node, c)
+		m.setMinimums(ev.Node, c.Minimums)
 	case EvCapsReverted:
 		m.capsReverted(ev)
 	case EvConsumed:
@@ -379,6 +382,7 @@ func (m *model) reclaim(ev Event, root NodeID) {
 		delete(m.parent, id)
 		delete(m.modes, id)
 		delete(m.tstate, id)
+		delete(m.mins, id)
 		delete(m.state, id)
 		delete(m.deadline, id)
 		delete(m.endedAt, id)

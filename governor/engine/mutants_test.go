@@ -69,6 +69,10 @@ var mutants = []mutant{
 	// Enforcement modes (policy.go).
 	{"a soft cap refuses one past its burst", "policy.go",
 		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},
+	{"minimums ignored by the fair queue", "minimum.go",
+		"if s <= short || len(tq.waiters) == 0 {", "if true || s <= short || len(tq.waiters) == 0 {", `I6 DRR`},
+	{"minimums' tie not broken by the ring", "minimum.go",
+		"if s <= short || len(tq.waiters) == 0 {", "if s < short || len(tq.waiters) == 0 {", `I6 DRR`},
 	{"a closing tenant takes new tasks", "tenantstate.go",
 		"case t.tstate == Closing && task:", "case t.tstate == Closing && task && false:", `I21 tenant state`},
 	{"a suspension leaves the tenant's waiters queued", "tenantstate.go",

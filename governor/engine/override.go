@@ -110,7 +110,7 @@ func (a *Audit) validate(edit *CapsEdit) error {
 	}
 	if a.For > 0 {
 		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil ||
-			edit.QuotaModes != nil || edit.LimitModes != nil {
+			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil {
 			return invalid("a temporary override sets only quotas and limits")
 		}
 		if len(edit.Quotas)+len(edit.Limits) == 0 {
@@ -162,6 +162,12 @@ func (n *node) oldValues(edit *CapsEdit) CapsEdit {
 		return out
 	}
 	old.QuotaModes, old.LimitModes = pickModes(edit.QuotaModes, n.quota), pickModes(edit.LimitModes, n.limit)
+	if edit.Minimums != nil {
+		old.Minimums = make(map[string]Minimum, len(edit.Minimums))
+		for k := range edit.Minimums {
+			old.Minimums[k] = n.mins[k]
+		}
+	}
 	return old
 }
 
@@ -226,6 +232,9 @@ func (c CapsEdit) canonical() CapsEdit {
 	}
 	if len(c.LimitModes) == 0 {
 		c.LimitModes = nil
+	}
+	if len(c.Minimums) == 0 {
+		c.Minimums = nil
 	}
 	return c
 }

@@ -17,6 +17,7 @@ type waiter struct {
 	priority    int64
 	write       bool // a write, which a read_only tenant refuses
 	arrival     uint64
+	mark        int64 // its tenant queue's grants when it queued (the aging guard, minimum.go)
 	since       int64 // when it queued (not state: for Inspect)
 	ch          chan Outcome
 
@@ -40,6 +41,7 @@ type tenantQueue struct {
 	tenant  *node
 	waiters []*waiter
 	deficit int64 // grants left in the tenant's current turn
+	grants  int64 // grants made from this queue (the aging guard, minimum.go)
 }
 
 // fits reports whether one more lease of class fits under every limit on n's
@@ -71,6 +73,7 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 		q.byNode[w.node.tenant] = tq
 		q.ring = append(q.ring, tq)
 	}
+	w.mark = tq.grants
 	i, _ := slices.BinarySearchFunc(tq.waiters, w, func(a, b *waiter) int {
 		// Highest priority first, then arrival order.
 		return cmp.Or(cmp.Compare(b.priority, a.priority), cmp.Compare(a.arrival, b.arrival))
@@ -112,6 +115,9 @@ func (e *Engine) failWaiter(w *waiter, err error) {
 func (tq *tenantQueue) firstFit(class string) *waiter {
 	if g := tq.tenant.limit[class]; g != nil && g.full(1) {
 		return nil
+	}
+	if w := tq.aged(class); w != nil {
+		return w
 	}
 	for _, w := range tq.waiters {
 		if w.node.fits(class) {
@@ -183,7 +189,13 @@ func (e *Engine) dispatchAll() {
 func (e *Engine) dispatchClass(class string, q *classQueue) {
 	now := e.now()
 	for q.waiting > 0 && e.root.fits(class) {
-		tq, w := q.next(class)
+		// A tenant below its reserved minimum goes first, outside the
+		// round robin (minimum.go).
+		tq, w := q.belowMinimum(class, now)
+		fromMin := w != nil
+		if !fromMin {
+			tq, w = q.next(class)
+		}
 		if w == nil {
 			return
 		}
@@ -209,6 +221,10 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 		g := e.grant(w, now)
 		w.done, w.granted = true, g.Lease
 		w.ch <- Outcome{Grant: g}
+		tq.grants++
+		if fromMin {
+			continue
+		}
 		if tq.deficit--; tq.deficit <= 0 {
 			q.cursor = (q.cursor + 1) % len(q.ring)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // The randomized driver's side of tenant states (tenantstate.go): an
@@ -12,9 +13,26 @@ import (
 // refused, and every refusal for a tenant's state is checked against the
 // model's state of that tenant.
 
-// policyOp is, now and then, a tenantStateOp by a random session.
+// policyOp is, now and then, a tenantStateOp by a random session, or the
+// operator's configuration setting a tenant's minimums.
 func (w *world) policyOp() {
-	if w.policy.Intn(40) != 0 {
+	if w.policy.Intn(25) == 0 {
+		t := w.tenants[w.policy.Intn(len(w.tenants))]
+		if st, ok := w.m.state[t]; !ok || st != Open {
+			return
+		}
+		var edit CapsEdit
+		w.randMinimums(&edit, t, true, true)
+		before := w.e.Seq()
+		_, err := w.e.SetCaps(System, t, edit, "")
+		w.expect(fmt.Sprintf("minimums of n%d %v", t, edit.Minimums), before, err, ErrTaskEnded)
+		return
+	}
+	if w.policy.Intn(25) == 0 {
+		w.modesOp()
+		return
+	}
+	if w.policy.Intn(15) != 0 {
 		return
 	}
 	var sids []SessionID
@@ -38,7 +56,7 @@ func (w *world) tenantStateOp(sid SessionID, before uint64) {
 		st = Suspended
 	case r < 4:
 		st = ReadOnly
-	case r < 5:
+	case r < 6:
 		st = Closing
 	}
 	revoke := w.policy.Intn(4) == 0
@@ -75,4 +93,81 @@ func (w *world) checkTenantRefusal(what string, err error) {
 		return
 	}
 	w.fail("%s: refused for tenant %q, which the driver does not know", what, te.Tenant)
+}
+
+// randMinimums adds, now and then, reserved minimums to an edit of a
+// tenant (permanent edits only: an override sets none), each within what
+// the root's limit leaves over the other tenants' minimums, sometimes with
+// a window; and keeps an edit of the root's limits from going under the
+// minimums' sum, which the engine refuses.
+func (w *world) randMinimums(edit *CapsEdit, n NodeID, permanent, always bool) {
+	sum := func(class string, except NodeID) int64 {
+		s := int64(0)
+		for t, mins := range w.m.mins {
+			if t != except && w.m.state[t] == Open {
+				s += mins[class].Min
+			}
+		}
+		return s
+	}
+	if n == RootID {
+		for class, v := range edit.Limits {
+			if s := sum(class, 0); v != NoCap && v < s {
+				edit.Limits[class] = s
+			}
+		}
+		return
+	}
+	if !permanent || w.m.parent[n] != RootID || (!always && w.policy.Intn(3) != 0) {
+		return
+	}
+	edit.Minimums = map[string]Minimum{}
+	for _, class := range classes {
+		if w.policy.Intn(2) == 0 {
+			continue
+		}
+		room := int64(3)
+		if limit, ok := w.m.limits[RootID][class]; ok {
+			room = min(room, max(limit-sum(class, n), 0))
+		}
+		mn := Minimum{Min: w.policy.Int63n(room + 1)}
+		if w.policy.Intn(3) == 0 {
+			now := w.clock.Now().UnixNano()
+			mn.From = now + int64(w.policy.Intn(3))*int64(time.Second)
+			mn.Until = mn.From + int64(1+w.policy.Intn(8))*int64(time.Second)
+		}
+		edit.Minimums[class] = mn
+	}
+}
+
+// modesOp is the operator's configuration giving an open node small quotas
+// and limits in soft (with a small burst) or warn_only mode, so that
+// histories run at and past such caps often.
+func (w *world) modesOp() {
+	var open []NodeID
+	for id, st := range w.m.state {
+		if st == Open {
+			open = append(open, id)
+		}
+	}
+	if len(open) == 0 {
+		return
+	}
+	slices.Sort(open)
+	n := open[w.policy.Intn(len(open))]
+	mode := func() CapMode {
+		if w.policy.Intn(3) == 0 {
+			return CapMode{Mode: ModeWarnOnly}
+		}
+		return CapMode{Mode: ModeSoft, Burst: w.policy.Int63n(4)}
+	}
+	r, c := resources[w.policy.Intn(len(resources))], classes[w.policy.Intn(len(classes))]
+	edit := CapsEdit{Quotas: map[string]int64{r: 2 + w.policy.Int63n(10)}, QuotaModes: map[string]CapMode{r: mode()}}
+	if n != RootID {
+		edit.Limits, edit.LimitModes = map[string]int64{c: 1 + w.policy.Int63n(2)}, map[string]CapMode{c: mode()}
+	}
+	w.randMinimums(&edit, n, true, false) // keeps a root limit within the minimums
+	before := w.e.Seq()
+	_, err := w.e.SetCaps(System, n, edit, "")
+	w.expect(fmt.Sprintf("modes of n%d %+v", n, edit), before, err, ErrTaskEnded)
 }

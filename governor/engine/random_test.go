@@ -90,6 +90,8 @@ type world struct {
 	t    *testing.T
 	seed int64
 	rng  *rand.Rand
+	// boundsSeen is how many events the bounds check has seen (I17).
+	boundsSeen int
 	// policy draws the tenant-state ops and write marks from a stream of
 	// their own, so that they leave every other draw of a seed as it was.
 	policy *rand.Rand
@@ -526,6 +528,7 @@ func (w *world) randomOp() {
 		}
 		rid := w.reqID()
 		audit := w.randOverride(edit)
+		w.randMinimums(&edit, n, audit.For == 0, false)
 		_, err := e.SetCapsAudited(sid, n, edit, audit, rid)
 		w.expect(fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
 		switch {
@@ -1408,6 +1411,13 @@ func (w *world) checkBounds() {
 			}
 		}
 		prev, had := w.names[t.id]
+		// System's edits (the operator's configuration) are not bounded,
+		// nor is a revert of an override, which puts back a cap the tenant
+		// had, as governord's own act.
+		had = had && !slices.ContainsFunc(w.rec.events[w.boundsSeen:], func(ev Event) bool {
+			n := e.nodes[ev.Node]
+			return (ev.Kind == EvCapsReverted || ev.Kind == EvCapsSet && ev.Session == System) && n != nil && n.within(t)
+		})
 		now := [2]int{len(t.quota), len(t.limit)}
 		for i, bound := range []int{b.Resources, b.Classes} {
 			if had && now[i] > prev[i] && bound > 0 && now[i] > bound {
@@ -1416,4 +1426,5 @@ func (w *world) checkBounds() {
 		}
 		w.names[t.id] = now
 	}
+	w.boundsSeen = len(w.rec.events)
 }

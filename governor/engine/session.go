@@ -337,6 +337,13 @@ func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
 			h = fnvAdd(fnvAdd(fnvString(h, k), uint64(m[k].Mode)), uint64(m[k].Burst))
 		}
 	}
+	if c.Minimums != nil { // as modes: only when set
+		h = fnvAdd(h, 3)
+		for _, k := range slices.Sorted(maps.Keys(c.Minimums)) {
+			m := c.Minimums[k]
+			h = fnvAdd(fnvAdd(fnvAdd(fnvString(h, k), uint64(m.Min)), uint64(m.From)), uint64(m.Until))
+		}
+	}
 	return h
 }
 

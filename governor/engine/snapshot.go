@@ -187,6 +187,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 			return fmt.Errorf("%w: snapshot node %d has tenant state %v", ErrCorrupt, v.ID, v.TenantState)
 		}
 		n.tstate, n.tstateWhy = v.TenantState, v.TenantStateReason
+		n.mins = maps.Clone(v.Minimums)
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}

@@ -87,6 +87,9 @@ type CapsEdit struct {
 	// the zero CapMode makes a cap hard again. A mode needs a cap.
 	QuotaModes map[string]CapMode `json:"qm,omitempty"`
 	LimitModes map[string]CapMode `json:"lm,omitempty"`
+	// Minimums set a tenant's reserved minimums by lease class
+	// (minimum.go); Min 0 removes one.
+	Minimums map[string]Minimum `json:"mins,omitempty"`
 }
 
 // NodeView is a copy of a node's state, safe to keep. In a snapshot, zero
@@ -124,6 +127,9 @@ type NodeView struct {
 	// its last change gave (tenantstate.go).
 	TenantState       TenantState `json:",omitempty"`
 	TenantStateReason string      `json:",omitempty"`
+	// Minimums are a tenant's reserved minimums by lease class
+	// (minimum.go).
+	Minimums map[string]Minimum `json:",omitempty"`
 }
 
 type node struct {
@@ -159,9 +165,11 @@ type node struct {
 	audit     []CapsChange
 	overrides map[overrideKey]Override
 
-	// A tenant's state and the reason given for it (tenantstate.go).
+	// A tenant's state and the reason given for it (tenantstate.go), and
+	// its reserved minimums by class (minimum.go).
 	tstate    TenantState
 	tstateWhy string
+	mins      map[string]Minimum
 
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
@@ -198,7 +206,7 @@ func (n *node) view() NodeView {
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
 		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes(),
-		TenantState: n.tstate, TenantStateReason: n.tstateWhy}
+		TenantState: n.tstate, TenantStateReason: n.tstateWhy, Minimums: maps.Clone(n.mins)}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -262,6 +270,7 @@ func (n *node) applyCaps(c *CapsEdit, e *Engine) {
 	for k, m := range c.LimitModes {
 		n.limit.setMode(k, m)
 	}
+	n.applyMinimums(c.Minimums)
 	n.defQuotas = mergeCaps(n.defQuotas, c.DefaultQuotas)
 	n.defLimits = mergeCaps(n.defLimits, c.DefaultLimits)
 	if c.Weight != nil {
@@ -288,6 +297,7 @@ func (c CapsEdit) clone() CapsEdit {
 	c.Quotas, c.Limits = maps.Clone(c.Quotas), maps.Clone(c.Limits)
 	c.DefaultQuotas, c.DefaultLimits = maps.Clone(c.DefaultQuotas), maps.Clone(c.DefaultLimits)
 	c.QuotaModes, c.LimitModes = maps.Clone(c.QuotaModes), maps.Clone(c.LimitModes)
+	c.Minimums = maps.Clone(c.Minimums)
 	for _, p := range []**int64{&c.Weight, &c.Priority, &c.Deadline} {
 		if *p != nil {
 			v := **p
@@ -715,6 +725,9 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 		return NodeView{}, err
 	}
 	if err := n.checkModes(&edit); err != nil {
+		return NodeView{}, err
+	}
+	if err := e.checkMinimums(n, &edit); err != nil {
 		return NodeView{}, err
 	}
 	if s.id != System {
