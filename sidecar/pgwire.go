@@ -67,6 +67,8 @@ func (s *Sidecar) startPGWire() error {
 			TaskFromApplicationName: pc.TaskFrom == "application_name",
 			MaxMessageSize:          pc.MaxMessageBytes,
 			Caps:                    s.capNotices(pc),
+			DryRun:                  s.admitter,
+			Shadow:                  s.cfg.HTTP.Shadow,
 			Logger:                  s.log,
 			Metrics:                 s.pgMetrics,
 		}

@@ -467,3 +467,53 @@ func TestShadowCountsWhatHardDenies(t *testing.T) {
 		})
 	}
 }
+
+// pgwire shadow: a rule in dry run lets every statement run, charges
+// nothing, and counts each statement an enforcing rule would have refused;
+// the same rule enforced refuses them.
+func TestPGWireShadow(t *testing.T) {
+	pgUpstream(t)
+	for _, mode := range []string{"enforce", "shadow"} {
+		t.Run(mode, func(t *testing.T) {
+			table := "pgq_shadow_" + mode
+			freshPGTable(t, table)
+			g := startGovernord(t, nil)
+			p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "task: {name: " + table + ", quotas: {db_writes: 2}}\n" + pgListenerYAML(t, "") +
+				"rules:\n  - {name: writes, match: {sql: [insert]}, class: db, charge: {db_writes: 1}, mode: " + mode + "}\n"})
+			c := pgConnect(t, pgDSN(p.PGWireAddrs()[0], ""))
+			denied := 0
+			for i := range 5 {
+				if _, err := c.Exec(context.Background(), fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, i)); err != nil {
+					denied++
+				}
+			}
+			shadowed := p.metric(`governor_proxy_pgwire_shadow_denials_total{cause="quota",rule="writes"}`)
+			switch mode {
+			case "enforce":
+				if denied != 3 || pgRows(t, table) != 2 {
+					t.Fatalf("enforced: %d denied, %d rows; want 3 and 2", denied, pgRows(t, table))
+				}
+			case "shadow":
+				// Nothing is charged, so the quota of 2 is never spent: the
+				// dry runs refuse nothing either, and all 5 rows are there.
+				if denied != 0 || pgRows(t, table) != 5 || shadowed != 0 {
+					t.Fatalf("shadow: %d denied, %d rows, %v would-be denials; want 0, 5, 0", denied, pgRows(t, table), shadowed)
+				}
+				// Spend the quota elsewhere: now every statement would be refused.
+				a := newAdmin(t, g.Addr())
+				task := a.node("payments", table)
+				if _, err := a.c.Raw().SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: task.GetId(), Quotas: map[string]int64{"db_writes": 0}, Reason: "test"}); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 3 {
+					if _, err := c.Exec(context.Background(), fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, 10+i)); err != nil {
+						t.Fatalf("a shadow rule refused: %v", err)
+					}
+				}
+				if n := p.metric(`governor_proxy_pgwire_shadow_denials_total{cause="quota",rule="writes"}`); n != 3 {
+					t.Fatalf("shadow counted %v would-be denials, want 3", n)
+				}
+			}
+		})
+	}
+}

@@ -195,6 +195,9 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 			asks[i].req.Write = true
 		}
 	}
+	if asks = c.shadow(asks); len(asks) == 0 {
+		return nil // rules in dry run only: the statements run unadmitted
+	}
 	if c.p.TaskFromApplicationName {
 		if err := checkSubtask(c.appName); err != nil {
 			a := asks[0]

@@ -16,6 +16,9 @@ type Metrics struct {
 	charges      *prometheus.CounterVec
 	denials      *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
+	// shadow counts statements of rules in dry run that governord would
+	// have refused, by rule and cause (notice.go).
+	shadow *prometheus.CounterVec
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -30,6 +33,8 @@ func NewMetrics() *Metrics {
 	m.wait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pgwire_lease_wait_seconds",
 		Help:    "Time a pgwire transaction waited for its slot (admitted or denied), by lease class.",
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}, []string{"class"})
+	m.shadow = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_shadow_denials_total",
+		Help: "pgwire statements of rules in dry run (mode: shadow) that governord would have refused, by rule and cause; they ran all the same."}, []string{"rule", "cause"})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable,
 		admission.CauseTaskEnded, admission.CauseStopping} {
 		m.denials.WithLabelValues(c.String())
@@ -39,7 +44,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.transactions, m.charges, m.denials, m.wait} {
+	for _, c := range []prometheus.Collector{m.transactions, m.charges, m.denials, m.wait, m.shadow} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package pgwire
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/governor-project/governor/classify"
@@ -74,4 +75,42 @@ func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement) bool {
 		}
 	}
 	return false
+}
+
+// shadow dry-runs the asks of rules in dry run (Proxy.Shadow, or a rule's
+// mode: shadow) and returns the others, to be admitted. A would-be denial
+// is logged and counted by rule and cause; nothing is charged or held for
+// a shadow ask, and its statements run all the same.
+func (c *conn) shadow(asks []ask) []ask {
+	kept := asks[:0]
+	for _, a := range asks {
+		if !c.p.Shadow && !a.d.Shadow {
+			kept = append(kept, a)
+			continue
+		}
+		cause, msg := "unavailable", "no dry run: Proxy.DryRun is nil"
+		if c.p.DryRun != nil {
+			ctx, cancel := context.WithTimeout(c.ctx, capStatusTimeout)
+			res, err := c.p.DryRun.DryRun(ctx, a.req)
+			cancel()
+			switch {
+			case err != nil:
+				msg = err.Error()
+			case !res.Denied():
+				continue
+			default:
+				cause, msg = res.Outcome, res.Message
+			}
+		}
+		if c.p.Metrics != nil {
+			c.p.Metrics.shadow.WithLabelValues(a.d.Rule, cause).Inc()
+		}
+		if c.p.Logger != nil {
+			c.p.Logger.LogAttrs(context.Background(), slog.LevelInfo, "decision",
+				slog.String("kind", "pgwire"), slog.String("rule", a.d.Rule), slog.String("class", a.req.Class),
+				slog.String("subtask", a.req.Subtask), slog.String("outcome", "shadow_denied"), slog.String("cause", cause),
+				slog.String("database", c.database), slog.String("err", msg))
+		}
+	}
+	return kept
 }

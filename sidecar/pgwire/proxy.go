@@ -68,6 +68,14 @@ type Proxy struct {
 	// first time a transaction runs near or over a cap the client gets a
 	// NOTICE naming it (notice.go). Nil: no such notices.
 	Caps admission.CapReader
+	// DryRun, when not nil, is asked about the statements of rules in dry
+	// run (a rule's mode: shadow, or Shadow for every rule) instead of
+	// admitting them: they run all the same, and a would-be denial is
+	// logged and counted (notice.go). Nil: such statements run unasked,
+	// counted as cause "unavailable".
+	DryRun admission.DryRunner
+	// Shadow puts every rule in dry run.
+	Shadow bool
 
 	// MaxMessageSize caps a message after startup. Zero:
 	// DefaultMaxMessageSize.
