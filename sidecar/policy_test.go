@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
@@ -336,13 +338,13 @@ func TestTenantStatesThroughPGWire(t *testing.T) {
 }
 
 // Policy survives a crash: a governord process on SQLite gets a soft cap
-// with its mode set through the API, a warn_only cap from its config, and
-// a suspended tenant; it is killed with SIGKILL and started again on the
-// same store, and the modes, the state and its reason are all back and
-// enforced.
+// with its mode set through the API, a warn_only cap from its config, a
+// suspended tenant, and a reserved minimum from its config; it is killed
+// with SIGKILL and started again on the same store, and the modes, the
+// state and its reason, and the minimum are all back and enforced.
 func TestPolicySurvivesKill9(t *testing.T) {
 	const otherKey = "recon-key-for-kill9-tests"
-	g := startGovProc(t, "tenants:\n  - {name: payments, api_key: "+tenantKey+", quotas: {calls: {cap: 3, mode: warn_only}}}\n"+
+	g := startGovProc(t, "root: {limits: {db: 4}}\ntenants:\n  - {name: payments, api_key: "+tenantKey+", quotas: {calls: {cap: 3, mode: warn_only}}, minimums: {db: 3}}\n"+
 		"  - {name: reconciliation, api_key: "+otherKey+"}\n")
 	a := newAdmin(t, g.addr)
 	pay, recon := a.node("payments"), a.node("reconciliation")
@@ -371,6 +373,14 @@ func TestPolicySurvivesKill9(t *testing.T) {
 	must(t, err)
 	if m := p.GetQuotaModes()["calls"]; m.GetMode() != "warn_only" {
 		t.Fatalf("payments' calls mode after kill -9: %v", m)
+	}
+	if m := p.GetMinimums()["db"]; m.GetMin() != 3 {
+		t.Fatalf("payments' minimum of db after kill -9: %v", m)
+	}
+	// Still checked against the pool: reconciliation cannot reserve 2 more.
+	if _, err := a.c.Raw().SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: recon.GetId(), Reason: "r",
+		Minimums: map[string]*governorpb.Minimum{"db": {Min: 2}}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a minimum past the pool after kill -9: %v", err)
 	}
 	r, err := a.c.Raw().GetNode(context.Background(), &governorpb.GetNodeRequest{NodeId: recon.GetId()})
 	must(t, err)
