@@ -45,7 +45,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "gRPC calls by method and status code."}, []string{"method", "code"})
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_events_total",
 		Help: "State changes recorded, by kind."}, []string{"kind"})
-	for k := engine.EvSessionOpened; k <= engine.EvNodesReclaimed; k++ {
+	for k := engine.EvSessionOpened; k <= engine.EvTenantStateSet; k++ {
 		m.events[k] = events.WithLabelValues(k.String())
 	}
 	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_seconds",
