@@ -302,15 +302,30 @@ func tenantRefusal(te *engine.TenantStateError) *governorpb.TenantRefusal {
 	return &governorpb.TenantRefusal{Tenant: te.Tenant, State: te.State.String(), Reason: te.Reason, Refused: te.What}
 }
 
-// DryRun decides a request as ChargeAndAcquire would, changing nothing,
-// and counts the answer (governor_dry_runs_total).
+// DryRun decides a request as ChargeAndAcquire would, charging and holding
+// nothing, and counts the answer (governor_dry_runs_total). With record
+// (a shadow rule's request) it is decided counting the shadow ledger, and
+// its charges, when admitted, are recorded in the ledger, committed before
+// the answer like any event.
 func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*governorpb.DryRunResponse, error) {
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), Charges: req.GetCharges(), Write: req.GetWrite()}
-	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.DryRunResponse, error) {
-		dr, err := s.eng.DryRun(sid, r)
+	rid := req.GetRequestId()
+	if !req.GetRecord() {
+		rid = ""
+	}
+	return call(s, ctx, rid, func(sid engine.SessionID) (*governorpb.DryRunResponse, error) {
+		var (
+			dr  engine.DryRun
+			err error
+		)
+		if req.GetRecord() {
+			dr, err = s.eng.Shadow(sid, r, rid)
+		} else {
+			dr, err = s.eng.DryRun(sid, r)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -567,7 +567,7 @@ func toNode(v engine.NodeView) *governorpb.Node {
 	n := &governorpb.Node{Id: int64(v.ID), ParentId: int64(v.Parent), Name: v.Name, Kind: nodeKind(v.Kind),
 		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Reserved: v.Reserved, Limits: v.Limits, Held: v.Held,
 		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority,
-		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes)}
+		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes), Shadow: v.Shadow}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
 		n.TenantState, n.TenantStateReason = v.TenantState.String(), v.TenantStateReason

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,9 +340,10 @@ func TestTenantStatesThroughPGWire(t *testing.T) {
 
 // Policy survives a crash: a governord process on SQLite gets a soft cap
 // with its mode set through the API, a warn_only cap from its config, a
-// suspended tenant, and a reserved minimum from its config; it is killed
-// with SIGKILL and started again on the same store, and the modes, the
-// state and its reason, and the minimum are all back and enforced.
+// suspended tenant, a reserved minimum from its config, and a shadow
+// ledger; it is killed with SIGKILL and started again on the same store,
+// and the modes, the state and its reason, the minimum and the ledger are
+// all back and enforced (the ledger only against dry runs).
 func TestPolicySurvivesKill9(t *testing.T) {
 	const otherKey = "recon-key-for-kill9-tests"
 	g := startGovProc(t, "root: {limits: {db: 4}}\ntenants:\n  - {name: payments, api_key: "+tenantKey+", quotas: {calls: {cap: 3, mode: warn_only}}, minimums: {db: 3}}\n"+
@@ -359,6 +361,11 @@ func TestPolicySurvivesKill9(t *testing.T) {
 	if _, err := a.c.Raw().SetTenantState(context.Background(), &governorpb.SetTenantStateRequest{NodeId: recon.GetId(), State: "suspended", Reason: "incident 5"}); err != nil {
 		t.Fatal(err)
 	}
+	// A shadow rule's request: 11 tokens go into the shadow ledger.
+	if r, err := c.Raw().DryRun(context.Background(), &governorpb.DryRunRequest{NodeId: task.ID(),
+		Charges: map[string]int64{"tokens": 11}, Record: true, RequestId: "shadow-1"}); err != nil || r.GetOutcome() != "admitted" {
+		t.Fatalf("a recorded dry run: %v, %v", r, err)
+	}
 	c.Close()
 	g.kill()
 	g.start()
@@ -366,6 +373,13 @@ func TestPolicySurvivesKill9(t *testing.T) {
 	a = newAdmin(t, g.addr)
 	n, err := a.c.Raw().GetNode(context.Background(), &governorpb.GetNodeRequest{NodeId: task.ID()})
 	must(t, err)
+	if sh := n.GetShadow()["tokens"]; sh != 11 {
+		t.Fatalf("the shadow ledger after kill -9: %d tokens, want 11", sh)
+	}
+	if r, err := a.c.Raw().DryRun(context.Background(), &governorpb.DryRunRequest{NodeId: task.ID(),
+		Charges: map[string]int64{"tokens": 2}, Record: true}); err != nil || r.GetOutcome() != "quota" || r.GetDenial().GetUsed() != 11 {
+		t.Fatalf("a recorded dry run past the ledger after kill -9: %v, %v; want quota with 11 used", r, err)
+	}
 	if m := n.GetQuotaModes()["tokens"]; m.GetMode() != "soft" || m.GetBurst() != 2 || n.GetQuotas()["tokens"] != 10 {
 		t.Fatalf("the task's tokens after kill -9: cap %d mode %v", n.GetQuotas()["tokens"], m)
 	}
@@ -410,21 +424,23 @@ func TestPolicySurvivesKill9(t *testing.T) {
 // The same request sequence through a sidecar with its rules enforced and
 // through one with them in shadow (per rule, and the whole sidecar): the
 // shadow one forwards every request, charges nothing, and counts exactly
-// the denials the enforcing one made, by rule and cause; governord counts
-// the same dry runs.
+// the denials the enforcing one made, by rule and cause, whether the quota
+// was spent by other work or by the rule's own requests (the shadow
+// ledger); governord counts the same dry runs.
 func TestShadowCountsWhatHardDenies(t *testing.T) {
 	for _, mode := range []string{"hard", "rule", "sidecar"} {
 		t.Run(mode, func(t *testing.T) {
 			g := startGovernord(t, func(c *server.Config) {
-				c.Tenants[0].Quotas = map[string]int64{"spent": 2, "free": 100}
+				c.Tenants[0].Quotas = map[string]int64{"spent": 4, "free": 100}
 			})
-			// Another task of the tenant has spent the whole quota of spent.
+			// Another task of the tenant has spent one of the 4: the rule's
+			// own requests spend (or, in shadow, would spend) the other 3.
 			other, err := governor.Dial(context.Background(), governor.WithAddr(g.Addr()), governor.WithAPIKey(tenantKey))
 			must(t, err)
 			defer other.Close()
 			_, pre, err := other.NewTask(context.Background(), governor.Spec{Name: "pre"})
 			must(t, err)
-			must(t, pre.Consume(context.Background(), "spent", 2))
+			must(t, pre.Consume(context.Background(), "spent", 1))
 			var served atomic.Int64
 			o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { served.Add(1); w.Write([]byte("ok")) }), false, false)
 			ruleMode, top := "", ""
@@ -438,38 +454,50 @@ func TestShadowCountsWhatHardDenies(t *testing.T) {
 				"  - {name: spent, match: {host: origin.test, path: /spent}, class: api, charge: {spent: 1}" + ruleMode + "}\n" +
 				"  - {name: free, match: {host: origin.test, path: /free}, class: api, charge: {free: 1}" + ruleMode + "}\n"})
 			base := hostURL(o, "origin.test")
-			denied := 0
+			var denials []int // which requests were (or would have been) refused
 			for i := range 10 {
 				path := "/free"
 				if i%2 == 0 {
 					path = "/spent"
 				}
+				before := p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="spent"}`)
 				code, cause, _ := get(t, p, base, path)
 				switch {
 				case code == 429 && cause == "quota":
-					denied++
+					denials = append(denials, i)
 				case code != 200:
 					t.Fatalf("%s %s: %d %q", mode, path, code, cause)
+				case p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="spent"}`) > before:
+					denials = append(denials, i)
 				}
 			}
 			a := newAdmin(t, g.Addr())
-			free := a.node("payments").GetUsed()["free"]
-			shadowDenied := p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="spent"}`)
+			tenant := a.node("payments")
+			free, spent := tenant.GetUsed()["free"], tenant.GetUsed()["spent"]
+			// 5 requests of spent: 3 fit beside the 1 spent before, the
+			// last 2 (the 8th and 10th request) do not.
+			if want := []int{6, 8}; !slices.Equal(denials, want) {
+				t.Fatalf("%s: requests %v refused, want %v", mode, denials, want)
+			}
 			if mode == "hard" {
-				if denied != 5 || served.Load() != 5 || free != 5 {
-					t.Fatalf("hard: %d denied, %d served, %d of free charged; want 5, 5, 5", denied, served.Load(), free)
+				if served.Load() != 8 || free != 5 || spent != 4 || len(tenant.GetShadow()) != 0 {
+					t.Fatalf("hard: %d served, %d of free and %d of spent charged, shadow %v; want 8, 5, 4, none", served.Load(), free, spent, tenant.GetShadow())
 				}
 				return
 			}
-			if denied != 0 || served.Load() != 10 || free != 0 {
-				t.Fatalf("shadow: %d denied, %d served, %d of free charged; want 0, 10, 0", denied, served.Load(), free)
+			if served.Load() != 10 || free != 0 || spent != 1 {
+				t.Fatalf("shadow: %d served, %d of free and %d of spent charged; want 10, 0, 1 (the other task's)", served.Load(), free, spent)
 			}
-			if shadowDenied != 5 || p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="free"}`) != 0 ||
+			if sh := tenant.GetShadow(); sh["spent"] != 3 || sh["free"] != 5 {
+				t.Fatalf("the shadow ledger holds %v, want spent 3 and free 5 (what hard charged)", sh)
+			}
+			if p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="free"}`) != 0 ||
 				p.metric(`governor_proxy_shadow_requests_total{rule="spent"}`) != 5 {
-				t.Fatalf("shadow counted %v would-be denials of spent, want 5 (what hard denied)", shadowDenied)
+				t.Fatalf("shadow counted %v would-be denials of free and %v requests of spent, want 0 and 5",
+					p.metric(`governor_proxy_shadow_denials_total{cause="quota",rule="free"}`), p.metric(`governor_proxy_shadow_requests_total{rule="spent"}`))
 			}
-			if n := govtest.Scrape(t, g.MetricsAddr(), `governor_dry_runs_total{outcome="quota"}`); n != 5 {
-				t.Fatalf("governord counted %v dry runs refused for quota, want 5", n)
+			if n := govtest.Scrape(t, g.MetricsAddr(), `governor_dry_runs_total{outcome="quota"}`); n != 2 {
+				t.Fatalf("governord counted %v dry runs refused for quota, want 2", n)
 			}
 			if !strings.Contains(p.logs.String(), "shadow_denied") {
 				t.Fatalf("no would-be denial in the sidecar's log:\n%s", p.logs.String())
@@ -479,8 +507,7 @@ func TestShadowCountsWhatHardDenies(t *testing.T) {
 }
 
 // pgwire shadow: a rule in dry run lets every statement run, charges
-// nothing, and counts each statement an enforcing rule would have refused;
-// the same rule enforced refuses them.
+// nothing, and counts each statement the same rule enforced refuses.
 func TestPGWireShadow(t *testing.T) {
 	pgUpstream(t)
 	for _, mode := range []string{"enforce", "shadow"} {
@@ -504,24 +531,14 @@ func TestPGWireShadow(t *testing.T) {
 					t.Fatalf("enforced: %d denied, %d rows; want 3 and 2", denied, pgRows(t, table))
 				}
 			case "shadow":
-				// Nothing is charged, so the quota of 2 is never spent: the
-				// dry runs refuse nothing either, and all 5 rows are there.
-				if denied != 0 || pgRows(t, table) != 5 || shadowed != 0 {
-					t.Fatalf("shadow: %d denied, %d rows, %v would-be denials; want 0, 5, 0", denied, pgRows(t, table), shadowed)
+				// Nothing is charged; the shadow ledger counts what was
+				// admitted, so the same 3 would have been refused.
+				if denied != 0 || pgRows(t, table) != 5 || shadowed != 3 {
+					t.Fatalf("shadow: %d denied, %d rows, %v would-be denials; want 0, 5, 3", denied, pgRows(t, table), shadowed)
 				}
-				// Spend the quota elsewhere: now every statement would be refused.
-				a := newAdmin(t, g.Addr())
-				task := a.node("payments", table)
-				if _, err := a.c.Raw().SetCaps(context.Background(), &governorpb.SetCapsRequest{NodeId: task.GetId(), Quotas: map[string]int64{"db_writes": 0}, Reason: "test"}); err != nil {
-					t.Fatal(err)
-				}
-				for i := range 3 {
-					if _, err := c.Exec(context.Background(), fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, 10+i)); err != nil {
-						t.Fatalf("a shadow rule refused: %v", err)
-					}
-				}
-				if n := p.metric(`governor_proxy_pgwire_shadow_denials_total{cause="quota",rule="writes"}`); n != 3 {
-					t.Fatalf("shadow counted %v would-be denials, want 3", n)
+				task := newAdmin(t, g.Addr()).node("payments", table)
+				if task.GetUsed()["db_writes"] != 0 || task.GetShadow()["db_writes"] != 2 {
+					t.Fatalf("shadow: %v used, %v in the shadow ledger; want nothing and 2 db_writes", task.GetUsed(), task.GetShadow())
 				}
 			}
 		})

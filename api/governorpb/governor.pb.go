@@ -743,7 +743,11 @@ type Node struct {
 	TenantState       string `protobuf:"bytes,19,opt,name=tenant_state,json=tenantState,proto3" json:"tenant_state,omitempty"`
 	TenantStateReason string `protobuf:"bytes,20,opt,name=tenant_state_reason,json=tenantStateReason,proto3" json:"tenant_state_reason,omitempty"`
 	// A tenant's reserved minimums by lease class.
-	Minimums      map[string]*Minimum `protobuf:"bytes,21,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Minimums map[string]*Minimum `protobuf:"bytes,21,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The shadow ledger, by resource: what the sidecars' rules in dry run
+	// (mode: shadow) would have charged in this node's whole subtree, had
+	// they been enforced. Nothing real counts it; see DryRunRequest.record.
+	Shadow        map[string]int64 `protobuf:"bytes,22,rep,name=shadow,proto3" json:"shadow,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -921,6 +925,13 @@ func (x *Node) GetTenantStateReason() string {
 func (x *Node) GetMinimums() map[string]*Minimum {
 	if x != nil {
 		return x.Minimums
+	}
+	return nil
+}
+
+func (x *Node) GetShadow() map[string]int64 {
+	if x != nil {
+		return x.Shadow
 	}
 	return nil
 }
@@ -4859,7 +4870,16 @@ type DryRunRequest struct {
 	// What it would charge.
 	Charges map[string]int64 `protobuf:"bytes,3,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Whether it is a write (see AcquireRequest.write).
-	Write         bool `protobuf:"varint,4,opt,name=write,proto3" json:"write,omitempty"`
+	Write bool `protobuf:"varint,4,opt,name=write,proto3" json:"write,omitempty"`
+	// Record asks for a shadow rule's dry run: decided counting the shadow
+	// ledger (what earlier recorded dry runs would have charged, had they
+	// been enforced) as spent, and, when it would be admitted, its charges
+	// added to that ledger (Node.shadow). Without it nothing is recorded and
+	// the ledger is not counted: how a real request would be answered now.
+	Record bool `protobuf:"varint,5,opt,name=record,proto3" json:"record,omitempty"`
+	// For a recorded dry run, makes a retry record nothing more (see
+	// ConsumeRequest.request_id).
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4920,6 +4940,20 @@ func (x *DryRunRequest) GetWrite() bool {
 		return x.Write
 	}
 	return false
+}
+
+func (x *DryRunRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
+}
+
+func (x *DryRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type DryRunResponse struct {
@@ -5092,7 +5126,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa7\r\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x99\x0e\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -5117,7 +5151,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"limitModes\x12!\n" +
 	"\ftenant_state\x18\x13 \x01(\tR\vtenantState\x12.\n" +
 	"\x13tenant_state_reason\x18\x14 \x01(\tR\x11tenantStateReason\x12;\n" +
-	"\bminimums\x18\x15 \x03(\v2\x1f.governor.v1.Node.MinimumsEntryR\bminimums\x1a9\n" +
+	"\bminimums\x18\x15 \x03(\v2\x1f.governor.v1.Node.MinimumsEntryR\bminimums\x125\n" +
+	"\x06shadow\x18\x16 \x03(\v2\x1d.governor.v1.Node.ShadowEntryR\x06shadow\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -5147,7 +5182,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aQ\n" +
 	"\rMinimumsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01\x1a9\n" +
+	"\vShadowEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -5523,12 +5561,15 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
-	"\arefused\x18\x04 \x01(\tR\arefused\"\xd3\x01\n" +
+	"\arefused\x18\x04 \x01(\tR\arefused\"\x8a\x02\n" +
 	"\rDryRunRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\x12A\n" +
 	"\acharges\x18\x03 \x03(\v2'.governor.v1.DryRunRequest.ChargesEntryR\acharges\x12\x14\n" +
-	"\x05write\x18\x04 \x01(\bR\x05write\x1a:\n" +
+	"\x05write\x18\x04 \x01(\bR\x05write\x12\x16\n" +
+	"\x06record\x18\x05 \x01(\bR\x06record\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"q\n" +
@@ -5603,7 +5644,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 100)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5688,40 +5729,41 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	nil,                              // 80: governor.v1.Node.QuotaModesEntry
 	nil,                              // 81: governor.v1.Node.LimitModesEntry
 	nil,                              // 82: governor.v1.Node.MinimumsEntry
-	nil,                              // 83: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 84: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 85: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 86: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 87: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 88: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 89: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 90: governor.v1.SetCapsRequest.MinimumsEntry
-	nil,                              // 91: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 92: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 93: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 94: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 95: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 96: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 97: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 98: governor.v1.UsageLine.SpendEntry
-	nil,                              // 99: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 100: governor.v1.UsageLine.PeakEntry
-	nil,                              // 101: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 102: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 103: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 104: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 105: google.protobuf.Timestamp
+	nil,                              // 83: governor.v1.Node.ShadowEntry
+	nil,                              // 84: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 85: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 86: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 87: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 88: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 89: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 90: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 91: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 92: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 93: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 94: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 95: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 96: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 97: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 98: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 99: governor.v1.UsageLine.SpendEntry
+	nil,                              // 100: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 101: governor.v1.UsageLine.PeakEntry
+	nil,                              // 102: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 103: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 104: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 105: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 106: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	104, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	104, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	104, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	104, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	105, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	105, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	105, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	105, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
 	69,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
 	70,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
 	71,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
 	72,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	105, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	106, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
 	73,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
@@ -5730,142 +5772,143 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	76,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
 	77,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
 	78,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	105, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	106, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
 	79,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	105, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	106, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
 	80,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
 	81,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
 	82,  // 22: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
-	10,  // 23: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10,  // 24: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11,  // 25: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11,  // 26: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	83,  // 27: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23,  // 28: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	104, // 29: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	36,  // 30: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	3,   // 31: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	84,  // 32: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	85,  // 33: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	86,  // 34: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	87,  // 35: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	105, // 36: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	104, // 37: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	88,  // 38: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	89,  // 39: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	90,  // 40: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	91,  // 41: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	92,  // 42: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	93,  // 43: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	94,  // 44: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	95,  // 45: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	96,  // 46: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	97,  // 47: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	105, // 48: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	42,  // 49: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	42,  // 50: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	105, // 51: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	105, // 52: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	43,  // 53: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	44,  // 54: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 55: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 56: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	105, // 57: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	105, // 58: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	98,  // 59: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	99,  // 60: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	100, // 61: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	101, // 62: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	105, // 63: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	105, // 64: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	50,  // 65: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	105, // 66: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	105, // 67: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	104, // 68: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	105, // 69: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	105, // 70: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	105, // 71: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	53,  // 72: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	54,  // 73: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	55,  // 74: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	56,  // 75: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	104, // 76: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 77: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	102, // 78: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	60,  // 79: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	62,  // 80: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	103, // 81: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	46,  // 82: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	105, // 83: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	105, // 84: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	60,  // 85: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 86: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 87: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 88: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 89: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 90: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 91: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 92: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 93: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 94: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 95: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 96: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 97: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 98: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 99: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 100: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 101: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 102: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 103: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 104: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 105: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 106: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 107: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 108: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 109: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 110: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 111: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 112: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 113: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 114: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 115: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 116: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 117: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 118: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 119: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	66,  // 120: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 121: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 122: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 123: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 124: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 125: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 126: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 127: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 128: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 129: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 130: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 131: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 132: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 133: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 134: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 135: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 136: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 137: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 138: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 139: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 140: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 141: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 142: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 143: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 144: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 145: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 146: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	67,  // 147: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	121, // [121:148] is the sub-list for method output_type
-	94,  // [94:121] is the sub-list for method input_type
-	94,  // [94:94] is the sub-list for extension type_name
-	94,  // [94:94] is the sub-list for extension extendee
-	0,   // [0:94] is the sub-list for field type_name
+	83,  // 23: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
+	10,  // 24: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10,  // 25: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11,  // 26: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	11,  // 27: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	84,  // 28: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	23,  // 29: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	105, // 30: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	36,  // 31: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	3,   // 32: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	85,  // 33: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	86,  // 34: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	87,  // 35: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	88,  // 36: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	106, // 37: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	105, // 38: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	89,  // 39: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	90,  // 40: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	91,  // 41: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	92,  // 42: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	93,  // 43: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	94,  // 44: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	95,  // 45: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	96,  // 46: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	97,  // 47: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	98,  // 48: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	106, // 49: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	42,  // 50: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	42,  // 51: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	106, // 52: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	106, // 53: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	43,  // 54: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	44,  // 55: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 56: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 57: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	106, // 58: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	106, // 59: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	99,  // 60: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	100, // 61: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	101, // 62: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	102, // 63: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	106, // 64: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	106, // 65: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	50,  // 66: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	106, // 67: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	106, // 68: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	105, // 69: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	106, // 70: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	106, // 71: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	106, // 72: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	53,  // 73: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	54,  // 74: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	55,  // 75: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	56,  // 76: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	105, // 77: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 78: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	103, // 79: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	60,  // 80: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	62,  // 81: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	104, // 82: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	46,  // 83: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	106, // 84: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	106, // 85: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	60,  // 86: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 87: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 88: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 89: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 90: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 91: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 92: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 93: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 94: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 95: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 96: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 97: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 98: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 99: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 100: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 101: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 102: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 103: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 104: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 105: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 106: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 107: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 108: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 109: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 110: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 111: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 112: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 113: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 114: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 115: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 116: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 117: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 118: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 119: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	64,  // 120: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	66,  // 121: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 122: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 123: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 124: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 125: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 126: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 127: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 128: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 129: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 130: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 131: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 132: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 133: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 134: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 135: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 136: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 137: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 138: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 139: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 140: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 141: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 142: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 143: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 144: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 145: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 146: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 147: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	67,  // 148: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	122, // [122:149] is the sub-list for method output_type
+	95,  // [95:122] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -5881,7 +5924,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   100,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -230,7 +230,10 @@ type capLine struct {
 	Name     string `json:"name"`
 	Used     int64  `json:"used"`
 	Reserved int64  `json:"reserved,omitempty"`
-	Cap      *int64 `json:"cap,omitempty"`
+	// Shadow is what rules in dry run would have charged (the shadow
+	// ledger; docs/policy.md): a record, not usage.
+	Shadow int64  `json:"shadow,omitempty"`
+	Cap    *int64 `json:"cap,omitempty"`
 	// Mode is how the cap is enforced when it is not hard: "soft (burst
 	// N)" or "warn_only".
 	Mode string `json:"mode,omitempty"`
@@ -251,10 +254,10 @@ type effective struct {
 func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, asJSON bool, out io.Writer) error {
 	path, chain := pathOf(ctx, rpc, n)
 	v := capView{ID: n.GetId(), Path: path, Kind: kindName(n.GetKind()), State: stateName(n.GetState())}
-	lines := func(caps, used, reserved map[string]int64, modes map[string]*governorpb.CapMode) []capLine {
+	lines := func(caps, used, reserved, shadow map[string]int64, modes map[string]*governorpb.CapMode) []capLine {
 		var out []capLine
-		for _, k := range slices.Sorted(maps.Keys(union(caps, used))) {
-			l := capLine{Name: k, Used: used[k], Reserved: reserved[k]}
+		for _, k := range slices.Sorted(maps.Keys(union(union(caps, used), shadow))) {
+			l := capLine{Name: k, Used: used[k], Reserved: reserved[k], Shadow: shadow[k]}
 			if c, ok := caps[k]; ok {
 				l.Cap = &c
 			}
@@ -265,8 +268,8 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		}
 		return out
 	}
-	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetQuotaModes())
-	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, n.GetLimitModes())
+	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
+	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
 	v.Effective = tightest(chain)
 	if asJSON {
 		enc := json.NewEncoder(out)
@@ -291,6 +294,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 			}
 			if l.Mode != "" {
 				extra = strings.TrimSpace(extra + " " + l.Mode)
+			}
+			if l.Shadow != 0 {
+				extra = strings.TrimSpace(fmt.Sprintf("%s shadow %d", extra, l.Shadow))
 			}
 			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
 		}

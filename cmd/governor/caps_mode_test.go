@@ -39,9 +39,14 @@ func TestCapsSetMode(t *testing.T) {
 			t.Fatalf("consume %d after %d: %v; a soft 100 with a burst of 10 admits 110 and no more", amount, i, err)
 		}
 	}
+	// A shadow rule's dry run of 7 calls, recorded in the shadow ledger
+	// (docs/policy.md), which caps get shows beside the usage.
+	if r, err := admin.DryRun(context.Background(), &governorpb.DryRunRequest{NodeId: id, Charges: map[string]int64{"calls": 7}, Record: true}); err != nil || r.GetOutcome() != "admitted" {
+		t.Fatalf("a recorded dry run: %v, %v", r, err)
+	}
 	_, out, _ = cli(t, "caps", "get", "payments/job")
-	if !strings.Contains(out, "soft (burst 10)") || !strings.Contains(out, "warn_only") {
-		t.Fatalf("caps get does not show the modes:\n%s", out)
+	if !strings.Contains(out, "soft (burst 10)") || !strings.Contains(out, "warn_only") || !strings.Contains(out, "shadow 7") {
+		t.Fatalf("caps get does not show the modes and the shadow ledger:\n%s", out)
 	}
 	_, out, _ = cli(t, "caps", "history", "payments/job")
 	if !strings.Contains(out, "quota.tokens mode: hard -> soft (burst 10)") || !strings.Contains(out, "roll out") {

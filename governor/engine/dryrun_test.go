@@ -2,6 +2,8 @@ package engine
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -48,4 +50,72 @@ func TestDryRunDecidesAndChangesNothing(t *testing.T) {
 	}
 	seq = f.e.Seq()
 	check("a write while read_only", AcquireRequest{Node: f.job, Write: true}, ErrTenantState, false)
+}
+
+// Shadow decides against what is spent plus what earlier shadow requests
+// would have charged, records what it would admit (and nothing else),
+// leaves real requests alone, remembers its request ids, bounds the
+// ledger's names like a tenant's own, and the ledger is state: a snapshot
+// and a replay bring it back.
+func TestShadowLedgerIsTheEnforcedRun(t *testing.T) {
+	f := newRetentionFixture(t, func(c *Config) {
+		c.TenantBounds = map[string]Bounds{"acme": {Resources: 3}}
+	})
+	f.setCaps(f.job, CapsEdit{Quotas: map[string]int64{"tokens": 10}})
+	f.consume(f.sA, f.job, "tokens", 4)
+	shadow := func(node NodeID, amount int64, rid string) DryRun {
+		t.Helper()
+		dr, err := f.e.Shadow(f.sA, AcquireRequest{Node: node, Charges: map[string]int64{"tokens": amount}}, rid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dr
+	}
+	// 4 spent: 3 and 3 fit (the ledger reaches 6), a third 1 does not.
+	for i, amount := range []int64{3, 3} {
+		if dr := shadow(f.step, amount, fmt.Sprintf("s%d", i)); dr.Err != nil {
+			t.Fatalf("shadow %d: %v", i, dr.Err)
+		}
+	}
+	seq := f.e.Seq()
+	var d *Denial
+	if dr := shadow(f.step, 1, ""); !errors.As(dr.Err, &d) || d.Node != f.job || d.Used != 10 || d.Limit != 10 {
+		t.Fatalf("past the ledger: %+v, want a denial on job with 10 of 10 used (4 spent, 6 in the ledger)", dr)
+	}
+	if f.e.Seq() != seq {
+		t.Fatal("a refused shadow request emitted events")
+	}
+	// A retry records nothing more; the same id with other charges is refused.
+	if dr := shadow(f.step, 3, "s1"); dr.Err != nil || f.e.Seq() != seq {
+		t.Fatalf("a retry: %+v, events %d -> %d", dr, seq, f.e.Seq())
+	}
+	if _, err := f.e.Shadow(f.sA, AcquireRequest{Node: f.step, Charges: map[string]int64{"tokens": 2}}, "s1"); !errors.Is(err, ErrRequestIDReused) {
+		t.Fatalf("a reused id: %v", err)
+	}
+	// Real work ignores the ledger: the 6 left are still there for it, and
+	// a plain DryRun answers as real work would.
+	if dr, _ := f.e.DryRun(f.sA, AcquireRequest{Node: f.step, Charges: map[string]int64{"tokens": 6}}); dr.Err != nil {
+		t.Fatalf("a dry run counted the shadow ledger: %v", dr.Err)
+	}
+	f.consume(f.sA, f.step, "tokens", 6)
+	for _, id := range []NodeID{f.step, f.job, f.acme, RootID} {
+		if got := f.node(id).Shadow["tokens"]; got != 6 {
+			t.Fatalf("node %d's shadow ledger: %d tokens, want 6", id, got)
+		}
+	}
+	// The ledger's names are bounded: acme knows tokens; two more fit, a
+	// fourth name does not.
+	if _, err := f.e.Shadow(f.sA, AcquireRequest{Node: f.job, Charges: map[string]int64{"a": 1, "b": 1}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	seq = f.e.Seq()
+	if _, err := f.e.Shadow(f.sA, AcquireRequest{Node: f.job, Charges: map[string]int64{"c": 1}}, ""); !errors.Is(err, ErrBound) || f.e.Seq() != seq {
+		t.Fatalf("a fourth name in the ledger: %v", err)
+	}
+	live := f.e.Snapshot()
+	for _, way := range []string{wayRestore, wayReplay} {
+		if got := f.rebuild(t, way).Snapshot(); !reflect.DeepEqual(got, live) {
+			t.Errorf("%s differs:\n%s", way, diffSnapshots(live, got))
+		}
+	}
 }

@@ -26,6 +26,7 @@ const (
 	EvNodesReclaimed
 	EvCapsReverted
 	EvTenantStateSet
+	EvShadowCharged
 )
 
 var kindNames = [...]string{
@@ -45,6 +46,7 @@ var kindNames = [...]string{
 	EvNodesReclaimed: "nodes_reclaimed",
 	EvCapsReverted:   "caps_reverted",
 	EvTenantStateSet: "tenant_state_set",
+	EvShadowCharged:  "shadow_charged",
 }
 
 func (k EventKind) String() string {
@@ -91,8 +93,9 @@ type Event struct {
 	// Token is the SHA-256 hash of a session's token (EvSessionOpened).
 	Token string `json:"tok,omitempty"`
 
-	// Charges made (EvCharged, EvLeaseGranted), or undone with a grant its
-	// caller never saw (EvLeaseReleased with Forget).
+	// Charges made (EvCharged, EvLeaseGranted), undone with a grant its
+	// caller never saw (EvLeaseReleased with Forget), or counted in the
+	// shadow ledger only (EvShadowCharged; dryrun.go).
 	Charges []Charge  `json:"ch,omitempty"`
 	Spec    *NodeSpec `json:"spec,omitempty"` // EvNodeCreated
 	Caps    *CapsEdit `json:"caps,omitempty"` // EvCapsSet, EvCapsReverted
@@ -216,6 +219,14 @@ func (e *Engine) applyKind(ev *Event) error {
 		return e.applyReclaimed(ev)
 	case EvTenantStateSet:
 		return e.applyTenantState(ev)
+	case EvShadowCharged:
+		n := e.nodes[ev.Node]
+		if n == nil || len(ev.Charges) == 0 {
+			return fmt.Errorf("%w: shadow charge on node %d", ErrCorrupt, ev.Node)
+		}
+		for _, c := range ev.Charges {
+			n.shadowCharge(c.Resource, c.Amount)
+		}
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
 	}

@@ -140,7 +140,7 @@ func tenantRefuses(st TenantState, write, task bool) bool {
 func (m *model) checkTenantState(ev Event) {
 	node, write, task := ev.Node, ev.Write, false
 	switch ev.Kind {
-	case EvConsumed, EvCharged, EvLeaseGranted:
+	case EvConsumed, EvCharged, EvLeaseGranted, EvShadowCharged:
 	case EvBlockResized:
 		l, ok := m.leases[ev.Lease]
 		if !ok || ev.Amount <= 0 {

@@ -19,6 +19,7 @@ type model struct {
 	defQ     map[NodeID]map[string]int64
 	defL     map[NodeID]map[string]int64
 	used     map[NodeID]map[string]int64
+	shadow   map[NodeID]map[string]int64 // the shadow ledger (dryrun.go)
 	reserved map[NodeID]map[string]int64
 	held     map[NodeID]map[string]int64
 	leases   map[LeaseID]modelLease
@@ -65,7 +66,7 @@ func newModel(retention time.Duration) *model {
 	m := &model{parent: map[NodeID]NodeID{}, state: map[NodeID]State{}, deadline: map[NodeID]int64{},
 		quotas: map[NodeID]map[string]int64{}, limits: map[NodeID]map[string]int64{},
 		defQ: map[NodeID]map[string]int64{}, defL: map[NodeID]map[string]int64{},
-		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{},
+		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{}, shadow: map[NodeID]map[string]int64{},
 		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
@@ -237,6 +238,11 @@ func (m *model) applyEvent(ev Event) {
 		m.checkOpen(ev, ev.Node)
 		for _, c := range ev.Charges {
 			m.charge(ev, ev.Node, c.Resource, c.Amount)
+		}
+	case EvShadowCharged:
+		m.checkOpen(ev, ev.Node)
+		for _, c := range ev.Charges {
+			m.shadowCharge(ev, ev.Node, c.Resource, c.Amount)
 		}
 	case EvLeaseGranted:
 		m.checkOpen(ev, ev.Node)
@@ -410,6 +416,19 @@ func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], q)
 		}
 		add(m.used, a, r, amount)
+	}
+}
+
+// shadowCharge checks I23 (a shadow charge fits under every quota on its
+// chain counting the shadow ledger as spent, as the same charge enforced
+// after the shadow charges before it would have) and adds it to the ledger.
+func (m *model) shadowCharge(ev Event, id NodeID, r string, amount int64) {
+	for _, a := range m.chain(id) {
+		if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+m.shadow[a][r]+amount > q {
+			m.failf("I23 shadow: event %d records %d of %s on node %d; node %d had %d used, %d reserved and %d in its shadow ledger of %d",
+				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], m.shadow[a][r], q)
+		}
+		add(m.shadow, a, r, amount)
 	}
 }
 

@@ -65,7 +65,14 @@ var mutants = []mutant{
 	{"reserved units not counted against the cap", "gauge.go",
 		"return ok && amount > eff-g.n-g.r\n", "return ok && amount > eff-g.n\n", `I1 quotas`},
 	{"a denial while reservations could be recalled", "quota.go",
-		"\t\tif eff, _ := g.enforced(); amount > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
+		"\t\tif eff, _ := g.enforced(); want > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
+	// The shadow ledger (dryrun.go).
+	{"a shadow request decided without its ledger", "dryrun.go",
+		"dr, n, err := e.dryRun(s, now, r, true)", "dr, n, err := e.dryRun(s, now, r, false)", `I23 shadow`},
+	{"the shadow ledger kept on the node alone", "dryrun.go",
+		"\t\ta.shadow[r] += amount\n", "\t\ta.shadow[r] += amount\n\t\tbreak\n", `shadow ledger \(I23\)|I23 shadow`},
+	{"a shadow denial's Used without the ledger", "quota.go",
+		"\t\t\td.Used += want - amount\n", "", `I23 shadow`},
 	// Enforcement modes (policy.go).
 	{"a soft cap refuses one past its burst", "policy.go",
 		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},

@@ -57,20 +57,34 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 // unspent reservations are in the way, a *recallNeeded naming the highest
 // node they block (Engine.recalled turns that into ErrRecalling).
 func (n *node) check(r string, amount int64) error {
+	return n.checkAs(r, amount, false)
+}
+
+// checkAs is check, counting each node's shadow ledger as spent when
+// shadow is set: how a shadow rule's request would have been decided had
+// the shadow requests before it been enforced (dryrun.go). A denial's Used
+// then includes the ledger.
+func (n *node) checkAs(r string, amount int64, shadow bool) error {
 	var blocked *node
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
 		if g == nil {
 			continue
 		}
-		if g.n > math.MaxInt64-amount-g.r {
+		want := amount
+		if shadow {
+			want += a.shadow[r] // bounded: Shadow refuses a ledger that would overflow
+		}
+		if g.n > math.MaxInt64-want-g.r {
 			return invalid("%s on %q would overflow", r, a.name)
 		}
-		if !g.full(amount) {
+		if !g.full(want) {
 			continue
 		}
-		if eff, _ := g.enforced(); amount > eff-g.n { // full, so enforced
-			return a.denial(r, amount, eff)
+		if eff, _ := g.enforced(); want > eff-g.n { // full, so enforced
+			d := a.denial(r, amount, eff)
+			d.Used += want - amount
+			return d
 		}
 		blocked = a
 	}
@@ -82,8 +96,12 @@ func (n *node) check(r string, amount int64) error {
 
 // checkAll checks several charges against n's chain, as if made together.
 func (n *node) checkAll(charges []Charge) error {
+	return n.checkAllAs(charges, false)
+}
+
+func (n *node) checkAllAs(charges []Charge, shadow bool) error {
 	for _, c := range charges {
-		if err := n.check(c.Resource, c.Amount); err != nil {
+		if err := n.checkAs(c.Resource, c.Amount, shadow); err != nil {
 			return err
 		}
 	}

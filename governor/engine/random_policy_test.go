@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -170,4 +171,127 @@ func (w *world) modesOp() {
 	before := w.e.Seq()
 	_, err := w.e.SetCaps(System, n, edit, "")
 	w.expect(fmt.Sprintf("modes of n%d %+v", n, edit), before, err, ErrTaskEnded)
+}
+
+// shadowOp is, now and then, a shadow rule's request (Engine.Shadow), or
+// a retry of one, from a stream of its own (srng), so that every other
+// draw of a seed stays as it was. It checks each answer against the model:
+// a quota refusal names a node where what is spent and what the shadow
+// ledger holds leave no room for the charge (I23; I1's check of each
+// EvShadowCharged is the other half), a recorded request emits exactly its
+// EvShadowCharged, and a retry answers admitted and records nothing more.
+func (w *world) shadowOp() {
+	if w.srng.Intn(4) != 0 {
+		return
+	}
+	if len(w.shadowReqs) > 0 && w.srng.Intn(4) == 0 {
+		w.shadowRetry()
+		return
+	}
+	var sids []SessionID
+	for sid := range w.scope {
+		sids = append(sids, sid)
+	}
+	if len(sids) == 0 {
+		return
+	}
+	slices.Sort(sids)
+	sid := sids[w.srng.Intn(len(sids))]
+	var in []NodeID
+	for _, id := range w.nodes {
+		if w.m.inside(id, w.scope[sid]) {
+			in = append(in, id)
+		}
+	}
+	if len(in) == 0 {
+		return
+	}
+	r := AcquireRequest{Node: in[w.srng.Intn(len(in))], Charges: map[string]int64{}, Write: w.srng.Intn(3) == 0}
+	for range 1 + w.srng.Intn(2) {
+		r.Charges[resources[w.srng.Intn(len(resources))]] += 1 + w.srng.Int63n(6)
+	}
+	if w.srng.Intn(2) == 0 {
+		r.Class = classes[w.srng.Intn(len(classes))]
+	}
+	rid := ""
+	if w.srng.Intn(2) == 0 {
+		w.nextShadow++
+		rid = fmt.Sprintf("sh%d", w.nextShadow)
+	}
+	before := w.e.Seq()
+	dr, err := w.e.Shadow(sid, r, rid)
+	what := fmt.Sprintf("shadow s%d n%d %v write %v %q", sid, r.Node, r.Charges, r.Write, rid)
+	w.expect(what, before, err, ErrBound)
+	if err != nil {
+		return
+	}
+	w.logf("%s -> %v wait %v", what, dr.Err, dr.Wait)
+	var d *Denial
+	switch {
+	case errors.As(dr.Err, &d):
+		q, ok := w.m.refusesAt(d.Node, false, d.Resource)
+		if want := w.m.used[d.Node][d.Resource] + w.m.shadow[d.Node][d.Resource]; !ok || d.Limit != q || d.Used != want ||
+			d.Used+d.Amount <= d.Limit || !slices.Contains(w.m.chain(r.Node), d.Node) {
+			w.fail("I23 shadow: %s refused by %v; the model has %d spent and in the ledger of %d (enforced %v) there", what, d, want, q, ok)
+		}
+	case dr.Err != nil:
+		w.expect(what, before, dr.Err, ErrTaskEnded, ErrRecalling)
+	}
+	evs := w.rec.events[before:]
+	if dr.Err != nil {
+		if len(evs) != 0 {
+			w.fail("%s refused with %v but emitted %d events", what, dr.Err, len(evs))
+		}
+		return
+	}
+	if len(evs) != 1 || evs[0].Kind != EvShadowCharged || evs[0].Node != r.Node || len(evs[0].Charges) != len(r.Charges) {
+		w.fail("%s admitted, emitting %v; want one EvShadowCharged of its charges", what, evs)
+		return
+	}
+	for _, c := range evs[0].Charges {
+		if r.Charges[c.Resource] != c.Amount {
+			w.fail("%s recorded %v", what, evs[0].Charges)
+		}
+	}
+	if rid != "" {
+		w.shadowReqs = append(w.shadowReqs, shadowReq{sid: sid, id: rid, req: r})
+	}
+}
+
+// shadowReq is a recorded shadow request with an id, for retries.
+type shadowReq struct {
+	sid SessionID
+	id  string
+	req AcquireRequest
+}
+
+// shadowRetry sends a recorded shadow request again, with the same
+// arguments (admitted, nothing emitted) or, now and then, other ones
+// (ErrRequestIDReused).
+func (w *world) shadowRetry() {
+	i := w.srng.Intn(len(w.shadowReqs))
+	r := w.shadowReqs[i]
+	if !w.m.Remembers(r.sid, r.id) { // ended, or pushed out by 1,024 later ids
+		w.shadowReqs = slices.Delete(w.shadowReqs, i, i+1)
+		return
+	}
+	req, differ := r.req, w.srng.Intn(5) == 0
+	if differ {
+		req.Charges = maps.Clone(req.Charges)
+		req.Charges["tokens"]++
+	}
+	before := w.e.Seq()
+	dr, err := w.e.Shadow(r.sid, req, r.id)
+	what := fmt.Sprintf("shadow retry s%d %q differ %v", r.sid, r.id, differ)
+	if differ {
+		w.expect(what, before, err, ErrRequestIDReused)
+		if err == nil {
+			w.fail("%s: accepted", what)
+		}
+		return
+	}
+	w.expect(what, before, err)
+	if err == nil && (dr.Err != nil || w.e.Seq() != before) {
+		w.fail("%s -> %v, events %d..%d; want admitted and nothing emitted", what, dr.Err, before+1, w.e.Seq())
+	}
 }

@@ -54,6 +54,7 @@ func TestRandomized(t *testing.T) {
 				}
 				w.randomOp()
 				w.policyOp()
+				w.shadowOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -96,14 +97,19 @@ type world struct {
 	// their own, so that they leave every other draw of a seed as it was.
 	policy *rand.Rand
 	orng   *rand.Rand // which edits are overrides, a stream of its own (model_override_test.go)
-	clock  *fakeClock
-	cfg    Config
-	e      *Engine
-	rec    *recorder
-	m      *model
-	step   int
-	trail  []string
-	mid    *Snapshot
+	// srng draws shadow requests (random_policy_test.go's shadowOp), a
+	// stream of its own; shadowReqs are those recorded with an id.
+	srng       *rand.Rand
+	shadowReqs []shadowReq
+	nextShadow int
+	clock      *fakeClock
+	cfg        Config
+	e          *Engine
+	rec        *recorder
+	m          *model
+	step       int
+	trail      []string
+	mid        *Snapshot
 
 	sessions []SessionID
 	scope    map[SessionID]NodeID
@@ -147,7 +153,8 @@ func (w *world) Notify(n Notice) { w.notices = append(w.notices, n) }
 func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
-	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)), clock: newFakeClock(),
+	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
+		srng: rand.New(rand.NewSource(seed + 2<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -780,6 +787,7 @@ func (w *world) check() {
 			engine, want map[string]int64
 		}{
 			{"used (I2)", n.quota.counts(), m.used[id]},
+			{"shadow ledger (I23)", n.shadow, m.shadow[id]},
 			{"reserved (I2)", n.quota.reservedCounts(), m.reserved[id]},
 			{"reserved recounted (I2)", n.quota.reservedCounts(), reservedCount[id]},
 			{"held (I2)", n.limit.counts(), m.held[id]},

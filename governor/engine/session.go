@@ -277,6 +277,7 @@ const (
 	opBlock
 	opReserve
 	opTenantState
+	opShadow
 )
 
 // fingerprint hashes a request's arguments (FNV-1a) without allocating, so a

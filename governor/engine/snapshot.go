@@ -188,6 +188,12 @@ func (e *Engine) Restore(snap Snapshot) error {
 		}
 		n.tstate, n.tstateWhy = v.TenantState, v.TenantStateReason
 		n.mins = maps.Clone(v.Minimums)
+		for k, v := range v.Shadow {
+			if v <= 0 {
+				return fmt.Errorf("%w: snapshot node %d has a shadow ledger of %d %s", ErrCorrupt, n.id, v, k)
+			}
+		}
+		n.shadow = maps.Clone(v.Shadow)
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}

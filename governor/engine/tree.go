@@ -130,6 +130,9 @@ type NodeView struct {
 	// Minimums are a tenant's reserved minimums by lease class
 	// (minimum.go).
 	Minimums map[string]Minimum `json:",omitempty"`
+	// Shadow is the shadow ledger: what the sidecars' rules in dry run would
+	// have charged in the subtree, had they been enforced (dryrun.go).
+	Shadow map[string]int64 `json:",omitempty"`
 }
 
 type node struct {
@@ -171,6 +174,11 @@ type node struct {
 	tstateWhy string
 	mins      map[string]Minimum
 
+	// shadow is the shadow ledger: what requests of the sidecars' rules in
+	// dry run would have charged here and below, had they been enforced
+	// (dryrun.go). It never counts against a real request.
+	shadow map[string]int64
+
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
 	openBelow int
@@ -206,7 +214,8 @@ func (n *node) view() NodeView {
 		Held: n.limit.counts(), DefaultQuotas: maps.Clone(n.defQuotas), DefaultLimits: maps.Clone(n.defLimits),
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
 		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes(),
-		TenantState: n.tstate, TenantStateReason: n.tstateWhy, Minimums: maps.Clone(n.mins)}
+		TenantState: n.tstate, TenantStateReason: n.tstateWhy, Minimums: maps.Clone(n.mins),
+		Shadow: nilIfEmpty(maps.Clone(n.shadow))}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}

@@ -106,9 +106,10 @@ func (c CapState) Warning() string {
 // the node whose cap it is.
 func (c CapState) PolicyName() string { return c.Name + "@" + c.Node }
 
-// DryRunner asks governord how it would answer a request now, charging and
-// holding nothing: what a shadow rule does instead of admitting. Package
-// budget's Admitter is one.
+// DryRunner asks governord how it would answer a request had its rule been
+// enforced, charging and holding nothing, and records its would-be charges
+// in the shadow ledger: what a shadow rule does instead of admitting.
+// Package budget's Admitter is one.
 type DryRunner interface {
 	DryRun(ctx context.Context, r Request) (DryRunResult, error)
 }
