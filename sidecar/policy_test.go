@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -540,6 +541,90 @@ func TestPGWireShadow(t *testing.T) {
 				if task.GetUsed()["db_writes"] != 0 || task.GetShadow()["db_writes"] != 2 {
 					t.Fatalf("shadow: %v used, %v in the shadow ledger; want nothing and 2 db_writes", task.GetUsed(), task.GetShadow())
 				}
+			}
+		})
+	}
+}
+
+// A tenant's reserved minimum through real sidecars, with delegation off
+// and on: another tenant's sidecar floods the pool of 4 slots (4 requests
+// running, 6 more waiting); the reserved tenant (minimum 2) sends 2
+// requests; each of the next two slots the flood frees goes to the
+// reserved tenant, whatever the round robin's turn, and only then does
+// the flood get one back. The flood's running requests are never cut.
+func TestMinimumHoldsUnderAFloodThroughTheSidecars(t *testing.T) {
+	const batchKey = "batch-key-for-minimum-tests"
+	for _, delegate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) {
+			g := startGovernord(t, func(c *server.Config) {
+				c.Root.Limits = map[string]int64{"api": 4}
+				c.Tenants[0].Minimums = map[string]engine.Minimum{"api": {Min: 2}}
+				c.Tenants = append(c.Tenants, server.TenantConfig{Name: "batch", APIKey: batchKey, Weight: 1})
+			})
+			arrived := make(chan string, 32)
+			release := map[string]chan struct{}{"/pay": make(chan struct{}, 16), "/batch": make(chan struct{}, 16)}
+			o := origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				arrived <- r.URL.Path
+				<-release[r.URL.Path]
+				w.Write([]byte("ok"))
+			}), false, false)
+			base := hostURL(o, "origin.test")
+			yaml := fmt.Sprintf("delegation: {enabled: %t}\nrules:\n  - {name: api, match: {host: origin.test}, class: api}\n", delegate)
+			batch := startProxy(t, proxyOpts{gaddr: g.Addr(), key: batchKey, task: "flood", yaml: yaml})
+			pay := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: yaml})
+			t.Cleanup(func() { // let every request finish before the proxies stop
+				close(release["/pay"])
+				close(release["/batch"])
+			})
+			send := func(p *testProxy, path string, n int) {
+				for range n {
+					go func() {
+						if resp, err := p.client("", nil).Get(base + path); err == nil {
+							resp.Body.Close()
+						}
+					}()
+				}
+			}
+			next := func() string {
+				t.Helper()
+				select {
+				case path := <-arrived:
+					return path
+				case <-time.After(10 * time.Second):
+					t.Fatal("no request reached the origin in 10s")
+					return ""
+				}
+			}
+			send(batch, "/batch", 10)
+			for range 4 {
+				if path := next(); path != "/batch" {
+					t.Fatalf("the flood's first 4: got %s", path)
+				}
+			}
+			a := newAdmin(t, g.Addr())
+			payments := a.node("payments")
+			queued := func() bool { // payments has an acquire queued at governord
+				r, err := a.c.Raw().Inspect(context.Background(), &governorpb.InspectRequest{NodeId: payments.GetId()})
+				return err == nil && r.GetWaiterCount() > 0
+			}
+			send(pay, "/pay", 2)
+			for i := range 2 {
+				eventually(t, "payments' request queued at governord", queued)
+				release["/batch"] <- struct{}{} // one of the flood's requests ends
+				if path := next(); path != "/pay" {
+					t.Fatalf("slot %d freed by the flood went to %s, want payments (below its minimum of 2)", i+1, path)
+				}
+			}
+			// At its minimum, with nothing waiting, payments takes no more:
+			// the next slot goes back to the flood.
+			release["/batch"] <- struct{}{}
+			if path := next(); path != "/batch" {
+				t.Fatalf("the slot freed after payments reached its minimum went to %s, want the flood", path)
+			}
+			select {
+			case path := <-arrived:
+				t.Fatalf("a fifth request (%s) is running in a pool of 4", path)
+			default:
 			}
 		})
 	}
