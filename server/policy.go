@@ -324,7 +324,7 @@ func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*go
 		if req.GetRecord() {
 			dr, err = s.eng.Shadow(sid, r, rid)
 		} else {
-			dr, err = s.eng.DryRun(sid, r)
+			dr, err = s.eng.DryRun(sid, r, req.GetShadow())
 		}
 		if err != nil {
 			return nil, err

@@ -4879,7 +4879,11 @@ type DryRunRequest struct {
 	Record bool `protobuf:"varint,5,opt,name=record,proto3" json:"record,omitempty"`
 	// For a recorded dry run, makes a retry record nothing more (see
 	// ConsumeRequest.request_id).
-	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Shadow decides as record does, counting the shadow ledger, but records
+	// nothing: how a shadow rule's next request would be answered (governor
+	// explain -live on a shadow rule).
+	Shadow        bool `protobuf:"varint,7,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4954,6 +4958,13 @@ func (x *DryRunRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *DryRunRequest) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 type DryRunResponse struct {
@@ -5561,7 +5572,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
-	"\arefused\x18\x04 \x01(\tR\arefused\"\x8a\x02\n" +
+	"\arefused\x18\x04 \x01(\tR\arefused\"\xa2\x02\n" +
 	"\rDryRunRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\x12A\n" +
@@ -5569,7 +5580,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05write\x18\x04 \x01(\bR\x05write\x12\x16\n" +
 	"\x06record\x18\x05 \x01(\bR\x06record\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\x1a:\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06shadow\x18\a \x01(\bR\x06shadow\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"q\n" +

@@ -84,7 +84,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 	code := explainHTTP(stdout, cfg, req)
 	if *live != "" && code == 0 {
 		if d, ok := cfg.Rules.MatchHTTP(classify.HTTPRequestFrom(req)); ok {
-			return explainLive(stdout, stderr, *live, d, classify.WritesHTTP(req.Method, d))
+			return explainLive(stdout, stderr, *live, d, classify.WritesHTTP(req.Method, d), d.Shadow || cfg.HTTP.Shadow)
 		}
 	}
 	return code
@@ -226,8 +226,9 @@ func describe(w io.Writer, d classify.Decision, tunnel bool, cfg sidecar.Config)
 }
 
 // explainLive asks governord how it would answer the decision's request on
-// node now (DryRun: nothing is charged or held) and says so.
-func explainLive(w, stderr io.Writer, node string, d classify.Decision, write bool) int {
+// node now (DryRun: nothing is charged or held) and says so; for a rule in
+// shadow, counting the shadow ledger, as the rule's next request would be.
+func explainLive(w, stderr io.Writer, node string, d classify.Decision, write, shadow bool) int {
 	ctx := context.Background()
 	c, err := connect(ctx)
 	if err != nil {
@@ -240,12 +241,16 @@ func explainLive(w, stderr io.Writer, node string, d classify.Decision, write bo
 		fmt.Fprintln(stderr, "governor explain:", err)
 		return 1
 	}
-	resp, err := c.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.GetId(), Class: d.Class, Charges: d.Charges, Write: write})
+	resp, err := c.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.GetId(), Class: d.Class, Charges: d.Charges, Write: write, Shadow: shadow})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor explain:", plainStatus(err))
 		return 1
 	}
-	fmt.Fprintf(w, "\nlive, on %s (id %d), as governord would answer now (a dry run: nothing charged or held):\n", node, n.GetId())
+	how := "a dry run: nothing charged or held"
+	if shadow {
+		how = "the rule is in shadow: a dry run counting the shadow ledger, what the rule's requests so far would have charged, with nothing charged, held or recorded"
+	}
+	fmt.Fprintf(w, "\nlive, on %s (id %d), as governord would answer now (%s):\n", node, n.GetId(), how)
 	switch resp.GetOutcome() {
 	case "admitted":
 		fmt.Fprintln(w, "  admitted")

@@ -20,9 +20,11 @@ type DryRun struct {
 
 // DryRun decides r as Acquire would, changing nothing and emitting
 // nothing: a node past its deadline reads as ended without being ended.
-// The error return is for a request that cannot be decided at all (no
-// session, out of scope, invalid); refusals are in DryRun.Err.
-func (e *Engine) DryRun(sid SessionID, r AcquireRequest) (DryRun, error) {
+// With shadow, the shadow ledger counts as spent, as Shadow counts it, but
+// nothing is recorded. The error return is for a request that cannot be
+// decided at all (no session, out of scope, invalid); refusals are in
+// DryRun.Err.
+func (e *Engine) DryRun(sid SessionID, r AcquireRequest, shadow bool) (DryRun, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
@@ -30,7 +32,7 @@ func (e *Engine) DryRun(sid SessionID, r AcquireRequest) (DryRun, error) {
 	if err != nil {
 		return DryRun{}, err
 	}
-	dr, _, err := e.dryRun(s, now, r, false)
+	dr, _, err := e.dryRun(s, now, r, shadow)
 	return dr, err
 }
 

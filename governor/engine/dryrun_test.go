@@ -18,7 +18,7 @@ func TestDryRunDecidesAndChangesNothing(t *testing.T) {
 	seq := f.e.Seq()
 	check := func(what string, r AcquireRequest, wantErr error, wantWait bool) {
 		t.Helper()
-		dr, err := f.e.DryRun(f.sA, r)
+		dr, err := f.e.DryRun(f.sA, r, false)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
@@ -40,7 +40,7 @@ func TestDryRunDecidesAndChangesNothing(t *testing.T) {
 	if v := f.node(f.job2); v.State != Open {
 		t.Fatalf("a dry run ended node %d: %s", f.job2, v.State)
 	}
-	if _, err := f.e.DryRun(f.sA, AcquireRequest{Node: f.otherJob}); !errors.Is(err, ErrNotFound) {
+	if _, err := f.e.DryRun(f.sA, AcquireRequest{Node: f.otherJob}, false); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a dry run outside the scope: %v", err)
 	}
 	admin := f.open(RootID, longTTL)
@@ -94,8 +94,14 @@ func TestShadowLedgerIsTheEnforcedRun(t *testing.T) {
 	}
 	// Real work ignores the ledger: the 6 left are still there for it, and
 	// a plain DryRun answers as real work would.
-	if dr, _ := f.e.DryRun(f.sA, AcquireRequest{Node: f.step, Charges: map[string]int64{"tokens": 6}}); dr.Err != nil {
+	if dr, _ := f.e.DryRun(f.sA, AcquireRequest{Node: f.step, Charges: map[string]int64{"tokens": 6}}, false); dr.Err != nil {
 		t.Fatalf("a dry run counted the shadow ledger: %v", dr.Err)
+	}
+	// Counting it, without recording: what the shadow rule's next request
+	// would get.
+	seq = f.e.Seq()
+	if dr, _ := f.e.DryRun(f.sA, AcquireRequest{Node: f.step, Charges: map[string]int64{"tokens": 1}}, true); !errors.Is(dr.Err, ErrQuotaExhausted) || f.e.Seq() != seq {
+		t.Fatalf("a dry run counting the ledger: %v", dr.Err)
 	}
 	f.consume(f.sA, f.step, "tokens", 6)
 	for _, id := range []NodeID{f.step, f.job, f.acme, RootID} {
