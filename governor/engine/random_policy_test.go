@@ -36,15 +36,17 @@ func (w *world) policyOp() {
 	if w.policy.Intn(15) != 0 {
 		return
 	}
-	var sids []SessionID
-	for sid := range w.scope {
-		sids = append(sids, sid)
-	}
+	sids := w.openSessionIDs()
 	if len(sids) == 0 {
 		return
 	}
-	slices.Sort(sids)
 	w.tenantStateOp(sids[w.policy.Intn(len(sids))], w.e.Seq())
+}
+
+// openSessionIDs lists the sessions the driver holds open, sorted, for a
+// stream of its own to pick from.
+func (w *world) openSessionIDs() []SessionID {
+	return slices.Sorted(maps.Keys(w.scope))
 }
 
 // tenantStateOp changes a random tenant's state as the operator, or tries
@@ -188,14 +190,10 @@ func (w *world) shadowOp() {
 		w.shadowRetry()
 		return
 	}
-	var sids []SessionID
-	for sid := range w.scope {
-		sids = append(sids, sid)
-	}
+	sids := w.openSessionIDs()
 	if len(sids) == 0 {
 		return
 	}
-	slices.Sort(sids)
 	sid := sids[w.srng.Intn(len(sids))]
 	var in []NodeID
 	for _, id := range w.nodes {
