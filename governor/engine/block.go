@@ -48,6 +48,9 @@ type BlockGrant struct {
 	// Adaptive says the class has an adaptive limit: the holder should
 	// report how its slots' calls went (Observe).
 	Adaptive bool
+	// ReadOnly, set while the node's tenant is read_only, is the refusal a
+	// write gets: the holder grants no write from the block.
+	ReadOnly *TenantStateError
 }
 
 // Block grows or shrinks the session's block of r.Class on r.Node. Growing
@@ -86,6 +89,7 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 				Contended: e.contended(r.Class), Adaptive: e.adaptive[r.Class] != nil}
 			if l := e.leases[res.lease]; l != nil {
 				g.Count = l.count
+				g.ReadOnly = l.node.writesRefused()
 			}
 			return g, nil
 		}
@@ -116,7 +120,7 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 			Amount: -r.Return, RequestID: r.RequestID, Fingerprint: fp})
 		e.dispatch(l.class)
 		return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class),
-			Adaptive: e.adaptive[l.class] != nil}, nil
+			Adaptive: e.adaptive[l.class] != nil, ReadOnly: n.writesRefused()}, nil
 	}
 	if err := e.checkOpen(n, now); err != nil {
 		return BlockGrant{}, err
@@ -134,14 +138,14 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 		e.emit(Event{Kind: EvLeaseGranted, At: now, Session: s.id, Node: n.id, Lease: id, Resource: r.Class,
 			Block: true, Amount: grow, RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(nil, r.Class, grow)})
 		return BlockGrant{Lease: id, Node: n.id, Class: r.Class, Count: grow, Granted: grow, Contended: contended,
-			Adaptive: e.adaptive[r.Class] != nil}, nil
+			Adaptive: e.adaptive[r.Class] != nil, ReadOnly: n.writesRefused()}, nil
 	}
 	if grow > 0 {
 		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
 			Amount: grow, RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(nil, l.class, grow)})
 	}
 	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Granted: grow, Contended: contended,
-		Adaptive: e.adaptive[l.class] != nil}, nil
+		Adaptive: e.adaptive[l.class] != nil, ReadOnly: n.writesRefused()}, nil
 }
 
 // fingerprint tells a retry of r from another request with its id.

@@ -66,6 +66,9 @@ type Reservation struct {
 	Reserved int64
 	// Granted is how many units this request added.
 	Granted int64
+	// ReadOnly, set while the node's tenant is read_only, is the refusal a
+	// write gets: the holder spends none of the units on a write.
+	ReadOnly *TenantStateError
 }
 
 // Reserve settles what the session spent of its reservation of
@@ -103,8 +106,12 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 			if err != nil {
 				return Reservation{}, err
 			}
-			return Reservation{Node: r.Node, Resource: r.Resource, Granted: res.amount,
-				Reserved: s.reservedOn(r.Node, r.Resource)}, nil
+			v := Reservation{Node: r.Node, Resource: r.Resource, Granted: res.amount,
+				Reserved: s.reservedOn(r.Node, r.Resource)}
+			if n := e.nodes[r.Node]; n != nil {
+				v.ReadOnly = n.writesRefused()
+			}
+			return v, nil
 		}
 	}
 	n, err := e.target(s, r.Node)
@@ -139,7 +146,8 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	}
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
 		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp, Warnings: warn})
-	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant}, nil
+	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant,
+		ReadOnly: n.writesRefused()}, nil
 }
 
 // reserveGrant is how many units r adds on n: all of Want or a refusal for

@@ -70,19 +70,32 @@ func (e *TenantStateError) Unwrap() error { return ErrTenantState }
 // tenant.
 func (n *node) admits(write, task bool) error {
 	t := n.tenant
-	if t.parent == nil { // the root: no tenant
-		return nil
-	}
-	refuse := func(what string) error {
-		return &TenantStateError{Tenant: t.name, State: t.tstate, Reason: t.tstateWhy, What: what}
-	}
 	switch {
+	case t.parent == nil: // the root: no tenant
+		return nil
 	case t.tstate == Suspended:
-		return refuse("new work")
+		return t.refusal("new work")
 	case t.tstate == ReadOnly && write:
-		return refuse("a write")
+		return t.refusal("a write")
 	case t.tstate == Closing && task:
-		return refuse("a new task")
+		return t.refusal("a new task")
+	}
+	return nil
+}
+
+// refusal is work (what) refused by the state of n, a tenant.
+func (n *node) refusal(what string) *TenantStateError {
+	return &TenantStateError{Tenant: n.name, State: n.tstate, Reason: n.tstateWhy, What: what}
+}
+
+// writesRefused is the refusal a write on n would get from its tenant's
+// state now, or nil: what the answer to a block's growth or a reservation
+// carries (BlockGrant.ReadOnly, Reservation.ReadOnly), so that the holder
+// refuses writes from them as a call would. It is read from the state at
+// that instant, like Contended: no event.
+func (n *node) writesRefused() *TenantStateError {
+	if t := n.tenant; t.parent != nil && t.tstate == ReadOnly {
+		return t.refusal("a write")
 	}
 	return nil
 }
@@ -122,12 +135,17 @@ func (e *Engine) SetTenantState(sid SessionID, id NodeID, st TenantState, reason
 	if err := e.checkOpen(n, now); err != nil {
 		return NodeView{}, err
 	}
+	was := n.tstate
 	e.emit(Event{Kind: EvTenantStateSet, At: now, Session: s.id, Node: n.id, TenantState: st, Revoke: revoke,
 		Audit: &CapsAudit{Who: whoOf(s), Reason: reason}, RequestID: requestID, Fingerprint: fp})
 	if st == Suspended || st == ReadOnly {
 		e.failRefusedWaiters(n)
-		// What the tenant's sessions hold delegated was granted for work
-		// it may no longer start: have it back.
+	}
+	if st == Suspended || st == ReadOnly || was == ReadOnly {
+		// What the tenant's sessions hold delegated was granted under the
+		// old state: have it back, so that each holder tops up and learns
+		// the new one (a read_only tenant's blocks and reservations say
+		// so: writesRefused), before it grants anything more.
 		e.recallUnder(n, "", "")
 	}
 	e.dispatchAll() // revoked slots, and failed waiters' turns

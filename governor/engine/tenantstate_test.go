@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -106,4 +107,73 @@ func TestTenantStates(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.consume(f.sA, f.job, "tokens", 1)
+}
+
+// A read_only tenant's delegated budgets say so: its blocks still grow and
+// its reservations still fill (for reads), and each answer carries the
+// refusal a write gets, so that a holder refuses writes from them. Going
+// read_only and leaving it both recall what is delegated below the tenant,
+// so that every holder tops up and learns the new state; a retried answer
+// says the state at the retry.
+func TestReadOnlyMarksDelegatedBudgets(t *testing.T) {
+	f, log := delegationFixture(t)
+	admin := f.open(RootID, longTTL)
+	if g := f.block(f.sA, f.job, "db", 2, 0); g.ReadOnly != nil {
+		t.Fatalf("a block of an active tenant: %+v", g)
+	}
+	if r := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "tokens", Want: 4}); r.ReadOnly != nil {
+		t.Fatalf("a reservation of an active tenant: %+v", r)
+	}
+	log.take()
+	if _, err := f.e.SetTenantState(admin, f.acme, ReadOnly, "migration", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	recall := []Notice{{Session: f.sA, Kind: NoticeRecall, Node: f.acme}}
+	if got := log.take(); !reflect.DeepEqual(got, recall) {
+		t.Fatalf("notices when the tenant went read_only: %+v, want %+v", got, recall)
+	}
+	want := &TenantStateError{Tenant: "acme", State: ReadOnly, Reason: "migration", What: "a write"}
+	g, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: 1, RequestID: "b1"})
+	if err != nil || g.Granted != 1 || !reflect.DeepEqual(g.ReadOnly, want) {
+		t.Fatalf("a block's growth while read_only: %+v %v, want one slot and %+v", g, err, want)
+	}
+	if g := f.block(f.sA, f.job, "db", 0, 1); !reflect.DeepEqual(g.ReadOnly, want) {
+		t.Fatalf("a block's shrink while read_only: %+v", g)
+	}
+	r, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.step, Resource: "tokens", Want: 2, RequestID: "r1"})
+	if err != nil || r.Granted == 0 || !reflect.DeepEqual(r.ReadOnly, want) {
+		t.Fatalf("a reservation while read_only: %+v %v, want units and %+v", r, err, want)
+	}
+	if r := f.reserve(f.sB, ReserveRequest{Node: f.otherJob, Resource: "tokens", Want: 2}); r.ReadOnly != nil {
+		t.Fatalf("another tenant's reservation: %+v", r)
+	}
+	log.take()
+	if _, err := f.e.SetTenantState(admin, f.acme, Active, "done", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := log.take(); !reflect.DeepEqual(got, recall) {
+		t.Fatalf("notices when the tenant left read_only: %+v, want %+v", got, recall)
+	}
+	if g := f.block(f.sA, f.job, "db", 1, 0); g.ReadOnly != nil {
+		t.Fatalf("a block's growth after resuming: %+v", g)
+	}
+	// Retries answer with the state now, as Contended does.
+	if g, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: 1, RequestID: "b1"}); err != nil || g.ReadOnly != nil {
+		t.Fatalf("a retried growth after resuming: %+v %v", g, err)
+	}
+	if r, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.step, Resource: "tokens", Want: 2, RequestID: "r1"}); err != nil || r.ReadOnly != nil {
+		t.Fatalf("a retried reservation after resuming: %+v %v", r, err)
+	}
+	// Leaving suspended recalls nothing: a suspended tenant was refused
+	// every top-up, so its holders come back anyway.
+	if _, err := f.e.SetTenantState(admin, f.acme, Suspended, "", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	log.take()
+	if _, err := f.e.SetTenantState(admin, f.acme, Active, "", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := log.take(); len(got) != 0 {
+		t.Fatalf("notices when the tenant left suspended: %+v", got)
+	}
 }
