@@ -33,6 +33,11 @@ type Block struct {
 	// Adaptive says the class has an adaptive limit: report how the slots'
 	// calls went with ReportSamples.
 	Adaptive bool
+	// ReadOnly, set while the task's tenant is read_only, is the refusal
+	// work classified as a write gets: grant no write from the block. It
+	// is the state when governord answered; a change of it recalls the
+	// block (NoticeRecall), and the next answer says the new one.
+	ReadOnly *TenantStateError
 }
 
 // ResizeBlock grows the session's block of class on the task by up to want
@@ -65,13 +70,17 @@ func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (
 		return Block{}, err
 	}
 	return Block{LeaseID: resp.GetLeaseId(), Count: resp.GetCount(), Granted: resp.GetGranted(), Contended: resp.GetContended(),
-		Adaptive: resp.GetAdaptive()}, nil
+		Adaptive: resp.GetAdaptive(), ReadOnly: tenantRefusal(resp.GetReadOnly())}, nil
 }
 
 // Reservation is a session's reservation of a resource on a task.
 type Reservation struct {
 	Reserved int64 // unspent units the session holds now
 	Granted  int64 // units the request added
+	// ReadOnly, set while the task's tenant is read_only, is the refusal
+	// work classified as a write gets: spend none of the units on a write
+	// (as Block.ReadOnly).
+	ReadOnly *TenantStateError
 }
 
 // Reserve settles and tops up the session's reservation of resource on the
@@ -127,7 +136,7 @@ func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Res
 		}
 		return Reservation{}, err
 	}
-	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted()}, nil
+	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted(), ReadOnly: tenantRefusal(resp.GetReadOnly())}, nil
 }
 
 // Sample is how one call made in a slot of a block went, for adaptive

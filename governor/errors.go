@@ -263,7 +263,7 @@ func fromStatus(op string, err error) error {
 			case *governorpb.LeaseEnded:
 				se.err = &LeaseEndedError{LeaseID: d.GetLeaseId(), Reason: LeaseEndReason(d.GetReason())}
 			case *governorpb.TenantRefusal:
-				se.err = &TenantStateError{Tenant: d.GetTenant(), State: d.GetState(), Reason: d.GetReason(), Refused: d.GetRefused()}
+				se.err = tenantRefusal(d)
 			}
 		}
 	case codes.Unauthenticated:

@@ -3,6 +3,8 @@ package governor
 import (
 	"errors"
 	"fmt"
+
+	"github.com/governor-project/governor/api/governorpb"
 )
 
 // ErrTenantState matches a *TenantStateError: work the tenant's state
@@ -28,3 +30,11 @@ func (e *TenantStateError) Error() string {
 
 // Is makes errors.Is(e, ErrTenantState) true.
 func (e *TenantStateError) Is(target error) bool { return target == ErrTenantState }
+
+// tenantRefusal is the error of a refusal's detail; nil for none.
+func tenantRefusal(d *governorpb.TenantRefusal) *TenantStateError {
+	if d == nil {
+		return nil
+	}
+	return &TenantStateError{Tenant: d.GetTenant(), State: d.GetState(), Reason: d.GetReason(), Refused: d.GetRefused()}
+}

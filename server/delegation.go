@@ -48,8 +48,12 @@ func (s *Server) ResizeBlock(ctx context.Context, req *governorpb.ResizeBlockReq
 }
 
 func toBlock(g engine.BlockGrant) *governorpb.Block {
-	return &governorpb.Block{LeaseId: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class, Count: g.Count,
+	b := &governorpb.Block{LeaseId: int64(g.Lease), NodeId: int64(g.Node), Class: g.Class, Count: g.Count,
 		Granted: g.Granted, Contended: g.Contended, Adaptive: g.Adaptive}
+	if g.ReadOnly != nil {
+		b.ReadOnly = tenantRefusal(g.ReadOnly)
+	}
+	return b
 }
 
 func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*governorpb.Reservation, error) {
@@ -87,7 +91,11 @@ func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*
 }
 
 func toReservation(r engine.Reservation) *governorpb.Reservation {
-	return &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted}
+	res := &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted}
+	if r.ReadOnly != nil {
+		res.ReadOnly = tenantRefusal(r.ReadOnly)
+	}
+	return res
 }
 
 // ReportSamples records nothing durable (samples are not state), so it does

@@ -249,6 +249,16 @@ func TestTenantStatesThroughTheAPI(t *testing.T) {
 	}
 	_, err = pay.ChargeAndAcquire(pay.ctx, &governorpb.ChargeAndAcquireRequest{NodeId: task.Id, Charges: map[string]int64{"tokens": 1}, Write: true})
 	wantCode(t, "a write while read_only", err, codes.FailedPrecondition)
+	// Delegated budgets still grow for reads, and their answers carry the
+	// refusal a write gets, for the holder to refuse writes from them.
+	b, err := pay.ResizeBlock(pay.ctx, &governorpb.ResizeBlockRequest{NodeId: task.Id, Class: "db", Want: 1})
+	if ro := b.GetReadOnly(); err != nil || ro.GetTenant() != "payments" || ro.GetState() != "read_only" || ro.GetReason() != "migration" || ro.GetRefused() != "a write" {
+		t.Fatalf("a block's growth while read_only: %v %v", b, err)
+	}
+	res, err := pay.Reserve(pay.ctx, &governorpb.ReserveRequest{NodeId: task.Id, Resource: "tokens", Want: 2})
+	if err != nil || res.GetGranted() == 0 || res.GetReadOnly().GetRefused() != "a write" {
+		t.Fatalf("a reservation while read_only: %v %v", res, err)
+	}
 	hist, err := admin.GetCapsHistory(admin.ctx, &governorpb.GetCapsHistoryRequest{NodeId: pay.scope})
 	if err != nil {
 		t.Fatal(err)
@@ -269,6 +279,13 @@ func TestTenantStatesThroughTheAPI(t *testing.T) {
 	n, err = admin.GetNode(admin.ctx, &governorpb.GetNodeRequest{Path: "payments"})
 	if err != nil || n.GetTenantState() != "read_only" || n.GetTenantStateReason() != "migration" {
 		t.Fatalf("after a restart: %v %v", n, err)
+	}
+	if _, err := admin.SetTenantState(admin.ctx, &governorpb.SetTenantStateRequest{NodeId: n.GetId(), State: "active"}); err != nil {
+		t.Fatal(err)
+	}
+	pay = session(t, srv2.Addr(), "pay-key", 0)
+	if res, err := pay.Reserve(pay.ctx, &governorpb.ReserveRequest{NodeId: task.Id, Resource: "tokens", Want: 1}); err != nil || res.GetReadOnly() != nil {
+		t.Fatalf("a reservation after resuming: %v %v", res, err)
 	}
 }
 

@@ -2078,7 +2078,13 @@ type Block struct {
 	Contended bool `protobuf:"varint,6,opt,name=contended,proto3" json:"contended,omitempty"`
 	// The class has an adaptive limit: report how the slots' calls went
 	// (ReportSamples). Otherwise nobody reads those reports.
-	Adaptive      bool `protobuf:"varint,7,opt,name=adaptive,proto3" json:"adaptive,omitempty"`
+	Adaptive bool `protobuf:"varint,7,opt,name=adaptive,proto3" json:"adaptive,omitempty"`
+	// Set while the node's tenant is read_only (SetTenantState): the refusal
+	// work marked as a write gets (see AcquireRequest.write). The block
+	// still grows for reads; grant no write from it. It is the state when
+	// this answer was made: a change of the state recalls what is delegated
+	// under the tenant (Watch), and the next answer says the new one.
+	ReadOnly      *TenantRefusal `protobuf:"bytes,8,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2160,6 +2166,13 @@ func (x *Block) GetAdaptive() bool {
 		return x.Adaptive
 	}
 	return false
+}
+
+func (x *Block) GetReadOnly() *TenantRefusal {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return nil
 }
 
 type ReserveRequest struct {
@@ -2284,7 +2297,10 @@ type Reservation struct {
 	// Unspent units the session holds now.
 	Reserved int64 `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
 	// Units this request added.
-	Granted       int64 `protobuf:"varint,4,opt,name=granted,proto3" json:"granted,omitempty"`
+	Granted int64 `protobuf:"varint,4,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Set while the node's tenant is read_only: the refusal work marked as a
+	// write gets. Spend none of the units on a write. As Block.read_only.
+	ReadOnly      *TenantRefusal `protobuf:"bytes,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2345,6 +2361,13 @@ func (x *Reservation) GetGranted() int64 {
 		return x.Granted
 	}
 	return 0
+}
+
+func (x *Reservation) GetReadOnly() *TenantRefusal {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return nil
 }
 
 type ReportSamplesRequest struct {
@@ -5278,7 +5301,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12\x12\n" +
 	"\x04want\x18\x04 \x01(\x03R\x04want\x12\x16\n" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x18\n" +
-	"\aabandon\x18\x06 \x01(\bR\aabandon\"\xbb\x01\n" +
+	"\aabandon\x18\x06 \x01(\bR\aabandon\"\xf4\x01\n" +
 	"\x05Block\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
@@ -5286,7 +5309,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x18\n" +
 	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
 	"\tcontended\x18\x06 \x01(\bR\tcontended\x12\x1a\n" +
-	"\badaptive\x18\a \x01(\bR\badaptive\"\xd6\x01\n" +
+	"\badaptive\x18\a \x01(\bR\badaptive\x127\n" +
+	"\tread_only\x18\b \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\"\xd6\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -5296,12 +5320,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x18\n" +
 	"\aabandon\x18\a \x01(\bR\aabandon\x12\x14\n" +
-	"\x05exact\x18\b \x01(\bR\x05exact\"x\n" +
+	"\x05exact\x18\b \x01(\bR\x05exact\"\xb1\x01\n" +
 	"\vReservation\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +
 	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x18\n" +
-	"\agranted\x18\x04 \x01(\x03R\agranted\"o\n" +
+	"\agranted\x18\x04 \x01(\x03R\agranted\x127\n" +
+	"\tread_only\x18\x05 \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\"o\n" +
 	"\x14ReportSamplesRequest\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12!\n" +
 	"\flatencies_ns\x18\x02 \x03(\x03R\vlatenciesNs\x12\x1e\n" +
@@ -5798,129 +5823,131 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	84,  // 28: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23,  // 29: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
 	105, // 30: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	36,  // 31: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	3,   // 32: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	85,  // 33: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	86,  // 34: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	87,  // 35: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	88,  // 36: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	106, // 37: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	105, // 38: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	89,  // 39: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	90,  // 40: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	91,  // 41: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	92,  // 42: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	93,  // 43: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	94,  // 44: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	95,  // 45: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	96,  // 46: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	97,  // 47: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	98,  // 48: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	106, // 49: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	42,  // 50: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	42,  // 51: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	106, // 52: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	106, // 53: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	43,  // 54: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	44,  // 55: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 56: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 57: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	106, // 58: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	106, // 59: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	99,  // 60: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	100, // 61: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	101, // 62: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	102, // 63: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	106, // 64: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	106, // 65: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	50,  // 66: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	106, // 67: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	106, // 68: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	105, // 69: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	106, // 70: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	106, // 71: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	106, // 72: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	53,  // 73: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	54,  // 74: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	55,  // 75: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	56,  // 76: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	105, // 77: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 78: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	103, // 79: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	60,  // 80: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	62,  // 81: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	104, // 82: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	46,  // 83: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	106, // 84: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	106, // 85: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	60,  // 86: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 87: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 88: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 89: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 90: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 91: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 92: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 93: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 94: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 95: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 96: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 97: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 98: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 99: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 100: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 101: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 102: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 103: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 104: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 105: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 106: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 107: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 108: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 109: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 110: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 111: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 112: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 113: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 114: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 115: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 116: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 117: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 118: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 119: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 120: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	66,  // 121: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 122: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 123: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 124: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 125: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 126: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 127: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 128: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 129: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 130: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 131: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 132: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 133: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 134: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 135: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 136: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 137: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 138: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 139: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 140: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 141: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 142: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 143: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 144: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 145: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 146: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 147: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	67,  // 148: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	122, // [122:149] is the sub-list for method output_type
-	95,  // [95:122] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	65,  // 31: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
+	65,  // 32: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
+	36,  // 33: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	3,   // 34: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	85,  // 35: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	86,  // 36: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	87,  // 37: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	88,  // 38: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	106, // 39: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	105, // 40: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	89,  // 41: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	90,  // 42: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	91,  // 43: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	92,  // 44: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	93,  // 45: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	94,  // 46: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	95,  // 47: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	96,  // 48: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	97,  // 49: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	98,  // 50: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	106, // 51: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	42,  // 52: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	42,  // 53: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	106, // 54: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	106, // 55: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	43,  // 56: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	44,  // 57: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 58: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 59: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	106, // 60: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	106, // 61: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	99,  // 62: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	100, // 63: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	101, // 64: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	102, // 65: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	106, // 66: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	106, // 67: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	50,  // 68: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	106, // 69: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	106, // 70: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	105, // 71: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	106, // 72: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	106, // 73: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	106, // 74: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	53,  // 75: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	54,  // 76: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	55,  // 77: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	56,  // 78: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	105, // 79: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 80: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	103, // 81: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	60,  // 82: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	62,  // 83: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	104, // 84: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	46,  // 85: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	106, // 86: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	106, // 87: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	60,  // 88: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 89: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 90: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 91: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 92: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 93: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 94: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 95: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 96: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 97: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 98: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 99: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 100: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 101: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 102: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 103: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 104: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 105: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 106: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 107: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 108: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 109: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 110: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 111: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 112: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 113: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 114: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 115: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 116: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 117: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 118: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 119: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 120: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 121: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	64,  // 122: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	66,  // 123: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 124: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 125: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 126: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 127: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 128: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 129: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 130: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 131: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 132: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 133: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 134: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 135: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 136: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 137: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 138: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 139: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 140: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 141: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 142: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 143: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 144: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 145: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 146: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 147: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 148: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 149: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	67,  // 150: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	124, // [124:151] is the sub-list for method output_type
+	97,  // [97:124] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
