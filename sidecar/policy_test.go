@@ -219,7 +219,8 @@ func TestPGWireCapNotice(t *testing.T) {
 // already running keeps its lease and finishes; with delegation on, what
 // the sidecar holds is recalled and a request is denied as soon as the
 // recall has arrived. Resuming lets work in again; read-only refuses POST
-// but not GET, nor a POST a rule marks as a read.
+// but not GET, nor a POST a rule marks as a read, both ways (with
+// delegation, from what its top-ups said: TestReadOnlyMidLoad).
 func TestTenantStatesThroughTheSidecar(t *testing.T) {
 	for _, delegate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) {
@@ -276,9 +277,6 @@ func TestTenantStatesThroughTheSidecar(t *testing.T) {
 				t.Fatalf("the request running during the suspension ended %d, want 200", code)
 			}
 			setState("read_only")
-			if delegate {
-				return // reads and writes share delegated budgets: read-only is enforced on calls (docs/policy.md)
-			}
 			if code, denied, _ := get(t, p, base, "/"); code != 200 {
 				t.Fatalf("a GET while read-only: %d %q", code, denied)
 			}
@@ -297,7 +295,9 @@ func TestTenantStatesThroughTheSidecar(t *testing.T) {
 				t.Fatalf("a POST a rule marks as a read, while read-only: %d %q", code, denied)
 			}
 			setState("active")
-			if code, denied := post("/"); code != 200 {
+			if delegate { // once the recall at the change has arrived
+				eventually(t, "a POST admitted after resuming", func() bool { code, _ := post("/"); return code == 200 })
+			} else if code, denied := post("/"); code != 200 {
 				t.Fatalf("a POST after resuming: %d %q", code, denied)
 			}
 		})
@@ -306,13 +306,19 @@ func TestTenantStatesThroughTheSidecar(t *testing.T) {
 
 // pgwire: a read-only tenant's SELECT runs and its INSERT is an ERROR
 // 25006; a suspended tenant's statements are ERROR 53400; the connection
-// stays usable.
+// stays usable; both ways.
 func TestTenantStatesThroughPGWire(t *testing.T) {
+	for _, delegate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) { tenantStatesThroughPGWire(t, delegate) })
+	}
+}
+
+func tenantStatesThroughPGWire(t *testing.T, delegate bool) {
 	pgUpstream(t)
 	table := "pgq_tstate"
 	freshPGTable(t, table)
 	g := startGovernord(t, nil)
-	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "delegation: {enabled: false}\n" + pgListenerYAML(t, "") +
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: fmt.Sprintf("delegation: {enabled: %t}\n", delegate) + pgListenerYAML(t, "") +
 		"rules:\n  - {name: any-sql, match: {sql: any}, class: db}\n"})
 	a := newAdmin(t, g.Addr())
 	tenant := a.node("payments")
@@ -331,10 +337,20 @@ func TestTenantStatesThroughPGWire(t *testing.T) {
 	wantPGError(t, c, "25006", "read-only", "INSERT INTO "+table+" VALUES (1)")
 	pgAlive(t, c)
 	setState("suspended")
+	if delegate { // once the recall at the change has arrived
+		eventually(t, "a SELECT refused as suspended", func() bool {
+			var pe *pgconn.PgError
+			_, err := c.Exec(context.Background(), "SELECT count(*) FROM "+table)
+			return errors.As(err, &pe) && pe.Code == "53400"
+		})
+	}
 	wantPGError(t, c, "53400", "suspended", "SELECT count(*) FROM "+table)
 	setState("active")
 	pgAlive(t, c)
-	if _, err := c.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1)"); err != nil {
+	insert := func() error { _, err := c.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1)"); return err }
+	if delegate {
+		eventually(t, "an INSERT after resuming", func() bool { return insert() == nil })
+	} else if err := insert(); err != nil {
 		t.Fatalf("an INSERT after resuming: %v", err)
 	}
 }

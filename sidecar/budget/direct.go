@@ -55,14 +55,23 @@ func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ti
 		if r.Charges[res] <= 0 {
 			continue
 		}
-		if _, err := n.t.ReserveExactly(ctx, res, r.Charges[res]); err != nil {
+		h, err := n.t.ReserveExactly(ctx, res, r.Charges[res])
+		if err != nil {
 			n.giveBackHolds(ctx, resources[:i], r.Charges)
 			return nil, err
 		}
+		if r.Write && h.ReadOnly != nil { // the tenant is read_only: a hold is no write
+			n.giveBackHolds(ctx, resources[:i+1], r.Charges)
+			return nil, h.ReadOnly
+		}
+	}
+	acquire := n.t.ChargeAndAcquire
+	if r.Write {
+		acquire = n.t.ChargeAndAcquireWrite
 	}
 	var t admission.Ticket
 	if r.Class != "" {
-		l, err := n.t.ChargeAndAcquire(ctx, r.Class, nil)
+		l, err := acquire(ctx, r.Class, nil)
 		if err != nil {
 			n.giveBackHolds(ctx, resources, r.Charges)
 			return nil, counted(err)

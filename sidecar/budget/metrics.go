@@ -33,7 +33,7 @@ func NewMetrics() *Metrics {
 	m.topUps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_topups_total",
 		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed)."}, []string{"kind", "outcome"})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_notices_total",
-		Help: "Notices from governord about delegated budgets, by kind."}, []string{"kind"})
+		Help: "Notices from governord about delegated budgets, by kind, counted once acted on."}, []string{"kind"})
 	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_admission_denials_total",
 		Help: "Work the admission layer refused, HTTP and SQL together, by cause."}, []string{"cause"})
 	m.releaseFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_release_failures_total",

@@ -34,6 +34,11 @@ type reservation struct {
 	lastSettle time.Time
 	topUp      *flight
 	waiting    int64
+	// owed is how many of the held units were held when governord last
+	// recalled the reservation: as their requests are refused they go back
+	// to governord, not to unspent, so that after a recall only units of
+	// later top-ups are spent (tenantstate.go).
+	owed int64
 }
 
 // errShortTopUp: see take.
@@ -87,7 +92,7 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 		// larger than the maximum is asked for whole.
 		need := amount - q.unspent
 		want := max(need, min(2*max(q.lastGrant, 1), q.n.s.a.cfg.MaxReservation))
-		f := &flight{done: make(chan struct{})}
+		f := &flight{done: make(chan struct{}), epoch: q.n.ts.begin()}
 		q.topUp = f
 		mine, needed = f, need
 		spent := q.spent // settled by the same call
@@ -106,7 +111,7 @@ func (q *reservation) refillLocked() {
 		return
 	}
 	want := min(2*q.lastGrant, q.n.s.a.cfg.MaxReservation)
-	f := &flight{done: make(chan struct{})}
+	f := &flight{done: make(chan struct{}), epoch: q.n.ts.begin()}
 	q.topUp = f
 	spent := q.spent
 	q.spent = 0
@@ -167,7 +172,18 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 		return
 	}
 	q.lastSettle = time.Now()
-	q.unspent += r.Granted
+	if q.n.ts.learn(f.epoch, r.ReadOnly) { // before any unit can be taken
+		q.unspent += r.Granted
+	} else if r.Granted > 0 {
+		// A recall of everything came while the call was out: the units
+		// go back with the others (tenantstate.go).
+		q.returning += r.Granted
+		q.n.s.a.bg.Spawn(func() { // q.mu is held
+			ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
+			defer cancel()
+			q.finishSettle(ctx, 0, r.Granted)
+		})
+	}
 	q.lastGrant = r.Granted
 	f.granted = r.Granted
 	q.n.s.a.m.topUps.WithLabelValues("quota", "granted").Inc()
@@ -177,16 +193,37 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 func (q *reservation) spend(amount int64) {
 	q.mu.Lock()
 	q.held -= amount
+	q.owed -= min(amount, q.owed)
 	q.spent += amount
 	q.mu.Unlock()
 }
 
 // untake frees held units: their request was not admitted after all.
+// Units owed since a recall go back to governord.
 func (q *reservation) untake(amount int64) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.held -= amount
-	q.unspent += amount
+	owed := min(amount, q.owed)
+	q.owed -= owed
+	q.unspent += amount - owed
+	if owed > 0 {
+		q.returning += owed
+		q.n.s.a.bg.Spawn(func() { // q.mu is held
+			ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
+			defer cancel()
+			q.finishSettle(ctx, 0, owed)
+		})
+	}
+}
+
+// recall gives back every unspent unit now, and the held ones as their
+// requests are refused: governord asked for them.
+func (q *reservation) recall() {
+	q.mu.Lock()
+	q.owed = q.held
 	q.mu.Unlock()
+	q.settle(true)
 }
 
 // spendUpTo spends up to amount units for work that has already run: as

@@ -55,6 +55,10 @@ type node struct {
 	mu    sync.Mutex
 	pools map[string]*pool        // by class
 	quota map[string]*reservation // by resource
+
+	// ts is what the top-ups on the node said of its tenant's state
+	// (tenantstate.go).
+	ts tenantView
 }
 
 func newSession(a *Admitter, c *governor.Client, tctx context.Context, t *governor.Task) *session {
@@ -254,20 +258,42 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			return nil, err
 		}
 	}
-	var t admission.Ticket
+	var slot ticket
 	if r.Class != "" {
-		pt, err := n.pool(r.Class).take(ctx)
+		pt, err := n.pool(r.Class).take(ctx, r.Write)
 		if err != nil {
 			n.untake(resources, r.Charges)
 			return nil, err
 		}
-		t = pt
+		slot = pt
+	}
+	if err := n.writable(r, slot); err != nil {
+		n.untake(resources, r.Charges)
+		return nil, err
+	}
+	var t admission.Ticket
+	if slot != nil {
+		t = slot
 	}
 	if r.Held {
 		return n.held(t, r.Charges, false), nil
 	}
 	n.spend(resources, r.Charges)
 	return t, nil
+}
+
+// writable refuses r, once it has taken what it needs (slot, if any), when
+// it is a write and the node's tenant is read_only as the answers to its
+// top-ups said (tenantstate.go); the slot then goes back unused.
+func (n *node) writable(r admission.Request, slot ticket) error {
+	if !r.Write {
+		return nil
+	}
+	err := n.ts.refusesWrites()
+	if err != nil && slot != nil {
+		slot.abandon()
+	}
+	return err
 }
 
 // untake puts back the units taken for resources.
@@ -325,14 +351,22 @@ func (s *session) tryAdmitOn(n *node, r admission.Request) (admission.Ticket, bo
 		}
 		resources = append(resources, res)
 	}
-	var t admission.Ticket
+	var slot ticket
 	if r.Class != "" {
 		pt, ok := n.pool(r.Class).tryTake()
 		if !ok {
 			n.untake(resources, r.Charges)
 			return nil, false
 		}
-		t = pt
+		slot = pt
+	}
+	if n.writable(r, slot) != nil {
+		n.untake(resources, r.Charges)
+		return nil, false // Admit refuses it, and counts the refusal
+	}
+	var t admission.Ticket
+	if slot != nil {
+		t = slot
 	}
 	if r.Held {
 		return n.held(t, r.Charges, false), true
@@ -407,7 +441,8 @@ func (s *session) under(id int64) []*node {
 
 // onNotice acts on one notice of the Watch stream.
 func (s *session) onNotice(nt governor.Notice) {
-	s.a.m.notices.WithLabelValues(nt.Kind.String()).Inc()
+	// Counted once acted on: a count that moved is a notice in force.
+	defer s.a.m.notices.WithLabelValues(nt.Kind.String()).Inc()
 	switch nt.Kind {
 	case governor.NoticeContended, governor.NoticeUncontended:
 		for _, n := range s.under(nt.NodeID) {
@@ -417,6 +452,11 @@ func (s *session) onNotice(nt governor.Notice) {
 		}
 	case governor.NoticeRecall:
 		for _, n := range s.under(nt.NodeID) {
+			if nt.Class == "" && nt.Resource == "" {
+				// Everything: perhaps the tenant's state changed
+				// (tenantstate.go).
+				n.ts.recalled()
+			}
 			n.giveBack(nt.Class, nt.Resource)
 		}
 	case governor.NoticeEnded:
@@ -449,7 +489,7 @@ func (n *node) giveBack(class, resource string) {
 	if class == "" {
 		for _, q := range quota {
 			if resource == "" || q.resource == resource {
-				q.settle(true)
+				q.recall()
 			}
 		}
 	}

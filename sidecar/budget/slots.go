@@ -37,6 +37,9 @@ type flight struct {
 	done    chan struct{}
 	granted int64
 	err     error
+	// epoch is the node's tenantView epoch when the call began: its answer
+	// is stale if a recall of everything came since.
+	epoch uint64
 }
 
 // idle is how many slots are neither held by work nor being given back.
@@ -45,8 +48,8 @@ func (p *pool) idle() int64 { return p.count - p.inUse - p.returning }
 // take takes a slot: from the block when one is idle and nothing queues at
 // governord; by growing the block in one call when the block is full; or,
 // while the class is contended or the block cannot grow, as a single lease
-// through governord's fair queue.
-func (p *pool) take(ctx context.Context) (ticket, error) {
+// through governord's fair queue, marked a write when it is one.
+func (p *pool) take(ctx context.Context, write bool) (ticket, error) {
 	for {
 		if t, ok := p.tryTake(); ok {
 			return t, nil
@@ -57,7 +60,7 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 			p.mu.Unlock() // freed since tryTake looked: look again
 		case p.contended:
 			p.mu.Unlock()
-			return p.single(ctx)
+			return p.single(ctx, write)
 		case p.growth != nil:
 			f := p.growth
 			p.waiting++
@@ -80,18 +83,18 @@ func (p *pool) take(ctx context.Context) (ticket, error) {
 				if t, ok := p.tryTake(); ok { // a slot of ours came back meanwhile
 					return t, nil
 				}
-				return p.single(ctx) // no room now: queue at governord like anyone
+				return p.single(ctx, write) // no room now: queue at governord like anyone
 			}
 		default:
 			limit := p.n.s.a.cfg.MaxBlock
 			if p.count >= limit {
 				p.mu.Unlock()
-				return p.single(ctx)
+				return p.single(ctx, write)
 			}
 			// Ask for what the requests waiting now need, or double the
 			// block, whichever is more.
 			want := min(max(p.count, p.waiting+1), limit-p.count)
-			f := &flight{done: make(chan struct{})}
+			f := &flight{done: make(chan struct{}), epoch: p.n.ts.begin()}
 			p.growth = f
 			p.mu.Unlock()
 			p.n.s.a.bg.Go(func() { p.grow(f, want) })
@@ -129,6 +132,7 @@ func (p *pool) grow(f *flight, want int64) {
 		p.n.s.a.m.topUps.WithLabelValues("slots", "failed").Inc()
 		return
 	}
+	current := p.n.ts.learn(f.epoch, b.ReadOnly) // before any slot can be taken
 	p.count += b.Granted
 	p.adaptive = b.Adaptive
 	// The answer may be older than a notice already acted on: it can say
@@ -137,7 +141,14 @@ func (p *pool) grow(f *flight, want int64) {
 		p.contended = true
 		p.giveBackLocked(p.idle())
 	}
-	if b.Granted > 0 {
+	switch {
+	case !current:
+		// A recall of everything came while the call was out: the slots
+		// go back with the others, and the block grants nothing until it
+		// grows again (tenantstate.go).
+		p.shrinking = true
+		p.giveBackLocked(p.idle())
+	case b.Granted > 0:
 		p.shrinking = false // the chain had room: the block fits again
 	}
 	f.granted = b.Granted
@@ -148,9 +159,16 @@ func (p *pool) grow(f *flight, want int64) {
 	p.n.s.a.m.topUps.WithLabelValues("slots", outcome).Inc()
 }
 
-// single takes one lease through governord's fair queue.
-func (p *pool) single(ctx context.Context) (ticket, error) {
-	l, err := p.n.t.Acquire(ctx, p.class)
+// single takes one lease through governord's fair queue; a write is marked
+// as one, so that a read_only tenant refuses it there.
+func (p *pool) single(ctx context.Context, write bool) (ticket, error) {
+	var l *governor.Lease
+	var err error
+	if write {
+		l, err = p.n.t.ChargeAndAcquireWrite(ctx, p.class, nil)
+	} else {
+		l, err = p.n.t.Acquire(ctx, p.class)
+	}
 	if err != nil {
 		p.n.failed(err)
 		return nil, counted(err)
@@ -173,6 +191,20 @@ func (p *pool) put(gen uint64, latency time.Duration, overloaded bool) {
 	}
 	p.inUse--
 	p.lastUse = time.Now()
+	if p.contended || p.shrinking {
+		p.giveBackLocked(p.idle())
+	}
+}
+
+// untake gives a block's slot back unused: the work it was taken for was
+// refused after all. No call was made in it, so there is nothing to note.
+func (p *pool) untake(gen uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gen != p.gen {
+		return
+	}
+	p.inUse--
 	if p.contended || p.shrinking {
 		p.giveBackLocked(p.idle())
 	}
@@ -275,6 +307,9 @@ func (n *node) failed(err error) {
 // ticket is admitted work holding a slot.
 type ticket interface {
 	End(latency time.Duration, overloaded bool)
+	// abandon gives the slot back unused, instead of End, when the work
+	// is refused after all; the node stays in use for the caller to unuse.
+	abandon()
 }
 
 // blockTicket is a slot of a block.
@@ -290,6 +325,8 @@ func (t *blockTicket) End(latency time.Duration, overloaded bool) {
 		t.p.n.unuse()
 	})
 }
+
+func (t *blockTicket) abandon() { t.once.Do(func() { t.p.untake(t.gen) }) }
 
 // takeSamples returns the calls noted since the last report.
 func (p *pool) takeSamples() []governor.Sample {
@@ -311,16 +348,22 @@ type leaseTicket struct {
 func (t *leaseTicket) End(latency time.Duration, overloaded bool) {
 	t.once.Do(func() {
 		t.n.unuse()
-		t.s.a.bg.Go(func() {
-			if t.s.client.Err() != nil {
-				return // the session ended, and its leases with it
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-			defer cancel()
-			if err := t.l.Release(ctx, latency, overloaded); err != nil {
-				t.s.a.m.releaseFailures.Inc()
-				t.s.a.log.Warn("governor-proxy: release failed", "lease", t.l.ID(), "class", t.l.Class(), "err", err)
-			}
-		})
+		t.release(latency, overloaded)
+	})
+}
+
+func (t *leaseTicket) abandon() { t.once.Do(func() { t.release(0, false) }) } // 0: no sample
+
+func (t *leaseTicket) release(latency time.Duration, overloaded bool) {
+	t.s.a.bg.Go(func() {
+		if t.s.client.Err() != nil {
+			return // the session ended, and its leases with it
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		if err := t.l.Release(ctx, latency, overloaded); err != nil {
+			t.s.a.m.releaseFailures.Inc()
+			t.s.a.log.Warn("governor-proxy: release failed", "lease", t.l.ID(), "class", t.l.Class(), "err", err)
+		}
 	})
 }

@@ -126,7 +126,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 			return den
 		}
 		if ex.meter = mt; mt != nil {
-			req = mt.request(subtask, d)
+			req = mt.request(subtask, d, req.Write)
 		}
 	}
 	if f, ok := p.Admitter.(admission.Fast); ok {

@@ -93,13 +93,14 @@ func setBody(r *http.Request, body []byte) {
 	}
 }
 
-// meterRequest is the admission request of a metered call: the rule's
-// charges, and the estimate held on the metered resource.
-func (mt *metered) request(subtask string, d classify.Decision) admission.Request {
+// request is the admission request of a metered call: the rule's charges,
+// and the estimate held on the metered resource; write as the call is
+// classified.
+func (mt *metered) request(subtask string, d classify.Decision, write bool) admission.Request {
 	charges := make(map[string]int64, len(d.Charges)+1)
 	maps.Copy(charges, d.Charges)
 	charges[mt.rule.Resource] = mt.estimate
-	return admission.Request{Subtask: subtask, Class: d.Class, Charges: charges, Held: true}
+	return admission.Request{Subtask: subtask, Class: d.Class, Charges: charges, Held: true, Write: write}
 }
 
 // meterBody wraps an admitted call's response body so that its usage is read
