@@ -116,7 +116,7 @@ func (q *reservation) refillLocked() {
 	spent := q.spent
 	q.spent = 0
 	q.settling += spent
-	q.n.s.a.bg.Go(func() { q.grow(f, spent, want) })
+	q.n.s.a.bg.Spawn(func() { q.grow(f, spent, want) }) // q.mu is held, and grow takes it
 }
 
 // tryTake holds amount units if the reservation has them now.

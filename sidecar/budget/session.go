@@ -142,7 +142,7 @@ func (s *session) node(ctx context.Context, name string) (*node, error) {
 			}
 			n = &node{s: s, name: name, done: make(chan struct{}), pools: map[string]*pool{}, quota: map[string]*reservation{}}
 			s.nodes[name] = n
-			s.a.bg.Go(func() { s.resolve(n) })
+			s.a.bg.Spawn(func() { s.resolve(n) }) // s.mu is held
 		}
 		n.use()
 		s.mu.Unlock()

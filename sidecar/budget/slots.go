@@ -246,7 +246,7 @@ func (p *pool) giveBackLocked(k int64) {
 	}
 	p.returning += k
 	gen := p.gen
-	p.n.s.a.bg.Go(func() {
+	p.n.s.a.bg.Spawn(func() { // p.mu is held, and giveBack takes it
 		ctx, cancel := context.WithTimeout(p.n.s.life, callTimeout)
 		defer cancel()
 		p.giveBack(ctx, gen, k)
