@@ -294,10 +294,11 @@ const (
 	followPoll = 100 * time.Millisecond
 	// followBatch is how many records one read of the tail takes.
 	followBatch = 4096
-	// followGap is the least time between two reads of the tail: a busy
-	// leader notifies on every commit, and a read per commit per standby
-	// would cost PostgreSQL (on the leader's path) more than it buys.
-	followGap = 20 * time.Millisecond
+	// followGap is the least time between two reads of the tail, the
+	// leader's least time between two notifications: a read per commit per
+	// standby would cost PostgreSQL and the machines (the leader's) more
+	// than it buys.
+	followGap = store.NotifyGap
 )
 
 // errFellBehind: the records a standby needed next were folded into a
@@ -370,8 +371,9 @@ func (s *Server) standBy(ctx context.Context, wake <-chan struct{}) {
 	h := s.ha
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var last time.Time
+	var last, leaderRead time.Time
 	for {
+		woken := false
 		select {
 		case <-ctx.Done():
 			return
@@ -380,6 +382,7 @@ func (s *Server) standBy(ctx context.Context, wake <-chan struct{}) {
 				t.Reset(followGap - gap)
 				continue
 			}
+			woken = true
 		case <-t.C:
 		}
 		last = time.Now()
@@ -394,6 +397,12 @@ func (s *Server) standBy(ctx context.Context, wake <-chan struct{}) {
 			}
 			s.log.Warn("standby: reading the log failed; trying again", "err", err)
 		}
+		if woken && time.Since(leaderRead) < followPoll {
+			// A commit woke it: the leader is alive. Its lease is read at
+			// the poll, for which the timer still runs.
+			continue
+		}
+		leaderRead = time.Now()
 		info, err := h.elector.Leader(ctx)
 		if err != nil {
 			s.log.Warn("standby: reading the leadership failed; trying again", "err", err)

@@ -193,16 +193,27 @@ func (e *Elector) Close() { e.pool.Close() }
 func (p *Postgres) Fence(epoch uint64) { p.epoch.Store(epoch) }
 
 // fencedSQL makes query (an append statement) conditional on the epoch in
-// parameter $n and makes it notify the followers (NotifyChannel) when it
-// appends.
-func fencedSQL(query string, n int) string {
+// parameter $n and, with notify, makes it notify the followers
+// (NotifyChannel) when it appends.
+func fencedSQL(query string, n int, notify bool) string {
 	const move = "AND last_seq = $2 RETURNING 1)"
+	if !notify {
+		return strings.Replace(query, move, fmt.Sprintf("AND last_seq = $2 AND epoch = $%d RETURNING 1)", n), 1)
+	}
 	fenced := fmt.Sprintf("AND last_seq = $2 AND epoch = $%d RETURNING 1),\nnotified AS (SELECT pg_notify('%s', '') FROM moved)", n, NotifyChannel)
 	return strings.Replace(query, move, fenced, 1) + " AND EXISTS (SELECT 1 FROM notified)"
 }
 
 // NotifyChannel is the channel a fenced Append notifies when it commits.
 const NotifyChannel = "governor_events"
+
+// NotifyGap is the least time between two notifications: a busy leader
+// commits hundreds of times a second, and a notification per commit wakes
+// every follower's PostgreSQL backend and the follower itself each time,
+// on the machine the leader's commits need, for reads a follower spaces
+// out anyway. A commit that does not notify is read with the next one that
+// does, or at the follower's next poll.
+const NotifyGap = 50 * time.Millisecond
 
 // Tail is what a standby reads to follow the log: the records after a
 // seq, and the sessions table's rows after a session id, as one view.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,10 +17,13 @@ import (
 // first (add search_path=NAME to the DSN to keep several logs in one
 // database).
 type Postgres struct {
-	pool   *pgxpool.Pool
-	cfg    *pgxpool.Config // for the connections of an Elector and a Listener (leader.go)
-	epoch  atomic.Uint64   // the epoch Appends are fenced by; 0: not fenced (leader.go)
-	closed atomic.Bool
+	pool  *pgxpool.Pool
+	cfg   *pgxpool.Config // for the connections of an Elector and a Listener (leader.go)
+	epoch atomic.Uint64   // the epoch Appends are fenced by; 0: not fenced (leader.go)
+	// notified is when (unix nanoseconds) a fenced Append last notified the
+	// followers: at most one notification per NotifyGap (leader.go).
+	notified atomic.Int64
+	closed   atomic.Bool
 }
 
 // postgresMaxConns: one for the writer, one for a Load or an operator call
@@ -176,7 +180,12 @@ func (p *Postgres) Append(ctx context.Context, recs []Record) error {
 	if epoch != 0 {
 		// A leader among standbys: only while its epoch is the newest.
 		args = append(args, int64(epoch))
-		query = fencedSQL(query, len(args))
+		now := time.Now().UnixNano()
+		notify := now-p.notified.Load() >= int64(NotifyGap)
+		if notify {
+			p.notified.Store(now)
+		}
+		query = fencedSQL(query, len(args), notify)
 	}
 	tag, err := p.pool.Exec(ctx, query, args...)
 	if err != nil {
