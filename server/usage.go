@@ -37,17 +37,28 @@ func (s *Server) encodeWithUsage(ev engine.Event) (store.Record, error) {
 	}
 	s.usage.Add(ev)
 	for _, r := range s.usage.Take() {
-		m := store.MergeAdd
-		switch r.Kind {
-		case usage.Peak:
-			m = store.MergeMax
-		case usage.HeldEnd:
-			m = store.MergeSet
-		}
-		rec.Usage = append(rec.Usage, store.UsageRow{Tenant: r.Tenant, Task: r.Task, Minute: r.Minute, Kind: string(r.Kind),
-			Name: r.Name, TenantName: r.TenantName, TaskName: r.TaskName, Amount: r.Amount, Merge: m})
+		rec.Usage = append(rec.Usage, storeRow(r))
 	}
 	return rec, nil
+}
+
+// storeRow is a usage record as the store keeps it.
+func storeRow(r usage.Record) store.UsageRow {
+	m := store.MergeAdd
+	switch r.Kind {
+	case usage.Peak:
+		m = store.MergeMax
+	case usage.HeldEnd:
+		m = store.MergeSet
+	}
+	return store.UsageRow{Tenant: r.Tenant, Task: r.Task, Minute: r.Minute, Kind: string(r.Kind),
+		Name: r.Name, TenantName: r.TenantName, TaskName: r.TaskName, Amount: r.Amount, Merge: m}
+}
+
+// usageWriter stores usage records at once, outside any append: the
+// stores do.
+type usageWriter interface {
+	AddUsage(ctx context.Context, rows []store.UsageRow) error
 }
 
 // denied counts err against node when it refuses the work (a quota spent,
@@ -85,8 +96,10 @@ const (
 
 // ReportDenials counts refusals a sidecar decided by itself, from what its
 // session holds, in the usage records of the nodes they were for, as
-// governord counts its own (denied). It records no event: like governord's
-// own refusals, they go with the next commit.
+// governord counts its own (denied). They are no events; unlike governord's
+// own refusals, which go with the next commit, they are stored before the
+// answer: a sidecar forgets what it reported once told it is counted, so a
+// crash before the next commit must not lose them.
 func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenialsRequest) (*governorpb.ReportDenialsResponse, error) {
 	sid, err := s.authenticate(ctx)
 	if err != nil {
@@ -111,8 +124,23 @@ func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenial
 		}
 	}
 	now := time.Now().UnixNano()
+	w, direct := s.st.(usageWriter)
+	var rows []store.UsageRow
 	for _, d := range reports {
-		s.usage.DenyN(engine.NodeID(d.GetNodeId()), d.GetCause(), now, d.GetCount())
+		node := engine.NodeID(d.GetNodeId())
+		if !direct {
+			s.usage.DenyN(node, d.GetCause(), now, d.GetCount())
+		} else if r, ok := s.usage.DenialRecord(node, d.GetCause(), now, d.GetCount()); ok {
+			rows = append(rows, storeRow(r))
+		}
+	}
+	if len(rows) > 0 {
+		if err := w.AddUsage(ctx, rows); err != nil {
+			s.log.Warn("storing a sidecar's refusal counts failed", "err", err)
+			return nil, status.Errorf(codes.Unavailable, "the refusal counts were not stored: %v", err)
+		}
+	}
+	for _, d := range reports {
 		s.recent.add(recentDenial{at: now, node: d.GetNodeId(), cause: d.GetCause()})
 	}
 	return &governorpb.ReportDenialsResponse{}, nil

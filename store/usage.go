@@ -141,6 +141,26 @@ func (m *Memory) TrimUsage(ctx context.Context, before int64, carryKind string) 
 	return nil
 }
 
+// AddUsage merges rows into the usage table at once, in a transaction of
+// their own rather than with an Append: records that come from no event
+// (a sidecar's report of the refusals it decided). Rows with the same key
+// are merged first.
+func (m *Memory) AddUsage(ctx context.Context, rows []UsageRow) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("store: add usage: %w", ErrClosed)
+	}
+	m.addUsage(mergeUsage(rows))
+	return nil
+}
+
+// mergeUsage merges rows that share a key, keeping the first one's place:
+// one statement must not touch a row twice.
+func mergeUsage(rows []UsageRow) []UsageRow {
+	return usageRows([]Record{{Usage: rows}})
+}
+
 // addUsage merges rows into a copy of m's usage. m.mu must be held.
 func (m *Memory) addUsage(rows []UsageRow) {
 	if len(rows) == 0 {

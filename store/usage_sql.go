@@ -87,6 +87,25 @@ func sqliteAddUsage(ctx context.Context, tx *sql.Tx, rows []UsageRow) error {
 	return nil
 }
 
+// AddUsage merges rows into the usage table at once (see Memory.AddUsage).
+func (s *SQLite) AddUsage(ctx context.Context, rows []UsageRow) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: add usage: %w", ErrClosed)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: add usage: %w", err)
+	}
+	if err := sqliteAddUsage(ctx, tx, mergeUsage(rows)); err != nil {
+		tx.Rollback()
+		return fmt.Errorf("store: add %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: add usage: %w", err)
+	}
+	return nil
+}
+
 // Usage implements UsageReader.
 func (s *SQLite) Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error) {
 	if s.closed.Load() {
@@ -138,6 +157,23 @@ usage AS (
 		WHEN 2 THEN excluded.amount
 		ELSE governor_usage.amount + excluded.amount END)`, p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9))
 	return cte, args
+}
+
+// AddUsage merges rows into the usage table at once (see Memory.AddUsage),
+// with Append's own merge: its usage part, gated on nothing.
+func (p *Postgres) AddUsage(ctx context.Context, rows []UsageRow) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: add usage: %w", ErrClosed)
+	}
+	rows = mergeUsage(rows)
+	if len(rows) == 0 {
+		return nil
+	}
+	cte, args := postgresUsageCTE(rows, nil)
+	if _, err := p.pool.Exec(ctx, "WITH moved AS (SELECT 1)"+cte+"\nSELECT 1", args...); err != nil {
+		return fmt.Errorf("store: add usage: %w", err)
+	}
+	return nil
 }
 
 // Usage implements UsageReader.

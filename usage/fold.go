@@ -364,6 +364,21 @@ func (f *Fold) DenyN(node engine.NodeID, cause string, at, n int64) {
 	f.add(node, MinuteOf(at), Denied, cause, n)
 }
 
+// DenialRecord is the record n refusals of node for cause at at make, for
+// a writer that stores it at once rather than with the next commit (a
+// sidecar's report, acknowledged only once stored); nothing is folded. ok
+// is false for a node the fold does not know, or n below 1.
+func (f *Fold) DenialRecord(node engine.NodeID, cause string, at, n int64) (r Record, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, known := f.nodes[node]; !known || n <= 0 {
+		return Record{}, false
+	}
+	tenant, task := f.place(node)
+	k := Key{Tenant: int64(tenant), Task: int64(task), Minute: MinuteOf(at), Kind: Denied, Name: cause}
+	return Record{Key: k, TenantName: f.nodes[tenant].name, TaskName: f.nodes[task].name, Amount: n}, true
+}
+
 // Take returns the records folded since the last Take, to be written with
 // the events they came from.
 func (f *Fold) Take() []Record {

@@ -259,8 +259,9 @@ type GovernorClient interface {
 	// what its session holds (a delegated slot not free within the wait
 	// timeout, a reservation that could not grow, an ended subtask, governord
 	// out of reach), which no call of governord's refused and counted. They
-	// go into the usage records (GetUsage) as denials by cause. Each node must
-	// be inside the session's scope.
+	// go into the usage records (GetUsage) as denials by cause, stored before
+	// the answer (UNAVAILABLE when they could not be: send them again). Each
+	// node must be inside the session's scope.
 	ReportDenials(ctx context.Context, in *ReportDenialsRequest, opts ...grpc.CallOption) (*ReportDenialsResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
@@ -812,8 +813,9 @@ type GovernorServer interface {
 	// what its session holds (a delegated slot not free within the wait
 	// timeout, a reservation that could not grow, an ended subtask, governord
 	// out of reach), which no call of governord's refused and counted. They
-	// go into the usage records (GetUsage) as denials by cause. Each node must
-	// be inside the session's scope.
+	// go into the usage records (GetUsage) as denials by cause, stored before
+	// the answer (UNAVAILABLE when they could not be: send them again). Each
+	// node must be inside the session's scope.
 	ReportDenials(context.Context, *ReportDenialsRequest) (*ReportDenialsResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
