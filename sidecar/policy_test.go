@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -334,6 +337,24 @@ func tenantStatesThroughPGWire(t *testing.T, delegate bool) {
 	if err := c.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 		t.Fatalf("a SELECT while read-only: %v", err)
 	}
+	// In the simple protocol too (psql's), where a rule that decides by the
+	// connection alone needs no look at the text for its lease.
+	if err := c.QueryRow(context.Background(), "SELECT count(*) FROM "+table, pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+		t.Fatalf("a SELECT in the simple protocol while read-only: %v", err)
+	}
+	if psql := filepath.Join(os.Getenv("GOVERNOR_TEST_PG_BIN"), "psql"); psqlExists(psql) {
+		dsn := pgDSN(p.PGWireAddrs()[0], "")
+		if out, err := exec.Command(psql, dsn, "-Atc", "SELECT count(*) FROM "+table).CombinedOutput(); err != nil {
+			t.Fatalf("psql's SELECT while read-only: %v\n%s", err, out)
+		}
+		out, err := exec.Command(psql, dsn, "-v", "VERBOSITY=verbose", "-Atc", "INSERT INTO "+table+" VALUES (1)").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "25006") {
+			t.Fatalf("psql's INSERT while read-only: %v\n%s", err, out)
+		}
+	}
+	if _, err := c.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1)", pgx.QueryExecModeSimpleProtocol); err == nil {
+		t.Fatal("an INSERT in the simple protocol while read-only was let through")
+	}
 	wantPGError(t, c, "25006", "read-only", "INSERT INTO "+table+" VALUES (1)")
 	pgAlive(t, c)
 	setState("suspended")
@@ -644,4 +665,9 @@ func TestMinimumHoldsUnderAFloodThroughTheSidecars(t *testing.T) {
 			}
 		})
 	}
+}
+
+func psqlExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -88,9 +88,13 @@ type conn struct {
 	connRule    classify.Decision // what they decide by the connection alone,
 	connMatched bool              // whether a rule matched that way,
 	connDecides bool              // and whether that decides every statement
-	series      *ruleSeries       // the metrics last counted into
-	discarding  bool              // after a denial in the extended protocol, until Sync
-	pendingDeny []byte            // that denial, for the Sync's ReadyForQuery
+	// queryText is the text of the Query being admitted, which a text
+	// decided by the connection alone (byConnection) is classified from
+	// only to tell whether it writes (writes).
+	queryText   []byte
+	series      *ruleSeries // the metrics last counted into
+	discarding  bool        // after a denial in the extended protocol, until Sync
+	pendingDeny []byte      // that denial, for the Sync's ReadyForQuery
 	hdr         [headerLen]byte
 	buf         []byte
 }
@@ -600,7 +604,10 @@ func (c *conn) clientLoop() error {
 			}
 			cl := c.classifyQuery(c.buf[:end])
 			run, changes := c.toRun(cl)
-			if deny := c.admit(cl, run); deny != nil {
+			c.queryText = c.buf[:end]
+			deny := c.admit(cl, run)
+			c.queryText = nil
+			if deny != nil {
 				if err := c.denySimple(deny); err != nil {
 					return err
 				}

@@ -43,7 +43,8 @@ func (c *conn) governs() bool { return c.p.Admitter != nil && c.p.Rules != nil }
 // classifyQuery classifies a Query's text; nil for a passthrough proxy.
 // When the rules decide every statement of this connection by the
 // connection alone and charge nothing (say, `sql: any` with a class), the
-// text is not even lexed: its transaction's lease does not depend on it.
+// text is not lexed for its lease, which does not depend on it; only
+// whether it writes is read from it, when it is admitted (writes).
 func (c *conn) classifyQuery(sql []byte) *sqlclass.Class {
 	if !c.governs() {
 		return nil

@@ -63,11 +63,17 @@ func capWords(c admission.CapState) string {
 }
 
 // writes reports whether a message's statements may write, as a read-only
-// tenant refuses: a statement of a write kind, or a message classified by
-// its connection alone (a COPY or FunctionCall stream), which may.
+// tenant refuses: a statement of a write kind. A Query decided by its
+// connection alone (byConnection) is classified here from its text; with no
+// text at hand, such a message counts as one that may write.
 func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement) bool {
 	if cl == byConnection {
-		return true
+		// Its lease did not need the text, but a read_only tenant's
+		// refusal does: a SELECT must not read as a write.
+		if c.queryText == nil {
+			return true
+		}
+		run, _ = c.toRun(c.classifyText(c.queryText))
 	}
 	for i := range run {
 		if classify.WritesSQL(c.statement(&run[i]).Kinds) {
