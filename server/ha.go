@@ -321,9 +321,14 @@ func (s *Server) startStandby(runCtx context.Context) error {
 	}
 	s.maxSessionFromEngine()
 	wake := make(chan struct{}, 1)
+	// Listening ends with standing by: a leader has no use for it.
+	listenCtx, stopListening := context.WithCancel(runCtx)
 	s.wg.Add(2)
-	go s.listen(runCtx, wake)
-	go s.standBy(runCtx, wake)
+	go s.listen(listenCtx, wake)
+	go func() {
+		defer stopListening()
+		s.standBy(runCtx, wake)
+	}()
 	s.log.Info("governord standing by", "listen", s.Addr(), "advertise", h.self, "metrics", s.MetricsAddr(), "seq", s.eng.Seq(),
 		"lease", s.cfg.HA.Lease, "drift_allowance", s.cfg.HA.DriftAllowance)
 	return nil
@@ -338,7 +343,8 @@ func (s *Server) maxSessionFromEngine() {
 }
 
 // listen wakes the standby on each commit's notification, reconnecting
-// after a failure. It is one of the goroutines s.wg counts.
+// after a failure, until ctx ends (when the standby stops standing by). It
+// is one of the goroutines s.wg counts.
 func (s *Server) listen(ctx context.Context, wake chan<- struct{}) {
 	defer s.wg.Done()
 	for try := 0; ctx.Err() == nil; try++ {
@@ -352,9 +358,6 @@ func (s *Server) listen(ctx context.Context, wake chan<- struct{}) {
 				}
 			}
 			l.Close()
-		}
-		if s.ha.role.Load() == roleLeader {
-			return
 		}
 		select {
 		case <-ctx.Done():

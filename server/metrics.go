@@ -186,7 +186,7 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases))
 	ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, float64(st.Nodes))
 	ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.eng.Seq()), "emitted")
-	if s.events != nil && s.leading() {
+	if s.leading() && s.events != nil { // leading is set after events, at a takeover
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(s.events.Committed()), "committed")
 	}
 }

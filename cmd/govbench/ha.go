@@ -239,7 +239,7 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 	var wg sync.WaitGroup
 	proxyURL, _ := url.Parse("http://" + sc.addr)
 	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}, Timeout: 5 * time.Second}
-	wg.Add(2)
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
@@ -271,6 +271,7 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 		wg.Wait()
 		return nil, err
 	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
