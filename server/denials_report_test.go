@@ -29,6 +29,8 @@ func TestReportDenials(t *testing.T) {
 		"no node":        {Cause: "wait-timeout", Count: 1},
 		"an upper case":  {NodeId: task.Id, Cause: "Wait-timeout", Count: 1},
 		"two colons":     {NodeId: task.Id, Cause: "quota:a:b", Count: 1},
+		"no resource":    {NodeId: task.Id, Cause: "quota:", Count: 1},
+		"a NUL":          {NodeId: task.Id, Cause: "quota:a\x00b", Count: 1},
 		"an empty cause": {NodeId: task.Id, Count: 1},
 		"a zero count":   {NodeId: task.Id, Cause: "wait-timeout"},
 		"a huge count":   {NodeId: task.Id, Cause: "wait-timeout", Count: maxDenialCount + 1},
@@ -60,5 +62,10 @@ func TestReportDenials(t *testing.T) {
 	}
 	if len(got) != 2 || got["wait-timeout"] != 3 || got["quota:tokens"] != 2 {
 		t.Fatalf("checkout-42's refusals: %v, want 3 wait-timeout and 2 quota:tokens, and none of the refused reports", got)
+	}
+	// A quota cause names its resource as the engine does: any name it
+	// takes but for ':', upper case and '/' included.
+	if err := report(pay, &governorpb.DenialCount{NodeId: task.Id, Cause: "quota:GPT-4o/Tokens", Count: 1}); err != nil {
+		t.Fatalf("a cause naming a resource with upper case and '/': %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -91,7 +92,7 @@ func (s *Server) denied(node int64, err error) error {
 const (
 	maxDenialReports = 1000
 	maxDenialCount   = 1_000_000
-	maxCauseLen      = 80
+	maxCauseLen      = len("quota:") + engine.MaxNameLen
 )
 
 // ReportDenials counts refusals a sidecar decided by itself, from what its
@@ -148,9 +149,20 @@ func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenial
 
 // validCause checks a reported cause's name: lower-case letters, digits,
 // '-', '_' and '.', with at most one ':' (as in "quota:tokens").
+// The part after "quota:" is a resource's name, which may be any name the
+// engine takes (upper case, '/', ...) but for ':'.
 func validCause(c string) error {
 	if c == "" || len(c) > maxCauseLen {
 		return fmt.Errorf("cause %q must be 1 to %d bytes", c, maxCauseLen)
+	}
+	if res, ok := strings.CutPrefix(c, "quota:"); ok {
+		if strings.Contains(res, ":") {
+			return fmt.Errorf("cause %q: a resource named in a cause holds no ':'", c)
+		}
+		if err := engine.ValidName("resource", res); err != nil {
+			return fmt.Errorf("cause %q: %w", c, err)
+		}
+		return nil
 	}
 	colons := 0
 	for _, r := range c {

@@ -316,6 +316,10 @@ func (c CapsEdit) clone() CapsEdit {
 	return c
 }
 
+// ValidName checks a name the engine takes for a node, resource or class
+// (what says which, for the error): 1 to MaxNameLen bytes, no NUL.
+func ValidName(what, s string) error { return validName(what, s) }
+
 func validName(what, s string) error {
 	if s == "" {
 		return invalid("%s is empty", what)

@@ -103,7 +103,15 @@ func (s *session) reportDenials() {
 	s.a.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(s.life, callTimeout)
 		defer cancel()
-		if err := s.client.ReportDenials(ctx, ds); err != nil {
+		err := s.client.ReportDenials(ctx, ds)
+		switch {
+		case err == nil:
+		case errors.Is(err, governor.ErrInvalidArgument), errors.Is(err, governor.ErrNotFound), errors.Is(err, governor.ErrPermissionDenied):
+			// Sent again it would be refused again, and hold up every
+			// later report with it (a node reclaimed since, a name
+			// governord will not take): dropped.
+			s.a.log.Warn("governor-proxy: governord refused a report of refusals for usage; it is dropped", "err", err, "counts", len(ds))
+		default:
 			for _, d := range ds {
 				s.a.local.add(d.Node, d.Cause, d.Count)
 			}

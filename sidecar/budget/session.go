@@ -289,6 +289,9 @@ func (n *node) writable(r admission.Request, slot ticket) error {
 	if !r.Write {
 		return nil
 	}
+	if _, ok := slot.(*leaseTicket); ok {
+		return nil // a lease governord granted as a write: its answer is the newer one
+	}
 	err := n.ts.refusesWrites()
 	if err != nil && slot != nil {
 		slot.abandon()
