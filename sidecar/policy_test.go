@@ -578,6 +578,14 @@ func TestPGWireShadow(t *testing.T) {
 				if task.GetUsed()["db_writes"] != 0 || task.GetShadow()["db_writes"] != 2 {
 					t.Fatalf("shadow: %v used, %v in the shadow ledger; want nothing and 2 db_writes", task.GetUsed(), task.GetShadow())
 				}
+				// A connection named for a subtask is dry-run on it.
+				sc := pgConnect(t, pgDSN(p.PGWireAddrs()[0], "crawler-1"))
+				if _, err := sc.Exec(context.Background(), fmt.Sprintf("INSERT INTO %s VALUES (9)", table)); err != nil {
+					t.Fatalf("a shadow rule refused: %v", err)
+				}
+				if !strings.Contains(p.logs.String(), "subtask=crawler-1 outcome=shadow_denied") {
+					t.Fatalf("the subtask's would-be denial is not logged on it:\n%s", p.logs.String())
+				}
 			}
 		})
 	}

@@ -196,18 +196,21 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 			asks[i].req.Write = true
 		}
 	}
+	var badSubtask error
+	if c.p.TaskFromApplicationName {
+		if badSubtask = checkSubtask(c.appName); badSubtask == nil {
+			for i := range asks { // shadow ones too: dry runs are for the subtask
+				asks[i].req.Subtask = c.appName
+			}
+		}
+	}
 	if asks = c.shadow(asks); len(asks) == 0 {
 		return nil // rules in dry run only: the statements run unadmitted
 	}
-	if c.p.TaskFromApplicationName {
-		if err := checkSubtask(c.appName); err != nil {
-			a := asks[0]
-			c.notSending()
-			return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: err}, 0)
-		}
-		for i := range asks {
-			asks[i].req.Subtask = c.appName
-		}
+	if badSubtask != nil {
+		a := asks[0]
+		c.notSending()
+		return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: badSubtask}, 0)
 	}
 	var w waiter
 	defer w.done()
