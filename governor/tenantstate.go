@@ -31,6 +31,10 @@ func (e *TenantStateError) Error() string {
 // Is makes errors.Is(e, ErrTenantState) true.
 func (e *TenantStateError) Is(target error) bool { return target == ErrTenantState }
 
+// TenantRefusalError is the error of a refusal's detail (as a DryRun's
+// answer carries it, through Raw); nil for none.
+func TenantRefusalError(d *governorpb.TenantRefusal) *TenantStateError { return tenantRefusal(d) }
+
 // tenantRefusal is the error of a refusal's detail; nil for none.
 func tenantRefusal(d *governorpb.TenantRefusal) *TenantStateError {
 	if d == nil {

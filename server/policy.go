@@ -358,11 +358,11 @@ func dryRunResponse(dr engine.DryRun) *governorpb.DryRunResponse {
 	case errors.As(err, &ended):
 		resp.Outcome, resp.Message = "task-ended", err.Error()
 	case errors.As(err, &tstate) && tstate.State == engine.ReadOnly:
-		resp.Outcome, resp.Message = "read-only", err.Error()
+		resp.Outcome, resp.Message, resp.TenantRefusal = "read-only", err.Error(), tenantRefusal(tstate)
 	case errors.As(err, &tstate) && tstate.State == engine.Suspended:
-		resp.Outcome, resp.Message = "suspended", err.Error()
+		resp.Outcome, resp.Message, resp.TenantRefusal = "suspended", err.Error(), tenantRefusal(tstate)
 	case errors.As(err, &tstate):
-		resp.Outcome, resp.Message = "task-ended", err.Error()
+		resp.Outcome, resp.Message, resp.TenantRefusal = "task-ended", err.Error(), tenantRefusal(tstate)
 	default:
 		resp.Outcome, resp.Message = "recalling", err.Error()
 	}

@@ -68,6 +68,7 @@ func (s *Sidecar) startPGWire() error {
 			MaxMessageSize:          pc.MaxMessageBytes,
 			Caps:                    s.capNotices(pc),
 			DryRun:                  s.admitter,
+			WriteCheck:              s.admitter,
 			Shadow:                  s.cfg.HTTP.Shadow,
 			Logger:                  s.log,
 			Metrics:                 s.pgMetrics,

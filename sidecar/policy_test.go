@@ -357,6 +357,27 @@ func tenantStatesThroughPGWire(t *testing.T, delegate bool) {
 	}
 	wantPGError(t, c, "25006", "read-only", "INSERT INTO "+table+" VALUES (1)")
 	pgAlive(t, c)
+	// A transaction whose lease a SELECT took may not write either, though
+	// the write has no lease of its own to ask for.
+	txWrite := func() error {
+		ctx := context.Background()
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+table); err != nil {
+			t.Fatalf("a SELECT in a transaction: %v", err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (2)"); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	if err := txWrite(); !isPGCode(err, "25006") {
+		t.Fatalf("an INSERT after a SELECT in a transaction while read-only: %v, want 25006", err)
+	}
+	pgAlive(t, c)
 	setState("suspended")
 	if delegate { // once the recall at the change has arrived
 		eventually(t, "a SELECT refused as suspended", func() bool {
@@ -374,6 +395,14 @@ func tenantStatesThroughPGWire(t *testing.T, delegate bool) {
 	} else if err := insert(); err != nil {
 		t.Fatalf("an INSERT after resuming: %v", err)
 	}
+	if err := txWrite(); err != nil {
+		t.Fatalf("an INSERT after a SELECT in a transaction after resuming: %v", err)
+	}
+}
+
+func isPGCode(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
 }
 
 // Policy survives a crash: a governord process on SQLite gets a soft cap

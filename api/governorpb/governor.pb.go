@@ -5000,7 +5000,10 @@ type DryRunResponse struct {
 	// would carry it.
 	Denial *Denial `protobuf:"bytes,2,opt,name=denial,proto3" json:"denial,omitempty"`
 	// The refusal in words; empty when admitted.
-	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// For "suspended" and "read-only" (and a closing tenant's refused task):
+	// the tenant's state, as a FAILED_PRECONDITION would carry it.
+	TenantRefusal *TenantRefusal `protobuf:"bytes,4,opt,name=tenant_refusal,json=tenantRefusal,proto3" json:"tenant_refusal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5054,6 +5057,13 @@ func (x *DryRunResponse) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *DryRunResponse) GetTenantRefusal() *TenantRefusal {
+	if x != nil {
+		return x.TenantRefusal
+	}
+	return nil
 }
 
 // Minimum is a tenant's reserved minimum of a lease class.
@@ -5609,11 +5619,12 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06shadow\x18\a \x01(\bR\x06shadow\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"q\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xb4\x01\n" +
 	"\x0eDryRunResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12+\n" +
 	"\x06denial\x18\x02 \x01(\v2\x13.governor.v1.DenialR\x06denial\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\x93\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12A\n" +
+	"\x0etenant_refusal\x18\x04 \x01(\v2\x1a.governor.v1.TenantRefusalR\rtenantRefusal\"\x93\x01\n" +
 	"\aMinimum\x12\x10\n" +
 	"\x03min\x18\x01 \x01(\x03R\x03min\x129\n" +
 	"\n" +
@@ -5878,76 +5889,77 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	62,  // 83: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
 	104, // 84: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
 	46,  // 85: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	106, // 86: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	106, // 87: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	60,  // 88: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 89: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 90: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 91: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 92: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 93: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 94: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 95: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 96: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 97: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 98: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 99: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 100: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 101: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 102: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 103: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 104: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 105: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 106: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 107: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 108: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 109: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 110: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 111: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 112: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 113: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 114: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 115: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 116: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 117: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 118: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 119: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 120: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 121: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 122: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	66,  // 123: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 124: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 125: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 126: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 127: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 128: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 129: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 130: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 131: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 132: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 133: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 134: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 135: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 136: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 137: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 138: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 139: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 140: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 141: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 142: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 143: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 144: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 145: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 146: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 147: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 148: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 149: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	67,  // 150: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	124, // [124:151] is the sub-list for method output_type
-	97,  // [97:124] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	65,  // 86: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	106, // 87: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	106, // 88: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	60,  // 89: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 90: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 91: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 92: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 93: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 94: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	60,  // 95: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	60,  // 96: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	68,  // 97: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 98: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 99: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 100: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 101: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 102: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 103: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 104: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 105: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 106: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 107: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 108: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 109: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 110: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 111: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 112: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 113: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 114: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 115: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 116: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	40,  // 117: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	41,  // 118: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	49,  // 119: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	52,  // 120: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	58,  // 121: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	61,  // 122: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	64,  // 123: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	66,  // 124: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 125: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 126: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 127: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 128: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 129: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 130: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 131: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 132: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 133: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 134: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 135: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 136: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 137: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 138: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 139: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 140: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 141: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 142: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	39,  // 143: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 144: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	45,  // 145: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	51,  // 146: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	57,  // 147: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	59,  // 148: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	63,  // 149: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 150: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	67,  // 151: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	125, // [125:152] is the sub-list for method output_type
+	98,  // [98:125] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }

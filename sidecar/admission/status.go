@@ -114,6 +114,13 @@ type DryRunner interface {
 	DryRun(ctx context.Context, r Request) (DryRunResult, error)
 }
 
+// WriteChecker tells whether a write may go on in work admitted as a read:
+// the refusal a write gets while its tenant is read_only, or nil. Package
+// budget's Admitter is one.
+type WriteChecker interface {
+	CheckWrite(ctx context.Context, r Request) error
+}
+
 // DryRunResult is governord's answer to a dry run.
 type DryRunResult struct {
 	// Outcome is "admitted", "wait" (a lease would queue), or the cause a

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/retry"
 	"github.com/governor-project/governor/sidecar/admission"
 )
@@ -32,4 +33,36 @@ func (a *Admitter) DryRun(ctx context.Context, r admission.Request) (admission.D
 		return admission.DryRunResult{}, err
 	}
 	return admission.DryRunResult{Outcome: resp.GetOutcome(), Message: resp.GetMessage()}, nil
+}
+
+// CheckWrite tells whether r, a write, may go on in work admitted as a
+// read (admission.WriteChecker): a transaction whose lease a SELECT took
+// and which now writes, with nothing new to admit. It returns the refusal
+// a write gets while r's tenant is read_only (or suspended), or nil. With
+// delegated budgets it is what the node's last top-up said of the tenant
+// (a change of state recalls them, so a lease taken after it had a top-up
+// that said so); without, governord is asked in a dry run.
+func (a *Admitter) CheckWrite(ctx context.Context, r admission.Request) error {
+	s := a.cur.Load()
+	if s == nil {
+		return errNoSession
+	}
+	n, err := s.node(ctx, r.Subtask)
+	if err != nil {
+		return err
+	}
+	if r.Subtask != "" {
+		defer n.unuse()
+	}
+	if a.cfg.Delegate {
+		return n.ts.refusesWrites()
+	}
+	resp, err := s.client.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.t.ID(), Write: true})
+	if err != nil {
+		return err
+	}
+	if te := governor.TenantRefusalError(resp.GetTenantRefusal()); te != nil && te.State == "read_only" {
+		return te // a suspension refuses new work, not what runs already
+	}
+	return nil
 }

@@ -28,6 +28,7 @@ type heldTicket struct {
 	class string
 	t     admission.Ticket
 	since time.Time
+	write bool // admitted as a write, or since checked as one (checkWrite)
 }
 
 // byConnection is the Class of a text the rules in force decide by its
@@ -103,6 +104,10 @@ type ask struct {
 // transaction does not hold yet, and the sum of their charges.
 type plan struct {
 	held     []string // the classes held already
+	readHeld []string // those held by tickets admitted as reads
+	// readRule is a rule of the message whose class is in readHeld: a
+	// write needs a check that the tenant takes writes (checkWrite).
+	readRule classify.Decision
 	classes  []ask
 	charges  map[string]int64
 	owned    bool // charges is the plan's own (a sum), not a rule's
@@ -110,6 +115,9 @@ type plan struct {
 }
 
 func (p *plan) add(d classify.Decision, count int) {
+	if d.Class != "" && p.readRule.Rule == "" && slices.Contains(p.readHeld, d.Class) {
+		p.readRule = d
+	}
 	if d.Class != "" && !slices.Contains(p.held, d.Class) &&
 		!slices.ContainsFunc(p.classes, func(a ask) bool { return a.req.Class == d.Class }) {
 		p.classes = append(p.classes, ask{req: admission.Request{Class: d.Class}, d: d})
@@ -167,6 +175,9 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 	c.mu.Lock()
 	for _, h := range c.tickets {
 		p.held = append(p.held, h.class)
+		if !h.write {
+			p.readHeld = append(p.readHeld, h.class)
+		}
 	}
 	// From here until the message is sent (expect, or a Sync after an
 	// Execute), a ReadyForQuery for an earlier message must not end the
@@ -188,10 +199,17 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 		}
 	}
 	asks := p.asks()
+	write := (len(asks) > 0 || p.readRule.Rule != "") && c.writes(cl, run)
 	if len(asks) == 0 {
+		if write { // nothing to admit, but the lease held was taken for reads
+			if den := c.checkWrite(p.readRule); den != nil {
+				c.notSending()
+				return den
+			}
+		}
 		return nil
 	}
-	if c.writes(cl, run) {
+	if write {
 		for i := range asks {
 			asks[i].req.Write = true
 		}
@@ -238,13 +256,40 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 		if len(c.tickets) == 0 {
 			c.overloaded = false
 		}
-		c.tickets = append(c.tickets, heldTicket{class: g.req.Class, t: g.t, since: now})
+		c.tickets = append(c.tickets, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
 	}
 	c.mu.Unlock()
 	for _, g := range grants {
 		c.admitted(g.d, g.req, g.waited)
 	}
 	c.noticeCaps(asks[0].req.Subtask)
+	return nil
+}
+
+// checkWrite asks whether a write may go on in the transaction whose
+// lease of d's class was taken for reads (BEGIN; SELECT; UPDATE): a
+// read_only tenant refuses it, as it would have refused the lease for it.
+// Once it may, the transaction's leases count as taken for writes.
+func (c *conn) checkWrite(d classify.Decision) []byte {
+	wc := c.p.WriteCheck
+	if wc == nil {
+		return nil
+	}
+	req := admission.Request{Class: d.Class, Write: true}
+	if c.p.TaskFromApplicationName && checkSubtask(c.appName) == nil {
+		req.Subtask = c.appName
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
+	err := wc.CheckWrite(ctx, req)
+	cancel()
+	if err != nil {
+		return c.deny(d, req, admission.Deny(ctx, err, d.Class, 0), 0)
+	}
+	c.mu.Lock()
+	for i := range c.tickets {
+		c.tickets[i].write = true
+	}
+	c.mu.Unlock()
 	return nil
 }
 

@@ -10,8 +10,9 @@ import (
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
-// capStatusTimeout bounds the call that reads the caps' state for a notice.
-const capStatusTimeout = 2 * time.Second
+// askTimeout bounds a call to governord that is not an admission: the
+// caps' state for a notice, a dry run, a write check.
+const askTimeout = 2 * time.Second
 
 // noticeCaps sends the client a NOTICE, before the statement's results,
 // the first time a transaction runs near or over a cap over it (Proxy.Caps):
@@ -31,7 +32,7 @@ func (c *conn) noticeCaps(subtask string) {
 	if done {
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, capStatusTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
 	defer cancel()
 	rep, err := c.p.Caps.CapStatus(ctx, subtask)
 	if err != nil {
@@ -96,7 +97,7 @@ func (c *conn) shadow(asks []ask) []ask {
 		}
 		cause, msg := "unavailable", "no dry run: Proxy.DryRun is nil"
 		if c.p.DryRun != nil {
-			ctx, cancel := context.WithTimeout(c.ctx, capStatusTimeout)
+			ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
 			res, err := c.p.DryRun.DryRun(ctx, a.req)
 			cancel()
 			switch {

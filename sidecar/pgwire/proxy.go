@@ -74,6 +74,10 @@ type Proxy struct {
 	// logged and counted (notice.go). Nil: such statements run unasked,
 	// counted as cause "unavailable".
 	DryRun admission.DryRunner
+	// WriteCheck, when not nil, is asked whether a write may go on in a
+	// transaction whose leases were taken for reads (BEGIN; SELECT;
+	// UPDATE), which a read_only tenant refuses. Nil: it goes on.
+	WriteCheck admission.WriteChecker
 	// Shadow puts every rule in dry run.
 	Shadow bool
 
