@@ -325,6 +325,7 @@ func (c *Client) hedgedHeartbeat(ctx context.Context) (*governorpb.HeartbeatResp
 		resp, err := c.rpc.Heartbeat(ctx, &governorpb.HeartbeatRequest{})
 		answers <- heartbeatAnswer{resp, sent, err}
 	}
+	from, _ := c.conn.current()
 	go send()
 	hedge := time.NewTimer(c.every / 2)
 	defer hedge.Stop()
@@ -342,7 +343,7 @@ func (c *Client) hedgedHeartbeat(ctx context.Context) (*governorpb.HeartbeatResp
 				return nil, time.Time{}, last
 			}
 		case <-hedge.C:
-			if c.conn.skip() {
+			if c.conn.skip(from) {
 				pending++
 				go send()
 			}

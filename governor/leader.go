@@ -108,15 +108,19 @@ func (l *leaderConn) moveOn(failed int, err error) bool {
 	return false
 }
 
-// skip moves the next call on to the next address; false when there is
-// only one.
-func (l *leaderConn) skip() bool {
+// skip moves the next call on from address from, which answered nothing
+// in time, unless another call moved on already (to a leader that
+// answers: going back to from would undo it); false when there is only
+// one address.
+func (l *leaderConn) skip(from int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.conns) < 2 {
 		return false
 	}
-	l.cur = (l.cur + 1) % len(l.conns)
+	if l.cur == from {
+		l.cur = (from + 1) % len(l.conns)
+	}
 	return true
 }
 
