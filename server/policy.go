@@ -352,9 +352,7 @@ func dryRunResponse(dr engine.DryRun) *governorpb.DryRunResponse {
 	case err == nil:
 	case errors.As(err, &denial):
 		resp.Outcome, resp.Message = "quota", err.Error()
-		resp.Denial = &governorpb.Denial{Resource: denial.Resource, NodeId: int64(denial.Node), NodeName: denial.NodeName,
-			Used: denial.Used, Limit: denial.Limit, Amount: denial.Amount, LargestConsumerId: int64(denial.Largest.Node),
-			LargestConsumerName: denial.Largest.Name, LargestConsumerUsed: denial.Largest.Used}
+		resp.Denial = toDenial(denial)
 	case errors.As(err, &ended):
 		resp.Outcome, resp.Message = "task-ended", err.Error()
 	case errors.As(err, &tstate) && tstate.State == engine.ReadOnly:

@@ -12,6 +12,12 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 )
 
+// toDenial is a quota denial as the API carries it.
+func toDenial(d *engine.Denial) *governorpb.Denial {
+	return &governorpb.Denial{Resource: d.Resource, NodeId: int64(d.Node), NodeName: d.NodeName, Used: d.Used, Limit: d.Limit,
+		Amount: d.Amount, LargestConsumerId: int64(d.Largest.Node), LargestConsumerName: d.Largest.Name, LargestConsumerUsed: d.Largest.Used}
+}
+
 // toStatus maps an engine error to the gRPC status the API documents, with
 // the denial, node or lease details attached.
 func toStatus(err error) error {
@@ -31,10 +37,7 @@ func toStatus(err error) error {
 	case errors.As(err, &tstate):
 		return withDetail(codes.FailedPrecondition, err, tenantRefusal(tstate))
 	case errors.As(err, &denial):
-		return withDetail(codes.ResourceExhausted, err, &governorpb.Denial{Resource: denial.Resource,
-			NodeId: int64(denial.Node), NodeName: denial.NodeName, Used: denial.Used, Limit: denial.Limit,
-			Amount: denial.Amount, LargestConsumerId: int64(denial.Largest.Node),
-			LargestConsumerName: denial.Largest.Name, LargestConsumerUsed: denial.Largest.Used})
+		return withDetail(codes.ResourceExhausted, err, toDenial(denial))
 	case errors.As(err, &ended):
 		return withDetail(codes.FailedPrecondition, err, &governorpb.NodeEnded{NodeId: int64(ended.Node),
 			NodeName: ended.Name, State: nodeState(ended.State)})

@@ -124,14 +124,14 @@ func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenial
 			return nil, toStatus(err)
 		}
 	}
+	w, ok := s.st.(usageWriter)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this store cannot keep reported refusals")
+	}
 	now := time.Now().UnixNano()
-	w, direct := s.st.(usageWriter)
 	var rows []store.UsageRow
 	for _, d := range reports {
-		node := engine.NodeID(d.GetNodeId())
-		if !direct {
-			s.usage.DenyN(node, d.GetCause(), now, d.GetCount())
-		} else if r, ok := s.usage.DenialRecord(node, d.GetCause(), now, d.GetCount()); ok {
+		if r, ok := s.usage.DenialRecord(engine.NodeID(d.GetNodeId()), d.GetCause(), now, d.GetCount()); ok {
 			rows = append(rows, storeRow(r))
 		}
 	}

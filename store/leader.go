@@ -125,9 +125,6 @@ func (p *Postgres) NewElector(ctx context.Context, holder, addr string, lease, d
 	return &Elector{pool: pool, holder: holder, addr: addr, lease: lease, drift: drift}, nil
 }
 
-// Lease is the lease a won or renewed term lasts, by the database's clock.
-func (e *Elector) Lease() time.Duration { return e.lease }
-
 // Campaign takes the leadership if the current lease has ended. won is
 // false, with no error, while another holder's lease runs.
 func (e *Elector) Campaign(ctx context.Context) (t Term, won bool, err error) {

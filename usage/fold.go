@@ -196,7 +196,13 @@ func (f *Fold) put(tenant, task engine.NodeID, minute int64, kind Kind, name str
 		r.Amount = Merge(r.Amount, amount, kind)
 		return
 	}
-	f.pending[k] = &Record{Key: k, TenantName: f.nodes[tenant].name, TaskName: f.nodes[task].name, Amount: amount}
+	r := f.record(k, amount)
+	f.pending[k] = &r
+}
+
+// record is the record of k, with its tenant's and task's names.
+func (f *Fold) record(k Key, amount int64) Record {
+	return Record{Key: k, TenantName: f.nodes[engine.NodeID(k.Tenant)].name, TaskName: f.nodes[engine.NodeID(k.Task)].name, Amount: amount}
 }
 
 // moveHeld changes the slots of class held under node by delta at at: the
@@ -351,17 +357,12 @@ func (f *Fold) under(node, top engine.NodeID) bool {
 
 // Deny counts a refusal of a call on node for cause at at.
 func (f *Fold) Deny(node engine.NodeID, cause string, at int64) {
-	f.DenyN(node, cause, at, 1)
-}
-
-// DenyN counts n refusals at once (a sidecar's report of its own).
-func (f *Fold) DenyN(node engine.NodeID, cause string, at, n int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, known := f.nodes[node]; !known || n <= 0 {
+	if _, known := f.nodes[node]; !known {
 		return
 	}
-	f.add(node, MinuteOf(at), Denied, cause, n)
+	f.add(node, MinuteOf(at), Denied, cause, 1)
 }
 
 // DenialRecord is the record n refusals of node for cause at at make, for
@@ -375,8 +376,7 @@ func (f *Fold) DenialRecord(node engine.NodeID, cause string, at, n int64) (r Re
 		return Record{}, false
 	}
 	tenant, task := f.place(node)
-	k := Key{Tenant: int64(tenant), Task: int64(task), Minute: MinuteOf(at), Kind: Denied, Name: cause}
-	return Record{Key: k, TenantName: f.nodes[tenant].name, TaskName: f.nodes[task].name, Amount: n}, true
+	return f.record(Key{Tenant: int64(tenant), Task: int64(task), Minute: MinuteOf(at), Kind: Denied, Name: cause}, n), true
 }
 
 // Take returns the records folded since the last Take, to be written with

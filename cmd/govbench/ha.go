@@ -88,9 +88,8 @@ func haMain(args []string, stdout, stderr io.Writer) int {
 }
 
 type haResults struct {
-	Failovers []haFailover        `json:"failovers"`
-	Standbys  map[int][]float64   `json:"consumes_per_second_by_standbys"`
-	Notes     map[string][]string `json:"notes,omitempty"`
+	Failovers []haFailover      `json:"failovers"`
+	Standbys  map[int][]float64 `json:"consumes_per_second_by_standbys"`
 }
 
 type haFailover struct {

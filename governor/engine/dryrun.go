@@ -32,7 +32,11 @@ func (e *Engine) DryRun(sid SessionID, r AcquireRequest, shadow bool) (DryRun, e
 	if err != nil {
 		return DryRun{}, err
 	}
-	dr, _, err := e.dryRun(s, now, r, shadow)
+	charges, err := normalizeCharges(r.Charges)
+	if err != nil {
+		return DryRun{}, err
+	}
+	dr, _, err := e.dryRun(s, now, r, charges, shadow)
 	return dr, err
 }
 
@@ -64,7 +68,7 @@ func (e *Engine) Shadow(sid SessionID, r AcquireRequest, requestID string) (DryR
 			return DryRun{}, err
 		}
 	}
-	dr, n, err := e.dryRun(s, now, r, true)
+	dr, n, err := e.dryRun(s, now, r, charges, true)
 	if err != nil || dr.Err != nil || len(charges) == 0 {
 		return dr, err
 	}
@@ -91,13 +95,10 @@ func (e *Engine) Shadow(sid SessionID, r AcquireRequest, requestID string) (DryR
 	return dr, nil
 }
 
-// dryRun decides r for DryRun and Shadow (shadow: counting the shadow
-// ledger) at now, returning the node it is for.
-func (e *Engine) dryRun(s *session, now int64, r AcquireRequest, shadow bool) (DryRun, *node, error) {
-	charges, err := normalizeCharges(r.Charges)
-	if err != nil {
-		return DryRun{}, nil, err
-	}
+// dryRun decides r, whose charges are normalized, for DryRun and Shadow
+// (shadow: counting the shadow ledger) at now, returning the node it is
+// for.
+func (e *Engine) dryRun(s *session, now int64, r AcquireRequest, charges []Charge, shadow bool) (DryRun, *node, error) {
 	if r.Class != "" {
 		if err := validName("lease class", r.Class); err != nil {
 			return DryRun{}, nil, err
