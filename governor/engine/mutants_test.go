@@ -68,7 +68,7 @@ var mutants = []mutant{
 		"\t\tif eff, _ := g.enforced(); want > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
 	// The shadow ledger (dryrun.go).
 	{"a shadow request decided without its ledger", "dryrun.go",
-		"dr, n, err := e.dryRun(s, now, r, true)", "dr, n, err := e.dryRun(s, now, r, false)", `I23 shadow`},
+		"dr, n, err := e.dryRun(s, now, r, charges, true)", "dr, n, err := e.dryRun(s, now, r, charges, false)", `I23 shadow`},
 	{"the shadow ledger kept on the node alone", "dryrun.go",
 		"\t\ta.shadow[r] += amount\n", "\t\ta.shadow[r] += amount\n\t\tbreak\n", `shadow ledger \(I23\)|I23 shadow`},
 	{"a shadow denial's Used without the ledger", "quota.go",
