@@ -311,6 +311,9 @@ func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*go
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
+	if err := checkCharges("charges", req.GetCharges()); err != nil {
+		return nil, err
+	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), Charges: req.GetCharges(), Write: req.GetWrite()}
 	rid := req.GetRequestId()
 	if !req.GetRecord() {

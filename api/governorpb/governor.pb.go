@@ -1411,8 +1411,9 @@ type ConsumeRequest struct {
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The resource name, e.g. "retry" or "tokens". Required.
 	Resource string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
-	// How much to charge, in the resource's units. Required: must be greater
-	// than 0; 0 or negative is INVALID_ARGUMENT (there is no implicit 1).
+	// How much to charge, in the resource's units. Required: from 1 to 2^53
+	// (MaxAmount); 0, negative or larger is INVALID_ARGUMENT (there is no
+	// implicit 1).
 	Amount        int64 `protobuf:"varint,4,opt,name=amount,proto3" json:"amount,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1678,7 +1679,7 @@ type ChargeAndAcquireRequest struct {
 	// does not wait.
 	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
 	// Amounts to charge by resource name, in each resource's units. Each
-	// amount must be greater than 0. May be empty (then it is a plain Acquire),
+	// amount is from 1 to 2^53 (MaxAmount). May be empty (then it is a plain Acquire),
 	// but class and charges may not both be empty (INVALID_ARGUMENT).
 	Charges map[string]int64 `protobuf:"bytes,4,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The caller gave up on the ChargeAndAcquire with this request_id (and these
@@ -1976,9 +1977,9 @@ type ResizeBlockRequest struct {
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The lease class. Required.
 	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
-	// Slots to add, as many as fit now. Not negative.
+	// Slots to add, as many as fit now. From 0 to 2^53 (MaxAmount).
 	Want int64 `protobuf:"varint,4,opt,name=want,proto3" json:"want,omitempty"`
-	// Idle slots to give back; at most the block's count. Not negative.
+	// Idle slots to give back; at most the block's count. From 0 to 2^53.
 	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
 	// The caller gave up on the ResizeBlock with this request_id (and these
 	// arguments) before its answer arrived: give back the slots it added, if
@@ -2187,7 +2188,8 @@ type ReserveRequest struct {
 	Spent int64 `protobuf:"varint,4,opt,name=spent,proto3" json:"spent,omitempty"`
 	// Unspent units given back.
 	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
-	// Units to add. spent, return and want are not negative and not all 0.
+	// Units to add. spent, return and want are each from 0 to 2^53
+	// (MaxAmount), and not all 0.
 	Want int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
 	// The caller gave up on the Reserve with this request_id (and these
 	// arguments) before its answer arrived: give back the units it added, if
@@ -4890,7 +4892,7 @@ type DryRunRequest struct {
 	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The lease class it would hold; empty for none.
 	Class string `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
-	// What it would charge.
+	// What it would charge: each amount from 1 to 2^53 (MaxAmount).
 	Charges map[string]int64 `protobuf:"bytes,3,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Whether it is a write (see AcquireRequest.write).
 	Write bool `protobuf:"varint,4,opt,name=write,proto3" json:"write,omitempty"`
