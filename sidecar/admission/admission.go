@@ -200,6 +200,10 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 		}
 	case errors.As(err, &ended):
 		d.Cause, d.Ended = CauseTaskEnded, ended
+	case errors.Is(err, governor.ErrInvalidArgument):
+		// governord refused what the request asked as malformed: the
+		// request's fault, not governord away.
+		d.Cause = CauseBadRequest
 	case errors.Is(err, governor.ErrTaskEnded):
 		d.Cause = CauseTaskEnded
 	case errors.Is(err, governor.ErrUnavailable), errors.Is(err, governor.ErrSessionLost), errors.Is(err, governor.ErrClosed),

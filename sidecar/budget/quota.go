@@ -226,28 +226,22 @@ func (q *reservation) recall() {
 	q.settle(true)
 }
 
-// spendUpTo spends up to amount units for work that has already run: as
-// much as the reservation has and governord will still reserve. What was
-// spent was spent; beyond the quota nothing more is charged.
-func (q *reservation) spendUpTo(ctx context.Context, amount int64) int64 {
-	spent := int64(0)
-	for spent < amount {
-		q.mu.Lock()
-		k := min(amount-spent, q.unspent)
-		q.unspent -= k
-		q.spent += k
-		q.lastUse = time.Now()
-		q.mu.Unlock()
-		if spent += k; spent == amount {
-			break
-		}
-		if err := q.take(ctx, 1); err != nil {
-			break
-		}
-		q.spend(1)
-		spent++
+// spendUpTo spends up to amount units for work that has already run: what
+// the reservation has unspent, and the rest at governord directly, as far
+// as the caps allow (consumeUpTo). What was spent was spent; beyond the
+// quota nothing more is charged. One call at most, however large the
+// amount: topping the reservation up a share at a time could take as many
+// calls as the amount has units.
+func (q *reservation) spendUpTo(ctx context.Context, amount int64) {
+	q.mu.Lock()
+	k := min(amount, q.unspent)
+	q.unspent -= k
+	q.spent += k
+	q.lastUse = time.Now()
+	q.mu.Unlock()
+	if rest := amount - k; rest > 0 {
+		q.n.consumeUpTo(ctx, q.resource, rest)
 	}
-	return spent
 }
 
 // settle reports the spent units, and with all gives back the unspent ones
