@@ -40,6 +40,10 @@ type Metrics struct {
 	// those a real rule would have refused, by cause (ratelimit.go).
 	shadowRequests *prometheus.CounterVec
 	shadowDenials  *prometheus.CounterVec
+	// interceptHandshakes and intercepted: tunnels whose TLS the proxy
+	// terminates (intercept.go).
+	interceptHandshakes *prometheus.CounterVec
+	intercepted         prometheus.Gauge
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -71,6 +75,13 @@ func NewMetrics() *Metrics {
 		Help: "Requests of rules in dry run (mode: shadow), by rule: asked about, never charged or held, always forwarded."}, []string{"rule"})
 	m.shadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_shadow_denials_total",
 		Help: "Requests of rules in dry run that governord would have refused, by rule and cause (the Governor-Denied value it would have sent; unavailable: no dry run could be made)."}, []string{"rule", "cause"})
+	m.interceptHandshakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_intercept_handshakes_total",
+		Help: "TLS handshakes of intercepted CONNECT tunnels, by reason: ok, client_refused_certificate (the client does not trust the CA, or pins another), client_closed, not_tls, sni_mismatch, no_certificate (none could be minted), timeout, other."}, []string{"reason"})
+	for _, r := range []string{handshakeOK, handshakeRefusedCA, handshakeClientClosed, handshakeNotTLS, handshakeSNIMismatch, handshakeNoCertificate, handshakeTimeout, handshakeOther} {
+		m.interceptHandshakes.WithLabelValues(r)
+	}
+	m.intercepted = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_intercepted_connections",
+		Help: "Intercepted CONNECT tunnels open now, each served as a decrypted HTTP/1.1 or HTTP/2 connection."})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -81,7 +92,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
