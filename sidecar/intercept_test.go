@@ -1,15 +1,22 @@
 package sidecar
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
 
 	"github.com/governor-project/governor/sidecar/intercept"
 )
@@ -126,4 +133,208 @@ rules:
 			}
 		})
 	}
+}
+
+// tlsThrough opens a CONNECT tunnel to target by hand and a TLS client on
+// it that trusts roots, as serverName.
+func tlsThrough(t *testing.T, proxyAddr, target, serverName string, roots *x509.CertPool, protos ...string) (*tls.Conn, error) {
+	t.Helper()
+	c, br, resp := connect(t, proxyAddr, target, "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT %s: %s", target, resp.Status)
+	}
+	tc := tls.Client(&bufferedConn{Conn: c, r: br}, &tls.Config{RootCAs: roots, ServerName: serverName, NextProtos: protos})
+	tc.SetDeadline(time.Now().Add(waitFor))
+	err := tc.Handshake()
+	tc.SetDeadline(time.Time{})
+	return tc, err
+}
+
+// Only listed hosts are intercepted: a tunnel to another host is relayed as
+// bytes, the client sees the origin's own certificate, and the CONNECT-level
+// rule charges the tunnel once, as before.
+func TestInterceptOnlyListedHosts(t *testing.T) {
+	srv := startGovernord(t, nil)
+	c := &counter{}
+	up := origin(t, c, true, false)
+	caCert, caKey, _ := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com") + `
+task: {name: pod-7, quotas: {tunnels: 10}}
+rules:
+  - {name: tunnel, match: {host: 127.0.0.1, method: CONNECT}, charge: {tunnels: 1}}
+`})
+	client := p.client("", certPool(up))
+	for range 3 {
+		resp, err := client.Get("https://127.0.0.1:" + port(up) + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		if cert := resp.TLS.PeerCertificates[0]; !cert.Equal(up.Certificate()) {
+			t.Errorf("an unlisted host's tunnel showed %q's certificate", cert.Issuer.CommonName)
+		}
+	}
+	p.settle()
+	if used := newAdmin(t, srv.Addr()).node("payments", "pod-7").GetUsed()["tunnels"]; used != 1 {
+		t.Errorf("%d tunnels charged for one keep-alive tunnel", used)
+	}
+	if v := p.metric(`governor_proxy_intercept_handshakes_total{reason="ok"}`); v != 0 {
+		t.Errorf("%v handshakes intercepted for an unlisted host", v)
+	}
+}
+
+// A client that does not trust the sidecar's CA (one that pins the
+// origin's) fails its handshake cleanly: nothing reaches the origin, nothing
+// falls back to an ungoverned tunnel, and the sidecar logs the host and
+// the reason and counts it.
+func TestInterceptPinnedClientFails(t *testing.T) {
+	srv := startGovernord(t, nil)
+	c := &counter{}
+	up := origin(t, c, true, false)
+	caCert, caKey, _ := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com")})
+	_, err := tlsThrough(t, p.Addr(), "example.com:"+port(up), "example.com", certPool(up))
+	var unknown x509.UnknownAuthorityError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("a pinned client's handshake: %v", err)
+	}
+	eventually(t, "the refused handshake to be counted", func() bool {
+		return p.metric(`governor_proxy_intercept_handshakes_total{reason="client_refused_certificate"}`) == 1
+	})
+	if !strings.Contains(p.logs.String(), `"host":"example.com","reason":"client_refused_certificate"`) &&
+		!strings.Contains(p.logs.String(), `host=example.com reason=client_refused_certificate`) {
+		t.Errorf("no log line names the host and the reason:\n%s", p.logs.String())
+	}
+	if n := c.n.Load(); n != 0 {
+		t.Errorf("%d requests reached the origin", n)
+	}
+}
+
+// An upstream whose certificate does not verify is a 502 whose body says
+// why, inside the tunnel; a request for another host than the tunnel's is
+// 421; a ClientHello naming another host fails the handshake.
+func TestInterceptUpstreamAndHostChecks(t *testing.T) {
+	srv := startGovernord(t, nil)
+	up := origin(t, &counter{}, true, false)
+	caCert, caKey, pool := caFiles(t)
+	other := filepath.Join(t.TempDir(), "other.pem")
+	otherCert, _, _ := intercept.NewCA(intercept.CAOptions{})
+	must(t, os.WriteFile(other, otherCert, 0o644))
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, other, "example.com")})
+	tc, err := tlsThrough(t, p.Addr(), "example.com:"+port(up), "example.com", pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(tc)
+	get := func(host string) (*http.Response, string) {
+		t.Helper()
+		fmt.Fprintf(tc, "GET /x HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, readAll(t, resp)
+	}
+	resp, body := get("example.com:" + port(up))
+	if resp.StatusCode != 502 || !strings.Contains(body, "certificate") {
+		t.Errorf("an upstream that does not verify: %d %q", resp.StatusCode, body)
+	}
+	resp, body = get("elsewhere.test")
+	if resp.StatusCode != http.StatusMisdirectedRequest || !strings.Contains(body, "must open its own") {
+		t.Errorf("a request for another host: %d %q", resp.StatusCode, body)
+	}
+	if _, err := tlsThrough(t, p.Addr(), "example.com:"+port(up), "other.example", pool); err == nil {
+		t.Error("a handshake naming another host than the CONNECT's succeeded")
+	}
+	eventually(t, "the SNI mismatch to be counted", func() bool {
+		return p.metric(`governor_proxy_intercept_handshakes_total{reason="sni_mismatch"}`) == 1
+	})
+}
+
+// 100 concurrent HTTP/2 streams on one intercepted connection, under a
+// quota of 40: exactly 40 reach the origin, each stream governed and
+// refused on its own.
+func TestInterceptedHTTP2StreamsAreGovernedOneByOne(t *testing.T) {
+	srv := startGovernord(t, nil)
+	c := &counter{}
+	up := origin(t, c, true, true)
+	caCert, caKey, pool := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com") + `
+task: {name: pod-7, quotas: {calls: 40}}
+rules:
+  - {name: api, match: {host: example.com}, charge: {calls: 1}}
+`})
+	tr := &http.Transport{Proxy: http.ProxyURL(p.url("")), TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: waitFor}
+	// One request first, so that the 100 share its connection.
+	resp, err := client.Get(hostURL(up, "example.com") + "/")
+	must(t, err)
+	readAll(t, resp)
+	first := resp.TLS.TLSUnique
+	var ok, denied, other atomic.Int64
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get(hostURL(up, "example.com") + "/")
+			if err != nil {
+				other.Add(1)
+				return
+			}
+			readAll(t, resp)
+			switch {
+			case resp.ProtoMajor != 2 || string(resp.TLS.TLSUnique) != string(first):
+				other.Add(1)
+			case resp.StatusCode == 200:
+				ok.Add(1)
+			case resp.StatusCode == 429 && resp.Header.Get("Governor-Denied") == "quota":
+				denied.Add(1)
+			default:
+				other.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 39 || denied.Load() != 61 || other.Load() != 0 {
+		t.Errorf("100 streams after 1: %d ok, %d denied, %d other (not on the first connection, or failed)", ok.Load(), denied.Load(), other.Load())
+	}
+	if n := c.n.Load(); n != 40 {
+		t.Errorf("the origin served %d requests under a quota of 40", n)
+	}
+}
+
+// A websocket inside an intercepted tunnel: the upgrade is governed as a
+// request (its lease held while the socket is open) and the frames relayed.
+func TestInterceptedWebsocket(t *testing.T) {
+	g := startGovernord(t, nil)
+	up := origin(t, websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }), true, false)
+	caCert, caKey, pool := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com") + `
+rules:
+  - {name: ws, match: {host: example.com, path: /ws}, class: ws}
+`})
+	a := newAdmin(t, g.Addr())
+	held := func() int64 { return a.node("payments", "pod-7").GetHeld()["ws"] }
+	tc, err := tlsThrough(t, p.Addr(), "example.com:"+port(up), "example.com", pool, "http/1.1")
+	must(t, err)
+	cfg, err := websocket.NewConfig("wss://example.com:"+port(up)+"/ws", "https://example.com/")
+	must(t, err)
+	ws, err := websocket.NewClient(cfg, tc)
+	if err != nil {
+		t.Fatalf("a websocket handshake inside the tunnel: %v", err)
+	}
+	for _, msg := range []string{"ping", "pong"} {
+		must(t, websocket.Message.Send(ws, msg))
+		var got string
+		if err := websocket.Message.Receive(ws, &got); err != nil || got != msg {
+			t.Fatalf("echo %q: %q %v", msg, got, err)
+		}
+	}
+	if held() != 1 {
+		t.Errorf("held while the websocket is open: %d", held())
+	}
+	ws.Close()
+	eventually(t, "the websocket's lease to be released", func() bool { return held() == 0 })
 }
