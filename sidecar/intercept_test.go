@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/sidecar/meter/fakellm"
 )
 
 // caFiles writes a new interception CA into a folder of the test's, as
@@ -337,4 +339,70 @@ rules:
 	}
 	ws.Close()
 	eventually(t, "the websocket's lease to be released", func() bool { return held() == 0 })
+}
+
+// An LLM call made straight to the provider's HTTPS host (no base URL
+// changed) is metered inside the intercepted tunnel as on a route: a
+// stream reaches the client a chunk at a time, governord charges exactly
+// the usage the provider reported, and a call the budget cannot hold is a
+// 429 in the provider's error shape, inside TLS.
+func TestInterceptedLLMCallsAreMetered(t *testing.T) {
+	srv := startGovernord(t, nil)
+	gate := make(chan struct{})
+	fake := &fakellm.Provider{Gate: gate}
+	t.Cleanup(func() { close(gate) })
+	up := origin(t, fake, true, true)
+	caCert, caKey, pool := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com") + `
+task: {name: pod-7, quotas: {tokens: 3000}}
+rules:
+  - {name: openai, match: {host: example.com, path: /v1, method: POST}, class: llm, meter: {api: openai, reserve: 1000}}
+`})
+	client := p.client("agent-1", pool)
+	post := func(body string) *http.Response {
+		t.Helper()
+		resp, err := client.Post(hostURL(up, "example.com")+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		must(t, err)
+		return resp
+	}
+	resp := post(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "Governor interception CA" {
+		t.Fatalf("a streamed call: %d", resp.StatusCode)
+	}
+	r := bufio.NewReader(resp.Body)
+	for events := 0; ; events++ {
+		ev := readEvent(t, r) // the fake holds the next event back until the gate
+		if strings.HasPrefix(ev, "data: [DONE]") {
+			if events < 5 {
+				t.Errorf("%d events", events)
+			}
+			break
+		}
+		if strings.Contains(ev, `"usage":{`) {
+			t.Errorf("the client saw the usage chunk the sidecar asked for: %s", ev)
+		}
+		if strings.Contains(ev, `"finish_reason":"stop"`) {
+			gate <- struct{}{}
+		}
+		gate <- struct{}{}
+	}
+	resp.Body.Close()
+	reported, _ := fake.Reported()
+	a := newAdmin(t, srv.Addr())
+	eventually(t, "the stream's settlement", func() bool {
+		p.settle()
+		return a.node("payments", "pod-7").GetUsed()["tokens"] == reported
+	})
+	resp = post(`{"model":"m","max_tokens":5000,"messages":[]}`)
+	body := readAll(t, resp)
+	var b struct {
+		Error struct{ Type, Code, Cap string } `json:"error"`
+	}
+	json.Unmarshal([]byte(body), &b)
+	if resp.StatusCode != 429 || resp.Header.Get("Governor-Denied") != "quota" || b.Error.Code != "quota" || b.Error.Cap != "tokens" {
+		t.Errorf("a call the budget cannot hold: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if n := fake.Requests(); n != 1 {
+		t.Errorf("%d calls reached the provider", n)
+	}
 }

@@ -199,7 +199,7 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 	if err := p.dialer.refuseLiteral(r.Context(), r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
 		ex.rule, ex.local = ruleUnmatched, true
 		p.refused(ex, r.URL.Host, err)
-		return r, asResponder(err).response(r)
+		return r, localFor(r, asResponder(err).response(r))
 	}
 	if err := p.decide(r.Context(), r, classify.HTTPRequestFrom(r), ex); err != nil {
 		ex.local = true
@@ -209,11 +209,20 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 				resp = providerDenial(api, resp)
 			}
 		}
-		return r, resp
+		return r, localFor(r, resp)
 	}
 	// It was for this proxy (goproxy strips it too, unless told to keep it).
 	r.Header.Del("Proxy-Authorization")
 	return r, nil
+}
+
+// localFor is a response the proxy makes itself, in the form r's client
+// reads: a gRPC status for a gRPC call (grpc.go), as it is otherwise.
+func localFor(r *http.Request, resp *http.Response) *http.Response {
+	if isGRPC(r) {
+		return grpcDenial(resp)
+	}
+	return resp
 }
 
 func defaultPort(scheme string) string {
@@ -330,7 +339,7 @@ func (p *Proxy) onResponse(resp *http.Response, pctx *goproxy.ProxyCtx) *http.Re
 		}
 		p.log.Info("upstream failed", "rule", ex.rule, "subtask", ex.subtask, "host", pctx.Req.URL.Host,
 			"status", ref.code, "err", pctx.Error)
-		return ref.response(pctx.Req)
+		return localFor(pctx.Req, ref.response(pctx.Req))
 	}
 	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols && bodyAllowed(pctx.Req, resp) {
 		resp.Header.Set("Transfer-Encoding", "chunked")
