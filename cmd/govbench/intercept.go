@@ -142,7 +142,9 @@ func originCertificate(n int) (certPEM, keyPEM, caPEM []byte, err error) {
 
 // httpsTargets are the interception runs' targets, in the order each
 // round runs them.
-func (b *sidecarBench) httpsTargets() []string { return []string{"direct", "goproxy-mitm", "gov-https"} }
+func (b *sidecarBench) httpsTargets() []string {
+	return []string{"direct", "goproxy-mitm", "gov-https"}
+}
 
 func (b *sidecarBench) httpsProxy(name string) (addr string, cpu func() time.Duration, pid int) {
 	switch name {

@@ -41,18 +41,18 @@ type sample struct {
 }
 
 type sidecarBench struct {
-	stdout          io.Writer
-	seconds         int
-	dir             string
-	governord       string
-	proxy           string
-	pgPort          string
-	samples         []sample
-	stops           []func()
-	stopOnce        sync.Once
-	originAddr      string
-	goproxyAddr     string
-	goproxyCPU      func() time.Duration
+	stdout      io.Writer
+	seconds     int
+	dir         string
+	governord   string
+	proxy       string
+	pgPort      string
+	samples     []sample
+	stops       []func()
+	stopOnce    sync.Once
+	originAddr  string
+	goproxyAddr string
+	goproxyCPU  func() time.Duration
 	// The interception runs (intercept.go).
 	withHTTPS       bool
 	caCert, caKey   string
