@@ -2,14 +2,18 @@ package sidecar
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -404,5 +408,111 @@ rules:
 	}
 	if n := fake.Requests(); n != 1 {
 		t.Errorf("%d calls reached the provider", n)
+	}
+}
+
+// The real governor-proxy refuses to start, with status 2 and a message
+// naming the key, on a CA that cannot sign: expired, not a CA, a key that
+// is another's, a file that is missing, no key at all.
+func TestInterceptBadCARefusedByTheBinary(t *testing.T) {
+	bin := buildSidecar(t)
+	dir := t.TempDir()
+	goodCert, goodKey, _ := caFiles(t)
+	_, otherKey, _ := caFiles(t)
+	expiredCert, expiredKey := filepath.Join(dir, "expired.pem"), filepath.Join(dir, "expired-key.pem")
+	c, k, err := intercept.NewCA(intercept.CAOptions{Now: time.Now().Add(-48 * time.Hour), Validity: time.Hour})
+	must(t, err)
+	must(t, os.WriteFile(expiredCert, c, 0o644))
+	must(t, os.WriteFile(expiredKey, k, 0o600))
+	notCA := filepath.Join(dir, "leaf.pem")
+	leaf := testcertLeafPEM(t)
+	must(t, os.WriteFile(notCA, leaf, 0o644))
+	for _, tc := range []struct {
+		name, intercept, key, says string
+	}{
+		{"expired", fmt.Sprintf("{hosts: [example.com], ca_cert: %s, ca_key: %s}", expiredCert, expiredKey), "http.intercept.ca_cert", "not valid now"},
+		{"another's key", fmt.Sprintf("{hosts: [example.com], ca_cert: %s, ca_key: %s}", goodCert, otherKey), "http.intercept.ca_key", "does not match"},
+		{"not a CA", fmt.Sprintf("{hosts: [example.com], ca_cert: %s, ca_key: %s}", notCA, goodKey), "http.intercept.ca_cert", "not a CA"},
+		{"missing", fmt.Sprintf("{hosts: [example.com], ca_cert: %s, ca_key: %s}", filepath.Join(dir, "nope.pem"), goodKey), "http.intercept.ca_cert", "no such file"},
+		{"no key", fmt.Sprintf("{hosts: [example.com], ca_cert: %s}", goodCert), "http.intercept.ca_key", "is empty"},
+		{"bad host", fmt.Sprintf("{hosts: [example.com, 'api*.x.com'], ca_cert: %s, ca_key: %s}", goodCert, goodKey), "http.intercept.hosts", "[1]"},
+	} {
+		path := filepath.Join(dir, "proxy.yaml")
+		must(t, os.WriteFile(path, []byte("governor: {api_key: k-0123456789abcdef}\ntask: {name: pod-7}\nhttp: {listen: 127.0.0.1:0, intercept: "+tc.intercept+"}\n"), 0o600))
+		var stderr strings.Builder
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cmd := exec.CommandContext(ctx, bin, "-config", path)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "config: "+tc.key+": ") || !strings.Contains(stderr.String(), tc.says) {
+			t.Errorf("%s: %v, want exit 2 naming %s and saying %q:\n%s", tc.name, err, tc.key, tc.says, stderr.String())
+		}
+	}
+}
+
+// testcertLeafPEM is a certificate that is not a CA.
+func testcertLeafPEM(t *testing.T) []byte {
+	t.Helper()
+	m := intercept.NewMinter(mustCA(t))
+	c, err := m.Leaf("leaf.example")
+	must(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]})
+}
+
+func mustCA(t *testing.T) *intercept.CA {
+	t.Helper()
+	c, k, err := intercept.NewCA(intercept.CAOptions{})
+	must(t, err)
+	ca, err := intercept.ParseCA(c, k, time.Now())
+	must(t, err)
+	return ca
+}
+
+// Requests pipelined on one intercepted HTTP/1.1 connection are answered
+// in order, each governed; a CONNECT to a port outside connect_ports, or
+// to the sidecar's own listener, is refused before anything is
+// intercepted, as any CONNECT is.
+func TestInterceptPipeliningAndTargetSafety(t *testing.T) {
+	srv := startGovernord(t, nil)
+	c := &counter{}
+	up := origin(t, c, true, false)
+	caCert, caKey, pool := caFiles(t)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(t, up), "example.com", "127.0.0.1") + `
+task: {name: pod-7, quotas: {calls: 2}}
+rules:
+  - {name: api, match: {host: example.com}, charge: {calls: 1}}
+`})
+	tc, err := tlsThrough(t, p.Addr(), "example.com:"+port(up), "example.com", pool, "http/1.1")
+	must(t, err)
+	// Three requests in one write, before any answer is read.
+	req := fmt.Sprintf("GET /1 HTTP/1.1\r\nHost: example.com:%[1]s\r\n\r\nGET /2 HTTP/1.1\r\nHost: example.com:%[1]s\r\n\r\nGET /3 HTTP/1.1\r\nHost: example.com:%[1]s\r\n\r\n", port(up))
+	_, err = io.WriteString(tc, req)
+	must(t, err)
+	br := bufio.NewReader(tc)
+	var codes []int
+	for range 3 {
+		resp, err := http.ReadResponse(br, nil)
+		must(t, err)
+		readAll(t, resp)
+		codes = append(codes, resp.StatusCode)
+	}
+	if fmt.Sprint(codes) != "[200 200 429]" || c.n.Load() != 2 {
+		t.Errorf("three pipelined requests under a quota of 2: %v, %d at the origin", codes, c.n.Load())
+	}
+	_, mport, _ := net.SplitHostPort(p.MetricsAddr())
+	for _, target := range []string{"127.0.0.1:" + mport, "127.0.0.1:" + func() string { _, pp, _ := net.SplitHostPort(p.Addr()); return pp }()} {
+		_, _, resp := connect(t, p.Addr(), target, "")
+		if resp.StatusCode != http.StatusLoopDetected || resp.Header.Get("Governor-Denied") != "forbidden-target" {
+			t.Errorf("an intercepted CONNECT to the sidecar's own %s: %s %v", target, resp.Status, resp.Header)
+		}
+	}
+	q := startProxy(t, proxyOpts{gaddr: srv.Addr(), task: "pod-8", yaml: strings.Replace(interceptYAML(caCert, caKey, certFile(t, up), "example.com"), "  connect_ports: [1-65535]\n", "", 1)})
+	if _, _, resp := connect(t, q.Addr(), "example.com:"+port(up), ""); resp.StatusCode != 403 || !strings.Contains(resp.Status, "CONNECT port") {
+		t.Errorf("an intercepted CONNECT to a port outside connect_ports: %s", resp.Status)
+	}
+	if v := p.metric(`governor_proxy_intercept_handshakes_total{reason="ok"}`); v != 1 {
+		t.Errorf("%v handshakes: the refused CONNECTs must not be intercepted", v)
 	}
 }
