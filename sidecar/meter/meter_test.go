@@ -87,8 +87,15 @@ func TestSSEUsage(t *testing.T) {
 
 // Stripping the usage the sidecar asked for gives back, byte for byte, the
 // stream the client would have had without include_usage.
+// Both as Go and as Python's json.dumps space a chunk's JSON.
 func TestSSEStrip(t *testing.T) {
-	with, without := fixture(t, "openai_chat_usage.sse"), fixture(t, "openai_chat_plain.sse")
+	for _, spacing := range []string{"", "_spaced"} {
+		with, without := fixture(t, "openai_chat_usage"+spacing+".sse"), fixture(t, "openai_chat_plain"+spacing+".sse")
+		testSSEStrip(t, with, without)
+	}
+}
+
+func testSSEStrip(t *testing.T, with, without []byte) {
 	for piece := 1; piece <= len(with); piece++ {
 		s := SSE{API: OpenAI, Strip: true}
 		var out []byte

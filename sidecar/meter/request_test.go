@@ -110,3 +110,29 @@ func FuzzEstimate(f *testing.F) {
 		}
 	})
 }
+
+// usageNull cuts "usage": null with exactly the separator that goes with
+// it, however the JSON is spaced, and nothing that is not it.
+func TestUsageNullCut(t *testing.T) {
+	for in, want := range map[string]string{
+		`data: {"a":1,"usage":null}`:            `data: {"a":1}`,
+		`data: {"a": 1, "usage": null}`:         `data: {"a": 1}`,
+		`data: {"a": 1,  "usage" :	null }`:      `data: {"a": 1 }`,
+		`data: {"usage": null, "a": 1}`:         `data: {"a": 1}`,
+		`data: {"usage":null,"a":1}`:            `data: {"a":1}`,
+		`data: {"a":1,"usage":{"total":3}}`:     ``,
+		`data: {"a":1,"usage":nullx}`:           ``,
+		`data: {"a":"usage","b":2}`:             ``,
+		`data: {"usage": null}`:                 ``,
+		`data: {"x":{"y":1},"usage":null}` + "": `data: {"x":{"y":1}}`,
+	} {
+		start, end, ok := usageNull([]byte(in))
+		got := ""
+		if ok {
+			got = in[:start] + in[end:]
+		}
+		if got != want {
+			t.Errorf("%s: cut to %q, want %q", in, got, want)
+		}
+	}
+}
