@@ -308,3 +308,30 @@ func TestMeteredStreamWithCurl(t *testing.T) {
 		t.Errorf("charged %d, reported %d", used, reported)
 	}
 }
+
+// A provider reporting far more tokens than the call's estimate is believed
+// (it bills them) and charged as far as the caps allow, but said: a warning
+// naming the rule, a count of such calls and of the tokens beyond the
+// estimates, and governor_proxy_meter_tokens_total grows by the estimate,
+// not by the provider's number.
+func TestMeteredUsageAboveTheEstimateIsSaid(t *testing.T) {
+	e := startLLM(t, 5000, &fakellm.Provider{})
+	resp := e.post("/openai/chat/completions", "", `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`,
+		fakellm.HeaderOutput, "1000000000")
+	readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	eventually(t, "the usage above the estimate charged up to the cap", func() bool { return e.used() == 5000 })
+	if v := e.p.metric(`governor_proxy_meter_over_estimate_total{rule="openai"}`); v != 1 {
+		t.Errorf("%v calls counted over their estimate", v)
+	}
+	tokens := e.p.metric(`governor_proxy_meter_tokens_total{rule="openai"}`)
+	over := e.p.metric(`governor_proxy_meter_over_estimate_tokens_total{rule="openai"}`)
+	if tokens <= 0 || tokens > 200 || tokens+over != 1000000000+float64(len(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`)/4) {
+		t.Errorf("tokens_total %v, over_estimate_tokens_total %v", tokens, over)
+	}
+	if !strings.Contains(e.p.logs.String(), "reported more tokens than the call's estimate") || !strings.Contains(e.p.logs.String(), "rule=openai") {
+		t.Errorf("no warning naming the rule:\n%s", e.p.logs.String())
+	}
+}

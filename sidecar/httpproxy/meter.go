@@ -135,7 +135,17 @@ func (p *Proxy) settle(ex *exchange, u meter.Usage, ok bool) {
 		outcome = settledUsage
 	}
 	p.m.meterSettlements.WithLabelValues(ex.rule, outcome).Inc()
-	p.m.meterTokens.WithLabelValues(ex.rule).Add(float64(used[mt.rule.Resource]))
+	if over := used[mt.rule.Resource] - mt.estimate; over > 0 {
+		// The provider's word against the estimate: believed, since it is
+		// what the provider bills, and charged as far as the caps allow;
+		// but said, since a call should not use more than its estimate
+		// (docs/metering.md).
+		p.m.meterOver.WithLabelValues(ex.rule).Inc()
+		p.m.meterOverTokens.WithLabelValues(ex.rule).Add(float64(over))
+		p.log.Warn("governor-proxy: the provider reported more tokens than the call's estimate; the rest is charged as far as the caps allow",
+			"rule", ex.rule, "subtask", ex.subtask, "estimate", mt.estimate, "reported", used[mt.rule.Resource])
+	}
+	p.m.meterTokens.WithLabelValues(ex.rule).Add(float64(min(used[mt.rule.Resource], mt.estimate)))
 	if s, isSettler := ex.ticket.(admission.Settler); isSettler {
 		s.Settle(used)
 	}

@@ -31,6 +31,8 @@ type Metrics struct {
 	// meterSettlements and meterTokens: metered LLM calls (meter.go).
 	meterSettlements *prometheus.CounterVec
 	meterTokens      *prometheus.CounterVec
+	meterOver        *prometheus.CounterVec
+	meterOverTokens  *prometheus.CounterVec
 	tunnels          prometheus.Gauge
 	inflight         prometheus.Gauge
 	// rateLimitErrors counts readings of the caps' state for the RateLimit
@@ -64,7 +66,11 @@ func NewMetrics() *Metrics {
 	m.meterSettlements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_settlements_total",
 		Help: "Metered LLM calls settled, by rule and outcome: usage (to the usage reported), no_usage (none reported: a dropped stream, an upstream error, a client gone; the reservation is spent), unmetered (a body over max_body let through)."}, []string{"rule", "outcome"})
 	m.meterTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_tokens_total",
-		Help: "Tokens metered LLM calls were settled to, by rule."}, []string{"rule"})
+		Help: "Tokens metered LLM calls were settled to, by rule, each call counted up to its estimate (the rest is in governor_proxy_meter_over_estimate_tokens_total)."}, []string{"rule"})
+	m.meterOver = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_over_estimate_total",
+		Help: "Metered LLM calls whose reported usage was above their estimate, by rule: charged as far as the caps allow, and logged at warn."}, []string{"rule"})
+	m.meterOverTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_over_estimate_tokens_total",
+		Help: "The tokens providers reported beyond the calls' estimates, by rule (charged as far as the caps allow)."}, []string{"rule"})
 	m.tunnels = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_tunnels_open",
 		Help: "CONNECT tunnels and upgraded connections open now."})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_requests_in_flight",
@@ -92,7 +98,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.meterOver, m.meterOverTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
