@@ -366,6 +366,7 @@ var otherLabels = map[string]string{
 	"state":   "in_use/idle slots, unspent/unsettled units, event seq, a tenant's overage state",
 	"mode":    "a cap's enforcement mode: soft or warn_only (governor_cap_warnings_total)",
 	"how":     "block or lease grant",
+	"reason":  "why an intercepted TLS handshake ended as it did (a fixed set: ok, client_refused_certificate, ...)",
 }
 
 // Labels that would make the number of series follow the work.
