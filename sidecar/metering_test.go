@@ -335,3 +335,37 @@ func TestMeteredUsageAboveTheEstimateIsSaid(t *testing.T) {
 		t.Errorf("no warning naming the rule:\n%s", e.p.logs.String())
 	}
 }
+
+// A call that waits for tokens held by another call in flight, and runs out
+// of its wait, is told it waited for tokens (how many), not for a lease of
+// its class; in both delegation modes.
+func TestMeteredWaitForTokensSaysSo(t *testing.T) {
+	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
+		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
+			gate := make(chan struct{})
+			fake := &fakellm.Provider{Gate: gate}
+			e := startLLM(t, 1000, fake, "http: {listen: 127.0.0.1:0, allow_targets: [localhost], wait_timeout: 1s}", delegation)
+			held := e.post("/openai/chat/completions", "", `{"model":"m","stream":true,"max_tokens":700,"messages":[]}`)
+			if held.StatusCode != 200 {
+				t.Fatalf("the first call: %d", held.StatusCode)
+			}
+			resp := e.post("/openai/chat/completions", "", `{"model":"m","max_tokens":300,"messages":[]}`)
+			body := readAll(t, resp)
+			close(gate)
+			readAll(t, held)
+			var b struct {
+				Error struct {
+					Message   string
+					Cap       string
+					Requested int64
+				} `json:"error"`
+			}
+			json.Unmarshal([]byte(body), &b)
+			if resp.StatusCode != 503 || resp.Header.Get("Governor-Denied") != "wait-timeout" ||
+				!strings.Contains(b.Error.Message, "waited 1s for 3") || !strings.Contains(b.Error.Message, " tokens;") ||
+				strings.Contains(b.Error.Message, "lease") || b.Error.Cap != "tokens" || b.Error.Requested < 300 {
+				t.Errorf("a call that waited for tokens: %d %q %s", resp.StatusCode, resp.Header.Get("Governor-Denied"), body)
+			}
+		})
+	}
+}

@@ -134,6 +134,9 @@ type Denial struct {
 	Class string
 	// Wait is the wait timeout that ran out (CauseWaitTimeout).
 	Wait time.Duration
+	// WaitedFor, for a wait timeout spent waiting for quota units rather
+	// than for a slot, names them: what the work asked of which resource.
+	WaitedFor *QuotaWait
 	// Quota names the cap that was hit (CauseQuota), when governord said.
 	Quota *governor.Denial
 	// Ended names the node that ended (CauseTaskEnded), when governord said.
@@ -159,6 +162,21 @@ func (d *Denial) Unwrap() error { return d.Err }
 // such on the wire (Governor-Denied): every cause but a client that went
 // away, which sees nothing.
 func (d *Denial) Governed() bool { return d.Cause != CauseCanceled }
+
+// QuotaWait is an error of work that waited for quota units (held by other
+// work in flight, or being recalled from other sidecars) when its wait
+// ended: what it asked for, not a slot of its class, is what did not come.
+type QuotaWait struct {
+	Resource string
+	Amount   int64
+	Err      error
+}
+
+func (q *QuotaWait) Error() string {
+	return fmt.Sprintf("waiting for %d %s: %v", q.Amount, q.Resource, q.Err)
+}
+
+func (q *QuotaWait) Unwrap() error { return q.Err }
 
 // ErrWaitTimeout is the cause of a context from WithWaitTimeout that ran
 // out: the work waited as long as it may.
@@ -215,6 +233,7 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 		// before this process does.
 		errors.Is(err, context.DeadlineExceeded):
 		d.Cause = CauseWaitTimeout
+		errors.As(err, &d.WaitedFor)
 	case ctx.Err() != nil:
 		d.Cause = CauseCanceled
 	}
@@ -242,6 +261,10 @@ func (d *Denial) Message() string {
 		}
 		return s
 	case CauseWaitTimeout:
+		if q := d.WaitedFor; q != nil {
+			return fmt.Sprintf("governor: waited %v for %d %s; work in flight holds the rest of the budget until it settles, and not enough came back in time",
+				d.Wait, q.Amount, q.Resource)
+		}
 		return fmt.Sprintf("governor: waited %v for a %q lease; the limit stayed full", d.Wait, d.Class)
 	case CauseUnavailable:
 		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/sidecar/admission"
 )
 
 // reservation is a node's units of one resource that governord reserved
@@ -74,12 +75,15 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 				q.mu.Lock()
 				q.waiting--
 				q.mu.Unlock()
-				return ctx.Err()
+				return &admission.QuotaWait{Resource: q.resource, Amount: amount, Err: ctx.Err()}
 			}
 			q.mu.Lock()
 			q.waiting--
 			q.mu.Unlock()
 			if f.err != nil {
+				if ctx.Err() != nil { // the top-up gave up with the wait
+					return &admission.QuotaWait{Resource: q.resource, Amount: amount, Err: f.err}
+				}
 				return f.err
 			}
 			if f == mine && f.granted < needed {

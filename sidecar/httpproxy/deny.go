@@ -72,6 +72,9 @@ func (d denial) reason() string {
 		}
 		return "Governor quota spent"
 	case admission.CauseWaitTimeout:
+		if q := d.WaitedFor; q != nil {
+			return fmt.Sprintf("Governor wait timeout: no %d %s within %v", q.Amount, q.Resource, d.Wait)
+		}
 		return fmt.Sprintf("Governor wait timeout: no %s lease within %v", d.Class, d.Wait)
 	case admission.CauseUnavailable, admission.CauseStopping:
 		return "Governor unavailable"
@@ -135,6 +138,9 @@ func (d denial) body() []byte {
 		}
 	case admission.CauseWaitTimeout:
 		e.Class, e.WaitTimeout = d.Class, d.Wait.String()
+		if q := d.WaitedFor; q != nil {
+			e.Cap, e.Requested = q.Resource, q.Amount
+		}
 	case admission.CauseTaskEnded:
 		if x := d.Ended; x != nil {
 			e.Node, e.NodeID, e.State = x.NodeName, x.NodeID, admission.StateName(x.State)
