@@ -68,8 +68,11 @@ func slicesHas(l []string, s string) bool {
 
 // FuzzClassify: any text, under any settings, classifies without
 // panicking, within the limits, the same way twice. Seeds:
-// testdata/fuzz/FuzzClassify.
+// testdata/fuzz/FuzzClassify and the texts of testdata/forms.txt.
 func FuzzClassify(f *testing.F) {
+	for _, fm := range loadForms(f) {
+		f.Add(fm.sql)
+	}
 	f.Add("WITH x AS (DELETE FROM a RETURNING *) SELECT * FROM x FOR UPDATE")
 	f.Add("SELECT $$a$$, $t$;$t$, E'\\'', U&\"x\" /* /* */ */ FROM b; --")
 	f.Add("SELECT 'a\\''; INSERT INTO ledger VALUES (1); --'")
