@@ -133,6 +133,16 @@ func isSpace(c byte) bool {
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
+// lineEnd returns where the -- comment at i ends: at the next line feed or
+// carriage return, either of which ends a line for the server, or at the
+// end of the text.
+func lineEnd(s string, i int) int {
+	if j := strings.IndexAny(s[i:], "\n\r"); j >= 0 {
+		return i + j
+	}
+	return len(s)
+}
+
 func isIdentStart(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
 }
@@ -159,11 +169,7 @@ func (l *lexer) next() token {
 			i++
 			continue
 		case c == '-' && i+1 < n && s[i+1] == '-':
-			if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
-				i += j
-			} else {
-				i = n
-			}
+			i = lineEnd(s, i)
 			continue
 		case c == '/' && i+1 < n && s[i+1] == '*':
 			i = l.skipBlockComment(i)
