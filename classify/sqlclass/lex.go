@@ -185,26 +185,22 @@ func (l *lexer) next() token {
 	c := s[i]
 	switch {
 	case c == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+1, '\'', l.set.BackslashEscapes)
+		t.kind, i = tokString, l.skipString(i+1, l.plainQuoting())
 	case c == '"':
-		end := l.skipQuoted(i+1, '"', false)
-		t.kind, t.start, t.end, i = tokQIdent, i+1, quotedEnd(s, i+1, end), end
+		t.kind, t.start = tokQIdent, i+1
+		t.end, i = l.skipQuotedIdent(t.start)
 	case (c == 'e' || c == 'E') && i+1 < n && s[i+1] == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', true)
+		t.kind, i = tokString, l.skipString(i+2, qEscape)
 	case (c == 'n' || c == 'N') && i+1 < n && s[i+1] == '\'':
 		// National character: an ordinary string after the N.
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', l.set.BackslashEscapes)
+		t.kind, i = tokString, l.skipString(i+2, l.plainQuoting())
 	case (c == 'b' || c == 'B' || c == 'x' || c == 'X') && i+1 < n && s[i+1] == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', false)
-	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && (s[i+2] == '\'' || s[i+2] == '"'):
-		q := s[i+2]
-		end := l.skipQuoted(i+3, q, false)
-		if q == '"' {
-			t.kind, t.start, t.end = tokQIdent, i+3, quotedEnd(s, i+3, end)
-		} else {
-			t.kind = tokString
-		}
-		i = end
+		t.kind, i = tokString, l.skipString(i+2, qBits)
+	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '"':
+		t.kind, t.start = tokQIdent, i+3
+		t.end, i = l.skipQuotedIdent(t.start)
+	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '\'':
+		t.kind, i = tokString, l.skipString(i+3, qUnicode)
 	case c == '$':
 		if i+1 < n && isDigit(s[i+1]) {
 			i += 2
@@ -313,71 +309,6 @@ func (l *lexer) skipBlockComment(i int) int {
 		}
 	}
 	return i
-}
-
-// skipQuoted returns the index after the closing quote q of a literal whose
-// body starts at i. A doubled quote is an escaped quote; with backslash, so
-// is a backslash followed by anything.
-func (l *lexer) skipQuoted(i int, q byte, backslash bool) int {
-	s, enc := l.src, l.set.Encoding
-	for i < len(s) {
-		c := s[i]
-		switch {
-		case c >= 0x80 && enc != ASCIISafe:
-			i += enc.charLen(s, i)
-		case backslash && c == '\\':
-			i += 2
-		case c == q:
-			if i+1 < len(s) && s[i+1] == q {
-				i += 2
-				continue
-			}
-			return i + 1
-		default:
-			i++
-		}
-	}
-	return len(s)
-}
-
-// quotedEnd is where the text of a quoted identifier whose body starts at
-// start ends, given the index after it: before the closing quote, or at the
-// end of the text when it is not closed.
-func quotedEnd(s string, start, after int) int {
-	if after == len(s) {
-		// Closed only if the quotes at the end pair off leaving one.
-		q := 0
-		for j := after - 1; j >= start && s[j] == '"'; j-- {
-			q++
-		}
-		if q%2 == 0 {
-			return after
-		}
-	}
-	return max(start, after-1)
-}
-
-// skipDollar reports whether a dollar quote ($$ or $tag$) starts at i and,
-// if so, returns the index after its closing delimiter. No character of any
-// encoding the server accepts holds a '$' byte, so no encoding matters here.
-func (l *lexer) skipDollar(i int) (int, bool) {
-	s := l.src
-	j := i + 1
-	for j < len(s) && s[j] != '$' {
-		if !isIdentCont(s[j]) || (j == i+1 && isDigit(s[j])) {
-			return 0, false
-		}
-		j++
-	}
-	if j >= len(s) {
-		return 0, false
-	}
-	delim := s[i : j+1]
-	k := strings.Index(s[j+1:], delim)
-	if k < 0 {
-		return len(s), true
-	}
-	return j + 1 + k + len(delim), true
 }
 
 // DependsOnSettings reports whether the lexing of sql may depend on
