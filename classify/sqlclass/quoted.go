@@ -92,7 +92,9 @@ func (l *lexer) skipQuotedIdent(i int) (end, after int) {
 // skipQuoted returns the index after the closing quote q of a body that
 // starts at i, and whether there was one (an unclosed body runs to the end
 // of the text). With doubled, qq is an escaped quote; with backslash, a
-// backslash escapes the next character.
+// backslash escapes the next character. In a client-only encoding a
+// character is skipped whole, so that a byte inside one (a backslash, say)
+// is never taken for itself.
 func (l *lexer) skipQuoted(i int, q byte, doubled, backslash bool) (int, bool) {
 	s, enc := l.src, l.set.Encoding
 	for i < len(s) {
@@ -101,7 +103,12 @@ func (l *lexer) skipQuoted(i int, q byte, doubled, backslash bool) (int, bool) {
 		case c >= 0x80 && enc != ASCIISafe:
 			i += enc.charLen(s, i)
 		case backslash && c == '\\':
-			i += 2
+			// The next character is escaped, whole: its last byte may be a
+			// backslash or a quote in a client-only encoding.
+			i++
+			if i < len(s) {
+				i += enc.charLen(s, i)
+			}
 		case c == q:
 			if doubled && i+1 < len(s) && s[i+1] == q {
 				i += 2
@@ -116,16 +123,22 @@ func (l *lexer) skipQuoted(i int, q byte, doubled, backslash bool) (int, bool) {
 }
 
 // skipDollar reports whether a dollar quote ($$ or $tag$) starts at i and,
-// if so, returns the index after its closing delimiter. No character of any
-// encoding the server accepts holds a '$' byte, so no encoding matters here.
+// if so, returns the index after its closing delimiter. A tag is letters,
+// digits (not first), _ and non-ASCII characters, whole ones in a
+// client-only encoding. No character of any encoding the server accepts
+// holds a '$' byte, so the closing delimiter is found by its bytes.
 func (l *lexer) skipDollar(i int) (int, bool) {
-	s := l.src
+	s, enc := l.src, l.set.Encoding
 	j := i + 1
 	for j < len(s) && s[j] != '$' {
-		if !isIdentCont(s[j]) || (j == i+1 && isDigit(s[j])) {
+		switch c := s[j]; {
+		case c >= 0x80:
+			j += enc.charLen(s, j)
+		case isIdentStart(c) || (isDigit(c) && j > i+1):
+			j++
+		default:
 			return 0, false
 		}
-		j++
 	}
 	if j >= len(s) {
 		return 0, false
