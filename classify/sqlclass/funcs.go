@@ -19,7 +19,7 @@ func (c *classifier) maybeCall() {
 		return
 	}
 	p, fn := st.prev, st.fn
-	if fn.parts == 0 || (p.kind != tokIdent && p.kind != tokQIdent) {
+	if fn.parts == 0 || !p.isIdent() {
 		return
 	}
 	if fn.parts == 1 && p.kind == tokIdent && (p.kw.notCall() || p.kw.reserved()) {

@@ -50,7 +50,9 @@ func EncodingOf(name string) Encoding {
 
 // charLen is the length of the character that starts with the byte at i,
 // as PostgreSQL's pg_*_mblen functions measure it.
-func (e Encoding) charLen(s string, i int) int {
+func (e Encoding) charLen(s string, i int) int { return charLen(e, s, i) }
+
+func charLen[T string | []byte](e Encoding, s T, i int) int {
 	c := s[i]
 	if c < 0x80 {
 		return 1
@@ -89,6 +91,7 @@ const (
 	tokEOF    tokKind = iota
 	tokIdent          // unquoted identifier or keyword
 	tokQIdent         // "quoted" identifier
+	tokUIdent         // U&"quoted" identifier, with Unicode escapes
 	tokString         // any string literal or dollar-quoted body
 	tokNumber
 	tokParam // $1
@@ -111,10 +114,15 @@ type token struct {
 
 func (t token) is(k keyword) bool { return t.kind == tokIdent && t.kw == k }
 
+// isIdent reports an identifier, quoted or not.
+func (t token) isIdent() bool {
+	return t.kind == tokIdent || t.kind == tokQIdent || t.kind == tokUIdent
+}
+
 // isName reports an identifier that may name a table or a function: quoted,
 // or unquoted and not a reserved word.
 func (t token) isName() bool {
-	return t.kind == tokQIdent || (t.kind == tokIdent && !t.kw.reserved())
+	return t.kind == tokQIdent || t.kind == tokUIdent || (t.kind == tokIdent && !t.kw.reserved())
 }
 
 // lexer splits text into tokens on demand. It never fails: an unterminated
@@ -159,8 +167,19 @@ func isOpChar(c byte) bool {
 	return !isSpace(c) && !isIdentCont(c)
 }
 
-// next returns the next token, or tokEOF at the end of the text.
+// next returns the next token, or tokEOF at the end of the text. As the
+// server's grammar does (parser.c's filter between lexer and grammar), it
+// takes an UESCAPE clause after a U& literal as part of the literal.
 func (l *lexer) next() token {
+	t := l.scan()
+	if t.kind == tokUIdent || (t.kind == tokString && (l.src[t.start] == 'u' || l.src[t.start] == 'U')) {
+		l.uescape()
+	}
+	return t
+}
+
+// scan returns the next token as the server's lexer (scan.l) makes it.
+func (l *lexer) scan() token {
 	s, i, n := l.src, l.pos, len(l.src)
 	for i < n {
 		c := s[i]
@@ -197,7 +216,7 @@ func (l *lexer) next() token {
 	case (c == 'b' || c == 'B' || c == 'x' || c == 'X') && i+1 < n && s[i+1] == '\'':
 		t.kind, i = tokString, l.skipString(i+2, qBits)
 	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '"':
-		t.kind, t.start = tokQIdent, i+3
+		t.kind, t.start = tokUIdent, i+3
 		t.end, i = l.skipQuotedIdent(t.start)
 	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '\'':
 		t.kind, i = tokString, l.skipString(i+3, qUnicode)
@@ -239,7 +258,7 @@ func (l *lexer) next() token {
 		}
 		t.kind = tokOp
 	}
-	if t.kind != tokIdent && t.kind != tokQIdent {
+	if !t.isIdent() {
 		t.end = i
 	}
 	l.pos = i
