@@ -109,8 +109,8 @@ func TestForms(t *testing.T) {
 }
 
 // The forms on a real PostgreSQL: the server refuses exactly the texts
-// marked refused, and every text it runs inserts, into each table, as many
-// rows as the classifier counts inserts naming that table. A table the
+// marked refused, and every text it runs adds, to each table, as many rows
+// as the classifier counts inserts and merges naming that table. A table the
 // classifier misnames, or an INSERT it does not see, shows as rows where
 // none were counted. Each text runs in a transaction rolled back after it,
 // with a table (id int) for every name the classifier reads and for
@@ -149,7 +149,7 @@ func TestFormsOnServer(t *testing.T) {
 	}
 	for _, f := range loadForms(t) {
 		c := ClassifyWith(f.sql, f.set)
-		inserts := insertsByTable(c)
+		inserts := writesByTable(c)
 		tables := []string{"ledger"}
 		for _, s := range c.Statements {
 			for _, tb := range s.Tables {
@@ -180,7 +180,7 @@ func TestFormsOnServer(t *testing.T) {
 		for _, tb := range tables {
 			rows := count(tb)
 			if !f.refused && rows != inserts[tb] {
-				t.Errorf("%s:%d: %q: the server inserted %d rows into %q, the classifier counts %d inserts (%s)",
+				t.Errorf("%s:%d: %q: the server added %d rows to %q, the classifier counts %d inserts and merges (%s)",
 					formsFile, f.line, f.sql, rows, tb, inserts[tb], render(c))
 			}
 		}
@@ -189,9 +189,10 @@ func TestFormsOnServer(t *testing.T) {
 	}
 }
 
-// insertsByTable counts a Class's inserts by the table they name, with the
-// statements EXECUTE runs resolved from the PREPAREs before them.
-func insertsByTable(c *Class) map[string]int {
+// writesByTable counts a Class's inserts and merges (each form's adds one
+// row) by the table they name, with the statements EXECUTE runs resolved
+// from the PREPAREs before them.
+func writesByTable(c *Class) map[string]int {
 	prepared := map[string]*Statement{}
 	n := map[string]int{}
 	for _, s := range c.Statements {
@@ -199,7 +200,7 @@ func insertsByTable(c *Class) map[string]int {
 		if s.Op == OpPrepare {
 			prepared[s.Name] = s.Prepared
 		}
-		if !slicesHas(run.Kinds, "insert") {
+		if !slicesHas(run.Kinds, "insert") && !slicesHas(run.Kinds, "merge") {
 			continue
 		}
 		for _, tb := range run.Tables {
