@@ -369,3 +369,56 @@ func TestMeteredWaitForTokensSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// A call whose estimate does not fit in what the budget has left, while
+// the budget is not spent, is told so and what would fit, not that the
+// quota is spent; with on_over_estimate: clamp its output limit is lowered
+// to that, the call goes ahead within the budget, and the response says
+// what was clamped. In both delegation modes.
+func TestMeteredEstimateOverWhatIsLeft(t *testing.T) {
+	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
+		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
+			fake := &fakellm.Provider{Output: 5000}
+			srv := startGovernord(t, nil)
+			up := origin(t, fake, true, false)
+			p := startProxy(t, proxyOpts{gaddr: srv.Addr(), tls: certPool(up), yaml: fmt.Sprintf(`
+task: {name: pod-7, quotas: {tokens: 1000}}
+routes:
+  - {prefix: /l/, upstream: "%[1]s/lenient"}
+  - {prefix: /s/, upstream: "%[1]s/strict"}
+rules:
+  - {name: lenient, match: {path: /lenient, method: POST}, class: llm, meter: {api: openai, on_over_estimate: clamp}}
+  - {name: strict, match: {path: /strict, method: POST}, class: llm, meter: {api: openai}}
+%[2]s
+`, hostURL(up, "example.com"), delegation)})
+			e := &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: "http://" + p.Addr()}
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+			resp := e.post("/s/chat/completions", "", body)
+			got := readAll(t, resp)
+			var b struct {
+				Error struct {
+					Message     string
+					OutputField string `json:"output_field"`
+					OutputFits  int64  `json:"output_fits"`
+				} `json:"error"`
+			}
+			json.Unmarshal([]byte(got), &b)
+			fits := int64(1000 - len(body))
+			want := fmt.Sprintf("has 1000 of 1000 left; set max_completion_tokens to at most %d", fits)
+			if resp.StatusCode != 429 || !strings.Contains(b.Error.Message, "this call's estimate of") || !strings.Contains(b.Error.Message, want) ||
+				strings.Contains(b.Error.Message, "quota spent") || b.Error.OutputField != "max_completion_tokens" || b.Error.OutputFits != fits {
+				t.Errorf("an estimate over what is left: %d %s, want a message with %q", resp.StatusCode, got, want)
+			}
+			resp = e.post("/l/chat/completions", "", body)
+			readAll(t, resp)
+			if resp.StatusCode != 200 || resp.Header.Get("Governor-Clamped") != fmt.Sprintf("max_completion_tokens=%d", fits) {
+				t.Errorf("clamped: %d, Governor-Clamped %q", resp.StatusCode, resp.Header.Get("Governor-Clamped"))
+			}
+			reported, calls := fake.Reported()
+			if calls != 1 || reported > 1000 {
+				t.Errorf("the provider reported %d tokens in %d calls", reported, calls)
+			}
+			eventually(t, "the clamped call's settlement", func() bool { return e.used() == reported })
+		})
+	}
+}

@@ -137,6 +137,10 @@ type Denial struct {
 	// WaitedFor, for a wait timeout spent waiting for quota units rather
 	// than for a slot, names them: what the work asked of which resource.
 	WaitedFor *QuotaWait
+	// Estimate, for a metered call refused for quota while the quota still
+	// had room, says that the call's estimate is what did not fit, and
+	// what would.
+	Estimate *EstimateFit
 	// Quota names the cap that was hit (CauseQuota), when governord said.
 	Quota *governor.Denial
 	// Ended names the node that ended (CauseTaskEnded), when governord said.
@@ -162,6 +166,19 @@ func (d *Denial) Unwrap() error { return d.Err }
 // such on the wire (Governor-Denied): every cause but a client that went
 // away, which sees nothing.
 func (d *Denial) Governed() bool { return d.Cause != CauseCanceled }
+
+// EstimateFit is a metered call's estimate that did not fit in what its
+// quota had left.
+type EstimateFit struct {
+	Estimate int64  // the tokens the call asked to hold
+	Input    int64  // the part of them that is its input
+	Field    string // the request's output limit field
+	Left     int64  // what the quota had left
+}
+
+// MaxOutput is the largest output limit that would have fit; 0 or less
+// when the input alone does not.
+func (f *EstimateFit) MaxOutput() int64 { return f.Left - f.Input }
 
 // QuotaWait is an error of work that waited for quota units (held by other
 // work in flight, or being recalled from other sidecars) when its wait
@@ -250,6 +267,14 @@ func (d *Denial) Message() string {
 		q := d.Quota
 		if q == nil {
 			return "governor: quota spent"
+		}
+		if f := d.Estimate; f != nil {
+			s := fmt.Sprintf("governor: this call's estimate of %d %s does not fit: %s on %q has %d of %d left",
+				f.Estimate, q.Resource, q.Resource, q.NodeName, f.Left, q.Limit)
+			if f.MaxOutput() > 0 {
+				return s + fmt.Sprintf("; set %s to at most %d", f.Field, f.MaxOutput())
+			}
+			return s + fmt.Sprintf("; its input alone is estimated at %d", f.Input)
 		}
 		s := fmt.Sprintf("governor: quota spent: %s on %q is %d of %d, this request asked %d more",
 			q.Resource, q.NodeName, q.Used, q.Limit, q.Amount)

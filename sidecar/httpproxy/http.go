@@ -146,8 +146,13 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 	p.m.leaseWait.WithLabelValues(d.Class).Observe(waited.Seconds())
 	if err != nil {
 		den := admission.Deny(wctx, err, d.Class, wait)
-		p.deny(ex, q, den, waited)
-		return den
+		if ex.meter != nil {
+			t, den = p.overEstimate(wctx, r, ex, den, req.Write)
+		}
+		if den != nil {
+			p.deny(ex, q, den, waited)
+			return den
+		}
 	}
 	ex.ticket = t
 	p.logDecision(ex, q, "admitted", waited)
@@ -254,9 +259,14 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	latency := time.Since(start)
 	p.m.upstream.WithLabelValues(ex.rule).Observe(latency.Seconds())
 	p.finish(ex, outcomeForwarded)
-	// Only the proxy says Governor-Denied and Governor-Warning.
+	// Only the proxy says Governor-Denied, Governor-Warning and
+	// Governor-Clamped.
 	resp.Header.Del(HeaderDenied)
 	resp.Header.Del(HeaderWarning)
+	resp.Header.Del(HeaderClamped)
+	if ex.meter != nil && ex.meter.clamped != "" {
+		resp.Header.Set(HeaderClamped, ex.meter.clamped)
+	}
 	if p.Config.RateLimitHeaders && ex.governed() {
 		p.addRateLimit(req.Context(), ex, resp.Header)
 	}

@@ -2,6 +2,7 @@ package httpproxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,7 +21,11 @@ type metered struct {
 	rule     *classify.Meter
 	api      meter.API
 	estimate int64
-	strip    bool // include_usage was added: take it out of the stream again
+	input    int64         // the estimate's input part
+	req      meter.Request // what the body said
+	body     []byte        // the body forwarded
+	clamped  string        // "field=N" once on_over_estimate: clamp lowered the output limit
+	strip    bool          // include_usage was added: take it out of the stream again
 	settled  bool
 }
 
@@ -67,7 +72,8 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 	if err != nil {
 		return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: fmt.Errorf("rule %q meters LLM calls: %w", ex.rule, err)}
 	}
-	mt := &metered{rule: m, api: api, estimate: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve)}
+	mt := &metered{rule: m, api: api, req: req, estimate: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve),
+		input: meter.InputEstimate(len(body), int(m.BytesPerToken))}
 	if api == meter.OpenAI && meter.AsksUsage(r.URL.Path, req) {
 		// Without it an OpenAI stream reports no usage, and every stream
 		// would be charged its whole estimate.
@@ -76,7 +82,42 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 		}
 	}
 	setBody(r, body)
+	mt.body = body
 	return mt, nil
+}
+
+// overEstimate looks again at a metered call refused for quota: when the
+// quota still had room, the call's estimate, not the budget, is what did
+// not fit. The denial then says what would fit; with on_over_estimate:
+// clamp, the call's output limit is lowered to that and it is admitted
+// again, within what is left of its wait. It returns the ticket of a call
+// admitted so, or the denial to send.
+func (p *Proxy) overEstimate(ctx context.Context, r *http.Request, ex *exchange, den *admission.Denial, write bool) (admission.Ticket, *admission.Denial) {
+	mt := ex.meter
+	q := den.Quota
+	if den.Cause != admission.CauseQuota || q == nil || q.Resource != mt.rule.Resource || q.Limit-q.Used <= 0 {
+		return nil, den
+	}
+	fit := &admission.EstimateFit{Estimate: mt.estimate, Input: mt.input, Field: meter.OutputField(mt.api, r.URL.Path, mt.req),
+		Left: q.Limit - q.Used}
+	den.Estimate = fit
+	if !mt.rule.Clamp || fit.MaxOutput() < 1 {
+		return nil, den
+	}
+	body, err := meter.SetOutputLimit(mt.body, fit.Field, fit.MaxOutput())
+	if err != nil {
+		return nil, den
+	}
+	setBody(r, body)
+	mt.body, mt.estimate = body, fit.MaxOutput()+mt.input
+	mt.clamped = fmt.Sprintf("%s=%d", fit.Field, fit.MaxOutput())
+	t, err := p.Admitter.Admit(ctx, mt.request(ex.subtask, ex.decision, write))
+	if err != nil {
+		return nil, admission.Deny(ctx, err, ex.decision.Class, p.waitTimeout())
+	}
+	p.log.Info("governor-proxy: a metered call's output limit was lowered to what the budget can cover (on_over_estimate: clamp)",
+		"rule", ex.rule, "subtask", ex.subtask, "clamped", mt.clamped, "left", fit.Left)
+	return t, nil
 }
 
 // setBody makes body the request's body, with its length.

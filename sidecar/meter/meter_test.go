@@ -131,9 +131,9 @@ func TestReadRequest(t *testing.T) {
 		body string
 		want Request
 	}{
-		{`{"model":"m","max_tokens":100,"messages":[]}`, Request{MaxOutput: 100}},
-		{`{"stream":true,"max_completion_tokens":50}`, Request{Stream: true, MaxOutput: 50}},
-		{`{"stream":true,"max_output_tokens":70,"stream_options":{"include_usage":true}}`, Request{Stream: true, MaxOutput: 70, IncludeUsage: true, streamOptions: true}},
+		{`{"model":"m","max_tokens":100,"messages":[]}`, Request{MaxOutput: 100, OutputField: "max_tokens"}},
+		{`{"stream":true,"max_completion_tokens":50}`, Request{Stream: true, MaxOutput: 50, OutputField: "max_completion_tokens"}},
+		{`{"stream":true,"max_output_tokens":70,"stream_options":{"include_usage":true}}`, Request{Stream: true, MaxOutput: 70, IncludeUsage: true, OutputField: "max_output_tokens", streamOptions: true}},
 		{``, Request{}},
 	} {
 		got, err := ReadRequest([]byte(tc.body))

@@ -20,6 +20,9 @@ type Request struct {
 	MaxOutput int64
 	// IncludeUsage is stream_options.include_usage: true (OpenAI).
 	IncludeUsage bool
+	// OutputField is the output limit's field the body names ("" when it
+	// names none): the one SetOutputLimit changes.
+	OutputField string
 	// streamOptions is whether the body has a stream_options object.
 	streamOptions bool
 }
@@ -71,9 +74,16 @@ func ReadRequest(body []byte) (Request, error) {
 		return r, ErrNotJSONObject
 	}
 	for i, raw := range [...]json.RawMessage{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens} {
+		raw = bytes.TrimSpace(raw)
+		if bytes.Equal(raw, []byte("null")) {
+			raw = nil
+		}
 		v, err := outputLimit(outputLimitFields[i], raw)
 		if err != nil {
 			return r, err
+		}
+		if v > r.MaxOutput || (len(raw) > 0 && r.OutputField == "") {
+			r.OutputField = outputLimitFields[i]
 		}
 		r.MaxOutput = max(r.MaxOutput, v)
 	}
@@ -138,9 +148,73 @@ func Estimate(r Request, bodyLen int, bytesPerToken int, def int64) int64 {
 	if out <= 0 {
 		out = max(def, 0)
 	}
+	return addSat(out, InputEstimate(bodyLen, bytesPerToken))
+}
+
+// InputEstimate is the input part of an estimate: a body's size at
+// bytesPerToken (at least 1), rounded up.
+func InputEstimate(bodyLen int, bytesPerToken int) int64 {
 	bytesPerToken = max(bytesPerToken, 1)
-	in := int64(max(bodyLen, 0)/bytesPerToken) + int64(b2i(max(bodyLen, 0)%bytesPerToken != 0))
-	return addSat(out, in)
+	return int64(max(bodyLen, 0)/bytesPerToken) + int64(b2i(max(bodyLen, 0)%bytesPerToken != 0))
+}
+
+// OutputField is the output limit's field a request on path names, or
+// would name: the one it names, else the API's own (Anthropic's and the
+// completions API's max_tokens, the responses API's max_output_tokens,
+// chat completions' max_completion_tokens).
+func OutputField(api API, path string, r Request) string {
+	if r.OutputField != "" {
+		return r.OutputField
+	}
+	p := strings.TrimSuffix(path, "/")
+	switch {
+	case api == Anthropic, strings.HasSuffix(p, "/completions") && !strings.HasSuffix(p, "/chat/completions"):
+		return "max_tokens"
+	case strings.HasSuffix(p, "/responses"):
+		return "max_output_tokens"
+	}
+	return "max_completion_tokens"
+}
+
+// SetOutputLimit returns body with its top-level field set to v: the
+// value replaced where the body has the field, the field appended where it
+// has not, every other byte as it was.
+func SetOutputLimit(body []byte, field string, v int64) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, ErrNotJSONObject
+	}
+	value := strconv.FormatInt(v, 10)
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, ErrNotJSONObject
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, ErrNotJSONObject
+		}
+		if t == field {
+			end := int(dec.InputOffset())
+			start := end - len(raw)
+			out := make([]byte, 0, len(body)+len(value))
+			out = append(append(append(out, body[:start]...), value...), body[end:]...)
+			return out, nil
+		}
+	}
+	trimmed := bytes.TrimRight(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[len(trimmed)-1] != '}' {
+		return nil, ErrNotJSONObject
+	}
+	inside := trimmed[:len(trimmed)-1]
+	out := make([]byte, 0, len(trimmed)+len(field)+len(value)+4)
+	out = append(out, inside...)
+	if !bytes.HasSuffix(bytes.TrimRight(inside, " \t\r\n"), []byte("{")) {
+		out = append(out, ',')
+	}
+	out = append(append(append(out, '"'), field...), `":`...)
+	out = append(out, value...)
+	return append(out, '}'), nil
 }
 
 // addSat is a + b for counts (both >= 0), stopping at int64's end.

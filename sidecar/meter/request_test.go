@@ -136,3 +136,28 @@ func TestUsageNullCut(t *testing.T) {
 		}
 	}
 }
+
+// SetOutputLimit changes the value of the field where the body has it and
+// appends it where it has not, every other byte as it was.
+func TestSetOutputLimit(t *testing.T) {
+	for _, tc := range []struct{ body, field, want string }{
+		{`{"model":"m","max_tokens":4096,"messages":[]}`, "max_tokens", `{"model":"m","max_tokens":312,"messages":[]}`},
+		{`{"model": "m", "max_tokens" : 4096 , "messages": []}`, "max_tokens", `{"model": "m", "max_tokens" : 312 , "messages": []}`},
+		{`{"model":"m","messages":[{"max_tokens":1}]}`, "max_completion_tokens", `{"model":"m","messages":[{"max_tokens":1}],"max_completion_tokens":312}`},
+		{"{}\n", "max_output_tokens", `{"max_output_tokens":312}`},
+		{`{"max_tokens":null}`, "max_tokens", `{"max_tokens":312}`},
+	} {
+		got, err := SetOutputLimit([]byte(tc.body), tc.field, 312)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: %s %v, want %s", tc.body, got, err, tc.want)
+		}
+		if r, err := ReadRequest(got); err != nil || r.MaxOutput != 312 {
+			t.Errorf("%s: the result reads as %+v %v", tc.body, r, err)
+		}
+	}
+	for _, bad := range []string{`[1]`, `not json`, `{"a":`} {
+		if _, err := SetOutputLimit([]byte(bad), "max_tokens", 1); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+}
