@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -161,12 +163,43 @@ func TestNameConstraints(t *testing.T) {
 			t.Errorf("%s: verify says %v, want ok=%v", host, err, ok)
 		}
 	}
+	checkIPLeafWithOpenSSL(t, ca, m)
 	onlyIPs := newCA(t, mustHosts(t, "10.1.2.3"), 0)
 	m = NewMinter(onlyIPs)
 	m.Now = func() time.Time { return t0 }
 	c, _ := m.Leaf("example.com")
 	if err := verify(onlyIPs, c.Leaf, "example.com", t0); err == nil {
 		t.Error("a CA for an IP alone signed a name that verifies")
+	}
+}
+
+// checkIPLeafWithOpenSSL: an IP leaf has no common name, since OpenSSL
+// (curl, Python, Node) checks the common name of a leaf with no DNS name
+// against the CA's DNS name constraints, and refuses it when it looks like
+// a name the CA does not permit. With openssl installed, openssl verify
+// says so itself.
+func checkIPLeafWithOpenSSL(t *testing.T, ca *CA, m *Minter) {
+	t.Helper()
+	c, err := m.Leaf("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cn := c.Leaf.Subject.CommonName; cn != "" {
+		t.Errorf("the leaf of 127.0.0.1 has the common name %q", cn)
+	}
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Log("openssl is not installed: the leaf is not shown to it")
+		return
+	}
+	dir := t.TempDir()
+	caFile, leafFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "leaf.pem")
+	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644)
+	os.WriteFile(leafFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Leaf.Raw}), 0o644)
+	// -attime: the leaves are minted at t0, not now.
+	out, err := exec.Command(openssl, "verify", "-attime", strconv.FormatInt(t0.Unix(), 10), "-CAfile", caFile, leafFile).CombinedOutput()
+	if err != nil {
+		t.Errorf("openssl verify refuses the leaf of 127.0.0.1 from a CA that permits it: %v\n%s", err, out)
 	}
 }
 

@@ -201,15 +201,19 @@ func (m *Minter) mint(ca *CA, host string, now time.Time) (*tls.Certificate, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: host},
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	if ip := net.ParseIP(host); ip != nil {
+		// No common name: OpenSSL checks the common name of a leaf with no
+		// DNS name as a DNS name against the CA's name constraints, so a
+		// CA permitting 127.0.0.1 and no name would have its 127.0.0.1
+		// leaf refused by curl, Python and Node.
 		tmpl.IPAddresses = []net.IP{ip}
 	} else {
+		tmpl.Subject = pkix.Name{CommonName: host}
 		tmpl.DNSNames = []string{host}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
