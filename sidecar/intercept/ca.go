@@ -250,9 +250,22 @@ func randomSerial() (*big.Int, error) {
 // A Finding is one result of checking a CA's files for an operator
 // (`governor doctor`).
 type Finding struct {
+	Kind    FindingKind
 	Warn    bool // a problem; otherwise a fact
 	Message string
 }
+
+// FindingKind is what a Finding is about, so that its reader can say how
+// to fix it.
+type FindingKind string
+
+// The kinds of Finding Check makes.
+const (
+	FindingUnusable    FindingKind = "unusable"    // the files do not load as a CA that can sign now
+	FindingExpiry      FindingKind = "expiry"      // when it expires
+	FindingKeyMode     FindingKind = "key_mode"    // who may read the key file
+	FindingConstraints FindingKind = "constraints" // the hosts it may sign for
+)
 
 // Check looks at a CA's files as an operator should before trusting them:
 // whether they load as a CA valid now whose key matches, how long until it
@@ -262,17 +275,17 @@ func Check(certFile, keyFile string, now time.Time, warnWithin time.Duration) []
 	var out []Finding
 	ca, err := LoadCA(certFile, keyFile, now)
 	if err != nil {
-		return append(out, Finding{Warn: true, Message: fmt.Sprintf("the CA in %s and %s cannot sign: %v", certFile, keyFile, err)})
+		return append(out, Finding{Kind: FindingUnusable, Warn: true, Message: fmt.Sprintf("the CA in %s and %s cannot sign: %v", certFile, keyFile, err)})
 	}
 	left := ca.Cert.NotAfter.Sub(now)
 	msg := fmt.Sprintf("the CA %q (%s) expires %s, in %s", ca.Cert.Subject.CommonName, certFile,
 		ca.Cert.NotAfter.UTC().Format(time.RFC3339), left.Round(time.Minute))
-	out = append(out, Finding{Warn: left < warnWithin, Message: msg})
+	out = append(out, Finding{Kind: FindingExpiry, Warn: left < warnWithin, Message: msg})
 	if fi, err := os.Stat(keyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		out = append(out, Finding{Warn: true, Message: fmt.Sprintf("the CA key %s is readable by others (mode %04o); chmod 600 it", keyFile, fi.Mode().Perm())})
+		out = append(out, Finding{Kind: FindingKeyMode, Warn: true, Message: fmt.Sprintf("the CA key %s is readable by others (mode %04o); chmod 600 it", keyFile, fi.Mode().Perm())})
 	}
 	if len(ca.Cert.PermittedDNSDomains) > 0 || len(ca.Cert.PermittedIPRanges) > 0 {
-		out = append(out, Finding{Message: fmt.Sprintf("the CA may sign only for %v %v (name constraints)",
+		out = append(out, Finding{Kind: FindingConstraints, Message: fmt.Sprintf("the CA may sign only for %v %v (name constraints)",
 			ca.Cert.PermittedDNSDomains, ipRanges(ca.Cert.PermittedIPRanges))})
 	}
 	return out

@@ -339,10 +339,10 @@ func TestCheck(t *testing.T) {
 			t.Errorf("Check does not say %q: %s", want, text)
 		}
 	}
-	if !fs[0].Warn {
-		t.Error("a CA expiring within the warning window is not a warning")
+	if !fs[0].Warn || fs[0].Kind != FindingExpiry || fs[1].Kind != FindingKeyMode || fs[2].Kind != FindingConstraints {
+		t.Errorf("a CA expiring within the warning window, its key readable by others: %+v", fs)
 	}
-	if fs := Check(certFile, keyFile, t0.Add(72*time.Hour), time.Hour); !fs[0].Warn || !strings.Contains(fs[0].Message, "cannot sign") {
+	if fs := Check(certFile, keyFile, t0.Add(72*time.Hour), time.Hour); !fs[0].Warn || fs[0].Kind != FindingUnusable || !strings.Contains(fs[0].Message, "cannot sign") {
 		t.Errorf("an expired CA: %v", fs)
 	}
 }
