@@ -23,9 +23,10 @@ const doctorUsage = `usage: governor doctor [-config governord.yaml] [-proxy-con
 
 Checks that governord can be reached (TLS, clock skew), lints the
 configuration files given (every error and warning at once), looks over the
-tree the key can see (caps, leases, heartbeats, waiters, quotas) and dials
-each pgwire upstream of the sidecar configs. It exits 1 when anything is
-wrong, 2 on bad flags, and says how to fix each finding.
+tree the key can see (caps, leases, heartbeats, waiters, quotas), dials
+each pgwire upstream of the sidecar configs and checks the CA of their
+http.intercept (expiry, key permissions, that the key matches). It exits 1
+when anything is wrong, 2 on bad flags, and says how to fix each finding.
 
 flags:
 `
@@ -57,6 +58,7 @@ type doctorOptions struct {
 	maxNodes       int
 	timeout        time.Duration
 	certWarn       time.Duration
+	caWarn         time.Duration
 }
 
 type listFlag []string
@@ -81,11 +83,12 @@ func doctor(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNodes, "max-nodes", 20000, "the most nodes of the tree to look over")
 	fs.DurationVar(&o.timeout, "timeout", dialTimeout, "how long to try to reach governord")
 	fs.DurationVar(&o.certWarn, "cert-warn", 14*24*time.Hour, "a governord certificate that expires sooner than this is a finding")
+	fs.DurationVar(&o.caWarn, "ca-warn", 7*24*time.Hour, "an interception CA (a sidecar config's http.intercept) that expires sooner than this is a finding")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	o.proxyConfigs = proxies
-	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 || o.certWarn < 0 {
+	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 || o.certWarn < 0 || o.caWarn < 0 {
 		fmt.Fprintln(stderr, "governor doctor: bad arguments: -near-quota is in (0, 1], durations are positive, and no positional arguments")
 		return 2
 	}
@@ -161,6 +164,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	}
 	for _, p := range proxies {
 		out = append(out, checkUpstreams(ctx, p)...)
+		out = append(out, checkInterceptCA(p, time.Now(), o.caWarn)...)
 	}
 	out = append(out, checkGovernord(ctx, o)...)
 	return out
