@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -39,7 +40,22 @@ const (
 	alertsFile    = "prometheus/alerts.yaml"
 )
 
-var manifests = []string{"kubernetes/governord.yaml", "kubernetes/governord-ha.yaml", "kubernetes/worker-with-sidecar.yaml"}
+// manifests are every Kubernetes manifest in kubernetes/, so that a new one
+// is held to the same checks without being listed.
+func manifests(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kubernetes/governord.yaml", "kubernetes/governord-ha.yaml",
+		"kubernetes/worker-with-sidecar.yaml", "kubernetes/worker-with-sidecar-intercept.yaml"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("no %s among %v", want, files)
+		}
+	}
+	return files
+}
 
 // series are the metric families a registry describes, by name, with their
 // label names.
@@ -458,7 +474,7 @@ func decodeManifest(doc []byte) (any, error) {
 }
 
 func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
-	for _, path := range manifests {
+	for _, path := range manifests(t) {
 		for i, doc := range documents(t, path) {
 			obj, err := decodeManifest(doc)
 			if err != nil {
@@ -508,18 +524,27 @@ func checkPodSpec(t *testing.T, path string, spec *corev1.PodSpec) {
 
 // A typo in a field must fail, which is the point of decoding strictly.
 func TestKubernetesManifestTypoFails(t *testing.T) {
-	docs := documents(t, "kubernetes/worker-with-sidecar.yaml")
-	for i, doc := range docs {
-		if !bytes.Contains(doc, []byte("readinessProbe:")) {
-			continue
+	for _, tc := range []struct{ path, field, typo string }{
+		{"kubernetes/worker-with-sidecar.yaml", "readinessProbe:", "readinesProbe:"},
+		{interceptManifest, "subPath:", "subPaht:"},
+		{interceptManifest, "emptyDir:", "emptyDirectory:"},
+	} {
+		found := false
+		for i, doc := range documents(t, tc.path) {
+			if !bytes.Contains(doc, []byte(tc.field)) {
+				continue
+			}
+			found = true
+			bad := bytes.Replace(doc, []byte(tc.field), []byte(tc.typo), 1)
+			if _, err := decodeManifest(bad); err == nil || !strings.Contains(err.Error(), strings.TrimSuffix(tc.typo, ":")) {
+				t.Errorf("%s, document %d with %s: %v, want an unknown field error", tc.path, i+1, tc.typo, err)
+			}
+			break
 		}
-		bad := bytes.Replace(doc, []byte("readinessProbe:"), []byte("readinesProbe:"), 1)
-		if _, err := decodeManifest(bad); err == nil || !strings.Contains(err.Error(), "readinesProbe") {
-			t.Errorf("document %d with readinesProbe: %v, want an unknown field error", i+1, err)
+		if !found {
+			t.Errorf("%s: no document with %s", tc.path, tc.field)
 		}
-		return
 	}
-	t.Fatal("no document with a readinessProbe")
 }
 
 // configMapFile returns data[key] of the ConfigMap named name in a manifest.
@@ -571,6 +596,13 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 	if pcfg.HTTP.WaitTimeout != 30*time.Second || pcfg.Rules == nil {
 		t.Fatalf("the sidecar's config: %+v", pcfg)
 	}
+	icfg, err := sidecar.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
+	if err != nil {
+		t.Fatalf("the intercepting sidecar's config: %v", err)
+	}
+	if ic := icfg.HTTP.Intercept; !ic.On() || ic.CACert == "" || ic.CAKey == "" || icfg.Rules == nil {
+		t.Fatalf("the intercepting sidecar's config: %+v", icfg)
+	}
 }
 
 // The embedded configs are read by parsers that reject unknown keys, so a
@@ -585,5 +617,9 @@ func TestKubernetesConfigTypoFails(t *testing.T) {
 	ptext := configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml")
 	if _, err := sidecar.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
 		t.Error("the sidecar's config with wait_timout: loaded")
+	}
+	itext := configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml")
+	if _, err := sidecar.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
+		t.Error("the intercepting sidecar's config with ca_keyfile: loaded")
 	}
 }
