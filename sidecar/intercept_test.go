@@ -211,6 +211,30 @@ func TestInterceptPinnedClientFails(t *testing.T) {
 		!strings.Contains(p.logs.String(), `host=example.com reason=client_refused_certificate`) {
 		t.Errorf("no log line names the host and the reason:\n%s", p.logs.String())
 	}
+	// curl and Python (OpenSSL, TLS 1.3 by default) that do not trust the
+	// CA: each counted as refusing the certificate, however its TLS
+	// library says so.
+	refused := 1
+	for _, client := range [][]string{
+		{"curl", "-sS", "--cacert", certFile(t, up), "--proxy", "http://" + p.Addr(), "https://example.com:" + port(up) + "/"},
+		{"python3", "-c", "import sys,urllib.request as u; u.build_opener(u.ProxyHandler({'https': sys.argv[1]})).open(sys.argv[2])",
+			"http://" + p.Addr(), "https://example.com:" + port(up) + "/"},
+	} {
+		if _, err := exec.LookPath(client[0]); err != nil {
+			t.Logf("%s: not installed", client[0])
+			continue
+		}
+		cmd := exec.Command(client[0], client[1:]...)
+		cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+certFile(t, up), "CURL_CA_BUNDLE=", "NO_PROXY=", "no_proxy=")
+		if out, err := cmd.CombinedOutput(); err == nil {
+			t.Errorf("%s trusted the sidecar's certificate without its CA: %s", client[0], out)
+			continue
+		}
+		refused++
+		eventually(t, client[0]+"'s refused handshake to be counted", func() bool {
+			return p.metric(`governor_proxy_intercept_handshakes_total{reason="client_refused_certificate"}`) == float64(refused)
+		})
+	}
 	if n := c.n.Load(); n != 0 {
 		t.Errorf("%d requests reached the origin", n)
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -180,7 +181,8 @@ func (p *Proxy) intercept(w http.ResponseWriter, r *http.Request) {
 	conn.touch()
 	conn.track(&p.tunnels)
 	conn.watch()
-	tlsConn := tls.Server(conn, p.interceptTLS(host))
+	var certSent atomic.Bool
+	tlsConn := tls.Server(conn, p.interceptTLS(host, &certSent))
 	timeout := p.Config.ReadHeaderTimeout
 	if timeout <= 0 {
 		timeout = interceptHandshakeTimeout
@@ -189,7 +191,7 @@ func (p *Proxy) intercept(w http.ResponseWriter, r *http.Request) {
 	err = tlsConn.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		reason := handshakeFailure(err)
+		reason := handshakeFailure(err, certSent.Load())
 		p.m.interceptHandshakes.WithLabelValues(reason).Inc()
 		p.log.Warn("governor-proxy: an intercepted TLS handshake failed", "host", host, "reason", reason, "err", err)
 		conn.Close()
@@ -248,8 +250,9 @@ func (p *Proxy) checkConnectTarget(r *http.Request, addr string) *refusal {
 	return nil
 }
 
-// interceptTLS is the server side of an intercepted tunnel to host.
-func (p *Proxy) interceptTLS(host string) *tls.Config {
+// interceptTLS is the server side of an intercepted tunnel to host;
+// certSent is set once the handshake has a certificate to show.
+func (p *Proxy) interceptTLS(host string, certSent *atomic.Bool) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{http2.NextProtoTLS, "http/1.1"},
@@ -261,6 +264,7 @@ func (p *Proxy) interceptTLS(host string) *tls.Config {
 			if err != nil {
 				return nil, &mintError{err}
 			}
+			certSent.Store(true)
 			return c, nil
 		},
 	}
@@ -272,8 +276,13 @@ type mintError struct{ err error }
 func (e *mintError) Error() string { return "no certificate: " + e.err.Error() }
 func (e *mintError) Unwrap() error { return e.err }
 
-// handshakeFailure names why an intercepted handshake failed.
-func handshakeFailure(err error) string {
+// handshakeFailure names why an intercepted handshake failed. Once the
+// certificate has been sent, the client's next move is to check it and
+// finish; a client that refuses it says so in ways that differ by TLS
+// library and version (an alert, an alert the server cannot read as one in
+// TLS 1.3, or a closed connection, as Node and Java do), so any failure
+// after that point but a timeout counts as a refused certificate.
+func handshakeFailure(err error, certSent bool) string {
 	var me *mintError
 	var ne net.Error
 	msg := err.Error()
@@ -284,10 +293,7 @@ func handshakeFailure(err error) string {
 		return handshakeNoCertificate
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return handshakeTimeout
-	case strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "bad certificate"),
-		strings.Contains(msg, "certificate unknown"), strings.Contains(msg, "unsupported certificate"),
-		strings.Contains(msg, "certificate required"), strings.Contains(msg, "access denied"):
-		// The client's alert: it checked the certificate and refused it.
+	case certSent:
 		return handshakeRefusedCA
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), strings.Contains(msg, "connection reset"):
 		return handshakeClientClosed
