@@ -111,7 +111,7 @@ func TestDoctorInterceptCA(t *testing.T) {
 		parts  []string
 	}{
 		{good, "OK", []string{`the CA "Governor interception CA"`, "expires " + goodCA.Cert.NotAfter.UTC().Format(time.RFC3339), ", in 2160h0m0s"}},
-		{good, "OK", []string{"may sign only for [api.example.com]"}},
+		{good, "OK", []string{"may sign only for api.example.com (name constraints)"}},
 		{expiring, "WARN", []string{"expires " + expiringCA.Cert.NotAfter.UTC().Format(time.RFC3339) + ", in 7", // 71h59m or 72h0m
 			"fix: make a new CA before then (governor ca create -out DIR -force"}},
 		{readable, "WARN", []string{"ca-key.pem is readable by others (mode 0644)", "fix: chmod 600 "}},

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -285,10 +286,31 @@ func Check(certFile, keyFile string, now time.Time, warnWithin time.Duration) []
 		out = append(out, Finding{Kind: FindingKeyMode, Warn: true, Message: fmt.Sprintf("the CA key %s is readable by others (mode %04o); chmod 600 it", keyFile, fi.Mode().Perm())})
 	}
 	if len(ca.Cert.PermittedDNSDomains) > 0 || len(ca.Cert.PermittedIPRanges) > 0 {
-		out = append(out, Finding{Kind: FindingConstraints, Message: fmt.Sprintf("the CA may sign only for %v %v (name constraints)",
-			ca.Cert.PermittedDNSDomains, ipRanges(ca.Cert.PermittedIPRanges))})
+		out = append(out, Finding{Kind: FindingConstraints, Message: fmt.Sprintf("the CA may sign only for %s (name constraints)",
+			constrainedTo(ca.Cert))})
 	}
 	return out
+}
+
+// constrainedTo lists what a CA's name constraints permit, as hosts are
+// written: a ".domain" constraint as "*.domain", the "invalid" of a CA
+// that permits no name left out.
+func constrainedTo(c *x509.Certificate) string {
+	var out []string
+	for _, d := range c.PermittedDNSDomains {
+		switch {
+		case d == "invalid":
+		case strings.HasPrefix(d, "."):
+			out = append(out, "*"+d)
+		default:
+			out = append(out, d)
+		}
+	}
+	out = append(out, ipRanges(c.PermittedIPRanges)...)
+	if len(out) == 0 {
+		return "nothing"
+	}
+	return strings.Join(out, ", ")
 }
 
 func ipRanges(rs []*net.IPNet) []string {

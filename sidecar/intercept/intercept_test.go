@@ -298,9 +298,13 @@ func TestRenewal(t *testing.T) {
 func TestWatchReloadsTheCA(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	// Each file replaced whole, by a rename, as a Secret's volume swaps
+	// them: the poller never reads one half written.
 	write := func(c, k []byte) {
-		os.WriteFile(certFile, c, 0o644)
-		os.WriteFile(keyFile, k, 0o600)
+		for f, data := range map[string][]byte{certFile: c, keyFile: k} {
+			os.WriteFile(f+".new", data, 0o600)
+			os.Rename(f+".new", f)
+		}
 	}
 	c1, k1, _ := NewCA(CAOptions{})
 	write(c1, k1)
@@ -334,7 +338,7 @@ func TestCheck(t *testing.T) {
 	os.WriteFile(keyFile, k, 0o644)
 	fs := Check(certFile, keyFile, t0.Add(time.Hour), 7*24*time.Hour)
 	text := fmt.Sprint(fs)
-	for _, want := range []string{"expires 2026-12-06T12:00:00Z, in 47h0m0s", "readable by others (mode 0644)", "may sign only for [api.openai.com]"} {
+	for _, want := range []string{"expires 2026-12-06T12:00:00Z, in 47h0m0s", "readable by others (mode 0644)", "may sign only for api.openai.com (name constraints)"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("Check does not say %q: %s", want, text)
 		}
