@@ -74,12 +74,18 @@ func (b *sidecarBench) httpsSetup(governed string, g *daemon) error {
 			return err
 		}
 	}
-	o, addr, err := startSelf("serve-origin", "-tls-cert", filepath.Join(dir, "origin.pem"), "-tls-key", filepath.Join(dir, "origin-key.pem"))
-	if err != nil {
-		return err
+	for _, o := range []struct {
+		into *string
+		args []string
+	}{{&b.httpsOrigin, nil}, {&b.httpsOriginH2, []string{"-h2"}}} {
+		p, addr, err := startSelf("serve-origin", append([]string{"-tls-cert", filepath.Join(dir, "origin.pem"),
+			"-tls-key", filepath.Join(dir, "origin-key.pem")}, o.args...)...)
+		if err != nil {
+			return err
+		}
+		later(p.stop)
+		*o.into = addr
 	}
-	later(o.stop)
-	b.httpsOrigin = addr
 	gp, addr, err := startSelf("serve-goproxy", "-mitm-cert", b.caCert, "-mitm-key", b.caKey, "-upstream-ca", filepath.Join(dir, "origin-ca.pem"))
 	if err != nil {
 		return err
@@ -142,15 +148,20 @@ func originCertificate(n int) (certPEM, keyPEM, caPEM []byte, err error) {
 
 // httpsTargets are the interception runs' targets, in the order each
 // round runs them.
+//
+// The origin speaks HTTP/1.1 only, as bare goproxy's transport does to
+// upstreams: the comparison is of the proxies, not of the protocols. The
+// sidecar negotiates HTTP/2 with upstreams that offer it; gov-https-h2up is
+// it against an origin that does, to show what that costs.
 func (b *sidecarBench) httpsTargets() []string {
-	return []string{"direct", "goproxy-mitm", "gov-https"}
+	return []string{"direct", "goproxy-mitm", "gov-https", "gov-https-h2up"}
 }
 
 func (b *sidecarBench) httpsProxy(name string) (addr string, cpu func() time.Duration, pid int) {
 	switch name {
 	case "goproxy-mitm":
 		return b.httpsGoproxy, b.httpsGoproxyCPU, b.httpsGoproxyPID
-	case "gov-https":
+	case "gov-https", "gov-https-h2up":
 		return b.httpsSidecar.addr, b.httpsSidecar.cpu, b.httpsSidecar.cmd.Process.Pid
 	}
 	return "", nil, 0
@@ -179,7 +190,11 @@ func (b *sidecarBench) httpsLoadRun(name string, args ...string) (httpsLoadResul
 	if name == "direct" {
 		ca = filepath.Join(b.dir, "https", "origin-ca.pem")
 	}
-	cmd := exec.Command(self, append([]string{"https-load", "-proxy", proxy, "-ca", ca, "-origin", b.httpsOrigin}, args...)...)
+	origin := b.httpsOrigin
+	if name == "gov-https-h2up" {
+		origin = b.httpsOriginH2
+	}
+	cmd := exec.Command(self, append([]string{"https-load", "-proxy", proxy, "-ca", ca, "-origin", origin}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		return httpsLoadResult{}, fmt.Errorf("https-load: %v: %s", err, lastLines(string(out), 3))

@@ -245,6 +245,7 @@ func serveOrigin(args []string, stdout, stderr io.Writer) int {
 	size := fs.Int("size", 1024, "response bytes")
 	certFile := fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM), on 127.0.0.1 to 127.0.0.N for each of its IP addresses")
 	keyFile := fs.String("tls-key", "", "the certificate's key (PEM)")
+	h2 := fs.Bool("h2", false, "with -tls-cert: offer HTTP/2 in ALPN (otherwise HTTP/1.1 only)")
 	if fs.Parse(args) != nil {
 		return 2
 	}
@@ -264,13 +265,13 @@ func serveOrigin(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, ln.Addr())
 		return serveUntilKilled(ln, h, stderr)
 	}
-	return serveOriginTLS(ln, h, *certFile, *keyFile, stdout, stderr)
+	return serveOriginTLS(ln, h, *certFile, *keyFile, *h2, stdout, stderr)
 }
 
 // serveOriginTLS serves h over TLS on ln, and on the same port of every
 // other loopback address the certificate names, so that each is a host of
 // its own to a proxy.
-func serveOriginTLS(ln net.Listener, h http.Handler, certFile, keyFile string, stdout, stderr io.Writer) int {
+func serveOriginTLS(ln net.Listener, h http.Handler, certFile, keyFile string, h2 bool, stdout, stderr io.Writer) int {
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -283,6 +284,9 @@ func serveOriginTLS(ln net.Listener, h http.Handler, certFile, keyFile string, s
 	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	if !h2 {
+		srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	}
 	for _, ip := range leaf.IPAddresses {
 		if ip.Equal(net.IPv4(127, 0, 0, 1)) {
 			continue

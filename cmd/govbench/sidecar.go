@@ -57,6 +57,7 @@ type sidecarBench struct {
 	withHTTPS       bool
 	caCert, caKey   string
 	httpsOrigin     string
+	httpsOriginH2   string
 	httpsGoproxy    string
 	httpsGoproxyCPU func() time.Duration
 	httpsGoproxyPID int
