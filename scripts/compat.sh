@@ -9,10 +9,12 @@
 # package-lock.json), starts a throwaway PostgreSQL (scripts/testpg.sh)
 # unless GOVERNOR_TEST_PG_DSN names one, and runs the compat package's tests
 # with GOVERNOR_COMPAT set. Those fail when docs/compatibility.md differs from
-# what the run saw:
+# what the run saw.
 #
 #   scripts/compat.sh                           run and compare
 #   GOVERNOR_COMPAT_WRITE=1 scripts/compat.sh   run and rewrite docs/compatibility.md
+#                                               (a failing run too, its failures
+#                                               shown as **FAIL**; it still fails)
 #
 # Later arguments go to go test (e.g. -v, -run TestDrivers).
 set -euo pipefail
