@@ -24,7 +24,10 @@ type llmEnv struct {
 	fake *fakellm.Provider
 	p    *testProxy
 	adm  *admin
-	base string // the sidecar's base URL, http://127.0.0.1:port
+	base string // the sidecar's base URL, http://127.0.0.1:port; "" when intercepted
+	// sdkEnv is the environment sdk.mjs is run with (metering_sdk_test.go).
+	sdkEnv      []string
+	intercepted bool // reached by interception, not through routes (startInterceptedLLM)
 }
 
 func startLLM(t testing.TB, tokens int64, fake *fakellm.Provider, extraYAML ...string) *llmEnv {
@@ -40,7 +43,8 @@ rules:
   - {name: anthropic, match: {path: /v1/messages, method: POST}, class: llm, meter: anthropic}
   - {name: openai, match: {path: /v1, method: POST}, class: llm, meter: {api: openai, reserve: 1000}}
 %s`, tokens, hostURL(up, "example.com"), hostURL(up, "example.com"), strings.Join(extraYAML, "\n"))})
-	return &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: "http://" + p.Addr()}
+	base := "http://" + p.Addr()
+	return &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: base, sdkEnv: []string{"SIDECAR=" + base}}
 }
 
 // used is the tokens governord counts as spent on the task, once the
