@@ -389,3 +389,48 @@ func TestSDKsDoNotRetryADenial(t *testing.T) {
 		})
 	}
 }
+
+// The official SDKs' requests under a budget smaller than their estimates
+// (OpenAI's with no output limit, so the default reserve of 4096;
+// Anthropic's with max_tokens 8192): with on_over_estimate: clamp, each
+// goes ahead with its output limit lowered to what the budget can still
+// cover, says so in Governor-Clamped, and the budget is never exceeded.
+func TestSDKsClampedToWhatIsLeft(t *testing.T) {
+	node := needSDKs(t)
+	fake := &fakellm.Provider{Output: 500} // each call uses less than it was clamped to
+	srv := startGovernord(t, nil)
+	up := origin(t, fake, true, false)
+	p := startProxy(t, proxyOpts{gaddr: srv.Addr(), tls: certPool(up), yaml: fmt.Sprintf(`
+task: {name: pod-7, quotas: {tokens: 3000}}
+routes:
+  - {prefix: /openai/, upstream: "%[1]s/v1"}
+  - {prefix: /anthropic/, upstream: "%[1]s"}
+rules:
+  - {name: anthropic, match: {path: /v1/messages, method: POST}, class: llm, meter: {api: anthropic, on_over_estimate: clamp}}
+  - {name: openai, match: {path: /v1, method: POST}, class: llm, meter: {api: openai, on_over_estimate: clamp}}
+`, hostURL(up, "example.com"))})
+	base := "http://" + p.Addr()
+	e := &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: base, sdkEnv: []string{"SIDECAR=" + base}}
+	lines := e.sdk(t, node, "clamp", nil)
+	var got struct {
+		Clamped []struct {
+			API     string
+			Clamped string
+			Tokens  int64
+		}
+	}
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &got) != nil || len(got.Clamped) != 2 {
+		t.Fatalf("the SDKs printed %q", lines)
+	}
+	for i, want := range []string{"max_completion_tokens=", "max_tokens="} {
+		c := got.Clamped[i]
+		if !strings.HasPrefix(c.Clamped, want) || c.Tokens <= 0 {
+			t.Errorf("%s: Governor-Clamped %q, %d tokens", c.API, c.Clamped, c.Tokens)
+		}
+	}
+	reported, calls := fake.Reported()
+	if calls != 2 || reported > 3000 {
+		t.Errorf("the provider reported %d tokens in %d calls under a budget of 3000", reported, calls)
+	}
+	eventually(t, "the clamped calls' settlement", func() bool { return e.used() == reported })
+}

@@ -107,6 +107,20 @@ const scenarios = {
     for await (const ev of msgs) out({ api: 'anthropic', event: ev.type });
     out({ done: true });
   },
+  // Calls that name no output limit (OpenAI) or a large one (Anthropic,
+  // which requires one), under a budget smaller than either estimate: with
+  // on_over_estimate: clamp they go ahead, the limit lowered.
+  async clamp() {
+    const { openai, anthropic } = clients('');
+    const seen = [];
+    const o = await openai.chat.completions.create({ model: 'gpt-4o-mini', messages: messages(20) }).withResponse();
+    seen.push({ api: 'openai', clamped: o.response.headers.get('governor-clamped'), tokens: o.data.usage.total_tokens });
+    const a = await anthropic.messages.create({ model: 'claude-sonnet-4-5', max_tokens: 8192, messages: messages(20) }).withResponse();
+    const u = a.data.usage;
+    seen.push({ api: 'anthropic', clamped: a.response.headers.get('governor-clamped'),
+      tokens: u.input_tokens + u.output_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0) });
+    out({ clamped: seen });
+  },
   async deny() {
     const { openai, anthropic } = clients('');
     const seen = [];
