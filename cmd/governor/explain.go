@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -148,6 +149,10 @@ func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 	q := classify.HTTPRequestFrom(r)
 	if r.Method == http.MethodConnect {
 		fmt.Fprintf(w, "request: CONNECT %s\n", r.Host)
+		if host, _, err := net.SplitHostPort(r.Host); err == nil && cfg.HTTP.Intercept.Hosts.Match(host) {
+			fmt.Fprintf(w, "  %s is intercepted (http.intercept): the tunnel itself is not governed; each request inside it is decided as a plain https:// request (explain one with its URL)\n", host)
+			return 0
+		}
 		fmt.Fprintln(w, "  a tunnel shows only host and port: rules with scheme, method, path or header never match it")
 	} else {
 		fmt.Fprintf(w, "request: %s %s\n", r.Method, r.URL)
@@ -182,6 +187,10 @@ func tunnelNote(w io.Writer, cfg sidecar.Config, u *url.URL) {
 	host := u.Host
 	if u.Port() == "" {
 		host += ":443"
+	}
+	if cfg.HTTP.Intercept.Hosts.Match(u.Hostname()) {
+		fmt.Fprintf(w, "\nnote: %s is intercepted (http.intercept): a worker that sends this through HTTPS_PROXY gets it decided as above, request by request, inside its tunnel\n", u.Hostname())
+		return
 	}
 	q := classify.HTTPRequestFrom(&http.Request{Method: http.MethodConnect, URL: &url.URL{Host: host}, Host: host})
 	fmt.Fprintf(w, "\nnote: a worker that sends this through HTTPS_PROXY opens a tunnel, CONNECT %s, and only host and port are seen:\n", host)

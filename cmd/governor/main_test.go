@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -56,6 +58,47 @@ func TestUsageErrors(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if code := run(args, nil, &out, &errOut); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+// With http.intercept listing a host, explain says that its requests are
+// decided one by one inside the tunnel, and that the tunnel itself is not
+// governed.
+func TestExplainIntercepted(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "proxy.yaml")
+	if err := os.WriteFile(cfg, []byte(`governor: {api_key: k-0123456789abcdef}
+task: {name: pod-7}
+http:
+  intercept: {hosts: [api.openai.com], ca_cert: ca.pem, ca_key: ca-key.pem}
+rules:
+  - {name: chat, match: {host: api.openai.com, path: /v1/chat/*, method: POST}, charge: {calls: 1}}
+  - {name: tunnels, match: {method: CONNECT}, charge: {tunnels: 1}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args      []string
+		want, not []string
+	}{
+		{[]string{"POST", "https://api.openai.com/v1/chat/completions"},
+			[]string{"chat: MATCH", "api.openai.com is intercepted (http.intercept)", "request by request"}, []string{"only host and port are seen"}},
+		{[]string{"CONNECT", "api.openai.com:443"}, []string{"the tunnel itself is not governed"}, []string{"tunnels: MATCH"}},
+		{[]string{"CONNECT", "api.anthropic.com:443"}, []string{"tunnels: MATCH"}, []string{"intercepted"}},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"explain", "-config", cfg}, tc.args...), nil, &out, &errOut); code != 0 {
+			t.Errorf("%v: exit %d: %s", tc.args, code, errOut.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out.String())
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(out.String(), n) {
+				t.Errorf("%v: output says %q:\n%s", tc.args, n, out.String())
+			}
 		}
 	}
 }
