@@ -56,7 +56,9 @@ const (
 	DefaultSettleEvery    = time.Second
 	// DefaultUnavailableRetry is how long one call keeps retrying while
 	// governord is unreachable before the request fails closed, rather than
-	// holding it for its whole wait.
+	// holding it for its whole wait. A standby's answer lifts it: governord
+	// is failing over, and a waiting request queues again at the new
+	// leader within its wait (governor.WithUnavailableRetry, docs/ha.md).
 	DefaultUnavailableRetry = time.Second
 	// sampleEvery is how often calls made in slots are reported.
 	sampleEvery = 100 * time.Millisecond

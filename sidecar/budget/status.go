@@ -3,13 +3,13 @@ package budget
 import (
 	"context"
 
-	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
 // CapStatus reads from governord where the caps over subtask's node stand
-// (admission.CapReader): one GetCapStatus call, so the numbers are
-// governord's own at that instant, reserved units included.
+// (admission.CapReader): one cap-status read, retried by the SDK while
+// governord is unavailable, so the numbers are governord's own at that
+// instant, reserved units included.
 func (a *Admitter) CapStatus(ctx context.Context, subtask string) (admission.CapReport, error) {
 	s := a.cur.Load()
 	if s == nil {
@@ -19,19 +19,17 @@ func (a *Admitter) CapStatus(ctx context.Context, subtask string) (admission.Cap
 	if err != nil {
 		return admission.CapReport{}, err
 	}
-	id := n.t.ID()
 	if subtask != "" {
-		n.unuse() // only its id was needed
+		defer n.unuse()
 	}
-	rep, err := s.client.Raw().GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: id})
+	caps, err := n.t.CapStatus(ctx)
 	if err != nil {
 		return admission.CapReport{}, err
 	}
 	var out admission.CapReport
-	for _, c := range rep.GetCaps() {
-		out.Caps = append(out.Caps, admission.CapState{Node: c.GetNodeName(), Limit: c.GetLimit(), Name: c.GetName(),
-			Mode: c.GetMode().GetMode(), Cap: c.GetCap(), Used: c.GetUsed(), Remaining: c.GetRemaining(),
-			State: c.GetState(), Threshold: int(c.GetThreshold())})
+	for _, c := range caps {
+		out.Caps = append(out.Caps, admission.CapState{Node: c.NodeName, Limit: c.Limit, Name: c.Name,
+			Mode: c.Mode, Cap: c.Cap, Used: c.Used, Remaining: c.Remaining, State: c.State, Threshold: c.Threshold})
 	}
 	return out, nil
 }
