@@ -437,7 +437,17 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 // cancelled. UNAUTHENTICATED means the server has forgotten the session,
 // which is then given up.
 func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
-	return c.grant(ctx, op, attempt, nil)
+	return c.run(ctx, op, attempt, nil, true)
+}
+
+// giveBack is call for a call that frees what the session holds (a
+// release; units settled or given back; slots given back): the bound of
+// WithUnavailableRetry does not apply to it. The bound is there so that new
+// work fails closed at once; a give-back failed as fast would leave what it
+// frees held until the session ends, while governord restarts or fails over.
+// ctx and the session still bound it.
+func (c *Client) giveBack(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
+	return c.run(ctx, op, attempt, nil, false)
 }
 
 // grant is call for a call that grants something (a lease, slots, units),
@@ -452,6 +462,12 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 // session ends, and the call fails closed at once. A nil abandon makes
 // grant call.
 func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx context.Context, requestID string) error) error {
+	return c.run(ctx, op, attempt, abandon, true)
+}
+
+// run is call, grant and giveBack: bounded says whether
+// WithUnavailableRetry's bound applies.
+func (c *Client) run(ctx context.Context, op string, attempt, abandon func(ctx context.Context, requestID string) error, bounded bool) error {
 	id := retry.RequestID()
 	var last error // the last transient failure, to explain a give-up
 	var unavailableSince time.Time
@@ -489,7 +505,7 @@ func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx
 			last = err
 			if unavailableSince.IsZero() {
 				unavailableSince = time.Now()
-			} else if c.unreachable(unavailableSince) {
+			} else if bounded && c.unreachable(unavailableSince) {
 				return fail(fromStatus(op, err))
 			}
 		case codes.Canceled, codes.DeadlineExceeded:

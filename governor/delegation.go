@@ -59,12 +59,18 @@ func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (
 			return err
 		}
 	}
-	err := t.c.grant(ctx, "ResizeBlock", func(ctx context.Context, id string) error {
+	send := func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.ResizeBlock(ctx, req)
 		return err
-	}, abandon)
+	}
+	var err error
+	if want > 0 {
+		err = t.c.grant(ctx, "ResizeBlock", send, abandon)
+	} else {
+		err = t.c.giveBack(ctx, "ResizeBlock", send)
+	}
 	if err != nil {
 		t.observe(err)
 		return Block{}, err
@@ -124,12 +130,18 @@ func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Res
 			return err
 		}
 	}
-	err := t.c.grant(ctx, "Reserve", func(ctx context.Context, id string) error {
+	send := func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.Reserve(ctx, req)
 		return err
-	}, abandon)
+	}
+	var err error
+	if want > 0 {
+		err = t.c.grant(ctx, "Reserve", send, abandon)
+	} else {
+		err = t.c.giveBack(ctx, "Reserve", send) // a settlement: what was spent, and what goes back
+	}
 	if err != nil {
 		if want > 0 {
 			t.observe(err)

@@ -92,7 +92,10 @@ func WithGRPCOptions(opts ...grpc.DialOption) Option {
 // and the call keeps trying, so that an Acquire waiting when the leader
 // died queues again at the new one, until ctx ends or the session is given
 // up, as without the bound (the standby refuses heartbeats too, so a
-// failover that never ends costs the session at its local deadline).
+// failover that never ends costs the session at its local deadline). Calls
+// that give back (Release, a Reserve or ResizeBlock that only settles or
+// returns) are not bounded by it: failed fast, they would leave what they
+// free held until the session ends.
 func WithUnavailableRetry(d time.Duration) Option { return func(c *config) { c.unavailableFor = d } }
 
 // WithLogger sets where the client logs failed heartbeats and a lost

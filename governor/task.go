@@ -389,7 +389,7 @@ func (l *Lease) Release(ctx context.Context, latency time.Duration, overloaded b
 	if latency > 0 {
 		req.Latency = durationpb.New(latency)
 	}
-	return l.c.call(ctx, "Release", func(ctx context.Context, id string) error {
+	return l.c.giveBack(ctx, "Release", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		_, err := l.c.rpc.Release(ctx, req)
 		return err
