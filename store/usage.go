@@ -129,7 +129,9 @@ func (m *Memory) TrimUsage(ctx context.Context, before int64, carryKind string) 
 			newest[k] = max(newest[k], r.Minute)
 		}
 	}
-	kept := make(map[usageKey]UsageRow, len(m.state.usage))
+	// No size hint: a map keeps the room it is made with, and most rows
+	// may be going.
+	kept := make(map[usageKey]UsageRow)
 	for k, r := range m.state.usage {
 		nk := k
 		nk.minute = 0
@@ -166,11 +168,10 @@ func (m *Memory) addUsage(rows []UsageRow) {
 	if len(rows) == 0 {
 		return
 	}
-	// A new map: a Load or Usage in progress keeps the old one.
-	usage := make(map[usageKey]UsageRow, len(m.state.usage)+len(rows))
-	for k, r := range m.state.usage {
-		usage[k] = r
+	if m.state.usage == nil {
+		m.state.usage = make(map[usageKey]UsageRow, len(rows))
 	}
+	usage := m.state.usage // changed in place (memState)
 	for _, r := range rows {
 		if old, ok := usage[r.key()]; ok {
 			old.Amount = merge(old.Amount, r.Amount, r.Merge)
@@ -179,7 +180,6 @@ func (m *Memory) addUsage(rows []UsageRow) {
 			usage[r.key()] = r
 		}
 	}
-	m.state.usage = usage
 }
 
 // sortUsage orders rows by key, for stable output.

@@ -116,3 +116,29 @@ func TestUsageRowsMergeWithinABatch(t *testing.T) {
 		})
 	}
 }
+
+// Usage rows outlive a snapshot, which deletes the records it covers but
+// not the usage written with them.
+func TestUsageRowsOutliveASnapshot(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := b.fresh(t)()
+			defer st.Close()
+			row := store.UsageRow{Tenant: 2, Task: 5, Minute: 10, Kind: "spend", Name: "calls", Amount: 3, Merge: store.MergeAdd}
+			if err := st.Append(ctx, []store.Record{{Seq: 1, Data: []byte("x"), Usage: []store.UsageRow{row}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.SaveSnapshot(ctx, 1, []byte("snap")); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := st.(store.UsageReader).Usage(ctx, 0, 100, "held_end")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) != 1 || rows[0].Amount != 3 {
+				t.Fatalf("after a snapshot: %+v, want the one spend row of 3", rows)
+			}
+		})
+	}
+}
