@@ -61,7 +61,9 @@ type UsageReader interface {
 	// into the window).
 	Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error)
 	// TrimUsage deletes rows older than minute before, except the newest
-	// row of each key of kind carryKind, which carries a level forward.
+	// row of each key of kind carryKind, which carries a level forward,
+	// when that level is not zero: no row carries zero as well, and an
+	// ended task's level ends at zero, so its rows go too.
 	TrimUsage(ctx context.Context, before int64, carryKind string) error
 }
 
@@ -135,7 +137,7 @@ func (m *Memory) TrimUsage(ctx context.Context, before int64, carryKind string) 
 	for k, r := range m.state.usage {
 		nk := k
 		nk.minute = 0
-		if r.Minute >= before || (r.Kind == carryKind && newest[nk] == r.Minute) {
+		if r.Minute >= before || (r.Kind == carryKind && newest[nk] == r.Minute && r.Amount != 0) {
 			kept[k] = r
 		}
 	}
