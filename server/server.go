@@ -87,6 +87,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	if cfg.Store.SnapshotEvery == 0 {
 		cfg.Store.SnapshotEvery = DefaultSnapshotEvery
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = engine.WallClock{}
+	}
 	cfg.fillLimits()
 	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
 		stopping: make(chan struct{}), fatal: make(chan error, 1), newSession: make(chan struct{}, 1)}
@@ -162,7 +165,7 @@ func (s *Server) recover(ctx context.Context) error {
 	for _, t := range s.cfg.Tenants {
 		tenantBounds[t.Name] = t.Bounds
 	}
-	engCfg := engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
+	engCfg := engine.Config{Clock: s.cfg.Clock, Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
 		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near}
 	eng, err := engine.New(engCfg)
 	if err != nil {
