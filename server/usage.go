@@ -177,8 +177,9 @@ func validCause(c string) error {
 	return nil
 }
 
-// trimUsage deletes usage records older than the retention.
-func (s *Server) trimUsage(ctx context.Context) {
+// trimUsage deletes usage records older than the retention as of now
+// (housekeeping.go).
+func (s *Server) trimUsage(ctx context.Context, now time.Time) {
 	u, ok := s.st.(store.UsageReader)
 	if !ok {
 		return
@@ -187,9 +188,9 @@ func (s *Server) trimUsage(ctx context.Context) {
 	if keep == 0 {
 		keep = DefaultUsageRetention
 	}
-	before := usage.MinuteOf(s.cfg.Clock.Now().Add(-keep).UnixNano())
+	before := usage.MinuteOf(now.Add(-keep).UnixNano())
 	if err := u.TrimUsage(ctx, before, string(usage.HeldEnd)); err != nil {
-		s.log.Warn("trimming old usage records failed; the next snapshot tries again", "err", err)
+		s.log.Warn("trimming old usage records failed; the next trim, a minute on, tries again", "err", err)
 	}
 }
 
