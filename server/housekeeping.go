@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"runtime/debug"
 	"time"
@@ -11,7 +12,8 @@ import (
 //
 //   - it saves a snapshot once snapshot_every events have been committed
 //     since the last;
-//   - it trims usage records older than usage_retention, every minute;
+//   - it trims usage records older than usage_retention, as soon as
+//     another minute of them is: records are kept by the minute;
 //   - once ended tasks have been reclaimed in numbers (node_retention), it
 //     saves a snapshot of what is left, so that neither the store nor the
 //     memory store's copy in memory holds them any longer, and gives the
@@ -21,26 +23,21 @@ import (
 // came only after snapshot_every events, so an idle governord kept its last
 // busy minute, in its store and in its memory, for good (issue 25).
 
-const (
-	// usageTrimEvery is how often usage records are trimmed: they are kept
-	// by the minute, so trimming sooner finds nothing new.
-	usageTrimEvery = time.Minute
-	// reclaimedForSnapshot is how many fewer nodes than the last snapshot
-	// holds make one worth saving now, if that is at least half of them
-	// too: a snapshot costs about what it holds, so one of what is left
-	// after most was reclaimed is cheap, and it comes once per halving.
-	reclaimedForSnapshot = 1000
-)
+// reclaimedForSnapshot is how many fewer nodes than the last snapshot
+// holds make one worth saving now, if that is at least half of them too:
+// a snapshot costs about what it holds, so one of what is left after most
+// was reclaimed is cheap, and it comes once per halving.
+const reclaimedForSnapshot = 1000
 
 // housekeeping returns the func to call every second. It runs on one
 // goroutine, the only one that uses the mirror after start.
 func (s *Server) housekeeping(ctx context.Context) func() {
 	last := saved{seq: s.eng.Seq(), nodes: s.mirror.nodes()}
-	var trimmed time.Time // zero: trim at the first call
+	trimmed := int64(math.MinInt64) // the minute trimmed before; none yet
 	return func() {
-		if now := s.cfg.Clock.Now(); now.Sub(trimmed) >= usageTrimEvery {
-			s.trimUsage(ctx, now)
-			trimmed = now
+		if before := s.usageCutoff(s.cfg.Clock.Now()); before > trimmed {
+			s.trimUsage(ctx, before)
+			trimmed = before // a failure is tried again with the next minute
 		}
 		s.flights.forgetAbandoned(time.Now()) // abandoned as the wall clock tells
 		// Keep the mirror's queue short, and learn what it holds.

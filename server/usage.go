@@ -177,20 +177,25 @@ func validCause(c string) error {
 	return nil
 }
 
-// trimUsage deletes usage records older than the retention as of now
-// (housekeeping.go).
-func (s *Server) trimUsage(ctx context.Context, now time.Time) {
-	u, ok := s.st.(store.UsageReader)
-	if !ok {
-		return
-	}
+// usageCutoff is the minute before which usage records are past the
+// retention at now.
+func (s *Server) usageCutoff(now time.Time) int64 {
 	keep := s.cfg.Store.UsageRetention
 	if keep == 0 {
 		keep = DefaultUsageRetention
 	}
-	before := usage.MinuteOf(now.Add(-keep).UnixNano())
+	return usage.MinuteOf(now.Add(-keep).UnixNano())
+}
+
+// trimUsage deletes the usage records of the minutes before before
+// (housekeeping.go).
+func (s *Server) trimUsage(ctx context.Context, before int64) {
+	u, ok := s.st.(store.UsageReader)
+	if !ok {
+		return
+	}
 	if err := u.TrimUsage(ctx, before, string(usage.HeldEnd)); err != nil {
-		s.log.Warn("trimming old usage records failed; the next trim, a minute on, tries again", "err", err)
+		s.log.Warn("trimming old usage records failed; the next minute's trim tries again", "err", err)
 	}
 }
 
