@@ -452,7 +452,9 @@ func (s *Server) serve() error {
 			return fmt.Errorf("listen %s: %w", s.cfg.MetricsListen, err)
 		}
 		s.httpLis = hl
-		s.httpSrv = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 10 * time.Second}
+		// A scraper that leaves its connections open must not keep their
+		// buffers: idle ones close after a minute.
+		s.httpSrv = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

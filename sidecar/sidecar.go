@@ -150,7 +150,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 
 	s.serve("http", func() error { return s.http.Serve(s.ln) })
 	if s.mln != nil {
-		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}
+		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, IdleTimeout: DefaultIdleTimeout}
 		s.serve("metrics", func() error { return s.msrv.Serve(s.mln) })
 	}
 	s.servePGWire()
