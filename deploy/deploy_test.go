@@ -366,10 +366,10 @@ func TestAlertRulesPromtool(t *testing.T) {
 	}
 }
 
-// designLabels are the label names DESIGN.md gives metrics.
+// designLabels are the label names the contract gives metrics (docs/metric-labels.md).
 var designLabels = []string{"tenant", "class", "resource", "rule", "status"}
 
-// otherLabels are the labels the code uses beyond DESIGN's, each on
+// otherLabels are the labels the code uses beyond the contract's, each on
 // configuration-bound values (never a task, a lease or a URL). They are
 // listed so that a new one fails this test and gets decided on purpose.
 var otherLabels = map[string]string{
@@ -409,7 +409,7 @@ func TestMetricLabels(t *testing.T) {
 		case slices.Contains(designLabels, l):
 		case otherLabels[l] != "":
 		default:
-			t.Errorf("label %q (on %v) is neither DESIGN's (%v) nor one decided on (otherLabels)", l, names, designLabels)
+			t.Errorf("label %q (on %v) is neither the contract's (%v) nor one decided on (otherLabels)", l, names, designLabels)
 		}
 	}
 	sort.Strings(found)

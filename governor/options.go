@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// The environment every Governor client reads (see DESIGN.md).
+// The environment every Governor client reads (README, "Configuration and contract").
 const (
 	EnvAddr   = "GOVERNOR_ADDR"
 	EnvAPIKey = "GOVERNOR_API_KEY"

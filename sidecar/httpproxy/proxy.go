@@ -24,10 +24,18 @@
 //     and metadata addresses (targets.go: the allow list, CONNECT's ports,
 //     governord's addresses).
 //   - auth.go: the proxy password, when the config names one.
+//   - intercept.go: CONNECT tunnels to the hosts http.intercept lists,
+//     terminated here: the handshake with a minted certificate, and the
+//     decrypted connection served by net/http (HTTP/1.1 and HTTP/2), each
+//     request handed to ServeHTTP as an https:// request.
 //   - meter.go: metered LLM calls (a meter: rule): the estimate held before
 //     forwarding, the response body read for its usage as it passes, the
-//     settlement, and denials in the provider's error shape.
-//   - deny.go: the one rendering of a denial as HTTP.
+//     settlement, an estimate over what is left (on_over_estimate), and
+//     denials in the provider's error shape.
+//   - ratelimit.go: the RateLimit headers and Governor-Warning of a
+//     governed response, and the dry runs of rules in shadow mode.
+//   - deny.go: the one rendering of a denial as HTTP; grpc.go: the same as a
+//     gRPC status, for a gRPC call.
 //   - tracing.go: the spans of a request, while tracing is on.
 //   - metrics.go: the HTTP side's series.
 //
