@@ -1,6 +1,8 @@
 // Package sqlclass classifies SQL text for the rules: each statement's
 // kinds and the tables it names. governor-proxy's pgwire side and governor
-// explain use it. It may import the standard library and classify.
+// explain use it, and package classify takes its kinds of statement from
+// it. It may import only the standard library: the lexer and the
+// classifier do not depend on the rules.
 //
 // # A careful lexer, not a parser
 //

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"unicode/utf16"
 	"unicode/utf8"
-
-	"github.com/governor-project/governor/classify"
 )
 
 // checkClass holds a Class to what every Class must be: known kinds,
@@ -16,7 +14,7 @@ import (
 func checkClass(t *testing.T, sql string, c *Class) {
 	t.Helper()
 	known := map[string]bool{}
-	for _, k := range classify.SQLKinds() {
+	for _, k := range Kinds() {
 		known[k] = true
 	}
 	if len(c.Statements) > MaxStatements {
@@ -42,7 +40,7 @@ func checkClass(t *testing.T, sql string, c *Class) {
 			}
 		}
 		names += len(s.Tables)
-		if slicesHas(s.Kinds, classify.KindUnknown) && (len(s.Kinds) != 1 || len(s.Tables) != 0 || s.Execute != "") {
+		if slicesHas(s.Kinds, KindUnknown) && (len(s.Kinds) != 1 || len(s.Tables) != 0 || s.Execute != "") {
 			t.Fatalf("%.200q: an unknown statement with more: %+v", sql, s)
 		}
 		if (s.Op == OpPrepare) != (s.Prepared != nil) {
@@ -128,7 +126,7 @@ func FuzzNesting(f *testing.F) {
 			t.Fatalf("%.100q: no statement", sql)
 		}
 		deep := int(reps)*n.levels > MaxDepth
-		unknown := slicesHas(c.Statements[0].Kinds, classify.KindUnknown)
+		unknown := slicesHas(c.Statements[0].Kinds, KindUnknown)
 		if deep && !unknown {
 			t.Fatalf("%d levels of %q: %s, want unknown", reps, n.open, renderStatement(&c.Statements[0]))
 		}
