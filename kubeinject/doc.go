@@ -28,5 +28,6 @@
 //
 // It may import the standard library, k8s.io/api, k8s.io/apimachinery,
 // sigs.k8s.io/yaml and gopkg.in/yaml.v3; never Helm, client-go or the rest
-// of Governor, so that the governor CLI stays small.
+// of Governor, so that the governor CLI stays small. (Its tests import the
+// sidecar, to hold the places it assumes to the sidecar's defaults.)
 package kubeinject

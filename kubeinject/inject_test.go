@@ -83,6 +83,12 @@ func TestAnnotationErrors(t *testing.T) {
 			t.Errorf("%v: %v; want an error of %s saying %q", tc.pod.Annotations, err, tc.annotation, tc.says)
 		}
 	}
+	// A pod that has the sidecar is left as it is, whatever it asks.
+	has := podWith(map[string]string{AnnotationConfig: "", "governor.dev/typo": "x"})
+	has.Spec.InitContainers = []corev1.Container{{Name: ProxyContainer}}
+	if outcome, err := Inject(has, DefaultConfig()); outcome != AlreadyInjected || err != nil {
+		t.Errorf("a pod with its sidecar and bad annotations: %s, %v", outcome, err)
+	}
 	// Names the injector would add, already taken.
 	taken := podWith(nil)
 	taken.Spec.Volumes = []corev1.Volume{{Name: configVolume}}

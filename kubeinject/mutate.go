@@ -81,15 +81,21 @@ const (
 // Inject adds the sidecar to pod in place, if its annotations ask for it
 // and it has none yet. On an error pod may be half changed: inject a copy.
 func Inject(pod *corev1.Pod, cfg Config) (Outcome, error) {
-	if pod.Annotations[AnnotationInject] == "false" {
+	switch v, ok := pod.Annotations[AnnotationInject]; {
+	case !ok:
+		return NotAsked, nil
+	case v == "false":
 		return OptedOut, nil
+	case hasContainer(pod.Spec, ProxyContainer):
+		// Whatever its annotations say: it is left as it is.
+		return AlreadyInjected, nil
 	}
 	inject, req, err := readAnnotations(pod.Annotations)
-	if err != nil || !inject {
-		return NotAsked, err
+	if err != nil {
+		return "", err
 	}
-	if hasContainer(pod.Spec, ProxyContainer) {
-		return AlreadyInjected, nil
+	if !inject {
+		return NotAsked, nil
 	}
 	if err := checkFree(pod.Spec, req); err != nil {
 		return "", err
