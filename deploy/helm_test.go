@@ -361,11 +361,18 @@ func checkNativeSidecar(t *testing.T, spec corev1.PodSpec) {
 	}
 	p := spec.InitContainers[0]
 	if p.RestartPolicy == nil || *p.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Errorf("%s is not a native sidecar: restartPolicy %v", p.Name, p.RestartPolicy)
+		t.Errorf("%s is not a native sidecar: restartPolicy %s", p.Name, restartPolicyOf(p))
 	}
 	if slices.ContainsFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == kubeinject.ProxyContainer }) {
 		t.Errorf("%s is among the app containers too", kubeinject.ProxyContainer)
 	}
+}
+
+func restartPolicyOf(c corev1.Container) string {
+	if c.RestartPolicy == nil {
+		return "unset"
+	}
+	return string(*c.RestartPolicy)
 }
 
 func secretCert(t *testing.T, objs []renderedObject, name, key string) *x509.Certificate {

@@ -155,7 +155,7 @@ func checkInjected(t *testing.T, pod *corev1.Pod) {
 	}
 	proxy := spec.InitContainers[i]
 	if proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Errorf("%s is not a native sidecar: restartPolicy %v", ProxyContainer, proxy.RestartPolicy)
+		t.Errorf("%s is not a native sidecar: restartPolicy %q", ProxyContainer, ptrValue(proxy.RestartPolicy))
 	}
 	want := 0
 	if pod.Annotations[AnnotationIntercept] != "" {
@@ -206,4 +206,11 @@ func envOf(c corev1.Container, name string) string {
 		}
 	}
 	return ""
+}
+
+func ptrValue[T any](p *T) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
 }
