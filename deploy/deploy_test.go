@@ -1,9 +1,11 @@
-// Package deploy holds deployment examples: the Kubernetes manifests, a
-// Grafana dashboard and Prometheus alerting rules. Its tests hold them to the
-// code: the manifests decode strictly with Kubernetes' own types and their
-// embedded configs load with the real config parsers, and every query of the
-// dashboard and the rules parses and names only metrics and labels that
-// governord's or the sidecar's registry describes.
+// Package deploy holds deployment examples: the Helm chart (helm/governor),
+// the plain Kubernetes manifests generated from it, a Grafana dashboard and
+// Prometheus alerting rules. Its tests hold them to the code: the manifests
+// and the chart, rendered with Helm's library (helm_test.go), decode
+// strictly with Kubernetes' own types and their embedded configs load with
+// the real config parsers, and every query of the dashboard and the rules
+// parses and names only metrics and labels that governord's or the
+// sidecar's registry describes.
 package deploy
 
 import (
@@ -26,9 +28,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"gopkg.in/yaml.v3"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
@@ -464,6 +471,24 @@ func decodeManifest(doc []byte) (any, error) {
 		obj = &appsv1.StatefulSet{}
 	case "apps/v1 Deployment":
 		obj = &appsv1.Deployment{}
+	case "policy/v1 PodDisruptionBudget":
+		obj = &policyv1.PodDisruptionBudget{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
+	case "admissionregistration.k8s.io/v1 MutatingWebhookConfiguration":
+		obj = &admissionregistrationv1.MutatingWebhookConfiguration{}
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		obj = &monitoringv1.ServiceMonitor{}
+	case "monitoring.coreos.com/v1 PodMonitor":
+		obj = &monitoringv1.PodMonitor{}
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		obj = &monitoringv1.PrometheusRule{}
+	// cert-manager's module is too large to depend on for two kinds: these
+	// hold the fields the chart writes (helm_test.go).
+	case "cert-manager.io/v1 Certificate":
+		obj = &certManagerCertificate{}
+	case "cert-manager.io/v1 Issuer":
+		obj = &certManagerIssuer{}
 	default:
 		return nil, fmt.Errorf("%s %s: a kind this test does not know", head.APIVersion, head.Kind)
 	}
@@ -570,6 +595,7 @@ func setManifestEnv(t *testing.T) {
 	t.Setenv("PAYMENTS_KEY", "p")
 	t.Setenv("GOVERNOR_API_KEY", "p")
 	t.Setenv("POD_NAME", "crawler-0")
+	t.Setenv("GOVERNOR_TASK", "crawler-0") // the injected sidecar's
 }
 
 func TestKubernetesConfigsLoad(t *testing.T) {

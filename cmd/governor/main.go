@@ -71,6 +71,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return doctor(args[1:], stdout, stderr)
 	case "ca":
 		return caCmd(args[1:], stdout, stderr)
+	case "inject":
+		return injectCmd(args[1:], stdin, stdout, stderr) // inject.go
 	case "hook":
 		return hook(args[1:], stdin, stdout, stderr)
 	case "top", "ui":
