@@ -8,6 +8,7 @@
 //	governor usage [-since 24h] [-format table|csv|json]
 //	governor doctor [-config governord.yaml] [-proxy-config proxy.yaml] [-json]
 //	governor ca create -out DIR [-hosts api.openai.com,*.stripe.com] [-validity 90d]
+//	governor inject -f deployment.yaml | governor inject serve -tls-cert F -tls-key K
 //	governor hook -agent claude|codex [-max-calls N] ...
 //	governor top   (or governor ui)
 //
@@ -15,7 +16,9 @@
 // earlier rule did not, and what the proxy would charge and hold for it.
 // hash-key prints the SHA-256 of an API key read from stdin, for
 // governord's api_key_sha256. ca create makes the CA of governor-proxy's
-// HTTPS interception (ca.go). The others talk to governord, reading the
+// HTTPS interception (ca.go). inject adds governor-proxy to the pods
+// annotated for it, as a command or as Kubernetes' admission webhook
+// (inject.go, package kubeinject). The others talk to governord, reading the
 // environment the SDK reads (GOVERNOR_ADDR, GOVERNOR_API_KEY, GOVERNOR_TLS,
 // GOVERNOR_CA_FILE); docs/cli.md describes each. The files: caps.go, tenant.go,
 // usage.go, doctor*.go, hook.go, top.go (its screen is package cli/top),
@@ -45,6 +48,7 @@ commands:
   usage     what each tenant and task spent, held and was refused over a window
   doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams, the interception CA
   ca        create: the CA governor-proxy signs intercepted hosts' certificates with
+  inject    add governor-proxy to annotated pods: -f prints injected manifests; serve is the admission webhook
   hook      a PreToolUse hook for Claude Code and Codex: budgets of tool calls, subagents and time
   top       a live view of the tree (alias: ui); edits caps with a reason
 
