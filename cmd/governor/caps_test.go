@@ -232,3 +232,20 @@ func TestCapsRefusals(t *testing.T) {
 		t.Fatalf("caps get as admin:\n%s", out)
 	}
 }
+
+// The root, which every command prints as "/", is found by that name too:
+// caps get / shows it to the admin, and a tenant's key is told it is not
+// there for it, as for any node outside its scope.
+func TestCapsGetRoot(t *testing.T) {
+	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 40}} })
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	code, out, errOut := gov(t, "caps", "get", "/")
+	if code != 0 || !strings.HasPrefix(out, "/  (id 1, root, open)\n") || !strings.Contains(out, "db  0/40") {
+		t.Fatalf("caps get / as admin: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	if code, out, errOut := gov(t, "caps", "get", "/"); code != 1 || !strings.Contains(errOut, `node "/"`) || !strings.Contains(errOut, "not found") {
+		t.Fatalf("caps get / with a tenant's key: exit %d, want 1 and not found\n%s%s", code, out, errOut)
+	}
+}
