@@ -28,7 +28,7 @@ KEY is quota.RESOURCE, limit.CLASS, default_quota.RESOURCE,
 default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
 A quota or limit may add how it is enforced: VALUE:hard (the default),
 VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
-refused) or VALUE:warn_only (never refused; would-be denials are recorded),
+refused; N > 0) or VALUE:warn_only (never refused; would-be denials are recorded),
 e.g. quota.tokens=50000:soft:burst=5000. min.CLASS=N sets a tenant's
 reserved minimum of a pool class (0 removes it).
 -for makes the change a temporary override that governord reverts by itself.
@@ -74,8 +74,9 @@ func caps(args []string, stdout, stderr io.Writer) int {
 		if err == nil && strings.TrimSpace(*reason) == "" {
 			err = fmt.Errorf("-reason is required: say why, it is kept in the audit trail")
 		}
-		if err == nil && *forDur < 0 {
-			err = fmt.Errorf("-for %v is negative", *forDur)
+		if err == nil && flagSet(fs, "for") && *forDur <= 0 {
+			// 0 would make a permanent change that reads as a temporary one.
+			err = fmt.Errorf("-for %v: an override lasts a positive duration; leave -for out for a permanent change", *forDur)
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, "governor caps set:", err)
@@ -204,6 +205,11 @@ func parseCapMode(key, kind, text string, v int64) (*governorpb.CapMode, error) 
 			return nil, fmt.Errorf("%s: a burst applies only to a soft cap", key)
 		}
 		m.Burst = n
+	}
+	if name == "soft" && m.Burst == 0 {
+		// governord takes it, and it refuses at the cap as hard does: a
+		// rollout meant to let work past the cap would not.
+		return nil, fmt.Errorf("%s: a soft cap needs a burst, soft:burst=N with N > 0 (work may go N past the cap); without one it refuses at the cap, as hard does", key)
 	}
 	return m, nil
 }

@@ -249,3 +249,69 @@ func TestCapsGetRoot(t *testing.T) {
 		t.Fatalf("caps get / with a tenant's key: exit %d, want 1 and not found\n%s%s", code, out, errOut)
 	}
 }
+
+// capsOfNode reads a node's caps and their modes from governord.
+func capsOfNode(t *testing.T, admin governorpb.GovernorClient, path string) *governorpb.Node {
+	t.Helper()
+	n, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: path})
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
+}
+
+// -for 0s would make a permanent change under a flag that says it is
+// temporary: it is refused like a negative one, with nothing changed, and
+// says what to do instead.
+func TestCapsSetForZeroIsRefused(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	if _, err := admin.CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "job", Quotas: map[string]int64{"tokens": 100}}}); err != nil {
+		t.Fatal(err)
+	}
+	for d, said := range map[string]string{"0s": "-for 0s", "0": "-for 0s", "-5s": "-for -5s"} {
+		code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.tokens=500", "-reason", "incident 7", "-for", d)
+		if code != 2 || !strings.Contains(errOut, said+": an override lasts a positive duration") ||
+			!strings.Contains(errOut, "leave -for out for a permanent change") {
+			t.Errorf("-for %s: exit %d, want 2 saying why\n%s%s", d, code, out, errOut)
+		}
+	}
+	if got := capsOfNode(t, admin, "payments/job").GetQuotas()["tokens"]; got != 100 {
+		t.Fatalf("after the refused edits quota tokens is %d, want 100 unchanged", got)
+	}
+	code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.tokens=500", "-reason", "incident 7", "-for", "1h")
+	if code != 0 || !strings.Contains(out, "temporary: reverts by itself in 1h0m0s") {
+		t.Fatalf("-for 1h: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// A soft cap without a burst refuses at the cap, as a hard one does: the
+// command refuses to set one, naming the key and saying so, rather than
+// setting "soft (burst 0)" silently.
+func TestCapsSetSoftNeedsABurst(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	if _, err := admin.CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "job"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"quota.x=5:soft", "quota.x=5:soft:burst=0", "limit.db=3:soft"} {
+		code, out, errOut := gov(t, "caps", "set", "payments/job", v, "-reason", "roll out")
+		key, _, _ := strings.Cut(v, "=")
+		if code != 2 || !strings.Contains(errOut, key+": a soft cap needs a burst") || !strings.Contains(errOut, "as hard does") {
+			t.Errorf("%s: exit %d, want 2 naming %s\n%s%s", v, code, key, out, errOut)
+		}
+	}
+	if n := capsOfNode(t, admin, "payments/job"); len(n.GetQuotas()) != 0 || len(n.GetLimits()) != 0 {
+		t.Fatalf("the refused edits set caps: %v %v", n.GetQuotas(), n.GetLimits())
+	}
+	code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.x=5:soft:burst=2", "-reason", "roll out")
+	if code != 0 || !strings.Contains(out, "quota.x mode: hard -> soft (burst 2)") {
+		t.Fatalf("soft:burst=2: exit %d\n%s%s", code, out, errOut)
+	}
+}

@@ -132,3 +132,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 var errUsage = errors.New("usage")
+
+// flagSet reports whether the flag name was given on the command line, as
+// opposed to left at its default.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
