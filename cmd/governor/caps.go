@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -223,13 +224,33 @@ func putMode(m *map[string]*governorpb.CapMode, key string, v *governorpb.CapMod
 
 // capView is what caps get prints, also as JSON.
 type capView struct {
-	ID        int64       `json:"id"`
-	Path      string      `json:"path"`
-	Kind      string      `json:"kind"`
-	State     string      `json:"state"`
+	ID    int64  `json:"id"`
+	Path  string `json:"path"`
+	Kind  string `json:"kind"`
+	State string `json:"state"`
+	// What decides how a contended pool is shared: a tenant's weight in
+	// the fair queue across tenants and its reserved minimums, and the
+	// node's priority within its tenant.
+	Weight   int64         `json:"weight,omitempty"`
+	Priority int64         `json:"priority"`
+	Minimums []minimumLine `json:"minimums,omitempty"`
+	// Defaults are the caps each child created under the node later gets.
+	Defaults  defaultCaps `json:"defaults"`
 	Quotas    []capLine   `json:"quotas"`
 	Limits    []capLine   `json:"limits"`
 	Effective []effective `json:"effective"`
+}
+
+type minimumLine struct {
+	Class string     `json:"class"`
+	Min   int64      `json:"min"`
+	From  *time.Time `json:"valid_from,omitempty"`
+	Until *time.Time `json:"valid_until,omitempty"`
+}
+
+type defaultCaps struct {
+	Quotas map[string]int64 `json:"quotas"`
+	Limits map[string]int64 `json:"limits"`
 }
 
 type capLine struct {
@@ -277,12 +298,31 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
 	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
 	v.Effective = tightest(chain)
+	v.Priority = n.GetPriority()
+	v.Defaults = defaultCaps{Quotas: orEmpty(n.GetDefaultQuotas()), Limits: orEmpty(n.GetDefaultLimits())}
+	if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+		v.Weight = n.GetWeight()
+		for _, class := range slices.Sorted(maps.Keys(n.GetMinimums())) {
+			m := n.GetMinimums()[class]
+			ml := minimumLine{Class: class, Min: m.GetMin()}
+			if m.GetValidFrom() != nil {
+				t := m.GetValidFrom().AsTime()
+				ml.From = &t
+			}
+			if m.GetValidUntil() != nil {
+				t := m.GetValidUntil().AsTime()
+				ml.Until = &t
+			}
+			v.Minimums = append(v.Minimums, ml)
+		}
+	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
 	fmt.Fprintf(out, "%s  (id %d, %s, %s)\n", v.Path, v.ID, v.Kind, v.State)
+	printSharing(out, v, n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	section := func(title string, ls []capLine) {
 		fmt.Fprintf(tw, "%s\n", title)
@@ -324,6 +364,43 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		fmt.Fprintf(tw, "  (caps above %s are outside this key's scope)\n", top.GetName())
 	}
 	return tw.Flush()
+}
+
+// printSharing prints what decides how a contended pool is shared and what
+// the node's new children get: a tenant's weight and minimums, the
+// priority, the defaults.
+func printSharing(out io.Writer, v capView, tenant bool) {
+	if tenant {
+		fmt.Fprintf(out, "sharing: weight %d, priority %d\n", v.Weight, v.Priority)
+		var mins []string
+		for _, m := range v.Minimums {
+			s := fmt.Sprintf("%s %d", m.Class, m.Min)
+			var when []string
+			if m.From != nil {
+				when = append(when, "from "+m.From.UTC().Format(time.DateTime))
+			}
+			if m.Until != nil {
+				when = append(when, "until "+m.Until.UTC().Format(time.DateTime))
+			}
+			if len(when) > 0 {
+				s += " (" + strings.Join(when, " ") + " UTC)"
+			}
+			mins = append(mins, s)
+		}
+		fmt.Fprintf(out, "minimums: %s\n", cmp.Or(strings.Join(mins, ", "), "none"))
+	} else {
+		fmt.Fprintf(out, "sharing: priority %d\n", v.Priority)
+	}
+	var defs []string
+	for _, side := range []struct {
+		kind string
+		caps map[string]int64
+	}{{"quota", v.Defaults.Quotas}, {"limit", v.Defaults.Limits}} {
+		for _, k := range slices.Sorted(maps.Keys(side.caps)) {
+			defs = append(defs, fmt.Sprintf("%s %s=%d", side.kind, k, side.caps[k]))
+		}
+	}
+	fmt.Fprintf(out, "defaults for new children: %s\n", cmp.Or(strings.Join(defs, ", "), "none"))
 }
 
 // tightest finds, for every resource and class capped anywhere on chain

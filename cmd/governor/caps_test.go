@@ -11,6 +11,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
@@ -313,5 +314,58 @@ func TestCapsSetSoftNeedsABurst(t *testing.T) {
 	code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.x=5:soft:burst=2", "-reason", "roll out")
 	if code != 0 || !strings.Contains(out, "quota.x mode: hard -> soft (burst 2)") {
 		t.Fatalf("soft:burst=2: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// caps get shows what decides how a contended pool is shared, and what new
+// children get: a tenant's weight, priority, reserved minimums (with their
+// window) and defaults; a task's priority and defaults. The JSON carries
+// the same.
+func TestCapsGetShowsSharing(t *testing.T) {
+	until := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	srv := govtest.Start(t, func(c *server.Config) {
+		c.Root = server.Caps{Limits: map[string]int64{"db": 40}}
+		c.Tenants[0].Weight = 4
+		c.Tenants[0].Defaults = server.Caps{Quotas: map[string]int64{"retry": 3}, Limits: map[string]int64{"db": 5}}
+		c.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 10, Until: until.UnixNano()}}
+	})
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if _, err := adminRPC(t, srv.Addr()).CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "batch", Priority: -2, DefaultQuotas: map[string]int64{"tokens": 500}}}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := gov(t, "caps", "get", "payments")
+	want := "payments  (id 2, tenant, open)\n" +
+		"sharing: weight 4, priority 0\n" +
+		"minimums: db 10 (until 2031-01-02 03:04:05 UTC)\n" +
+		"defaults for new children: quota retry=3, limit db=5\n"
+	if code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("caps get payments: exit %d; want it to begin\n%s\ngot\n%s%s", code, want, out, errOut)
+	}
+	code, out, errOut = gov(t, "caps", "get", "payments/batch")
+	want = "payments/batch  (id 3, task, open)\n" +
+		"sharing: priority -2\n" +
+		"defaults for new children: quota tokens=500, limit db=5\n" // its own, and the limit it inherited
+	if code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("caps get payments/batch: exit %d; want it to begin\n%s\ngot\n%s%s", code, want, out, errOut)
+	}
+	var doc struct {
+		Weight   int64
+		Priority int64
+		Minimums []struct {
+			Class      string
+			Min        int64
+			ValidUntil *time.Time `json:"valid_until"`
+		}
+		Defaults struct{ Quotas, Limits map[string]int64 }
+	}
+	_, js, _ := gov(t, "caps", "get", "-json", "payments")
+	if err := json.Unmarshal([]byte(js), &doc); err != nil {
+		t.Fatalf("caps get -json: %v\n%s", err, js)
+	}
+	if doc.Weight != 4 || len(doc.Minimums) != 1 || doc.Minimums[0].Min != 10 || doc.Minimums[0].ValidUntil == nil ||
+		!doc.Minimums[0].ValidUntil.Equal(until) || doc.Defaults.Quotas["retry"] != 3 || doc.Defaults.Limits["db"] != 5 {
+		t.Fatalf("caps get -json: %+v\n%s", doc, js)
 	}
 }
