@@ -14,13 +14,14 @@ import (
 	"github.com/charmbracelet/lipgloss"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // DefaultRefresh is how often the screen asks governord again.
 const DefaultRefresh = time.Second
 
 // detailLines is the height of the panel about the selected node.
-const detailLines = 12
+const detailLines = 13
 
 // mode is what the keyboard is doing.
 type mode int
@@ -52,6 +53,7 @@ type Model struct {
 
 	tree     *governorpb.ListTreeResponse
 	inspect  *governorpb.Inspection // the selected node's
+	state    *tenantstate.State     // the selected node's, when it is a tenant
 	pool     *governorpb.Inspection // the whole view's
 	treeAt   time.Time              // when tree last arrived
 	err      error                  // the last fetch's failure; nil once one works
@@ -99,6 +101,7 @@ type (
 	frameMsg struct {
 		tree    *governorpb.ListTreeResponse
 		inspect *governorpb.Inspection // the selected node's
+		state   *tenantstate.State     // the selected node's, when it is a tenant
 		pool    *governorpb.Inspection // the whole view's, for the header
 		err     error
 		at      time.Time
@@ -143,7 +146,16 @@ func (m *Model) fetch() tea.Cmd {
 				in = nil // the node may have just ended; the tree still shows
 			}
 		}
-		return frameMsg{tree: tree, inspect: in, pool: pool, at: now()}
+		f := frameMsg{tree: tree, inspect: in, pool: pool, at: now()}
+		for _, n := range tree.GetNodes() {
+			if id := n.GetId(); (id == sel || sel == 0 && id == top) && n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+				if st, err := src.TenantState(ctx, n); err == nil {
+					f.state = &st
+				}
+				break
+			}
+		}
+		return f
 	}
 }
 
@@ -197,7 +209,7 @@ func (m *Model) apply(f frameMsg) {
 		}
 		m.prevSeq, m.prevAt = f.pool.GetSeq(), f.at
 	}
-	m.tree, m.inspect, m.pool, m.treeAt = f.tree, f.inspect, f.pool, f.at
+	m.tree, m.inspect, m.state, m.pool, m.treeAt = f.tree, f.inspect, f.state, f.pool, f.at
 	m.rebuild()
 }
 
@@ -507,6 +519,9 @@ func (m *Model) header() string {
 func (m *Model) rowText(r row) string {
 	n := r.node
 	name := strings.Repeat("  ", r.depth) + n.GetName()
+	if st := n.GetTenantState(); st != "" && st != tenantstate.Active {
+		name += " [" + st + "]" // the tenant refuses work: seen without selecting it
+	}
 	quota := ""
 	if k, c, u, ok := fullest(n.GetQuotas(), n.GetUsed(), n.GetReserved()); ok {
 		quota = fmt.Sprintf("%s %d/%d %s", k, u, c, bar(u, c, 10))
@@ -555,6 +570,9 @@ func (m *Model) detail() []string {
 		r := m.rows[m.cursor]
 		n := r.node
 		add("%s  (id %d)", headerStyle.Render(cmp.Or(r.path, n.GetName())), n.GetId())
+		if st := m.state; st != nil && m.selected == n.GetId() {
+			add("state: %s", st.Text(m.now()))
+		}
 		var quotas, limits []string
 		for _, k := range slices.Sorted(maps.Keys(n.GetQuotas())) {
 			quotas = append(quotas, fmt.Sprintf("%s %d/%d", k, n.GetUsed()[k]+n.GetReserved()[k], n.GetQuotas()[k]))

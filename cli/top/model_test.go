@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // fakeSource records cap edits; the tests feed frames by hand.
@@ -26,6 +27,10 @@ func (f *fakeSource) Tree(context.Context) (*governorpb.ListTreeResponse, error)
 
 func (f *fakeSource) Inspect(context.Context, int64) (*governorpb.Inspection, error) {
 	return nil, errors.New("not used")
+}
+
+func (f *fakeSource) TenantState(context.Context, *governorpb.Node) (tenantstate.State, error) {
+	return tenantstate.State{}, errors.New("not used")
 }
 
 func (f *fakeSource) SetCap(_ context.Context, node int64, limit bool, name string, value int64, reason string) error {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 const capsUsage = `usage:
@@ -235,10 +236,20 @@ type capView struct {
 	Priority int64         `json:"priority"`
 	Minimums []minimumLine `json:"minimums,omitempty"`
 	// Defaults are the caps each child created under the node later gets.
-	Defaults  defaultCaps `json:"defaults"`
-	Quotas    []capLine   `json:"quotas"`
-	Limits    []capLine   `json:"limits"`
-	Effective []effective `json:"effective"`
+	Defaults defaultCaps `json:"defaults"`
+	// TenantState is the state of the node's tenant (the node itself, or
+	// the tenant above it): what it refuses, why, who set it and since
+	// when. Absent above the tenants, and for a key that cannot see it.
+	TenantState *tenantState `json:"tenant_state,omitempty"`
+	Quotas      []capLine    `json:"quotas"`
+	Limits      []capLine    `json:"limits"`
+	Effective   []effective  `json:"effective"`
+}
+
+// tenantState is a tenant's state, and which tenant it is.
+type tenantState struct {
+	Tenant string `json:"tenant"`
+	tenantstate.State
 }
 
 type minimumLine struct {
@@ -316,12 +327,28 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 			v.Minimums = append(v.Minimums, ml)
 		}
 	}
+	for _, a := range chain {
+		st, ok, err := tenantstate.Of(ctx, rpc, a)
+		if err != nil {
+			return err
+		}
+		if ok {
+			v.TenantState = &tenantState{Tenant: a.GetName(), State: st}
+		}
+	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
 	fmt.Fprintf(out, "%s  (id %d, %s, %s)\n", v.Path, v.ID, v.Kind, v.State)
+	if ts := v.TenantState; ts != nil {
+		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+			fmt.Fprintf(out, "state: %s\n", ts.Text(time.Now()))
+		} else if ts.State.State != tenantstate.Active {
+			fmt.Fprintf(out, "tenant %s: %s\n", ts.Tenant, ts.Text(time.Now()))
+		}
+	}
 	printSharing(out, v, n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	section := func(title string, ls []capLine) {

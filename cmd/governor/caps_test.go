@@ -337,6 +337,7 @@ func TestCapsGetShowsSharing(t *testing.T) {
 	}
 	code, out, errOut := gov(t, "caps", "get", "payments")
 	want := "payments  (id 2, tenant, open)\n" +
+		"state: active\n" +
 		"sharing: weight 4, priority 0\n" +
 		"minimums: db 10 (until 2031-01-02 03:04:05 UTC)\n" +
 		"defaults for new children: quota retry=3, limit db=5\n"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // treeWalk is the part of the tree a key sees, parents before children.
@@ -93,6 +94,7 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 			}
 		}
 		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+			out = append(out, tenantStateFinding(ctx, rpc, n, w)...)
 			for _, k := range slices.Sorted(maps.Keys(n.GetQuotas())) {
 				c, used := n.GetQuotas()[k], n.GetUsed()[k]+n.GetReserved()[k]
 				if c > 0 && float64(used) >= o.nearQuota*float64(c) {
@@ -109,6 +111,22 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 	}
 	out = append(out, finding{Check: "tree", Level: levelOK, Problem: fmt.Sprintf("%d open nodes looked over", len(w.nodes))})
 	return out, w
+}
+
+// tenantStateFinding says that tenant n refuses work by its state (an
+// operator's lever, but one that is easily left on after an incident), and
+// who set it, when and why.
+func tenantStateFinding(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, w *treeWalk) []finding {
+	if n.GetTenantState() == "" || n.GetTenantState() == tenantstate.Active {
+		return nil
+	}
+	st, _, err := tenantstate.Of(ctx, rpc, n)
+	problem := st.Text(time.Now())
+	if err != nil {
+		problem += " (" + plainStatus(err).Error() + ")"
+	}
+	return []finding{{Check: "tenants", Level: levelWarn, Subject: w.name(n.GetId()), Problem: problem,
+		Fix: fmt.Sprintf("when it is no longer wanted: governor tenant %s resume -reason ... (the admin key)", n.GetName())}}
 }
 
 // checkInspection looks for long leases, late heartbeats and long waits.
