@@ -64,6 +64,7 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 		return []finding{{Check: "tree", Level: levelError, Problem: "cannot list the tree: " + plainStatus(err).Error()}}, nil
 	}
 	var out []finding
+	noSubagents := 0 // agent sessions of governor hook -max-subagents 0
 	for _, n := range w.nodes {
 		for _, side := range []struct {
 			kind string
@@ -72,6 +73,10 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 			caps := side.caps(n)
 			for _, k := range slices.Sorted(maps.Keys(caps)) {
 				c := caps[k]
+				if c == 0 && side.kind == "quota" && k == resourceSubagents && isHookSession(n) {
+					noSubagents++ // the hook's own budget, as asked for
+					continue
+				}
 				if c == 0 {
 					out = append(out, finding{Check: "caps", Level: levelWarn, Subject: w.name(n.GetId()),
 						Problem: fmt.Sprintf("%s %s is 0: it admits nothing", side.kind, k),
@@ -104,6 +109,9 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 				}
 			}
 		}
+	}
+	if noSubagents > 0 {
+		out = append(out, finding{Check: "caps", Level: levelOK, Problem: fmt.Sprintf("%d agent sessions of governor hook may start no subagents (-max-subagents 0)", noSubagents)})
 	}
 	if w.cut {
 		out = append(out, finding{Check: "tree", Level: levelWarn, Problem: fmt.Sprintf("only the first %d nodes were looked over", o.maxNodes),

@@ -167,7 +167,7 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 		}
 		parent = n.GetId()
 	}
-	runName := nodeName("agent-", p.SessionID)
+	runName := nodeName(runPrefix, p.SessionID)
 	run, err := rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: parent, Spec: &governorpb.NodeSpec{Name: runName,
 		Quotas:   map[string]int64{resourceToolCalls: o.maxCalls, resourceSubagents: o.maxSubagents},
 		Deadline: timestamppb.New(time.Now().Add(o.maxDuration))}})
@@ -253,6 +253,18 @@ func endedBefore(ctx context.Context, rpc governorpb.GovernorClient, parent int6
 			return false
 		}
 	}
+}
+
+// runPrefix begins the name of an agent session's node.
+const runPrefix = "agent-"
+
+// isHookSession reports whether n is an agent session's node as the hook
+// makes it: named for the session, with both of the hook's budgets, so
+// that a budget of 0 (-max-subagents 0) is known to be the one asked for.
+func isHookSession(n *governorpb.Node) bool {
+	_, calls := n.GetQuotas()[resourceToolCalls]
+	_, subagents := n.GetQuotas()[resourceSubagents]
+	return strings.HasPrefix(n.GetName(), runPrefix) && calls && subagents
 }
 
 // nodeName is prefix and id, or prefix and id's hash when id is long or

@@ -267,3 +267,34 @@ func TestHookSubagentCalls(t *testing.T) {
 		}
 	}
 }
+
+// hookBin runs the built governor hook, as an agent CLI does.
+func hookBin(t *testing.T, stdin string, args ...string) hookResult {
+	t.Helper()
+	code, out, errOut := runCLI(t, buildCLI(t), stdin, append([]string{"hook"}, args...)...)
+	return hookResult{code, out, errOut}
+}
+
+// Agent sessions run with -max-subagents 0 have a subagents quota of 0 by
+// design: doctor says so once, as fine, instead of warning that each
+// admits nothing; a 0 on any other node is still a warning.
+func TestDoctorKnowsHookSessions(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	for _, session := range []string{"11111111-aaaa", "22222222-bbbb"} {
+		hookBin(t, payloadOf(t, "claude-pretooluse-bash.json", session, ""), "-agent", "claude", "-max-subagents", "0").allowed(t, session)
+	}
+	code, out, errOut := gov(t, "doctor")
+	if code != 0 || strings.Contains(out, "it admits nothing") ||
+		!strings.Contains(out, "OK    caps         2 agent sessions of governor hook may start no subagents (-max-subagents 0)") {
+		t.Fatalf("doctor over two hook sessions: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := adminRPC(t, srv.Addr()).CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "agent-by-hand", Quotas: map[string]int64{resourceSubagents: 0}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := gov(t, "doctor"); code != 1 || !strings.Contains(out, "payments/agent-by-hand: quota subagents is 0: it admits nothing") {
+		t.Fatalf("doctor over a node with a zero cap the hook did not make: exit %d\n%s", code, out)
+	}
+}
