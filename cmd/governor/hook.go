@@ -167,6 +167,12 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 		}
 		parent = n.GetId()
 	}
+	if parent == rootID {
+		// A session's node directly under the root would be a tenant of
+		// its own, outside every tenant's caps.
+		return verdict{message: "Governor's hook is misconfigured: its key is the admin key, scoped to the root, so -parent is required " +
+			"(a tenant or a node below one, e.g. -parent payments); stop and tell the user"}
+	}
 	runName := nodeName(runPrefix, p.SessionID)
 	run, err := rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: parent, Spec: &governorpb.NodeSpec{Name: runName,
 		Quotas:   map[string]int64{resourceToolCalls: o.maxCalls, resourceSubagents: o.maxSubagents},

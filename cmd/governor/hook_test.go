@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -273,6 +274,43 @@ func hookBin(t *testing.T, stdin string, args ...string) hookResult {
 	t.Helper()
 	code, out, errOut := runCLI(t, buildCLI(t), stdin, append([]string{"hook"}, args...)...)
 	return hookResult{code, out, errOut}
+}
+
+// With the admin key (scoped to the root) and no -parent, the hook would
+// make each agent session a tenant of its own under the root: it refuses,
+// saying -parent is required, and makes nothing; with -parent it works.
+func TestHookAdminKeyNeedsParent(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	for _, args := range [][]string{{"-agent", "claude"}, {"-agent", "claude", "-parent", "/"}} {
+		r := hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), args...)
+		if r.code == 0 && r.stdout == "" {
+			t.Fatalf("the admin key with %v: the call was let through, its session's node made under the root", args)
+		}
+		r.claudeDenied(t, fmt.Sprintf("the admin key with %v", args), false, "its key is the admin key, scoped to the root, so -parent is required")
+	}
+	r := hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex")
+	if r.code != 2 || !strings.Contains(r.stderr, "-parent is required") {
+		t.Fatalf("codex with the admin key: exit %d, stderr %q", r.code, r.stderr)
+	}
+	kids, err := admin.ListChildren(context.Background(), &governorpb.ListChildrenRequest{NodeId: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids.GetNodes() {
+		if k.GetName() != govtest.Tenant {
+			t.Fatalf("the refused hook calls made %q under the root", k.GetName())
+		}
+	}
+	if code, out, _ := gov(t, "usage", "-by", "tenant"); code != 0 || strings.Contains(out, "agent-") {
+		t.Fatalf("usage -by tenant: exit %d\n%s", code, out)
+	}
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-parent", "payments").allowed(t, "the admin key with -parent payments")
+	if got := runUsed(t, admin, sessionNode(t, "claude-pretooluse-bash.json"))[resourceToolCalls]; got != 1 {
+		t.Fatalf("the session under payments spent %d tool calls, want 1", got)
+	}
 }
 
 // Agent sessions run with -max-subagents 0 have a subagents quota of 0 by
