@@ -105,10 +105,13 @@ func hook(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch {
 	case v.allow:
 		return 0
-	case v.unreachable && o.warnOnly:
-		fmt.Fprintf(stderr, "governor hook: %s; -warn-only lets the tool run uncounted\n", v.message)
+	case v.unreachable != nil && o.warnOnly:
+		// Not the refusal's words: they tell the model to stop, and the
+		// tool runs.
+		msg := fmt.Sprintf("Governor cannot reach governord (%v); -warn-only lets this tool call run, not counted.", v.unreachable)
+		fmt.Fprintln(stderr, "governor hook:", msg)
 		if o.agent == "claude" {
-			_ = json.NewEncoder(stdout).Encode(map[string]any{"systemMessage": "Governor: " + v.message + "; this tool call was not counted."})
+			_ = json.NewEncoder(stdout).Encode(map[string]any{"systemMessage": msg})
 		}
 		return 0
 	}
@@ -120,7 +123,13 @@ type verdict struct {
 	allow       bool
 	message     string // why not, for the model
 	stop        bool   // the whole run is over, not just this kind of call
-	unreachable bool   // governord could not be asked
+	unreachable error  // why governord could not be asked; nil when it was
+}
+
+// unreachable is the verdict when governord cannot be asked: refused,
+// failing closed (-warn-only turns it into a warning).
+func unreachable(err error) verdict {
+	return verdict{message: fmt.Sprintf("Governor cannot reach governord (%v), so no tool may run; stop and tell the user", err), unreachable: err}
 }
 
 // refuse answers a refusal in the agent's own format. Claude Code: a
@@ -147,9 +156,6 @@ func refuse(o hookOptions, stdout, stderr io.Writer, message string, stop bool) 
 }
 
 func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) verdict {
-	unreachable := func(err error) verdict {
-		return verdict{message: fmt.Sprintf("Governor cannot reach governord (%v), so no tool may run; stop and tell the user", err), unreachable: true}
-	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	c, err := connectWithin(ctx, o.timeout)

@@ -276,6 +276,34 @@ func hookBin(t *testing.T, stdin string, args ...string) hookResult {
 	return hookResult{code, out, errOut}
 }
 
+// With governord down, -warn-only lets the tool run and says exactly that:
+// its message never tells the model to stop, in either CLI.
+func TestHookWarnOnlySaysTheToolRuns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	t.Setenv("GOVERNOR_ADDR", addr)
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	r := hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms", "-warn-only")
+	d := r.claude(t)
+	if r.code != 0 || d.HookSpecificOutput.PermissionDecision != "" || d.Continue != nil ||
+		!strings.Contains(d.SystemMessage, "cannot reach governord") || !strings.Contains(d.SystemMessage, "-warn-only lets this tool call run, not counted") ||
+		strings.Contains(d.SystemMessage, "no tool may run") || strings.Contains(strings.ToLower(d.SystemMessage), "stop") {
+		t.Fatalf("claude, warn-only: exit %d, %s", r.code, r.stdout)
+	}
+	r = hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex", "-timeout", "300ms", "-warn-only")
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "-warn-only lets this tool call run, not counted") ||
+		strings.Contains(r.stderr, "no tool may run") || strings.Contains(strings.ToLower(r.stderr), "stop") {
+		t.Fatalf("codex, warn-only: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	// Without -warn-only the refusal still says to stop.
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms").
+		claudeDenied(t, "claude, governord down", false, "so no tool may run; stop and tell the user")
+}
+
 // With the admin key (scoped to the root) and no -parent, the hook would
 // make each agent session a tenant of its own under the root: it refuses,
 // saying -parent is required, and makes nothing; with -parent it works.
