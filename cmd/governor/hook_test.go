@@ -276,6 +276,66 @@ func hookBin(t *testing.T, stdin string, args ...string) hookResult {
 	return hookResult{code, out, errOut}
 }
 
+// Each refusal tells the model its own cause: a suspended tenant is told
+// that, with the operator's reason, not that its time is up; a session the
+// operator ended is told it was ended; a closing tenant refuses a new
+// session; and a time budget that is spent is still told as such.
+func TestHookSaysEachCause(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	admin := adminRPC(t, srv.Addr())
+	claude := []string{"-agent", "claude"}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "the first call")
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "suspend", "-reason", "incident 42"); code != 0 {
+		t.Fatalf("suspend: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	suspended := `Governor: tenant "payments" is suspended; new work is refused (incident 42), so no tool may run. Stop now`
+	for _, file := range []string{"claude-pretooluse-bash.json", "claude-pretooluse-agent.json"} {
+		r := hookBin(t, payload(t, file, "toolu_after_suspend"), claude...)
+		r.claudeDenied(t, file+" while suspended", true, suspended)
+		if strings.Contains(r.stdout, "time budget") {
+			t.Fatalf("%s while suspended: told its time is spent: %s", file, r.stdout)
+		}
+	}
+	r := hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex")
+	if r.code != 2 || !strings.Contains(r.stderr, suspended) || strings.Contains(r.stderr, "time budget") {
+		t.Fatalf("codex while suspended: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "close", "-reason", "retiring"); code != 0 {
+		t.Fatalf("close: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payloadOf(t, "claude-pretooluse-bash.json", "0f0f0f0f-new-session", ""), claude...).
+		claudeDenied(t, "a new session of a closing tenant", true, `tenant "payments" is closing; a new task is refused (retiring)`)
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "resume", "-reason", "resolved"); code != 0 {
+		t.Fatalf("resume: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", "toolu_after_resume"), claude...).allowed(t, "a call after the resume")
+
+	// The operator ends the session's node: it was ended, its time is not up.
+	run, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: sessionNode(t, "claude-pretooluse-bash.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CancelNode(context.Background(), &governorpb.CancelNodeRequest{NodeId: run.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	r = hookBin(t, payload(t, "claude-pretooluse-bash.json", "toolu_after_cancel"), claude...)
+	r.claudeDenied(t, "a call after the operator ended the session", true, "this agent session has been ended")
+	if strings.Contains(r.stdout, "time budget") {
+		t.Fatalf("a cancelled session is told its time is spent: %s", r.stdout)
+	}
+}
+
 // With governord down, -warn-only lets the tool run and says exactly that:
 // its message never tells the model to stop, in either CLI.
 func TestHookWarnOnlySaysTheToolRuns(t *testing.T) {
