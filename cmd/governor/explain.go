@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -35,6 +36,7 @@ const explainUsage = `usage:
   governor explain -config proxy.yaml [-H "Name: value"]... METHOD URL
   governor explain -config proxy.yaml CONNECT host:port
   governor explain -config proxy.yaml /openai/v1/chat/completions   (a base-URL route; method GET unless given)
+  governor explain -config proxy.yaml POST http://127.0.0.1:7700/openai/v1/chat/completions   (the same, as the worker calls it)
   governor explain -config proxy.yaml -sql "INSERT INTO payments ..." [-kind insert -tables payments]
 
 flags:
@@ -135,6 +137,13 @@ func requestFrom(args []string, h http.Header) (*http.Request, error) {
 
 func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 	routed := false
+	if r.Method != http.MethodConnect && r.URL.IsAbs() && r.URL.Scheme == "http" && ownAddress(cfg.HTTP.Listen, r.URL) {
+		// A worker given a base URL calls the sidecar itself: it sends the
+		// path alone, and the sidecar routes it.
+		fmt.Fprintf(w, "%s is governor-proxy's own address (http.listen %s): a worker with a base URL sends it the path, which a route forwards\n",
+			r.URL.Host, cfg.HTTP.Listen)
+		r.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	}
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		routed = true
 		u, rt, ok := httpproxy.RouteURL(cfg.Routes, r.URL)
@@ -174,6 +183,33 @@ func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 		tunnelNote(w, cfg, r.URL)
 	}
 	return 0
+}
+
+// ownAddress reports whether u is an address of the proxy listening on
+// listen: the same port, and the same host or, for a proxy on loopback or
+// on every address, a loopback one (127.0.0.1, ::1, localhost).
+func ownAddress(listen string, u *url.URL) bool {
+	lhost, lport, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	if port != lport {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, lhost) {
+		return true
+	}
+	loopback := func(h string) bool {
+		ip := net.ParseIP(h)
+		return strings.EqualFold(h, "localhost") || ip != nil && ip.IsLoopback()
+	}
+	unspecified := lhost == "" || net.ParseIP(lhost) != nil && net.ParseIP(lhost).IsUnspecified()
+	return loopback(host) && (loopback(lhost) || unspecified)
 }
 
 // tunnelNote says what happens to the same https URL sent through
