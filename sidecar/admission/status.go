@@ -67,13 +67,22 @@ func (r CapReport) Tightest(resources map[string]int64) (CapState, bool) {
 }
 
 // Worst is the cap in the worst state (quotas and limits alike, the one
-// nearest the node on a tie), and whether any is near or over.
-func (r CapReport) Worst() (CapState, bool) {
+// nearest the node on a tie) among those over work that charges resources
+// and holds a slot of class: their quotas and that limit, or every cap when
+// it names neither; and whether any is near or over. A cap the work does
+// not touch is not its warning.
+func (r CapReport) Worst(resources map[string]int64, class string) (CapState, bool) {
 	var worst CapState
 	found := false
+	every := len(resources) == 0 && class == ""
 	for _, c := range r.Caps {
 		if stateRank[c.State] == 0 {
 			continue
+		}
+		if !every {
+			if _, charged := resources[c.Name]; c.Limit && c.Name != class || !c.Limit && !charged {
+				continue
+			}
 		}
 		if !found || stateRank[c.State] > stateRank[worst.State] {
 			worst, found = c, true

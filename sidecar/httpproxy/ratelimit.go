@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"time"
@@ -43,18 +44,27 @@ func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 		p.log.Debug("governor-proxy: reading the caps' state for RateLimit headers failed", "rule", ex.rule, "err", err)
 		return
 	}
-	rateLimitHeaders(h, rep, ex.decision.Charges)
+	rateLimitHeaders(h, rep, ex.decision)
 }
 
-// rateLimitHeaders writes rep into h: the tightest quota over the charged
-// resources (any quota when the rule charges none), and the worst cap.
-func rateLimitHeaders(h http.Header, rep admission.CapReport, charges map[string]int64) {
-	if c, ok := rep.Tightest(charges); ok {
+// rateLimitHeaders writes rep into h for a request under d: the tightest
+// quota over the resources it charges (a metered one's too; any quota when
+// it charges none), and the worst of the caps over it.
+func rateLimitHeaders(h http.Header, rep admission.CapReport, d classify.Decision) {
+	charged := d.Charges
+	if d.Meter != nil {
+		charged = maps.Clone(d.Charges)
+		if charged == nil {
+			charged = map[string]int64{}
+		}
+		charged[d.Meter.Resource] = 1
+	}
+	if c, ok := rep.Tightest(charged); ok {
 		name := strconv.Quote(c.PolicyName())
 		h.Add(HeaderRateLimitPolicy, fmt.Sprintf("%s;q=%d", name, c.Cap))
 		h.Add(HeaderRateLimit, fmt.Sprintf("%s;r=%d", name, c.Remaining))
 	}
-	if c, ok := rep.Worst(); ok {
+	if c, ok := rep.Worst(charged, d.Class); ok {
 		h.Set(HeaderWarning, c.Warning())
 	}
 }

@@ -38,7 +38,7 @@ func (c *conn) noticeCaps(subtask string) {
 	if err != nil {
 		return
 	}
-	worst, ok := rep.Worst()
+	worst, ok := rep.Worst(nil, "") // every cap over the subtask: the transaction's statements are not known yet
 	if !ok {
 		return
 	}
