@@ -1,10 +1,13 @@
 package sidecar
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/server"
 	"github.com/governor-project/governor/sidecar/httpproxy"
@@ -19,6 +22,35 @@ func headersProxy(t *testing.T, quotas map[string]int64, modes map[string]engine
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], ratelimit_headers: true}\n" + yaml})
 	return g, p, hostURL(o, "origin.test")
+}
+
+// The RateLimit header says the budget as a caller can use it: the units
+// the sidecar has reserved and not spent are left for its callers, not
+// used. After each request r is the cap less what the requests spent,
+// while governord counts the sidecar's whole reservation against the cap
+// (with a linger of an hour, nothing goes back meanwhile).
+func TestRateLimitLeavesTheSidecarsUnspentReservation(t *testing.T) {
+	g, p, base := headersProxy(t, map[string]int64{"writes": 100}, nil,
+		"delegation: {enabled: true, linger: 1h}\nrules:\n  - {name: writes, match: {host: origin.test, path: /writes}, charge: {writes: 1}}\n")
+	a := newAdmin(t, g.Addr())
+	for i := 1; i <= 6; i++ {
+		code, denied, h := get(t, p, base, "/writes")
+		if code != 200 {
+			t.Fatalf("request %d: %d %q", i, code, denied)
+		}
+		if got, want := h.Get(httpproxy.HeaderRateLimit), fmt.Sprintf(`"writes@payments";r=%d`, 100-i); got != want {
+			t.Errorf("after %d requests: RateLimit %q, want %q", i, got, want)
+		}
+		if i == 1 {
+			rep, err := a.c.Raw().GetCapStatus(context.Background(), &governorpb.GetCapStatusRequest{NodeId: a.node("payments").GetId()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if used := rep.GetCaps()[0].GetUsed(); used <= 1 {
+				t.Fatalf("governord counts %d of writes after one request: no reservation held beyond it, the test shows nothing", used)
+			}
+		}
+	}
 }
 
 // Governor-Warning names a cap over the request itself: a request that

@@ -9,7 +9,9 @@ import (
 
 // CapReader reads, from governord, where the caps over a subtask's node
 // stand (its own and every ancestor's): what the sidecar shows as IETF
-// RateLimit headers, Governor-Warning and pgwire notices. Package budget's
+// RateLimit headers, Governor-Warning and pgwire notices. The figures are
+// the budget as a caller of this sidecar can use it: units the sidecar
+// holds reserved and unspent count as left, not as used. Package budget's
 // Admitter is one.
 type CapReader interface {
 	CapStatus(ctx context.Context, subtask string) (CapReport, error)
@@ -22,6 +24,7 @@ type CapReport struct {
 
 // CapState is one cap.
 type CapState struct {
+	NodeID    int64
 	Node      string // the node's name
 	Limit     bool   // a limit (lease class), not a quota (resource)
 	Name      string
