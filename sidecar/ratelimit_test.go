@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -81,6 +82,27 @@ func TestGovernorWarningNamesTheRequestsOwnCap(t *testing.T) {
 		}
 		if strings.Contains(warning, `"sc"`) {
 			t.Errorf("wc request %d is warned of sc, which it does not charge: %q", i, warning)
+		}
+	}
+}
+
+// A rule in shadow charges nothing, so the real quota never moves; its
+// RateLimit header says what enforcing the rule would meet: the shadow
+// ledger counts as spent, and once it has spent the quota r is 0 and the
+// warning says the cap refuses, as enforcement would.
+func TestRateLimitOfAShadowRuleCountsItsLedger(t *testing.T) {
+	_, p, base := headersProxy(t, map[string]int64{"calls": 3}, nil,
+		"rules:\n  - {name: calls, match: {host: origin.test, path: /calls}, charge: {calls: 1}, mode: shadow}\n")
+	for i := 1; i <= 5; i++ {
+		code, denied, h := get(t, p, base, "/calls")
+		if code != 200 {
+			t.Fatalf("shadow request %d: %d %q; a shadow rule never refuses", i, code, denied)
+		}
+		if got, want := h.Get(httpproxy.HeaderRateLimit), `"calls@payments";r=`+strconv.Itoa(max(3-i, 0)); got != want {
+			t.Errorf("shadow request %d: RateLimit %q, want %q", i, got, want)
+		}
+		if w := h.Get(httpproxy.HeaderWarning); i >= 3 && !strings.HasPrefix(w, `hard_exceeded; quota="calls"; node="payments"; used=3; cap=3`) {
+			t.Errorf("shadow request %d: Governor-Warning %q, want hard_exceeded on calls", i, w)
 		}
 	}
 }

@@ -4509,7 +4509,13 @@ func (x *CapMode) GetBurst() int64 {
 type GetCapStatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node. Required; 0 is INVALID_ARGUMENT.
-	NodeId        int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where the caps stand for a shadow rule's requests: each quota's used
+	// counts its node's shadow ledger as spent (Node.shadow), as a shadow
+	// rule's dry run does (DryRunRequest.shadow), so remaining and state are
+	// what enforcing the rule would meet. Limits are read as without it:
+	// shadow requests hold no slots. Unset, the ledger counts for nothing.
+	Shadow        bool `protobuf:"varint,2,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4549,6 +4555,13 @@ func (x *GetCapStatusRequest) GetNodeId() int64 {
 		return x.NodeId
 	}
 	return 0
+}
+
+func (x *GetCapStatusRequest) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 // CapStatus is where one cap stands.
@@ -5580,9 +5593,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"3\n" +
 	"\aCapMode\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x14\n" +
-	"\x05burst\x18\x02 \x01(\x03R\x05burst\".\n" +
+	"\x05burst\x18\x02 \x01(\x03R\x05burst\"F\n" +
 	"\x13GetCapStatusRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x8d\x02\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x16\n" +
+	"\x06shadow\x18\x02 \x01(\bR\x06shadow\"\x8d\x02\n" +
 	"\tCapStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +

@@ -11,10 +11,12 @@ import (
 // stand (its own and every ancestor's): what the sidecar shows as IETF
 // RateLimit headers, Governor-Warning and pgwire notices. The figures are
 // the budget as a caller of this sidecar can use it: units the sidecar
-// holds reserved and unspent count as left, not as used. Package budget's
+// holds reserved and unspent count as left, not as used. With shadow, they
+// are what a shadow rule's requests meet: each quota's shadow ledger
+// counts as spent, as the rule's dry runs count it. Package budget's
 // Admitter is one.
 type CapReader interface {
-	CapStatus(ctx context.Context, subtask string) (CapReport, error)
+	CapStatus(ctx context.Context, subtask string, shadow bool) (CapReport, error)
 }
 
 // CapReport is where the caps over a node stand, as governord says.

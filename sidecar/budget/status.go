@@ -11,11 +11,13 @@ import (
 // CapStatus reads from governord where the caps over subtask's node stand
 // (admission.CapReader): one GetCapStatus call (up to statusTries while
 // the session's reservations move), so the numbers are governord's own at
-// that instant, as a caller of this sidecar can use them. governord counts what it reserved for the session as used; the
-// units of it the sidecar holds unspent are this sidecar's callers' to
-// take, so they count as left (spent units not yet settled, and units a
-// request holds, stay used).
-func (a *Admitter) CapStatus(ctx context.Context, subtask string) (admission.CapReport, error) {
+// that instant, as a caller of this sidecar can use them. governord counts
+// what it reserved for the session as used; the units of it the sidecar
+// holds unspent are this sidecar's callers' to take, so they count as left
+// (spent units not yet settled, and units a request holds, stay used).
+// With shadow, each quota's shadow ledger counts as spent, as a shadow
+// rule's dry runs count it.
+func (a *Admitter) CapStatus(ctx context.Context, subtask string, shadow bool) (admission.CapReport, error) {
 	s := a.cur.Load()
 	if s == nil {
 		return admission.CapReport{}, errNoSession
@@ -38,7 +40,7 @@ func (a *Admitter) CapStatus(ctx context.Context, subtask string) (admission.Cap
 	for try := 1; ; try++ {
 		s.awaitTopUps(ctx)
 		before = s.unspent(n)
-		rep, err = s.client.Raw().GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.t.ID()})
+		rep, err = s.client.Raw().GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.t.ID(), Shadow: shadow})
 		if err != nil {
 			return admission.CapReport{}, err
 		}

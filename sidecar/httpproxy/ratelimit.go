@@ -27,10 +27,13 @@ const (
 const statusTimeout = 2 * time.Second
 
 // addRateLimit adds the headers to h from governord's state of the caps
-// over ex's node. The quota is a budget that never refills, so the fields
-// carry no window and no reset: q is the cap, r what is left of it. A
-// reading that fails leaves the headers out (counted): they inform, they
-// never decide.
+// over ex's node, as a caller of this sidecar can use them (the sidecar's
+// own unspent reservations are left, not used); for a request of a rule in
+// shadow, as enforcing the rule would meet them (its shadow ledger counts
+// as spent). The quota is a budget that never refills, so the fields carry
+// no window and no reset: q is the cap, r what is left of it. A reading
+// that fails leaves the headers out (counted): they inform, they never
+// decide.
 func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 	reader, ok := p.Admitter.(admission.CapReader)
 	if !ok {
@@ -38,7 +41,7 @@ func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	rep, err := reader.CapStatus(ctx, ex.subtask)
+	rep, err := reader.CapStatus(ctx, ex.subtask, ex.decision.Shadow || p.Config.Shadow)
 	if err != nil {
 		p.m.rateLimitErrors.Inc()
 		p.log.Debug("governor-proxy: reading the caps' state for RateLimit headers failed", "rule", ex.rule, "err", err)

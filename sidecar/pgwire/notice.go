@@ -34,7 +34,7 @@ func (c *conn) noticeCaps(subtask string) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
 	defer cancel()
-	rep, err := c.p.Caps.CapStatus(ctx, subtask)
+	rep, err := c.p.Caps.CapStatus(ctx, subtask, false)
 	if err != nil {
 		return
 	}
