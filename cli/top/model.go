@@ -14,6 +14,7 @@ import (
 	"github.com/charmbracelet/lipgloss"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/slots"
 	"github.com/governor-project/governor/cli/tenantstate"
 )
 
@@ -584,12 +585,21 @@ func (m *Model) detail() []string {
 		add("limits: %s", cmp.Or(strings.Join(limits, "  "), "none"))
 		if in := m.inspect; in != nil && m.selected == n.GetId() {
 			now := in.GetServerTime().AsTime()
-			add("leases (%d):", in.GetLeaseCount())
-			for i, l := range in.GetLeases() {
+			held := heldNow(in.GetLeases(), now)
+			var t slots.Tally
+			for _, l := range held {
+				t.Add(l)
+			}
+			more := ""
+			if int(in.GetLeaseCount()) > len(in.GetLeases()) {
+				more = fmt.Sprintf(" (of the first %d of %d)", len(in.GetLeases()), in.GetLeaseCount())
+			}
+			add("held: %s%s", t.Text(), more)
+			for i, l := range held {
 				if i == 4 {
 					break
 				}
-				add("  lease %d  %s  held by session %d  for %s", l.GetId(), l.GetClass(), l.GetSessionId(), shortDuration(now.Sub(l.GetGranted().AsTime())))
+				add("  %s", slots.Text(l, now))
 			}
 			add("recent denials (%d):", len(in.GetRecentDenials()))
 			for i, d := range in.GetRecentDenials() {
@@ -603,6 +613,27 @@ func (m *Model) detail() []string {
 	for len(out) < detailLines {
 		out = append(out, "")
 	}
+	return out
+}
+
+// heldNow lists the leases and the blocks that hold slots, the work held
+// longest first (a block whose use is not reported by its age), so that
+// what may be stuck shows before idle slots; blocks of no slots hold
+// nothing and are left out.
+func heldNow(leases []*governorpb.LeaseInfo, now time.Time) []*governorpb.LeaseInfo {
+	out := make([]*governorpb.LeaseInfo, 0, len(leases))
+	for _, l := range leases {
+		if !l.GetBlock() || l.GetCount() > 0 {
+			out = append(out, l)
+		}
+	}
+	age := func(l *governorpb.LeaseInfo) time.Duration {
+		if d, ok := slots.Held(l, now); ok {
+			return d
+		}
+		return now.Sub(l.GetGranted().AsTime())
+	}
+	slices.SortStableFunc(out, func(a, b *governorpb.LeaseInfo) int { return cmp.Compare(age(b), age(a)) })
 	return out
 }
 

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/slots"
 	"github.com/governor-project/governor/cli/tenantstate"
 )
 
@@ -275,6 +276,9 @@ type capLine struct {
 	// Mode is how the cap is enforced when it is not hard: "soft (burst
 	// N)" or "warn_only".
 	Mode string `json:"mode,omitempty"`
+	// Held is how a limit's held slots are held: leases, and slots
+	// delegated to sidecars, in use there or idle.
+	Held *slots.Tally `json:"held,omitempty"`
 }
 
 // effective is how much more a resource or class admits at the node: the
@@ -308,6 +312,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
 	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
+	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
+		return err
+	}
 	v.Effective = tightest(chain)
 	v.Priority = n.GetPriority()
 	v.Defaults = defaultCaps{Quotas: orEmpty(n.GetDefaultQuotas()), Limits: orEmpty(n.GetDefaultLimits())}
@@ -371,6 +378,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 			if l.Shadow != 0 {
 				extra = strings.TrimSpace(fmt.Sprintf("%s shadow %d", extra, l.Shadow))
 			}
+			if l.Held != nil {
+				extra = strings.TrimSpace(extra + " " + l.Held.Text())
+			}
 			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
 		}
 	}
@@ -391,6 +401,32 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		fmt.Fprintf(tw, "  (caps above %s are outside this key's scope)\n", top.GetName())
 	}
 	return tw.Flush()
+}
+
+// heldBy says, for each limit line with slots held, how they are held:
+// leases, or slots delegated to sidecars, in use there or idle (one
+// Inspect of the node's subtree, when anything is held).
+func heldBy(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, limits []capLine) error {
+	if len(n.GetHeld()) == 0 {
+		return nil
+	}
+	in, err := rpc.Inspect(ctx, &governorpb.InspectRequest{NodeId: n.GetId()})
+	if err != nil {
+		return fmt.Errorf("the leases of %q: %w", n.GetName(), plainStatus(err))
+	}
+	for i := range limits {
+		if limits[i].Used == 0 {
+			continue
+		}
+		t := &slots.Tally{}
+		for _, l := range in.GetLeases() {
+			if l.GetClass() == limits[i].Name {
+				t.Add(l)
+			}
+		}
+		limits[i].Held = t
+	}
+	return nil
 }
 
 // printSharing prints what decides how a contended pool is shared and what

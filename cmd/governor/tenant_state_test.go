@@ -33,7 +33,7 @@ func TestTenantStateShown(t *testing.T) {
 		if code, out, errOut := gov(t, "tenant", "payments", c.verb, "-reason", "incident 42"); code != 0 {
 			t.Fatalf("tenant %s: exit %d\n%s%s", c.verb, code, out, errOut)
 		}
-		said := regexp.MustCompile(regexp.QuoteMeta(c.state) + ` by admin since (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC \(\d+s ago\): "incident 42"; ` +
+		said := regexp.MustCompile(regexp.QuoteMeta(c.state) + ` by admin since (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC \((\d+[hms])+ ago\): "incident 42"; ` +
 			regexp.QuoteMeta(c.refused))
 		since := func(what, text string) {
 			t.Helper()
@@ -92,7 +92,7 @@ func TestTenantStateShown(t *testing.T) {
 		t.Fatalf("tenant resume: exit %d\n%s%s", code, out, errOut)
 	}
 	_, out, _ := gov(t, "caps", "get", "payments")
-	if !regexp.MustCompile(`\nstate: active by admin since [-0-9: ]+ UTC \(\d+s ago\): "resolved"\n`).MatchString(out) {
+	if !regexp.MustCompile(`\nstate: active by admin since [-0-9: ]+ UTC \((\d+[hms])+ ago\): "resolved"\n`).MatchString(out) {
 		t.Fatalf("caps get after the resume:\n%s", out)
 	}
 	if _, out, _ := gov(t, "caps", "get", "payments/job"); strings.Contains(out, "tenant payments:") {
