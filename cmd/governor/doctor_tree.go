@@ -213,7 +213,7 @@ func leaseFinding(l *governorpb.LeaseInfo, now time.Time, leaseAge time.Duration
 			Fix:     stuck}}
 	default:
 		return []finding{{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
-			Problem: fmt.Sprintf("%s: work has held a slot for %v (more than %v)", slots.Text(l, now), age.Round(time.Second), leaseAge),
+			Problem: fmt.Sprintf("%s: work has held a slot longer than %v", slots.Text(l, now), leaseAge),
 			Fix: "find the request or transaction holding it at that sidecar (for pgwire, its oldest transaction in pg_stat_activity); " +
 				"ending it frees its slot, and ending the sidecar's session frees the whole block"}}
 	}

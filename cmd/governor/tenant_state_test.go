@@ -84,7 +84,7 @@ func TestTenantStateShown(t *testing.T) {
 			s := startTop(t, srv.Addr(), govtest.AdminKey, "-root", "payments")
 			screen := s.waitFor("the tenant's state", "payments ["+c.state+"]", "state: "+c.state+" by admin since")
 			since("top", screen)
-			s.run("send-keys", "-t", "top", "q")
+			s.quit()
 		})
 	}
 

@@ -75,6 +75,20 @@ func startTop(t *testing.T, addr, key string, args ...string) tmuxSession {
 	return s
 }
 
+// quit quits top and waits until it has exited (its tmux session ends
+// with it), so that its session with governord is closed.
+func (s tmuxSession) quit() {
+	s.t.Helper()
+	s.run("send-keys", "-t", "top", "q")
+	deadline := time.Now().Add(30 * time.Second)
+	for exec.Command("tmux", "-L", s.socket, "has-session", "-t", "top").Run() == nil {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("top did not exit on q:\n%s", s.screen())
+		}
+		time.Sleep(20 * time.Millisecond) // polling tmux
+	}
+}
+
 // governor top in a real terminal against a real governord: the tree
 // shows, the keys move the selection, a cap is edited live (with a reason,
 // audited as the admin's), and when governord goes away the screen says so.
