@@ -114,12 +114,15 @@ type CapStatus struct {
 
 // CapStatus reads where the caps over the task stand, at one instant at
 // governord, reserved units included: from the task up to the root, on
-// each node its quotas before its limits, each by name.
-func (t *Task) CapStatus(ctx context.Context) ([]CapStatus, error) {
+// each node its quotas before its limits, each by name. With
+// LedgerCounted each quota's shadow ledger counts as spent, as a shadow
+// rule's dry runs count it (LedgerRecorded counts it too; it records
+// nothing here).
+func (t *Task) CapStatus(ctx context.Context, ledger ShadowLedger) ([]CapStatus, error) {
 	var rep *governorpb.CapStatusReport
 	err := t.c.call(ctx, "GetCapStatus", func(ctx context.Context, _ string) error {
 		var err error
-		rep, err = t.c.rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: t.id})
+		rep, err = t.c.rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: t.id, Shadow: ledger != LedgerIgnored})
 		return err
 	})
 	if err != nil {

@@ -37,7 +37,7 @@ func TestDryRunAndCapStatusSurviveALostAnswer(t *testing.T) {
 		}
 	}
 	proxy.DropNextAnswer()
-	caps, err := task.CapStatus(ctx)
+	caps, err := task.CapStatus(ctx, governor.LedgerIgnored)
 	if err != nil {
 		t.Fatal(err)
 	}

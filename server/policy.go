@@ -215,7 +215,11 @@ func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusR
 		return nil, err
 	}
 	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.CapStatusReport, error) {
-		st, err := s.eng.Status(sid, engine.NodeID(req.GetNodeId()))
+		status := s.eng.Status
+		if req.GetShadow() {
+			status = s.eng.ShadowStatus
+		}
+		st, err := status(sid, engine.NodeID(req.GetNodeId()))
 		if err != nil {
 			return nil, err
 		}

@@ -67,6 +67,7 @@ type Server struct {
 	// (inspect.go).
 	recent     recentDenials
 	lastCommit atomic.Int64
+	blockUse   blockUses // how the blocks are used where delegated (blockuse.go)
 
 	engCfg engine.Config // the engine's configuration, for the mirror
 	ha     *haState      // nil without ha (ha.go)

@@ -150,7 +150,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	}
 	var proxies []proxyFile
 	for _, path := range o.proxyConfigs {
-		p, fs := lintProxy(path, gcfg)
+		p, fs := lintProxy(path)
 		out = append(out, fs...)
 		if p != nil {
 			proxies = append(proxies, *p)
@@ -166,12 +166,28 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 		out = append(out, checkUpstreams(ctx, p)...)
 		out = append(out, checkInterceptCA(p, time.Now(), o.caWarn)...)
 	}
-	out = append(out, checkGovernord(ctx, o)...)
+	gov, tree := checkGovernord(ctx, o)
+	out = append(out, gov...)
+	// The rules are checked against the caps in force when governord can
+	// say them (caps set live count), else against its config file.
+	var caps *capNames
+	switch {
+	case tree != nil:
+		caps = liveCaps(tree)
+	case gcfg != nil:
+		caps = configCaps(gcfg)
+	}
+	if caps != nil {
+		for _, p := range proxies {
+			out = append(out, lintAgainstCaps(p, caps)...)
+		}
+	}
 	return out
 }
 
-// checkGovernord connects, times governord's clock and looks over the tree.
-func checkGovernord(ctx context.Context, o doctorOptions) []finding {
+// checkGovernord connects, times governord's clock and looks over the tree,
+// which it returns (nil when it could not be read).
+func checkGovernord(ctx context.Context, o doctorOptions) ([]finding, *treeWalk) {
 	addr := os.Getenv(governor.EnvAddr)
 	if addr == "" {
 		addr = governor.DefaultAddr
@@ -180,7 +196,7 @@ func checkGovernord(ctx context.Context, o doctorOptions) []finding {
 	c, err := connectWithin(ctx, o.timeout)
 	if err != nil {
 		return append(out, finding{Check: "connectivity", Level: levelError, Subject: addr, Problem: err.Error(),
-			Fix: "start governord, or point GOVERNOR_ADDR at it; check GOVERNOR_API_KEY, GOVERNOR_TLS and GOVERNOR_CA_FILE"})
+			Fix: "start governord, or point GOVERNOR_ADDR at it; check GOVERNOR_API_KEY, GOVERNOR_TLS and GOVERNOR_CA_FILE"}), nil
 	}
 	defer c.Close()
 	out = append(out, finding{Check: "connectivity", Level: levelOK, Subject: addr, Problem: "a session opened"})
@@ -190,13 +206,13 @@ func checkGovernord(ctx context.Context, o doctorOptions) []finding {
 	received := time.Now()
 	if err != nil {
 		return append(out, finding{Check: "connectivity", Level: levelError, Subject: addr, Problem: "Inspect: " + plainStatus(err).Error(),
-			Fix: "governord may be older than this CLI; upgrade it"})
+			Fix: "governord may be older than this CLI; upgrade it"}), nil
 	}
 	out = append(out, skewFinding(sent, received, in.GetServerTime().AsTime(), o.maxSkew))
 	tree, w := checkTree(ctx, rpc, c.ScopeID(), o)
 	out = append(out, tree...)
 	out = append(out, checkInspection(in, w, o)...)
-	return out
+	return out, w
 }
 
 // skewFinding compares governord's clock with this one: the server read its

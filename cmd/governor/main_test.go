@@ -102,3 +102,31 @@ rules:
 		}
 	}
 }
+
+// The URL a worker given a base URL actually calls, at the sidecar's own
+// listen address, is explained as the sidecar takes it: the path through
+// its route, matched as the upstream request; another address on the same
+// host is not the sidecar and is explained as before.
+func TestExplainBaseURLAsTheWorkerCallsIt(t *testing.T) {
+	bin := buildCLI(t)
+	for _, target := range []string{"http://127.0.0.1:7700/openai/v1/chat/completions", "http://localhost:7700/openai/v1/chat/completions"} {
+		code, out, errOut := runCLI(t, bin, "", "explain", "-config", example, "POST", target)
+		for _, want := range []string{"is governor-proxy's own address (http.listen 127.0.0.1:7700)", "route: /openai/ -> https://api.openai.com",
+			"request: POST https://api.openai.com/v1/chat/completions", "1. openai-chat: MATCH", "charge llm_calls=1, tokens=1 and take a lease of class llm"} {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("explain POST %s: exit %d, output lacks %q:\n%s%s", target, code, want, out, errOut)
+			}
+		}
+		if strings.Contains(out, "no rule matches") {
+			t.Errorf("explain POST %s says no rule matches:\n%s", target, out)
+		}
+	}
+	code, out, _ := runCLI(t, bin, "", "explain", "-config", example, "POST", "http://127.0.0.1:7700/nowhere")
+	if code != 1 || !strings.Contains(out, "no base-URL route covers /nowhere; governor-proxy answers 404") {
+		t.Errorf("a path no route covers, at the sidecar's address: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, bin, "", "explain", "-config", example, "POST", "http://127.0.0.1:8080/openai/v1/chat/completions")
+	if code != 0 || strings.Contains(out, "own address") || !strings.Contains(out, "no rule matches; http.unmatched is forward") {
+		t.Errorf("another server on loopback is not the sidecar: exit %d\n%s", code, out)
+	}
+}

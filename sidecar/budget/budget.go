@@ -16,7 +16,9 @@
 // in one call, given back when idle and at shutdown, and given back at
 // once when governord recalls them for someone else: a quota of N admits
 // exactly N requests across sidecars. Calls made in slots are reported in
-// batches for adaptive limits. Each top-up's answer says whether the
+// batches for adaptive limits, and how many of each block's slots hold
+// work, and since when, for governor doctor and top (usereport.go). Each
+// top-up's answer says whether the
 // tenant is read_only, and a write is refused from what the answers said;
 // a change of the tenant's state recalls everything, and nothing held
 // before the recall is granted after it (tenantstate.go).

@@ -123,6 +123,15 @@ func (q *reservation) refillLocked() {
 	q.n.s.a.bg.Spawn(func() { q.grow(f, spent, want) }) // q.mu is held, and grow takes it
 }
 
+// unspentNow is how many units are free to take: reserved at governord,
+// spent by nothing here; and whether a top-up or a give-back is under way,
+// which governord may have counted already or not.
+func (q *reservation) unspentNow() (units int64, moving bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.unspent, q.topUp != nil || q.returning > 0
+}
+
 // tryTake holds amount units if the reservation has them now.
 func (q *reservation) tryTake(amount int64) bool {
 	q.mu.Lock()

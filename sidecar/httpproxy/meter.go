@@ -68,12 +68,12 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 		p.m.meterSettlements.WithLabelValues(ex.rule, settledUnmetered).Inc()
 		return nil, nil
 	}
-	req, err := meter.ReadRequest(body)
+	est, err := EstimateCall(m, body)
 	if err != nil {
 		return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: fmt.Errorf("rule %q meters LLM calls: %w", ex.rule, err)}
 	}
-	mt := &metered{rule: m, api: api, req: req, estimate: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve),
-		input: meter.InputEstimate(len(body), int(m.BytesPerToken))}
+	req := est.Request
+	mt := &metered{rule: m, api: api, req: req, estimate: est.Tokens, input: est.Input}
 	if api == meter.OpenAI && meter.AsksUsage(r.URL.Path, req) {
 		// Without it an OpenAI stream reports no usage, and every stream
 		// would be charged its whole estimate.
@@ -84,6 +84,36 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 	setBody(r, body)
 	mt.body = body
 	return mt, nil
+}
+
+// CallEstimate is what the sidecar holds for one metered call.
+type CallEstimate struct {
+	Request meter.Request // what the body said
+	Tokens  int64         // the estimate held, of the meter's resource
+	Input   int64         // its input part, from the body's size
+}
+
+// EstimateCall works out what the sidecar holds for a call under meter m
+// whose body (within m.MaxBody) is body: its input at a token per
+// m.BytesPerToken bytes, and the output limit it names or m.Reserve. An
+// error is a body the meter cannot read, which the sidecar refuses (400).
+// governor explain -live asks governord with it, as the sidecar asks.
+func EstimateCall(m *classify.Meter, body []byte) (CallEstimate, error) {
+	req, err := meter.ReadRequest(body)
+	if err != nil {
+		return CallEstimate{}, err
+	}
+	return CallEstimate{Request: req, Tokens: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve),
+		Input: meter.InputEstimate(len(body), int(m.BytesPerToken))}, nil
+}
+
+// MeteredCharges are the charges of a metered call under d's rule: the
+// rule's own, and tokens of the meter's resource.
+func MeteredCharges(d classify.Decision, tokens int64) map[string]int64 {
+	charges := make(map[string]int64, len(d.Charges)+1)
+	maps.Copy(charges, d.Charges)
+	charges[d.Meter.Resource] = tokens
+	return charges
 }
 
 // overEstimate looks again at a metered call refused for quota: when the
@@ -138,10 +168,7 @@ func setBody(r *http.Request, body []byte) {
 // and the estimate held on the metered resource; write as the call is
 // classified.
 func (mt *metered) request(subtask string, d classify.Decision, write bool) admission.Request {
-	charges := make(map[string]int64, len(d.Charges)+1)
-	maps.Copy(charges, d.Charges)
-	charges[mt.rule.Resource] = mt.estimate
-	return admission.Request{Subtask: subtask, Class: d.Class, Charges: charges, Held: true, Write: write}
+	return admission.Request{Subtask: subtask, Class: d.Class, Charges: MeteredCharges(d, mt.estimate), Held: true, Write: write}
 }
 
 // meterBody wraps an admitted call's response body so that its usage is read
