@@ -79,6 +79,22 @@ func (x *idleExchange) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// copyBuffers lends ReadFrom its buffers.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// ReadFrom copies a response body through Write with a pooled buffer. The
+// wrapper hides the underlying writer's own ReadFrom, and without this
+// io.Copy (which goproxy copies every response with) would allocate and
+// clear 32 KiB for every response.
+func (x *idleExchange) ReadFrom(src io.Reader) (int64, error) {
+	b := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(b)
+	return io.CopyBuffer(writerOnly{x}, src, *b)
+}
+
+// writerOnly hides ReadFrom, so that io.CopyBuffer uses the buffer given.
+type writerOnly struct{ io.Writer }
+
 // arm starts a lazy watchdog.
 func (x *idleExchange) arm() {
 	if !x.lazy {
