@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -23,7 +24,9 @@ import (
 //	go test -run '^$' -bench Intercepted -cpuprofile cpu.out ./sidecar
 func BenchmarkIntercepted(b *testing.B) {
 	body := strings.Repeat("x", 1024)
-	o := origin(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }), true, true)
+	// An HTTP/1.1 origin, as govbench's gov-https target: both proxies then
+	// speak HTTP/1.1 on both legs.
+	o := origin(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }), true, false)
 	caCert, caKey, pool := caFiles(b)
 
 	ca, err := tls.LoadX509KeyPair(caCert, caKey)
@@ -42,7 +45,7 @@ func BenchmarkIntercepted(b *testing.B) {
 	defer gps.Close()
 
 	srv := startGovernord(b, nil)
-	p := startProxy(b, proxyOpts{gaddr: srv.Addr(), yaml: interceptYAML(caCert, caKey, certFile(b, o), "example.com") + `
+	p := startProxy(b, proxyOpts{gaddr: srv.Addr(), opts: logAtInfo, yaml: interceptYAML(caCert, caKey, certFile(b, o), "example.com") + `
 task: {name: pod-7, quotas: {calls: 1000000000000}}
 rules:
   - {name: api, match: {host: example.com}, charge: {calls: 1}}
@@ -94,4 +97,10 @@ func (c *benchLeafCache) Fetch(host string, gen func() (*tls.Certificate, error)
 		c.certs[host] = cert
 	}
 	return cert, err
+}
+
+// logAtInfo logs as the binary does by default: the tests' debug log costs
+// a line per request that a production sidecar does not write.
+func logAtInfo(o *Options) {
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
