@@ -283,6 +283,9 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 	if err != nil {
 		return err
 	}
+	if latency < 0 {
+		return invalid("latency %v is negative", latency)
+	}
 	fp := uint64(0)
 	if requestID != "" {
 		fp = fingerprint(opRelease, 0, "", int64(id))

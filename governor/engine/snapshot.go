@@ -228,7 +228,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
 			return fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
 		}
-		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: now + int64(ss.TTL),
+		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: expiry(now, ss.TTL),
 			leases: make(map[LeaseID]*lease)}
 		for _, r := range ss.Requests {
 			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
