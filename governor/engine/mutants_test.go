@@ -112,7 +112,7 @@ var mutants = []mutant{
 	{"an adaptive limit decided one sample short of min_samples", "adaptive.go",
 		"if c.count < c.cfg.MinSamples {", "if c.count < c.cfg.MinSamples-1 {", `AIMD`},
 	{"a snapshot without the lease's grant time", "snapshot.go",
-		"Class: l.class, Granted: l.granted}", "Class: l.class}", `holds other tables than the live engine`},
+		"Class: l.class, Granted: l.granted,", "Class: l.class,", `holds other tables than the live engine`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

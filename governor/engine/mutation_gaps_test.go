@@ -721,6 +721,11 @@ func TestRestoreRefusesEachCorruption(t *testing.T) {
 		"a lease id twice":             func(s *Snapshot) { s.Leases = append(s.Leases, s.Leases[0]) },
 		"a lease of negative slots":    func(s *Snapshot) { s.Leases[0].Count = -1 },
 		"a lease id at NextLease":      func(s *Snapshot) { s.NextLease = s.Leases[len(s.Leases)-1].ID },
+		"a lease that charged nothing": func(s *Snapshot) { s.Leases[0].Charges = []Charge{{Resource: "calls", Amount: 0}} },
+		"a lease that charged a negative amount": func(s *Snapshot) {
+			s.Leases[0].Charges = []Charge{{Resource: "calls", Amount: math.MinInt64}}
+		},
+		"a lease that charged no resource": func(s *Snapshot) { s.Leases[0].Charges = []Charge{{Amount: 1}} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			snap := cloneSnapshot(t, good)
