@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -123,10 +124,11 @@ func (m *model) tenantOf(id NodeID) NodeID {
 	return c[len(c)-2]
 }
 
-// fits: one more lease of class fits under every limit on id's chain.
+// fits: one more lease of class fits under every limit on id's chain, and
+// no count of slots on it is at MaxInt64 already.
 func (m *model) fits(id NodeID, class string) bool {
 	for _, a := range m.chain(id) {
-		if limit, ok := m.refusesAt(a, true, class); ok && m.held[a][class]+1 > limit {
+		if limit, ok := m.refusesAt(a, true, class); ok && m.held[a][class] >= limit || m.held[a][class] == math.MaxInt64 {
 			return false
 		}
 	}
@@ -134,11 +136,14 @@ func (m *model) fits(id NodeID, class string) bool {
 }
 
 // chargesFit: every charge fits under every quota on id's chain, counting
-// what is reserved.
+// what is reserved, and none would overflow a counter (I24).
 func (m *model) chargesFit(id NodeID, charges map[string]int64) bool {
 	for r, amount := range charges {
+		if m.quotaOverflows(id, r, amount, false) {
+			return false
+		}
 		for _, a := range m.chain(id) {
-			if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+			if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.used[a][r]-m.reserved[a][r] {
 				return false
 			}
 		}

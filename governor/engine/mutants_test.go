@@ -113,6 +113,11 @@ var mutants = []mutant{
 		"if c.count < c.cfg.MinSamples {", "if c.count < c.cfg.MinSamples-1 {", `AIMD`},
 	{"a snapshot without the lease's grant time", "snapshot.go",
 		"Class: l.class, Granted: l.granted,", "Class: l.class,", `holds other tables than the live engine`},
+	// Issue 25: hostile amounts (I24). Only the new checks catch these.
+	{"an overflowing charge let through", "quota.go",
+		"if g != nil && want > math.MaxInt64-g.n-g.r {", "if false {", `I24 hostile`},
+	{"a give-back that refunds what its caller names", "giveback.go",
+		"\tif !slices.Equal(charges, l.charges) {", "\tif l.charges = charges; !slices.Equal(charges, l.charges) {", `I24 hostile`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

@@ -55,6 +55,7 @@ func TestRandomized(t *testing.T) {
 				w.randomOp()
 				w.policyOp()
 				w.shadowOp()
+				w.giveBackOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -101,6 +102,10 @@ type world struct {
 	// stream of its own; shadowReqs are those recorded with an id.
 	srng       *rand.Rand
 	shadowReqs []shadowReq
+	// hrng draws hostile amounts (random_hostile_test.go), a stream of its
+	// own, in the seeds that send any (hostile).
+	hrng       *rand.Rand
+	hostile    bool
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -154,10 +159,11 @@ func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
-		srng: rand.New(rand.NewSource(seed + 2<<32)), clock: newFakeClock(),
+		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
+	w.hostile = w.hrng.Intn(2) == 0
 	w.m.expired = func(sid SessionID, now int64) bool { at, ok := w.expires[sid]; return ok && now >= at }
 	w.m.pastBound = w.pastBound
 	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Notifier: w, Adaptive: []Adaptive{{Class: "llm",
@@ -397,12 +403,20 @@ func (w *world) randomOp() {
 	case op < 22: // consume
 		n, _ := w.nodeFor(sid, false)
 		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
+		amt = w.hostileAmount(amt, w.m.fullest(n, r, false))
+		invalid := amt <= 0 || w.m.quotaOverflows(n, r, amt, false)
 		err := e.Consume(sid, n, r, amt, rid)
-		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
+		what := fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid)
+		w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+		w.checkHostile(what, err, invalid)
 		w.checkRefusal(sid, err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
-				return "", e.Consume(sid, n, r, amt+b2i(differ), id)
+				a := amt
+				if differ {
+					a = otherAmount(a)
+				}
+				return "", e.Consume(sid, n, r, a, id)
 			})
 		}
 	case op < 36: // acquire, sometimes with charges; sometimes a few at once, so that acquires queue
@@ -733,6 +747,7 @@ func (w *world) check() {
 	})
 	w.checkReclaimed()
 	w.checkBounds()
+	w.checkCounters()
 	w.checkDecisions()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
@@ -973,15 +988,19 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	class := classes[w.rng.Intn(3)]
 	var charges map[string]int64
 	if w.rng.Intn(3) == 0 {
-		charges = map[string]int64{resources[w.rng.Intn(3)]: 1 + w.rng.Int63n(3)}
+		r := resources[w.rng.Intn(3)]
+		charges = map[string]int64{r: w.hostileAmount(1+w.rng.Int63n(3), w.m.fullest(n, r, false))}
 		if w.rng.Intn(4) == 0 {
 			class = ""
 		}
 	}
 	rid := w.reqID()
 	write := w.policy.Intn(3) == 0
+	invalid := w.m.chargesInvalid(n, charges, false)
 	g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid, Write: write})
-	w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
+	what := fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
+	w.checkHostile(what, err, invalid)
 	for r, amt := range charges {
 		w.checkRefusal(sid, err, n, r, amt, 0)
 	}
@@ -1045,9 +1064,17 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 			req.Want, req.Return = 0, 1+w.rng.Int63n(l.count)
 		}
 	}
+	if req.Return > 0 {
+		req.Return = w.hostileAmount(req.Return, 0)
+	} else {
+		req.Want = w.hostileAmount(req.Want, w.m.fullestHeld(n, class))
+	}
 	contended := e.contended(class)
+	invalid := w.blockInvalid(sid, req, contended)
 	g, err := e.Block(sid, req)
-	w.expect(fmt.Sprintf("block s%d %+v: %+v", sid, req, g), before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound)
+	what := fmt.Sprintf("block s%d %+v: %+v", sid, req, g)
+	w.expect(what, before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound, ErrInvalid)
+	w.checkHostile(what, err, invalid)
 	if err != nil {
 		return
 	}
@@ -1063,9 +1090,9 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 		r := req
 		r.RequestID = id
 		if differ && r.Return > 0 {
-			r.Return++
+			r.Return = otherAmount(r.Return)
 		} else if differ {
-			r.Want++
+			r.Want = otherAmount(r.Want)
 		}
 		g, err := e.Block(sid, r)
 		return fmt.Sprint(g.Lease, g.Granted), err
@@ -1102,14 +1129,20 @@ func (w *world) reserveOp(sid SessionID, before uint64) {
 			req.Want = 1
 		}
 	}
+	req.Spent = w.hostileAmount(req.Spent, 0)
+	req.Return = w.hostileAmount(req.Return, 0)
+	req.Want = w.hostileAmount(req.Want, w.m.fullest(n, r, false))
 	w.reserve(sid, req, before)
 }
 
 func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	e := w.e
 	k := modelRes{sid, req.Node, req.Resource}
+	invalid := w.reserveInvalid(sid, req)
 	res, err := e.Reserve(sid, req)
-	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
+	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+	w.checkHostile(what, err, invalid)
 	asked := int64(1) // a top-up is refused only when not one unit fits
 	if req.Exact {
 		asked = req.Want
@@ -1132,7 +1165,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 		r := req
 		r.RequestID = id
 		if differ {
-			r.Want++
+			r.Want = otherAmount(r.Want)
 		}
 		res, err := e.Reserve(sid, r)
 		return fmt.Sprint(res.Granted), err
@@ -1212,7 +1245,7 @@ func (w *world) giveBack(nt Notice) {
 // holder of a reservation in the way (I13).
 func (w *world) checkRefusal(sid SessionID, err error, n NodeID, r string, amount, returned int64) {
 	var d *Denial
-	if errors.As(err, &d) && d.Resource == r && d.Used+d.Amount <= d.Limit {
+	if errors.As(err, &d) && d.Resource == r && d.Amount <= d.Limit-d.Used {
 		w.fail("I14 denial: %v, but what is spent (%d) leaves room for %d more", d, d.Used, d.Amount)
 	}
 	if d != nil && !w.m.inside(d.Node, w.scope[sid]) && d.Largest != (Consumer{Name: OtherTenant}) &&
