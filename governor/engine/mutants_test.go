@@ -118,6 +118,11 @@ var mutants = []mutant{
 		"if g != nil && want > math.MaxInt64-g.n-g.r {", "if false {", `I24 hostile`},
 	{"a give-back that refunds what its caller names", "giveback.go",
 		"\tif !slices.Equal(charges, l.charges) {", "\tif l.charges = charges; !slices.Equal(charges, l.charges) {", `I24 hostile`},
+	// Issue 25, point 11: what no random seed saw before the driver scoped
+	// sessions below the tenants, aged waiters, checked bounds at their
+	// limit, checked dry runs and made overrides of every kind.
+	{"a node refused one before the bound", "bounds.go",
+		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

@@ -26,7 +26,8 @@ func (w *world) policyOp() {
 		w.randMinimums(&edit, t, true, true)
 		before := w.e.Seq()
 		_, err := w.e.SetCaps(System, t, edit, "")
-		w.expect(fmt.Sprintf("minimums of n%d %v", t, edit.Minimums), before, err, ErrTaskEnded)
+		what := fmt.Sprintf("minimums of n%d %v", t, edit.Minimums)
+		w.expect(what, before, err, ErrTaskEnded)
 		return
 	}
 	if w.policy.Intn(25) == 0 {
@@ -172,7 +173,8 @@ func (w *world) modesOp() {
 	w.randMinimums(&edit, n, true, false) // keeps a root limit within the minimums
 	before := w.e.Seq()
 	_, err := w.e.SetCaps(System, n, edit, "")
-	w.expect(fmt.Sprintf("modes of n%d %+v", n, edit), before, err, ErrTaskEnded)
+	what := fmt.Sprintf("modes of n%d %+v", n, edit)
+	w.expect(what, before, err, ErrTaskEnded)
 }
 
 // shadowOp is, now and then, a shadow rule's request (Engine.Shadow), or
@@ -225,6 +227,7 @@ func (w *world) shadowOp() {
 	what := fmt.Sprintf("shadow s%d n%d %v write %v %q", sid, r.Node, r.Charges, r.Write, rid)
 	w.expect(what, before, err, ErrBound, ErrInvalid)
 	w.checkHostile(what, errors.Join(err, dr.Err), invalid)
+	w.checkBoundRefusal(what, err, r.Node, names(r.Charges), nil, true)
 	if err != nil {
 		return
 	}

@@ -321,13 +321,9 @@ func (w *world) reqID() string {
 func (w *world) openSession(scope NodeID) {
 	before := w.e.Seq()
 	id, err := w.e.OpenSession(scope, fmt.Sprintf("hash-%d-%d", w.seed, w.e.Seq()), sessionTTL)
-	w.expect(fmt.Sprintf("open session on %d: %d", scope, id), before, err, ErrTaskEnded, ErrNotFound, ErrBound)
-	var be *BoundError
-	if errors.As(err, &be) {
-		if t := w.e.nodes[scope].tenant; be.Bound != BoundSessions || t.sessions < be.Limit {
-			w.fail("opening a session on %d was refused by %v, but its tenant holds %d sessions", scope, err, t.sessions)
-		}
-	}
+	what := fmt.Sprintf("open session on %d: %d", scope, id)
+	w.expect(what, before, err, ErrTaskEnded, ErrNotFound, ErrBound)
+	w.checkBoundRefusal(what, err, scope, nil, nil, false)
 	if err != nil {
 		return
 	}
@@ -409,6 +405,7 @@ func (w *world) randomOp() {
 		what := fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid)
 		w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
 		w.checkHostile(what, err, invalid)
+		w.checkBoundRefusal(what, err, n, []string{r}, nil, false)
 		w.checkRefusal(sid, err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
@@ -497,7 +494,9 @@ func (w *world) randomOp() {
 		} else {
 			v, err = e.CreateNode(sid, parent, spec, rid)
 		}
-		w.expect(fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID), before, err, ErrTaskEnded, ErrExists, ErrInvalid, ErrBound)
+		what := fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID)
+		w.expect(what, before, err, ErrTaskEnded, ErrExists, ErrInvalid, ErrBound)
+		w.checkBoundRefusal(what, err, parent, names(spec.Quotas, spec.DefaultQuotas), names(spec.Limits, spec.DefaultLimits), false)
 		if err == nil {
 			if !slices.Contains(w.nodes, v.ID) {
 				w.nodes = append(w.nodes, v.ID)
@@ -551,7 +550,9 @@ func (w *world) randomOp() {
 		audit := w.randOverride(edit)
 		w.randMinimums(&edit, n, audit.For == 0, false)
 		_, err := e.SetCapsAudited(sid, n, edit, audit, rid)
-		w.expect(fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
+		what := fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid)
+		w.expect(what, before, err, ErrPermission, ErrTaskEnded, ErrBound)
+		w.checkBoundRefusal(what, err, n, names(edit.Quotas, edit.DefaultQuotas), names(edit.Limits, edit.DefaultLimits), false)
 		switch {
 		case n == w.scope[sid] && err == nil:
 			w.fail("session %d edited its own scope node %d", sid, n)
@@ -1001,6 +1002,7 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	what := fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil)
 	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
 	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, n, names(charges), classesOf(class), false)
 	for r, amt := range charges {
 		w.checkRefusal(sid, err, n, r, amt, 0)
 	}
@@ -1075,6 +1077,7 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 	what := fmt.Sprintf("block s%d %+v: %+v", sid, req, g)
 	w.expect(what, before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound, ErrInvalid)
 	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, n, nil, []string{class}, false)
 	if err != nil {
 		return
 	}
@@ -1143,6 +1146,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
 	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
 	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, req.Node, []string{req.Resource}, nil, false)
 	asked := int64(1) // a top-up is refused only when not one unit fits
 	if req.Exact {
 		asked = req.Want
