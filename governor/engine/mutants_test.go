@@ -121,6 +121,8 @@ var mutants = []mutant{
 	// Issue 25, point 11: what no random seed saw before the driver scoped
 	// sessions below the tenants, aged waiters, checked bounds at their
 	// limit, checked dry runs and made overrides of every kind.
+	{"reclamation checks pins only on the ended node's direct children", "reclaim.go",
+		"\tfor _, c := range n.children {\n\t\tif c.pinnedBelow() {", "\tfor _, c := range n.children {\n\t\tif c.pins > 0 {", `I15 reclaim`},
 	{"a node refused one before the bound", "bounds.go",
 		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
 }

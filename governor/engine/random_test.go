@@ -56,6 +56,7 @@ func TestRandomized(t *testing.T) {
 				w.policyOp()
 				w.shadowOp()
 				w.giveBackOp()
+				w.deepOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -104,8 +105,11 @@ type world struct {
 	shadowReqs []shadowReq
 	// hrng draws hostile amounts (random_hostile_test.go), a stream of its
 	// own, in the seeds that send any (hostile).
-	hrng       *rand.Rand
-	hostile    bool
+	hrng    *rand.Rand
+	hostile bool
+	// deep opens sessions scoped below the tenants and deepens subtrees
+	// (random_deep_test.go), a stream of its own.
+	deep       *rand.Rand
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -159,7 +163,8 @@ func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
-		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)), clock: newFakeClock(),
+		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
+		deep: rand.New(rand.NewSource(seed + 4<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -318,7 +323,11 @@ func (w *world) reqID() string {
 	return fmt.Sprintf("r%d", w.nextReq)
 }
 
-func (w *world) openSession(scope NodeID) {
+func (w *world) openSession(scope NodeID) { w.openSessionDrawing(scope, w.rng) }
+
+// openSessionDrawing opens a session on scope, drawing whether its worker
+// dies from rng.
+func (w *world) openSessionDrawing(scope NodeID, rng *rand.Rand) {
 	before := w.e.Seq()
 	id, err := w.e.OpenSession(scope, fmt.Sprintf("hash-%d-%d", w.seed, w.e.Seq()), sessionTTL)
 	what := fmt.Sprintf("open session on %d: %d", scope, id)
@@ -330,7 +339,7 @@ func (w *world) openSession(scope NodeID) {
 	w.sessions = append(w.sessions, id)
 	w.scope[id] = scope
 	w.expires[id] = w.clock.Now().UnixNano() + int64(sessionTTL)
-	w.quiet[id] = w.rng.Intn(5) == 0
+	w.quiet[id] = rng.Intn(5) == 0
 }
 
 func (w *world) forgetSession(sid SessionID) {
@@ -1405,7 +1414,11 @@ func (w *world) checkReclaimed() {
 	cutoff := e.now() - int64(e.retention)
 	for _, n := range e.nodes {
 		top := n.parent != nil && n.state != Open && (n.parent.state == Open || n.parent.endedAt > n.endedAt)
-		if top && n.endedAt <= cutoff && !n.pinnedBelow() {
+		if !top || n.endedAt > cutoff {
+			continue
+		}
+		switch w.m.pinDepth(n.id) {
+		case -1:
 			w.fail("I16 reclaim: node %d ended %v ago (retention %v), nothing pins it, and Reap kept it",
 				n.id, time.Duration(e.now()-n.endedAt), e.retention)
 		}
