@@ -123,6 +123,8 @@ var mutants = []mutant{
 	// limit, checked dry runs and made overrides of every kind.
 	{"reclamation checks pins only on the ended node's direct children", "reclaim.go",
 		"\tfor _, c := range n.children {\n\t\tif c.pinnedBelow() {", "\tfor _, c := range n.children {\n\t\tif c.pins > 0 {", `I15 reclaim`},
+	{"the aging guard one grant late", "minimum.go",
+		"if tq.grants-w.mark >= AgingGrants &&", "if tq.grants-w.mark > AgingGrants &&", `I6 DRR`},
 	{"a node refused one before the bound", "bounds.go",
 		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
 }
