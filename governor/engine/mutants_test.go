@@ -127,6 +127,8 @@ var mutants = []mutant{
 		"if tq.grants-w.mark >= AgingGrants &&", "if tq.grants-w.mark > AgingGrants &&", `I6 DRR`},
 	{"a node refused one before the bound", "bounds.go",
 		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
+	{"a dry run that ignores the write mark", "dryrun.go",
+		"if err := n.admits(r.Write, false); err != nil {", "if err := n.admits(false, false); err != nil {", `dry run .* the model says refused by read_only`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

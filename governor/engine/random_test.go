@@ -58,6 +58,7 @@ func TestRandomized(t *testing.T) {
 				w.giveBackOp()
 				w.deepOp()
 				w.agingOp()
+				w.dryRunOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -111,8 +112,10 @@ type world struct {
 	// deep opens sessions scoped below the tenants and deepens subtrees
 	// (random_deep_test.go), a stream of its own.
 	deep *rand.Rand
-	// aging runs aging episodes (random_aging_test.go), a stream of its own.
+	// aging runs aging episodes (random_aging_test.go), and dry draws dry
+	// runs (random_dryrun_test.go), streams of their own.
 	aging      *rand.Rand
+	dry        *rand.Rand
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -167,7 +170,8 @@ func newWorld(t *testing.T, seed int64) *world {
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
 		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
-		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)), clock: newFakeClock(),
+		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)),
+		dry: rand.New(rand.NewSource(seed + 6<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
