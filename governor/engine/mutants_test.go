@@ -129,6 +129,8 @@ var mutants = []mutant{
 		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
 	{"a dry run that ignores the write mark", "dryrun.go",
 		"if err := n.admits(r.Write, false); err != nil {", "if err := n.admits(false, false); err != nil {", `dry run .* the model says refused by read_only`},
+	{"a revert that recalls nothing", "override.go",
+		"\t\tif n.state == Open {\n\t\t\te.recallUnder(n", "\t\tif n.state != Open {\n\t\t\te.recallUnder(n", `was not told to give them back`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

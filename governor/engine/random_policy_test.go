@@ -28,6 +28,9 @@ func (w *world) policyOp() {
 		_, err := w.e.SetCaps(System, t, edit, "")
 		what := fmt.Sprintf("minimums of n%d %v", t, edit.Minimums)
 		w.expect(what, before, err, ErrTaskEnded)
+		if err == nil {
+			w.checkRecalledUnder(what, t)
+		}
 		return
 	}
 	if w.policy.Intn(25) == 0 {
@@ -175,6 +178,9 @@ func (w *world) modesOp() {
 	_, err := w.e.SetCaps(System, n, edit, "")
 	what := fmt.Sprintf("modes of n%d %+v", n, edit)
 	w.expect(what, before, err, ErrTaskEnded)
+	if err == nil {
+		w.checkRecalledUnder(what, n)
+	}
 }
 
 // shadowOp is, now and then, a shadow rule's request (Engine.Shadow), or

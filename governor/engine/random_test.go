@@ -59,6 +59,7 @@ func TestRandomized(t *testing.T) {
 				w.deepOp()
 				w.agingOp()
 				w.dryRunOp()
+				w.overrideOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -114,8 +115,11 @@ type world struct {
 	deep *rand.Rand
 	// aging runs aging episodes (random_aging_test.go), and dry draws dry
 	// runs (random_dryrun_test.go), streams of their own.
-	aging      *rand.Rand
-	dry        *rand.Rand
+	aging *rand.Rand
+	dry   *rand.Rand
+	// ovr makes temporary overrides (random_override_test.go), a stream
+	// of its own.
+	ovr        *rand.Rand
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -171,7 +175,7 @@ func newWorld(t *testing.T, seed int64) *world {
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
 		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
 		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)),
-		dry: rand.New(rand.NewSource(seed + 6<<32)), clock: newFakeClock(),
+		dry: rand.New(rand.NewSource(seed + 6<<32)), ovr: rand.New(rand.NewSource(seed + 7<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -569,6 +573,9 @@ func (w *world) randomOp() {
 		what := fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid)
 		w.expect(what, before, err, ErrPermission, ErrTaskEnded, ErrBound)
 		w.checkBoundRefusal(what, err, n, names(edit.Quotas, edit.DefaultQuotas), names(edit.Limits, edit.DefaultLimits), false)
+		if err == nil {
+			w.checkRecalledUnder(what, n)
+		}
 		switch {
 		case n == w.scope[sid] && err == nil:
 			w.fail("session %d edited its own scope node %d", sid, n)
