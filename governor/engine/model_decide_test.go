@@ -89,6 +89,11 @@ type modelDecide struct {
 	// decision.
 	aimd map[string]*mController
 
+	// agedGrants counts grants to waiters the aging guard had marked
+	// (passed over by AgingGrants grants of their tenant's queue): how
+	// often the driver reaches the guard.
+	agedGrants int
+
 	tombs    map[LeaseID]mTomb
 	requests map[SessionID][]string // remembered request ids, oldest first
 	touched  map[SessionID]bool     // sessions whose memory changed this step
@@ -342,6 +347,9 @@ func (m *model) afterExpected(ev Event) {
 		m.dropWaiters(func(o *mWaiter) bool { return o == w })
 		m.granted[w.wait] = ev.Lease
 		q := m.queues[w.class]
+		if tq.grants-w.mark >= specAgingGrants {
+			m.agedGrants++
+		}
 		tq.grants++
 		if !d.fromMin {
 			if tq.deficit--; tq.deficit <= 0 {

@@ -71,6 +71,7 @@ func (w *world) checkBoundRefusal(what string, err error, n NodeID, resources, c
 			slices.Contains(classes, be.Name) && !slices.Contains(have, be.Name)
 	}
 	if justified && be.Tenant == tn.name {
+		w.tally.boundsAtLimit++
 		return
 	}
 	w.fail("I17 bounds: %s refused by %v; tenant %d (%q) holds %d sessions, %d open nodes, %d queued acquires, and %d names known and %d new of resources %v, classes %v; its bounds are %+v",

@@ -59,6 +59,9 @@ func (w *world) dryRunOp() {
 	if got := dryRunAnswer(dr, err); got != want {
 		w.fail("%s answered %s; the model says %s", what, got, want)
 	}
+	if r.Write && errors.Is(dr.Err, ErrTenantState) {
+		w.tally.dryRunWritesRefused++
+	}
 }
 
 // readOnlyOp is the operator's configuration making an open tenant

@@ -94,6 +94,7 @@ func (w *world) checkHostile(what string, err error, mustRefuse bool) {
 	}
 	for _, ok := range []error{ErrInvalid, ErrTaskEnded, ErrTenantState, ErrBound, ErrNotFound, ErrUnauthenticated, ErrSessionExpired} {
 		if errors.Is(err, ok) {
+			w.tally.hostileRefused++
 			return
 		}
 	}

@@ -44,10 +44,13 @@ var (
 const sessionTTL = 5 * time.Second
 
 func TestRandomized(t *testing.T) {
+	var reach reached
+	t.Cleanup(func() { reach.check(t) })
 	for seed := int64(*flagBase); seed < int64(*flagBase+*flagSeeds); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t, seed)
+			defer reach.add(w)
 			for w.step = 1; w.step <= *flagOps; w.step++ {
 				if seed%5 == 0 && w.step == *flagOps/3 {
 					w.burst() // some sessions outrun their request memory
@@ -120,6 +123,7 @@ type world struct {
 	// ovr makes temporary overrides (random_override_test.go), a stream
 	// of its own.
 	ovr        *rand.Rand
+	tally      coverage
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -1435,6 +1439,9 @@ func (w *world) checkReclaimed() {
 		case -1:
 			w.fail("I16 reclaim: node %d ended %v ago (retention %v), nothing pins it, and Reap kept it",
 				n.id, time.Duration(e.now()-n.endedAt), e.retention)
+		case 0, 1:
+		default:
+			w.tally.keptForDeepPin++
 		}
 	}
 }
