@@ -195,6 +195,14 @@ func TestHostileAmounts(t *testing.T) {
 			_, err := f.e.SetCaps(System, f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: a}}}, "")
 			return err
 		}, positive(outcomes{0: ok, math.MaxInt64: ErrInvalid})},
+		{"minimum's start", nil, func(f *fixture, a int64) error {
+			_, err := f.e.SetCaps(System, f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 1, From: a}}}, "")
+			return err
+		}, positive(outcomes{0: ok})},
+		{"minimum's end", nil, func(f *fixture, a int64) error {
+			_, err := f.e.SetCaps(System, f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 1, Until: a}}}, "")
+			return err
+		}, positive(outcomes{0: ok})},
 		{"override's duration", nil, func(f *fixture, a int64) error {
 			_, err := f.e.SetCapsAudited(System, f.job, CapsEdit{Quotas: tokens(5)}, Audit{For: time.Duration(a)}, "")
 			return err

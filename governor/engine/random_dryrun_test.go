@@ -129,7 +129,7 @@ func dryRunAnswer(dr DryRun, err error) string {
 	case err != nil:
 		return "error " + err.Error()
 	case errors.As(dr.Err, &ended):
-		return fmt.Sprintf("ended at n%d", ended.Node)
+		return fmt.Sprintf("ended at n%d (%s, deadline %v)", ended.Node, ended.State, ended.Deadline)
 	case errors.As(dr.Err, &ts):
 		return fmt.Sprintf("refused by %s for %s", ts.State, ts.What)
 	case errors.As(dr.Err, &d):
@@ -144,7 +144,8 @@ func dryRunAnswer(dr DryRun, err error) string {
 
 // dryRun is SPEC.md's dry run of r at now, from the model: a request on a
 // node whose chain has ended or passed a deadline is ended at the lowest
-// such node; then its tenant's state; then each charge, in name order, as
+// such node (as it ended, or expired when only its deadline has passed);
+// then its tenant's state; then each charge, in name order, as
 // a consume would be decided (counting the shadow ledger as spent when
 // shadow is set), an amount past what a counter holds being invalid
 // whatever the others say; else admitted, waiting when a limit on the
@@ -156,8 +157,11 @@ func (m *model) dryRun(r AcquireRequest, shadow bool, now int64) string {
 		}
 	}
 	for _, a := range m.chain(r.Node) {
-		if m.state[a] != Open || (m.deadline[a] != 0 && now >= m.deadline[a]) {
-			return fmt.Sprintf("ended at n%d", a)
+		if st := m.state[a]; st != Open {
+			return fmt.Sprintf("ended at n%d (%s, deadline %v)", a, st, st == Expired)
+		}
+		if m.deadline[a] != 0 && now >= m.deadline[a] {
+			return fmt.Sprintf("ended at n%d (%s, deadline true)", a, Expired)
 		}
 	}
 	if t := m.tenantOf(r.Node); t != RootID {
