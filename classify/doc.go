@@ -4,7 +4,8 @@
 //
 // It is pure: it does no I/O except reading its rule file (Load) and polling
 // it (Watcher). It may import only the standard library, gopkg.in/yaml.v3,
-// internal/envsubst and internal/filepoll; never the proxies, the server,
+// internal/envsubst, internal/filepoll and classify/sqlclass (the kinds of
+// statement a rule names are the classifier's); never the proxies, the server,
 // the engine or the SDK.
 //
 // # Rules

@@ -33,6 +33,11 @@ type Meter struct {
 	// Unmetered lets a request body over MaxBody through unmetered
 	// (oversize: unmetered); otherwise it is refused (oversize: refuse).
 	Unmetered bool
+	// Clamp lowers the output limit of a call whose estimate does not fit
+	// in what the budget has left to what does fit, and lets it go ahead
+	// (on_over_estimate: clamp); otherwise such a call is refused, saying
+	// what would fit (on_over_estimate: refuse).
+	Clamp bool
 }
 
 // Defaults of a meter's keys.
@@ -40,6 +45,12 @@ const (
 	DefaultMeterResource = "tokens"
 	DefaultMeterReserve  = 4096
 	DefaultMeterMaxBody  = 4 << 20
+
+	// The largest values the keys take: an output limit no provider
+	// reaches, a body of 1 GiB, and 1 MiB a token.
+	MaxMeterReserve       = 1 << 24
+	MaxMeterMaxBody       = 1 << 30
+	MaxMeterBytesPerToken = 1 << 20
 )
 
 type fileMeter struct {
@@ -49,6 +60,7 @@ type fileMeter struct {
 	BytesPerToken *integer `yaml:"bytes_per_token"`
 	MaxBody       *integer `yaml:"max_body"`
 	Oversize      *string  `yaml:"oversize"`
+	OverEstimate  *string  `yaml:"on_over_estimate"`
 }
 
 // compileMeter reads the meter: key, a scalar (the API) or a mapping.
@@ -81,14 +93,25 @@ func compileMeter(n *yaml.Node) (*Meter, error) {
 		key string
 		v   *integer
 		dst *int64
-	}{{"reserve", fm.Reserve, &m.Reserve}, {"bytes_per_token", fm.BytesPerToken, &m.BytesPerToken}, {"max_body", fm.MaxBody, &m.MaxBody}} {
+		max int64
+	}{{"reserve", fm.Reserve, &m.Reserve, MaxMeterReserve}, {"bytes_per_token", fm.BytesPerToken, &m.BytesPerToken, MaxMeterBytesPerToken},
+		{"max_body", fm.MaxBody, &m.MaxBody, MaxMeterMaxBody}} {
 		if f.v == nil {
 			continue
 		}
-		if *f.v <= 0 {
-			return nil, fieldErr("meter."+f.key, "%d is not a positive number", *f.v)
+		if *f.v <= 0 || int64(*f.v) > f.max {
+			return nil, fieldErr("meter."+f.key, "%d is not from 1 to %d", *f.v, f.max)
 		}
 		*f.dst = int64(*f.v)
+	}
+	if fm.OverEstimate != nil {
+		switch *fm.OverEstimate {
+		case "refuse":
+		case "clamp":
+			m.Clamp = true
+		default:
+			return nil, fieldErr("meter.on_over_estimate", "%q is not refuse or clamp", *fm.OverEstimate)
+		}
 	}
 	if fm.Oversize != nil {
 		switch *fm.Oversize {
@@ -106,6 +129,9 @@ func (m *Meter) String() string {
 	s := fmt.Sprintf("meter %s %s (reserve the output limit or %d, plus a token per %d bytes of body)", m.API, m.Resource, m.Reserve, m.BytesPerToken)
 	if m.Unmetered {
 		s += fmt.Sprintf("; a body over %d bytes passes unmetered", m.MaxBody)
+	}
+	if m.Clamp {
+		s += "; an output limit the budget cannot cover is lowered to what it can"
 	}
 	return s
 }

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/governor-project/governor/classify/sqlclass"
 )
 
 // Rules is a validated, compiled rule list. It is immutable once built, so
@@ -172,36 +174,32 @@ type SQLStatement struct {
 	ApplicationName string
 }
 
-// Statement kinds, as the sql field of a rule names them. The pgwire
-// classifier reports these; a kind it reports that is not listed here
-// matches only "sql: any".
+// Statement kinds, as the sql field of a rule names them: the classifier's
+// own (package sqlclass), and "any".
 const (
-	KindSelect      = "select"      // SELECT, VALUES, TABLE, a WITH that only reads
-	KindInsert      = "insert"      // INSERT, also inside a WITH
-	KindUpdate      = "update"      // UPDATE, also inside a WITH
-	KindDelete      = "delete"      // DELETE, also inside a WITH
-	KindMerge       = "merge"       // MERGE
-	KindCopy        = "copy"        // COPY, either direction
-	KindTruncate    = "truncate"    // TRUNCATE
-	KindLock        = "lock"        // SELECT ... FOR UPDATE/SHARE, LOCK TABLE
-	KindCall        = "call"        // CALL: a procedure may write anything
-	KindDo          = "do"          // DO: an anonymous block may write anything
-	KindFunction    = "function"    // a call of a function not known to only read (nextval, a user's); the FunctionCall message
-	KindDDL         = "ddl"         // CREATE, ALTER, DROP, COMMENT, GRANT, REVOKE, ...
-	KindTransaction = "transaction" // BEGIN, COMMIT, ROLLBACK, SAVEPOINT, ...
-	KindUtility     = "utility"     // everything else: SET, SHOW, VACUUM, LISTEN, ...
-	// KindUnknown is a statement the classifier could not see into: nested
-	// past its depth limit, past its other limits, or an EXECUTE of a name
-	// the connection has not prepared where the proxy could see. It names
-	// no table; rules that name unknown, and sql: any, match it.
-	KindUnknown = "unknown"
+	KindSelect      = sqlclass.KindSelect
+	KindInsert      = sqlclass.KindInsert
+	KindUpdate      = sqlclass.KindUpdate
+	KindDelete      = sqlclass.KindDelete
+	KindMerge       = sqlclass.KindMerge
+	KindCopy        = sqlclass.KindCopy
+	KindTruncate    = sqlclass.KindTruncate
+	KindLock        = sqlclass.KindLock
+	KindCall        = sqlclass.KindCall
+	KindDo          = sqlclass.KindDo
+	KindFunction    = sqlclass.KindFunction
+	KindDDL         = sqlclass.KindDDL
+	KindTransaction = sqlclass.KindTransaction
+	KindUtility     = sqlclass.KindUtility
+	// KindUnknown: see sqlclass.KindUnknown. Rules that name unknown, and
+	// sql: any, match it.
+	KindUnknown = sqlclass.KindUnknown
 	KindAny     = "any" // in rules only: every statement
 )
 
 // sqlKindOrder is the canonical order of the kinds; a kind's bit in a
 // rule's sqlKinds mask is its index here.
-var sqlKindOrder = [...]string{KindSelect, KindInsert, KindUpdate, KindDelete, KindMerge, KindCopy,
-	KindTruncate, KindLock, KindCall, KindDo, KindFunction, KindDDL, KindTransaction, KindUtility, KindUnknown}
+var sqlKindOrder = sqlclass.Kinds()
 
 var sqlKindBits = func() map[string]uint32 {
 	m := make(map[string]uint32, len(sqlKindOrder))
@@ -213,7 +211,7 @@ var sqlKindBits = func() map[string]uint32 {
 
 // SQLKinds lists the statement kinds a rule may name (besides "any"), in
 // their canonical order.
-func SQLKinds() []string { return append([]string(nil), sqlKindOrder[:]...) }
+func SQLKinds() []string { return sqlclass.Kinds() }
 
 type ruleKind uint8
 

@@ -45,12 +45,13 @@ const tunnelHost = "quota-tunnel.test"
 // uploadSize is what the chunked upload cell sends.
 const uploadSize = 1 << 20
 
-// originResolver is the proxy's resolver: origin.test is this machine.
+// originResolver is the proxy's resolver: origin.test, the denial cells'
+// hosts and every host below intercept.test are this machine.
 type originResolver struct{}
 
 func (originResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	switch strings.ToLower(strings.TrimSuffix(host, ".")) {
-	case originHost, quotaHost, slowHost, tunnelHost:
+	switch h := strings.ToLower(strings.TrimSuffix(host, ".")); {
+	case h == originHost, h == quotaHost, h == slowHost, h == tunnelHost, strings.HasSuffix(h, "."+interceptDomain):
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
 	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}

@@ -1,9 +1,11 @@
-// Package deploy holds deployment examples: the Kubernetes manifests, a
-// Grafana dashboard and Prometheus alerting rules. Its tests hold them to the
-// code: the manifests decode strictly with Kubernetes' own types and their
-// embedded configs load with the real config parsers, and every query of the
-// dashboard and the rules parses and names only metrics and labels that
-// governord's or the sidecar's registry describes.
+// Package deploy holds deployment examples: the Helm chart (helm/governor),
+// the plain Kubernetes manifests generated from it, a Grafana dashboard and
+// Prometheus alerting rules. Its tests hold them to the code: the manifests
+// and the chart, rendered with Helm's library (helm_test.go), decode
+// strictly with Kubernetes' own types and their embedded configs load with
+// the real config parsers, and every query of the dashboard and the rules
+// parses and names only metrics and labels that governord's or the
+// sidecar's registry describes.
 package deploy
 
 import (
@@ -15,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -25,9 +28,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"gopkg.in/yaml.v3"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
@@ -39,7 +47,22 @@ const (
 	alertsFile    = "prometheus/alerts.yaml"
 )
 
-var manifests = []string{"kubernetes/governord.yaml", "kubernetes/governord-ha.yaml", "kubernetes/worker-with-sidecar.yaml"}
+// manifests are every Kubernetes manifest in kubernetes/, so that a new one
+// is held to the same checks without being listed.
+func manifests(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kubernetes/governord.yaml", "kubernetes/governord-ha.yaml",
+		"kubernetes/worker-with-sidecar.yaml", "kubernetes/worker-with-sidecar-intercept.yaml"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("no %s among %v", want, files)
+		}
+	}
+	return files
+}
 
 // series are the metric families a registry describes, by name, with their
 // label names.
@@ -350,10 +373,10 @@ func TestAlertRulesPromtool(t *testing.T) {
 	}
 }
 
-// designLabels are the label names DESIGN.md gives metrics.
+// designLabels are the label names the contract gives metrics (docs/metric-labels.md).
 var designLabels = []string{"tenant", "class", "resource", "rule", "status"}
 
-// otherLabels are the labels the code uses beyond DESIGN's, each on
+// otherLabels are the labels the code uses beyond the contract's, each on
 // configuration-bound values (never a task, a lease or a URL). They are
 // listed so that a new one fails this test and gets decided on purpose.
 var otherLabels = map[string]string{
@@ -366,6 +389,7 @@ var otherLabels = map[string]string{
 	"state":   "in_use/idle slots, unspent/unsettled units, event seq, a tenant's overage state",
 	"mode":    "a cap's enforcement mode: soft or warn_only (governor_cap_warnings_total)",
 	"how":     "block or lease grant",
+	"reason":  "why an intercepted TLS handshake ended as it did (a fixed set: ok, client_refused_certificate, ...)",
 }
 
 // Labels that would make the number of series follow the work.
@@ -392,7 +416,7 @@ func TestMetricLabels(t *testing.T) {
 		case slices.Contains(designLabels, l):
 		case otherLabels[l] != "":
 		default:
-			t.Errorf("label %q (on %v) is neither DESIGN's (%v) nor one decided on (otherLabels)", l, names, designLabels)
+			t.Errorf("label %q (on %v) is neither the contract's (%v) nor one decided on (otherLabels)", l, names, designLabels)
 		}
 	}
 	sort.Strings(found)
@@ -447,6 +471,24 @@ func decodeManifest(doc []byte) (any, error) {
 		obj = &appsv1.StatefulSet{}
 	case "apps/v1 Deployment":
 		obj = &appsv1.Deployment{}
+	case "policy/v1 PodDisruptionBudget":
+		obj = &policyv1.PodDisruptionBudget{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
+	case "admissionregistration.k8s.io/v1 MutatingWebhookConfiguration":
+		obj = &admissionregistrationv1.MutatingWebhookConfiguration{}
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		obj = &monitoringv1.ServiceMonitor{}
+	case "monitoring.coreos.com/v1 PodMonitor":
+		obj = &monitoringv1.PodMonitor{}
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		obj = &monitoringv1.PrometheusRule{}
+	// cert-manager's module is too large to depend on for two kinds: these
+	// hold the fields the chart writes (helm_test.go).
+	case "cert-manager.io/v1 Certificate":
+		obj = &certManagerCertificate{}
+	case "cert-manager.io/v1 Issuer":
+		obj = &certManagerIssuer{}
 	default:
 		return nil, fmt.Errorf("%s %s: a kind this test does not know", head.APIVersion, head.Kind)
 	}
@@ -457,7 +499,7 @@ func decodeManifest(doc []byte) (any, error) {
 }
 
 func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
-	for _, path := range manifests {
+	for _, path := range manifests(t) {
 		for i, doc := range documents(t, path) {
 			obj, err := decodeManifest(doc)
 			if err != nil {
@@ -507,18 +549,27 @@ func checkPodSpec(t *testing.T, path string, spec *corev1.PodSpec) {
 
 // A typo in a field must fail, which is the point of decoding strictly.
 func TestKubernetesManifestTypoFails(t *testing.T) {
-	docs := documents(t, "kubernetes/worker-with-sidecar.yaml")
-	for i, doc := range docs {
-		if !bytes.Contains(doc, []byte("readinessProbe:")) {
-			continue
+	for _, tc := range []struct{ path, field, typo string }{
+		{"kubernetes/worker-with-sidecar.yaml", "readinessProbe:", "readinesProbe:"},
+		{interceptManifest, "subPath:", "subPaht:"},
+		{interceptManifest, "emptyDir:", "emptyDirectory:"},
+	} {
+		found := false
+		for i, doc := range documents(t, tc.path) {
+			if !bytes.Contains(doc, []byte(tc.field)) {
+				continue
+			}
+			found = true
+			bad := bytes.Replace(doc, []byte(tc.field), []byte(tc.typo), 1)
+			if _, err := decodeManifest(bad); err == nil || !strings.Contains(err.Error(), strings.TrimSuffix(tc.typo, ":")) {
+				t.Errorf("%s, document %d with %s: %v, want an unknown field error", tc.path, i+1, tc.typo, err)
+			}
+			break
 		}
-		bad := bytes.Replace(doc, []byte("readinessProbe:"), []byte("readinesProbe:"), 1)
-		if _, err := decodeManifest(bad); err == nil || !strings.Contains(err.Error(), "readinesProbe") {
-			t.Errorf("document %d with readinesProbe: %v, want an unknown field error", i+1, err)
+		if !found {
+			t.Errorf("%s: no document with %s", tc.path, tc.field)
 		}
-		return
 	}
-	t.Fatal("no document with a readinessProbe")
 }
 
 // configMapFile returns data[key] of the ConfigMap named name in a manifest.
@@ -544,6 +595,7 @@ func setManifestEnv(t *testing.T) {
 	t.Setenv("PAYMENTS_KEY", "p")
 	t.Setenv("GOVERNOR_API_KEY", "p")
 	t.Setenv("POD_NAME", "crawler-0")
+	t.Setenv("GOVERNOR_TASK", "crawler-0") // the injected sidecar's
 }
 
 func TestKubernetesConfigsLoad(t *testing.T) {
@@ -570,6 +622,13 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 	if pcfg.HTTP.WaitTimeout != 30*time.Second || pcfg.Rules == nil {
 		t.Fatalf("the sidecar's config: %+v", pcfg)
 	}
+	icfg, err := sidecar.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
+	if err != nil {
+		t.Fatalf("the intercepting sidecar's config: %v", err)
+	}
+	if ic := icfg.HTTP.Intercept; !ic.On() || ic.CACert == "" || ic.CAKey == "" || icfg.Rules == nil {
+		t.Fatalf("the intercepting sidecar's config: %+v", icfg)
+	}
 }
 
 // The embedded configs are read by parsers that reject unknown keys, so a
@@ -584,5 +643,9 @@ func TestKubernetesConfigTypoFails(t *testing.T) {
 	ptext := configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml")
 	if _, err := sidecar.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
 		t.Error("the sidecar's config with wait_timout: loaded")
+	}
+	itext := configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml")
+	if _, err := sidecar.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
+		t.Error("the intercepting sidecar's config with ca_keyfile: loaded")
 	}
 }

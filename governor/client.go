@@ -430,12 +430,24 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 // so the server applies the call at most once.
 //
 // UNAVAILABLE is retried with backoff until ctx ends or the session is lost
-// (the local deadline bounds it). A call the server cancelled while ctx is
-// still live did nothing, by the API's contract, so it is tried again under a
-// new id: the old id may be remembered as cancelled. UNAUTHENTICATED means
-// the server has forgotten the session, which is then given up.
+// (the local deadline bounds it), or, with WithUnavailableRetry, until its
+// bound passes with no standby answering (unreachable). A call the server
+// cancelled while ctx is still live did nothing, by the API's contract, so
+// it is tried again under a new id: the old id may be remembered as
+// cancelled. UNAUTHENTICATED means the server has forgotten the session,
+// which is then given up.
 func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
-	return c.grant(ctx, op, attempt, nil)
+	return c.run(ctx, op, attempt, nil, true)
+}
+
+// giveBack is call for a call that frees what the session holds (a
+// release; units settled or given back; slots given back): the bound of
+// WithUnavailableRetry does not apply to it. The bound is there so that new
+// work fails closed at once; a give-back failed as fast would leave what it
+// frees held until the session ends, while governord restarts or fails over.
+// ctx and the session still bound it.
+func (c *Client) giveBack(ctx context.Context, op string, attempt func(ctx context.Context, requestID string) error) error {
+	return c.run(ctx, op, attempt, nil, false)
 }
 
 // grant is call for a call that grants something (a lease, slots, units),
@@ -450,6 +462,12 @@ func (c *Client) call(ctx context.Context, op string, attempt func(ctx context.C
 // session ends, and the call fails closed at once. A nil abandon makes
 // grant call.
 func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx context.Context, requestID string) error) error {
+	return c.run(ctx, op, attempt, abandon, true)
+}
+
+// run is call, grant and giveBack: bounded says whether
+// WithUnavailableRetry's bound applies.
+func (c *Client) run(ctx context.Context, op string, attempt, abandon func(ctx context.Context, requestID string) error, bounded bool) error {
 	id := retry.RequestID()
 	var last error // the last transient failure, to explain a give-up
 	var unavailableSince time.Time
@@ -487,7 +505,7 @@ func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx
 			last = err
 			if unavailableSince.IsZero() {
 				unavailableSince = time.Now()
-			} else if c.unavailableFor > 0 && time.Since(unavailableSince) >= c.unavailableFor {
+			} else if bounded && c.unreachable(unavailableSince) {
 				return fail(fromStatus(op, err))
 			}
 		case codes.Canceled, codes.DeadlineExceeded:
@@ -511,6 +529,20 @@ func (c *Client) grant(ctx context.Context, op string, attempt, abandon func(ctx
 			return fail(&gaveUpError{op: op, why: werr, last: fromStatus(op, last)})
 		}
 	}
+}
+
+// unreachable reports whether a call that has met UNAVAILABLE since
+// failing has done so for longer than its bound (WithUnavailableRetry)
+// with no standby answering. A standby that answered since then means
+// that governord is between leaders, not gone: the bound is lifted, so
+// that a waiting call keeps trying and queues again at the new leader,
+// within its caller's time; the session's local deadline still bounds it,
+// since the standby refuses heartbeats too, should no leader follow.
+func (c *Client) unreachable(failing time.Time) bool {
+	if c.unavailableFor <= 0 || c.conn.standbyAnswered().After(failing) {
+		return false
+	}
+	return time.Since(failing) >= c.unavailableFor
 }
 
 // unanswering reports whether an attempt that failed with err may have

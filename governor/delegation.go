@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/retry"
@@ -59,12 +60,18 @@ func (t *Task) ResizeBlock(ctx context.Context, class string, want, ret int64) (
 			return err
 		}
 	}
-	err := t.c.grant(ctx, "ResizeBlock", func(ctx context.Context, id string) error {
+	send := func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.ResizeBlock(ctx, req)
 		return err
-	}, abandon)
+	}
+	var err error
+	if want > 0 {
+		err = t.c.grant(ctx, "ResizeBlock", send, abandon)
+	} else {
+		err = t.c.giveBack(ctx, "ResizeBlock", send)
+	}
 	if err != nil {
 		t.observe(err)
 		return Block{}, err
@@ -124,12 +131,18 @@ func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Res
 			return err
 		}
 	}
-	err := t.c.grant(ctx, "Reserve", func(ctx context.Context, id string) error {
+	send := func(ctx context.Context, id string) error {
 		req.RequestId = id
 		var err error
 		resp, err = t.c.rpc.Reserve(ctx, req)
 		return err
-	}, abandon)
+	}
+	var err error
+	if want > 0 {
+		err = t.c.grant(ctx, "Reserve", send, abandon)
+	} else {
+		err = t.c.giveBack(ctx, "Reserve", send) // a settlement: what was spent, and what goes back
+	}
 	if err != nil {
 		if want > 0 {
 			t.observe(err)
@@ -182,6 +195,31 @@ func (c *Client) ReportDenials(ctx context.Context, denials []DenialCount) error
 	}
 	return c.call(ctx, "ReportDenials", func(ctx context.Context, _ string) error {
 		_, err := c.rpc.ReportDenials(ctx, req)
+		return err
+	})
+}
+
+// BlockUse is how many slots of the session's block of Class on Node hold
+// work, and how long the oldest of that work has held its slot
+// (ReportBlockUse).
+type BlockUse struct {
+	Node   int64
+	Class  string
+	InUse  int64
+	Oldest time.Duration
+}
+
+// ReportBlockUse tells governord how the session's blocks are used: the
+// blocks with slots holding work (a block left out has none). Each report
+// replaces the last; governord keeps them for Inspect only, and forgets
+// them when it restarts, so report again now and then.
+func (c *Client) ReportBlockUse(ctx context.Context, use []BlockUse) error {
+	req := &governorpb.ReportBlockUseRequest{Blocks: make([]*governorpb.BlockUse, len(use))}
+	for i, u := range use {
+		req.Blocks[i] = &governorpb.BlockUse{NodeId: u.Node, Class: u.Class, InUse: u.InUse, Oldest: durationpb.New(max(u.Oldest, 0))}
+	}
+	return c.call(ctx, "ReportBlockUse", func(ctx context.Context, _ string) error {
+		_, err := c.rpc.ReportBlockUse(ctx, req)
 		return err
 	})
 }

@@ -235,6 +235,13 @@ func (e *gaveUpError) Error() string {
 
 func (e *gaveUpError) Unwrap() []error { return []error{e.why, e.last} }
 
+// RawError turns the error of a call made through Client.Raw (named op)
+// into the error the SDK's own calls return for it: a *StatusError that
+// unwraps to its sentinel or typed detail (*Denial, *TaskEndedError,
+// *TenantStateError, ...), so that errors.Is and errors.As work on it.
+// Errors that carry no status are wrapped as they are; nil stays nil.
+func RawError(op string, err error) error { return fromStatus(op, err) }
+
 // fromStatus turns an error from a gRPC call into a *StatusError. Errors that
 // carry no status (a closed connection, a rejected call) are wrapped as they
 // are.

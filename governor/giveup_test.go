@@ -3,6 +3,7 @@ package governor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -276,5 +277,99 @@ func TestGrantGivenUpAsUnavailableIsGivenBack(t *testing.T) {
 	}
 	if held := heldOn(t, c, task.ID(), "db"); held != 0 {
 		t.Errorf("the task holds %d leases after the acquire was given up and abandoned", held)
+	}
+}
+
+// flaky answers UNAVAILABLE to the give-backs of method for a while from
+// the first, as a governord restarting does, then lets them through.
+type flaky struct {
+	method string
+	for_   time.Duration
+	mu     sync.Mutex
+	since  time.Time
+	failed int
+}
+
+func (f *flaky) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	giveBack := false
+	switch r := req.(type) {
+	case *governorpb.ReleaseRequest:
+		giveBack = true
+	case *governorpb.ReserveRequest:
+		giveBack = r.GetWant() == 0
+	case *governorpb.ResizeBlockRequest:
+		giveBack = r.GetWant() == 0
+	}
+	if method == f.method && giveBack {
+		f.mu.Lock()
+		if f.since.IsZero() {
+			f.since = time.Now()
+		}
+		down := time.Since(f.since) < f.for_
+		if down {
+			f.failed++
+		}
+		f.mu.Unlock()
+		if down {
+			return status.Error(codes.Unavailable, "governord is restarting")
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// A give-back (a Release, a settlement, slots returned) keeps trying
+// through an outage longer than WithUnavailableRetry's bound, within its
+// caller's time: failed fast, it would leave what it frees held until the
+// session ends, and the limit full meanwhile.
+func TestGiveBacksOutlastTheUnavailableBound(t *testing.T) {
+	srv := govtest.Start(t, func(c *server.Config) {
+		c.Root.Limits = map[string]int64{"db": 1}
+		c.Tenants[0].Quotas = map[string]int64{"calls": 100}
+	})
+	for _, tc := range []struct {
+		method   string
+		giveBack func(ctx context.Context, task *governor.Task) error
+	}{
+		{governorpb.Governor_Release_FullMethodName, func(ctx context.Context, task *governor.Task) error {
+			l, err := task.Acquire(ctx, "db")
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx, 0, false)
+		}},
+		{governorpb.Governor_Reserve_FullMethodName, func(ctx context.Context, task *governor.Task) error {
+			if _, err := task.Reserve(ctx, "calls", 0, 0, 10); err != nil {
+				return err
+			}
+			_, err := task.Reserve(ctx, "calls", 2, 8, 0)
+			return err
+		}},
+		{governorpb.Governor_ResizeBlock_FullMethodName, func(ctx context.Context, task *governor.Task) error {
+			b, err := task.ResizeBlock(ctx, "db", 1, 0)
+			if err != nil || b.Granted != 1 {
+				return fmt.Errorf("the block: %+v %w", b, err)
+			}
+			_, err = task.ResizeBlock(ctx, "db", 0, 1)
+			return err
+		}},
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			f := &flaky{method: tc.method, for_: 300 * time.Millisecond}
+			c := dialReal(t, governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey),
+				governor.WithUnavailableRetry(50*time.Millisecond), governor.WithGRPCOptions(grpc.WithChainUnaryInterceptor(f.intercept)))
+			_, task := newTask(t, t.Context(), c, governor.Spec{})
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if err := tc.giveBack(ctx, task); err != nil {
+				t.Fatalf("a give-back through a %v outage with a 50ms bound: %v", f.for_, err)
+			}
+			if f.failed < 2 {
+				t.Errorf("the outage was met %d times", f.failed)
+			}
+			if held := heldOn(t, c, task.ID(), "db"); held != 0 {
+				t.Errorf("%d slots held after the give-back", held)
+			}
+		})
 	}
 }

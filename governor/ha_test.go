@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/faultproxy"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/server"
 )
@@ -187,5 +189,96 @@ func TestHeartbeatMovesOnFromAnAddressThatAnswersNothing(t *testing.T) {
 	}
 	if err := task.Consume(ctx, "calls", 1); err != nil {
 		t.Fatalf("a consume after the address went dark: %v", err)
+	}
+}
+
+// TestAcquireWaitingAtAFailoverQueuesAtTheNewLeader: an Acquire waiting in
+// the leader's queue when the leader dies (cut off from PostgreSQL, it
+// stops at its term's end, and a standby takes over once the lease has run
+// out: a failover of about a lease) queues again at the new leader and is
+// granted there, within its caller's wait, even by a client that fails
+// closed after 50 ms without governord (WithUnavailableRetry, as the
+// sidecar sets it): the standby answered meanwhile.
+func TestAcquireWaitingAtAFailoverQueuesAtTheNewLeader(t *testing.T) {
+	dsn := pgtest.Schema(t, "governor_sdk_ha_")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := faultproxy.New(ln, u.Host)
+	t.Cleanup(func() { pg.Close() })
+	viaProxy := *u
+	viaProxy.Host = pg.Addr()
+	a := startHA(t, viaProxy.String())
+	waitLeads(t, a)
+	b := startHA(t, dsn)
+	c := dialReal(t, governor.WithAddr(a.Addr()+","+b.Addr()), governor.WithUnavailableRetry(50*time.Millisecond))
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Name: "waits", Limits: map[string]int64{"db": 1}})
+	holder, err := task.Acquire(ctx, "db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease *governor.Lease
+		err   error
+	}
+	waited := make(chan result, 1)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		l, err := task.Acquire(waitCtx, "db")
+		waited <- result{l, err}
+	}()
+	waitMetric(t, a, "governor_acquires_waiting", 1)
+
+	pg.Blackhole(true)
+	select {
+	case err := <-a.Fatal():
+		t.Logf("the leader stopped: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the leader cut off from PostgreSQL did not stop")
+	}
+	pg.Close() // its connections to PostgreSQL reset, so that it closes at once
+	a.Close()  // as the process exits on a fatal error: its queue is gone
+	waitLeads(t, b)
+	// Queued again at b, or failed: the holder has not released.
+	for deadline := time.Now().Add(time.Minute); govtest.Metric(t, b, "governor_acquires_waiting") < 1; {
+		select {
+		case r := <-waited:
+			t.Fatalf("the Acquire that waited at the failover ended before it could be granted: %v, %v", r.lease, r.err)
+		case <-time.After(5 * time.Millisecond): // polling a count, not waiting for readiness
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Acquire that waited at the failover never queued at the new leader")
+		}
+	}
+	if err := holder.Release(ctx, 0, false); err != nil {
+		t.Fatalf("releasing the holder's lease at the new leader: %v", err)
+	}
+	r := <-waited
+	if r.err != nil {
+		t.Fatalf("the Acquire that waited across the failover: %v", r.err)
+	}
+	if r.lease.ID() <= holder.ID() {
+		t.Fatalf("the lease granted across the failover has id %d, not above the holder's %d", r.lease.ID(), holder.ID())
+	}
+	if err := r.lease.Release(ctx, 0, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitMetric waits until srv's series is at least atLeast.
+func waitMetric(t *testing.T, srv *server.Server, series string, atLeast float64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for govtest.Metric(t, srv, series) < atLeast {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s at %s never reached %v", series, srv.Addr(), atLeast)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a count, not waiting for readiness
 	}
 }

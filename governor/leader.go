@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -32,6 +34,10 @@ const (
 //
 // With one address it behaves as that address's connection, apart from
 // following a standby's hint.
+//
+// It also remembers when a standby last answered. A standby that answers
+// while calls fail is one that takes over once the leader's lease runs
+// out: governord is between leaders, not gone (Client.unreachable).
 type leaderConn struct {
 	dial func(addr string) (*grpc.ClientConn, error)
 
@@ -39,6 +45,9 @@ type leaderConn struct {
 	addrs []string // in the order given, then leaders named by hints
 	conns []*grpc.ClientConn
 	cur   int
+
+	born    time.Time    // the origin of standby's times, on the monotonic clock
+	standby atomic.Int64 // when a standby last answered, as time since born; 0 for never
 }
 
 // splitAddrs splits GOVERNOR_ADDR's comma-separated list.
@@ -55,7 +64,7 @@ func splitAddrs(list string) ([]string, error) {
 }
 
 func newLeaderConn(addrs []string, dial func(addr string) (*grpc.ClientConn, error)) (*leaderConn, error) {
-	l := &leaderConn{dial: dial}
+	l := &leaderConn{dial: dial, born: time.Now()}
 	for _, a := range addrs {
 		if _, err := l.add(a); err != nil {
 			l.Close()
@@ -143,10 +152,23 @@ func (l *leaderConn) Invoke(ctx context.Context, method string, args, reply any,
 		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 			return err
 		}
+		if isStandby(err) {
+			l.standby.Store(int64(max(time.Since(l.born), 1)))
+		}
 		if !l.moveOn(i, err) || hints >= maxHints {
 			return err
 		}
 	}
+}
+
+// standbyAnswered is when a standby last answered a call of l (the zero
+// time for never).
+func (l *leaderConn) standbyAnswered() time.Time {
+	since := l.standby.Load()
+	if since == 0 {
+		return time.Time{}
+	}
+	return l.born.Add(time.Duration(since))
 }
 
 func (l *leaderConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -171,14 +193,26 @@ func (l *leaderConn) Close() error {
 
 // leaderHint is the leader's address a standby's UNAVAILABLE names, or "".
 func leaderHint(err error) string {
+	if info := standbyInfo(err); info != nil {
+		return info.Metadata[standbyLeaderKey]
+	}
+	return ""
+}
+
+// isStandby reports whether err is a standby's refusal: a governord that
+// is alive, and leads once it wins the election.
+func isStandby(err error) bool { return standbyInfo(err) != nil }
+
+// standbyInfo is the detail of a standby's UNAVAILABLE, or nil.
+func standbyInfo(err error) *errdetails.ErrorInfo {
 	st, ok := status.FromError(err)
 	if !ok || st.Code() != codes.Unavailable {
-		return ""
+		return nil
 	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == standbyReason && info.Domain == standbyDomain {
-			return info.Metadata[standbyLeaderKey]
+			return info
 		}
 	}
-	return ""
+	return nil
 }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// The environment every Governor client reads (see DESIGN.md).
+// The environment every Governor client reads (README, "Configuration and contract").
 const (
 	EnvAddr   = "GOVERNOR_ADDR"
 	EnvAPIKey = "GOVERNOR_API_KEY"
@@ -48,8 +48,9 @@ type config struct {
 	ttl      time.Duration
 	grpcOpts []grpc.DialOption
 	logger   *slog.Logger
-	// unavailableFor bounds how long one call keeps retrying UNAVAILABLE;
-	// zero: until its context or the session ends.
+	// unavailableFor bounds how long one call keeps retrying UNAVAILABLE
+	// unless a standby answers; zero: until its context or the session
+	// ends.
 	unavailableFor time.Duration
 }
 
@@ -86,7 +87,15 @@ func WithGRPCOptions(opts ...grpc.DialOption) Option {
 // governord answers UNAVAILABLE (it retries, with backoff, under the same
 // request id). By default a call keeps trying until its context ends or the
 // session is given up. A proxy that would rather fail closed at once than
-// hold a request for its whole wait sets a short bound.
+// hold a request for its whole wait sets a short bound. A standby's answer
+// lifts the bound for the call: governord is failing over to it, not gone,
+// and the call keeps trying, so that an Acquire waiting when the leader
+// died queues again at the new one, until ctx ends or the session is given
+// up, as without the bound (the standby refuses heartbeats too, so a
+// failover that never ends costs the session at its local deadline). Calls
+// that give back (Release, a Reserve or ResizeBlock that only settles or
+// returns) are not bounded by it: failed fast, they would leave what they
+// free held until the session ends.
 func WithUnavailableRetry(d time.Duration) Option { return func(c *config) { c.unavailableFor = d } }
 
 // WithLogger sets where the client logs failed heartbeats and a lost

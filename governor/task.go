@@ -173,9 +173,16 @@ func (t *Task) ID() int64 { return t.id }
 // Name is the task's name.
 func (t *Task) Name() string { return t.name }
 
+// MaxAmount is the largest amount one call may charge, reserve, settle or
+// return of one resource (2^53, the largest integer a JSON number carries
+// exactly); governord refuses a larger or negative one with
+// INVALID_ARGUMENT (ErrInvalidArgument).
+const MaxAmount = governorpb.MaxAmount
+
 // Consume charges amount of resource to the task and every ancestor, all or
 // none. When a quota would be exceeded nothing is charged and the error is a
 // *Denial (errors.Is(err, ErrQuotaExhausted)). Quota is never refunded.
+// amount is from 1 to MaxAmount.
 func (t *Task) Consume(ctx context.Context, resource string, amount int64) error {
 	if err := t.alive(); err != nil {
 		return err
@@ -382,7 +389,7 @@ func (l *Lease) Release(ctx context.Context, latency time.Duration, overloaded b
 	if latency > 0 {
 		req.Latency = durationpb.New(latency)
 	}
-	return l.c.call(ctx, "Release", func(ctx context.Context, id string) error {
+	return l.c.giveBack(ctx, "Release", func(ctx context.Context, id string) error {
 		req.RequestId = id
 		_, err := l.c.rpc.Release(ctx, req)
 		return err

@@ -9,10 +9,13 @@
 # package-lock.json), starts a throwaway PostgreSQL (scripts/testpg.sh)
 # unless GOVERNOR_TEST_PG_DSN names one, and runs the compat package's tests
 # with GOVERNOR_COMPAT set. Those fail when docs/compatibility.md differs from
-# what the run saw:
+# what the run saw. The Java row of the intercepted-HTTPS table makes its
+# truststore with the JDK's keytool.
 #
 #   scripts/compat.sh                           run and compare
 #   GOVERNOR_COMPAT_WRITE=1 scripts/compat.sh   run and rewrite docs/compatibility.md
+#                                               (a failing run too, its failures
+#                                               shown as **FAIL**; it still fails)
 #
 # Later arguments go to go test (e.g. -v, -run TestDrivers).
 set -euo pipefail

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # llmsdk.sh runs the sidecar's tests that drive the official LLM SDKs (the
-# openai and @anthropic-ai/sdk npm packages) through metered base-URL
-# routes to a fake provider (sidecar/metering_sdk_test.go). ./test.sh runs
-# it after go test, where those tests skip for want of the SDKs.
+# openai and @anthropic-ai/sdk npm packages) to a fake provider
+# (sidecar/metering_sdk_test.go), through metered base-URL routes and, with
+# no base URL, through intercepted tunnels. ./test.sh runs it after go test,
+# where those tests skip for want of the SDKs.
 #
 # It installs Node.js with apt-get when the machine has none (or one older
-# than 18), the SDKs from the committed package-lock.json with `npm ci`,
-# and runs the tests with GOVERNOR_TEST_LLMSDK=1, which makes a missing SDK
-# a failure instead of a skip.
+# than 18), the SDKs and undici (for testdata/llmsdk/env-proxy.cjs) from the
+# committed package-lock.json with `npm ci`, and runs the tests with
+# GOVERNOR_TEST_LLMSDK=1, which makes a missing SDK a failure instead of a
+# skip. The intercepted tests serve the fake on port 443 of a loopback
+# address, as the providers' URLs name it: they need root,
+# CAP_NET_BIND_SERVICE or net.ipv4.ip_unprivileged_port_start <= 443.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -90,6 +90,9 @@ type Config struct {
 	// OpenStore, when set, opens the store instead of Store.Driver and
 	// Store.DSN; tests use it to inject a store that fails.
 	OpenStore func(ctx context.Context) (store.Store, error)
+	// Clock tells the engine, and the usage records, the time; nil is the
+	// wall clock. Tests move it on to pass a retention without waiting.
+	Clock engine.Clock
 }
 
 // TLSConfig names the server's certificate. Both empty means plaintext.

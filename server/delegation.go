@@ -22,6 +22,12 @@ func (s *Server) ResizeBlock(ctx context.Context, req *governorpb.ResizeBlockReq
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
+	if err := checkAmount("want", req.GetWant(), 0); err != nil {
+		return nil, err
+	}
+	if err := checkAmount("return", req.GetReturn(), 0); err != nil {
+		return nil, err
+	}
 	r := engine.BlockRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
 		Want: req.GetWant(), Return: req.GetReturn(), RequestID: req.GetRequestId()}
 	if req.GetAbandon() {
@@ -59,6 +65,14 @@ func toBlock(g engine.BlockGrant) *governorpb.Block {
 func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*governorpb.Reservation, error) {
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"spent", req.GetSpent()}, {"return", req.GetReturn()}, {"want", req.GetWant()}} {
+		if err := checkAmount(f.name, f.v, 0); err != nil {
+			return nil, err
+		}
 	}
 	r := engine.ReserveRequest{Node: engine.NodeID(req.GetNodeId()), Resource: req.GetResource(),
 		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), Exact: req.GetExact(), RequestID: req.GetRequestId()}

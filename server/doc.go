@@ -3,7 +3,9 @@
 // The engine decides; this package authenticates, resolves sessions, makes
 // every change durable before it replies (write before reply), dedupes
 // retries that race the first attempt, reaps what expires, takes snapshots,
-// and serves metrics and health. It holds no decision logic of its own.
+// trims what is past its retention and gives the memory back once idle
+// (housekeeping.go), and serves metrics and health. It holds no decision
+// logic of its own.
 //
 // A request's life: authenticate (the session token in the "authorization"
 // metadata, hashed and looked up in the engine) → call the engine under its

@@ -118,6 +118,14 @@ func (f *flights) isAbandoned(key flightKey) bool {
 	return ok
 }
 
+// forgetAbandoned forgets the abandoned ids older than abandonedFor,
+// without waiting for the next abandon to (housekeeping.go).
+func (f *flights) forgetAbandoned(now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expire(now)
+}
+
 // expire forgets the abandoned ids older than abandonedFor. f.mu is held.
 func (f *flights) expire(now time.Time) {
 	i := 0
@@ -129,4 +137,8 @@ func (f *flights) expire(now time.Time) {
 		delete(f.abandoned, key)
 	}
 	f.abandonedOrder = f.abandonedOrder[i:]
+	if len(f.abandoned) == 0 {
+		// A map keeps its room, and an emptied slice its array.
+		f.abandoned, f.abandonedOrder = nil, nil
+	}
 }

@@ -67,8 +67,12 @@ func (s *Server) Inspect(ctx context.Context, req *governorpb.InspectRequest) (*
 			LastCommit: durationpb.New(time.Duration(s.lastCommit.Load())),
 			LeaseCount: int32(in.LeaseCount), WaiterCount: int32(in.WaiterCount), SessionCount: int32(in.SessionCount)}
 		for _, l := range in.Leases {
-			out.Leases = append(out.Leases, &governorpb.LeaseInfo{Id: int64(l.ID), NodeId: int64(l.Node), Class: l.Class,
-				SessionId: int64(l.Session), Granted: timestamppb.New(time.Unix(0, l.Granted)), Count: l.Count, Block: l.Block})
+			li := &governorpb.LeaseInfo{Id: int64(l.ID), NodeId: int64(l.Node), Class: l.Class,
+				SessionId: int64(l.Session), Granted: timestamppb.New(time.Unix(0, l.Granted)), Count: l.Count, Block: l.Block}
+			if l.Block {
+				s.blockUse.fill(li, time.Now().UnixNano())
+			}
+			out.Leases = append(out.Leases, li)
 		}
 		for _, w := range in.Waiters {
 			pw := &governorpb.WaiterInfo{NodeId: int64(w.Node), Class: w.Class, SessionId: int64(w.Session), Priority: w.Priority}

@@ -89,6 +89,9 @@ func (m *mirror) catchUp(live *engine.Engine) error {
 	return nil
 }
 
+// nodes is how many nodes the mirror holds, as of its last catch-up.
+func (m *mirror) nodes() int { return m.eng.Stats().Nodes }
+
 // snapshot catches up and returns the mirror's snapshot: the live engine's
 // state as of the newest event it had emitted.
 func (m *mirror) snapshot(live *engine.Engine) (engine.Snapshot, error) {

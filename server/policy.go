@@ -215,7 +215,11 @@ func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusR
 		return nil, err
 	}
 	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.CapStatusReport, error) {
-		st, err := s.eng.Status(sid, engine.NodeID(req.GetNodeId()))
+		status := s.eng.Status
+		if req.GetShadow() {
+			status = s.eng.ShadowStatus
+		}
+		st, err := status(sid, engine.NodeID(req.GetNodeId()))
 		if err != nil {
 			return nil, err
 		}
@@ -309,6 +313,9 @@ func tenantRefusal(te *engine.TenantStateError) *governorpb.TenantRefusal {
 // the answer like any event.
 func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*governorpb.DryRunResponse, error) {
 	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	if err := checkCharges("charges", req.GetCharges()); err != nil {
 		return nil, err
 	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(), Charges: req.GetCharges(), Write: req.GetWrite()}

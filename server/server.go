@@ -67,6 +67,7 @@ type Server struct {
 	// (inspect.go).
 	recent     recentDenials
 	lastCommit atomic.Int64
+	blockUse   blockUses // how the blocks are used where delegated (blockuse.go)
 
 	engCfg engine.Config // the engine's configuration, for the mirror
 	ha     *haState      // nil without ha (ha.go)
@@ -86,6 +87,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	}
 	if cfg.Store.SnapshotEvery == 0 {
 		cfg.Store.SnapshotEvery = DefaultSnapshotEvery
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = engine.WallClock{}
 	}
 	cfg.fillLimits()
 	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
@@ -147,11 +151,12 @@ func (s *Server) runLog(ctx context.Context) {
 }
 
 // runLoops starts what a serving governord does on its own: reaping,
-// snapshots and reminders of contention.
+// housekeeping (snapshots, trimming, giving memory back) and reminders of
+// contention.
 func (s *Server) runLoops(ctx context.Context) {
 	s.wg.Add(3)
 	go s.reapWhenDue(ctx)
-	go s.every(ctx, time.Second, s.snapshotWhenDue(ctx))
+	go s.every(ctx, time.Second, s.housekeeping(ctx))
 	go s.every(ctx, time.Second, s.eng.RemindContention)
 }
 
@@ -162,7 +167,7 @@ func (s *Server) recover(ctx context.Context) error {
 	for _, t := range s.cfg.Tenants {
 		tenantBounds[t.Name] = t.Bounds
 	}
-	engCfg := engine.Config{Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
+	engCfg := engine.Config{Clock: s.cfg.Clock, Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
 		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near}
 	eng, err := engine.New(engCfg)
 	if err != nil {
@@ -448,7 +453,9 @@ func (s *Server) serve() error {
 			return fmt.Errorf("listen %s: %w", s.cfg.MetricsListen, err)
 		}
 		s.httpLis = hl
-		s.httpSrv = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 10 * time.Second}
+		// A scraper that leaves its connections open must not keep their
+		// buffers: idle ones close after a minute.
+		s.httpSrv = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -628,56 +635,39 @@ func (s *Server) reap() {
 	}
 }
 
-// snapshotWhenDue returns a func, to be called every second, that saves a
-// snapshot whenever SnapshotEvery events have been committed since the last
-// one. The store writes it and deletes the events it covers in one
-// transaction, after every event it covers is committed.
-func (s *Server) snapshotWhenDue(ctx context.Context) func() {
-	last := s.eng.Seq()
-	return func() {
-		if s.events.Committed() < last+uint64(s.cfg.Store.SnapshotEvery) {
-			// Keep the mirror's queue short.
-			if err := s.mirror.catchUp(s.eng); err != nil {
-				s.log.Error("the snapshots' mirror of the engine", "err", err)
-			}
-			return
-		}
-		seq, err := s.saveSnapshot(ctx)
-		if err != nil {
-			s.log.Error("snapshot failed; the events stay on record", "err", err)
-			return
-		}
-		last = seq
-	}
-}
-
 // snapshot takes a snapshot, from the mirror, and saves it.
 func (s *Server) snapshot(ctx context.Context) error {
-	_, err := s.saveSnapshot(ctx)
+	_, err := s.saveSnapshot(ctx, "asked")
 	return err
 }
 
-// saveSnapshot is snapshot, returning the snapshot's seq.
-func (s *Server) saveSnapshot(ctx context.Context) (uint64, error) {
+// saveSnapshot is snapshot, saying why in its log line, and returning
+// what it saved.
+func (s *Server) saveSnapshot(ctx context.Context, why string) (saved, error) {
 	began := time.Now()
 	snap, err := s.mirror.snapshot(s.eng)
 	if err != nil {
-		return 0, err
+		return saved{}, err
 	}
 	captured := time.Now()
 	data, err := encodeSnapshot(snap)
 	if err != nil {
-		return 0, err
+		return saved{}, err
 	}
 	encoded := time.Now()
 	if err := s.events.SaveSnapshot(ctx, snap.Seq, data); err != nil {
-		return 0, err
+		return saved{}, err
 	}
 	s.metrics.snapSize.Set(float64(len(data)))
-	s.trimUsage(ctx)
 	// capture holds the mirror's lock, not the engine's; save holds the
 	// store's writer.
-	s.log.Info("snapshot saved", "seq", snap.Seq, "bytes", len(data), "nodes", len(snap.Nodes), "took", time.Since(began),
+	s.log.Info("snapshot saved", "why", why, "seq", snap.Seq, "bytes", len(data), "nodes", len(snap.Nodes), "took", time.Since(began),
 		"capture", captured.Sub(began), "encode", encoded.Sub(captured), "save", time.Since(encoded))
-	return snap.Seq, nil
+	return saved{seq: snap.Seq, nodes: len(snap.Nodes)}, nil
+}
+
+// saved is what a snapshot saved: the seq it is at and the nodes it holds.
+type saved struct {
+	seq   uint64
+	nodes int
 }

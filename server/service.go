@@ -356,6 +356,9 @@ func (s *Server) Consume(ctx context.Context, req *governorpb.ConsumeRequest) (*
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
+	if err := checkAmount("amount", req.GetAmount(), 1); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.ConsumeResponse, error) {
 		return &governorpb.ConsumeResponse{}, s.denied(req.GetNodeId(), s.untilRecalled(ctx, func() error {
 			return s.eng.Consume(sid, engine.NodeID(req.GetNodeId()), req.GetResource(), req.GetAmount(), req.GetRequestId())
@@ -389,6 +392,9 @@ func (s *Server) Acquire(ctx context.Context, req *governorpb.AcquireRequest) (*
 
 func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAndAcquireRequest) (*governorpb.ChargeAndAcquireResponse, error) {
 	if err := required("node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	if err := checkCharges("charges", req.GetCharges()); err != nil {
 		return nil, err
 	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),

@@ -81,7 +81,7 @@ func (s *Server) denied(node int64, err error) error {
 		cause = "wait-abandoned"
 	}
 	if cause != "" {
-		now := time.Now().UnixNano()
+		now := s.cfg.Clock.Now().UnixNano()
 		s.usage.Deny(engine.NodeID(node), cause, now)
 		s.recent.add(recentDenial{at: now, node: node, cause: cause})
 	}
@@ -128,7 +128,7 @@ func (s *Server) ReportDenials(ctx context.Context, req *governorpb.ReportDenial
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "this store cannot keep reported refusals")
 	}
-	now := time.Now().UnixNano()
+	now := s.cfg.Clock.Now().UnixNano()
 	var rows []store.UsageRow
 	for _, d := range reports {
 		if r, ok := s.usage.DenialRecord(engine.NodeID(d.GetNodeId()), d.GetCause(), now, d.GetCount()); ok {
@@ -177,24 +177,30 @@ func validCause(c string) error {
 	return nil
 }
 
-// trimUsage deletes usage records older than the retention.
-func (s *Server) trimUsage(ctx context.Context) {
-	u, ok := s.st.(store.UsageReader)
-	if !ok {
-		return
-	}
+// usageCutoff is the minute before which usage records are past the
+// retention at now.
+func (s *Server) usageCutoff(now time.Time) int64 {
 	keep := s.cfg.Store.UsageRetention
 	if keep == 0 {
 		keep = DefaultUsageRetention
 	}
-	before := usage.MinuteOf(time.Now().Add(-keep).UnixNano())
+	return usage.MinuteOf(now.Add(-keep).UnixNano())
+}
+
+// trimUsage deletes the usage records of the minutes before before
+// (housekeeping.go).
+func (s *Server) trimUsage(ctx context.Context, before int64) {
+	u, ok := s.st.(store.UsageReader)
+	if !ok {
+		return
+	}
 	if err := u.TrimUsage(ctx, before, string(usage.HeldEnd)); err != nil {
-		s.log.Warn("trimming old usage records failed; the next snapshot tries again", "err", err)
+		s.log.Warn("trimming old usage records failed; the next minute's trim tries again", "err", err)
 	}
 }
 
 func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) (*governorpb.UsageReport, error) {
-	now := time.Now()
+	now := s.cfg.Clock.Now()
 	to, from := now, now.Add(-defaultUsageWindow)
 	if t := req.GetTo(); t != nil {
 		if err := t.CheckValid(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/governor-project/governor/internal/envsubst"
 	"github.com/governor-project/governor/sidecar/budget"
 	"github.com/governor-project/governor/sidecar/httpproxy"
+	"github.com/governor-project/governor/sidecar/intercept"
 	"github.com/governor-project/governor/sidecar/pgwire"
 )
 
@@ -124,7 +125,27 @@ type HTTPConfig struct {
 	AllowTargets []httpproxy.Target
 	// ConnectPorts are the ports a CONNECT may reach. Nil: 443 only.
 	ConnectPorts []httpproxy.PortRange
+	// Intercept turns interception on for the hosts it lists.
+	Intercept InterceptConfig
 }
+
+// InterceptConfig is http.intercept: the hosts whose CONNECT tunnels the
+// sidecar terminates, with a certificate from its CA, so that every
+// request inside is governed as plain HTTP is. Off while Hosts is empty.
+type InterceptConfig struct {
+	Hosts *intercept.Hosts
+	// CACert and CAKey are the CA's PEM files, watched and reloaded.
+	CACert, CAKey string
+	// UpstreamCAFile, when set, holds more roots to verify upstreams with
+	// (PEM); the system's roots are always trusted too.
+	UpstreamCAFile string
+	// MaxLeaves bounds the leaf certificates kept. Zero:
+	// intercept.DefaultMaxLeaves.
+	MaxLeaves int
+}
+
+// On reports whether any host is intercepted.
+func (c InterceptConfig) On() bool { return c.Hosts != nil && c.Hosts.Len() > 0 }
 
 // PGWireConfig is one PostgreSQL wire listener, served by package pgwire
 // (see pgwire.go) under the same rules, session and task as the HTTP side.
@@ -277,6 +298,15 @@ type fileHTTP struct {
 	Password              *string        `yaml:"password"`
 	AllowTargets          []string       `yaml:"allow_targets"`
 	ConnectPorts          *[]string      `yaml:"connect_ports"`
+	Intercept             *fileIntercept `yaml:"intercept"`
+}
+
+type fileIntercept struct {
+	Hosts          []string `yaml:"hosts"`
+	CACert         *string  `yaml:"ca_cert"`
+	CAKey          *string  `yaml:"ca_key"`
+	UpstreamCAFile *string  `yaml:"upstream_ca_file"`
+	MaxLeaves      *int     `yaml:"max_leaves"`
 }
 
 type filePGWire struct {
@@ -462,6 +492,9 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		set(&c.HTTP.AllowRemoteClients, h.AllowRemoteClients)
 		set(&c.HTTP.Password, h.Password)
 		if err := c.HTTP.parseTargets(h.AllowTargets, h.ConnectPorts); err != nil {
+			return Config{}, err
+		}
+		if err := c.HTTP.Intercept.parse(h.Intercept); err != nil {
 			return Config{}, err
 		}
 	}
@@ -695,6 +728,40 @@ func (h *HTTPConfig) parseTargets(allow []string, ports *[]string) error {
 	}
 	return nil
 }
+
+// parse reads http.intercept. The CA itself is loaded and checked when
+// the sidecar starts (loadInterception).
+func (c *InterceptConfig) parse(f *fileIntercept) error {
+	if f == nil {
+		return nil
+	}
+	hosts, err := intercept.ParseHosts(f.Hosts)
+	if err != nil {
+		return keyErr("http.intercept.hosts", "%v", err)
+	}
+	c.Hosts = hosts
+	c.CACert, c.CAKey, c.UpstreamCAFile = deref(f.CACert), deref(f.CAKey), deref(f.UpstreamCAFile)
+	if f.MaxLeaves != nil {
+		if *f.MaxLeaves < 1 || *f.MaxLeaves > maxInterceptLeaves {
+			return keyErr("http.intercept.max_leaves", "%d is outside [1, %d]", *f.MaxLeaves, maxInterceptLeaves)
+		}
+		c.MaxLeaves = *f.MaxLeaves
+	}
+	if !c.On() {
+		return nil
+	}
+	if c.CACert == "" {
+		return keyErr("http.intercept.ca_cert", "is empty: interception needs a CA (governor ca create -out DIR writes one)")
+	}
+	if c.CAKey == "" {
+		return keyErr("http.intercept.ca_key", "is empty: interception needs the CA's key")
+	}
+	return nil
+}
+
+// maxInterceptLeaves bounds http.intercept.max_leaves: a leaf and its key
+// hold a few KiB.
+const maxInterceptLeaves = 1 << 20
 
 // checkExposure refuses an open proxy: a listen address other hosts reach
 // needs http.allow_remote_clients, and that needs a password.

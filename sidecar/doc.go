@@ -17,7 +17,7 @@
 // slot of its class held) and forwarded; its ticket ends when the response
 // body ends, the tunnel closes or the transaction is idle again. A refusal
 // is a *admission.Denial, rendered once as HTTP (httpproxy/deny.go) and once
-// as a SQLSTATE (pgwire/admit.go), as DESIGN.md fixes.
+// as a SQLSTATE (pgwire/admit.go), as docs/proxy.md's table of denials fixes.
 //
 // # Files
 //

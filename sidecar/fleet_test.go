@@ -58,6 +58,10 @@ type govProc struct {
 	addr    string
 	metrics string
 	proc    *child
+	// store is what the config says of the store (and of ha); standby
+	// says that ha is on, so that the process starts as a standby.
+	store   string
+	standby bool
 }
 
 // startGovProc starts governord with the given config (:0 listeners,
@@ -66,24 +70,44 @@ type govProc struct {
 func startGovProc(t *testing.T, yaml string) *govProc {
 	t.Helper()
 	g := &govProc{t: t, dir: t.TempDir()}
+	g.store = fmt.Sprintf("store: {driver: sqlite, dsn: %s}\n", filepath.Join(g.dir, "governor.db"))
+	g.launch(yaml)
+	return g
+}
+
+// startHAGovProc starts governord with ha on (lease and drift allowance
+// as given) over the PostgreSQL dsn, with the given config added, and
+// waits until it stands by: it leads once it wins the election.
+func startHAGovProc(t *testing.T, dsn string, lease, drift time.Duration, yaml string) *govProc {
+	t.Helper()
+	g := &govProc{t: t, dir: t.TempDir(), standby: true}
+	g.store = fmt.Sprintf("store: {driver: postgres, dsn: %q}\nha: {enabled: true, lease: %s, drift_allowance: %s}\n", dsn, lease, drift)
+	g.launch(yaml)
+	return g
+}
+
+func (g *govProc) launch(yaml string) {
+	g.t.Helper()
 	g.cfgPath = filepath.Join(g.dir, "governor.yaml")
 	g.write("127.0.0.1:0", "127.0.0.1:0", yaml)
 	g.start()
 	// A restart must come back on the same addresses.
 	g.write(g.addr, g.metrics, yaml)
-	return g
 }
 
 func (g *govProc) write(listen, metrics, yaml string) {
-	text := fmt.Sprintf("listen: %s\nmetrics_listen: %s\nadmin_key: %s\nstore: {driver: sqlite, dsn: %s}\n",
-		listen, metrics, adminKey, filepath.Join(g.dir, "governor.db")) + yaml
+	text := fmt.Sprintf("listen: %s\nmetrics_listen: %s\nadmin_key: %s\n", listen, metrics, adminKey) + g.store + yaml
 	must(g.t, os.WriteFile(g.cfgPath, []byte(text), 0o600))
 }
 
 func (g *govProc) start() {
 	g.t.Helper()
 	g.proc = startChild(g.t, "governord", exec.Command(buildGovernord(g.t), "-config", g.cfgPath))
-	line := g.proc.logLine(g.t, "governord ready")
+	up := "governord ready"
+	if g.standby {
+		up = "governord standing by"
+	}
+	line := g.proc.logLine(g.t, up)
 	g.addr, g.metrics = line["listen"].(string), line["metrics"].(string)
 }
 
@@ -106,8 +130,15 @@ type sidecarProc struct {
 // waits until it is ready. Its addresses are read from its log.
 func startSidecarProc(t *testing.T, g *govProc, key, task, yaml string) *sidecarProc {
 	t.Helper()
+	return startSidecarProcAt(t, g.addr, key, task, yaml)
+}
+
+// startSidecarProcAt is startSidecarProc for governord at addr, which may
+// list several (governords with standbys).
+func startSidecarProcAt(t *testing.T, addr, key, task, yaml string) *sidecarProc {
+	t.Helper()
 	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: %s}\nhttp: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], shutdown_timeout: 2s}\nmetrics_listen: 127.0.0.1:0\n",
-		g.addr, key, task) + strings.ReplaceAll(yaml, "listen: PG", "listen: 127.0.0.1:0")
+		addr, key, task) + strings.ReplaceAll(yaml, "listen: PG", "listen: 127.0.0.1:0")
 	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(text), 0o600))
 	cmd := exec.Command(buildSidecar(t), "-config", cfgPath)

@@ -281,7 +281,14 @@ func (a *admin) node(path ...string) *governorpb.Node {
 // fact rather than for a fixed time.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
+	eventuallyWithin(t, waitFor, what, cond)
+}
+
+// eventuallyWithin is eventually for a fact that takes several of a
+// controller's intervals to come about, which a loaded machine stretches.
+func eventuallyWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

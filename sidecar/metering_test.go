@@ -24,7 +24,10 @@ type llmEnv struct {
 	fake *fakellm.Provider
 	p    *testProxy
 	adm  *admin
-	base string // the sidecar's base URL, http://127.0.0.1:port
+	base string // the sidecar's base URL, http://127.0.0.1:port; "" when intercepted
+	// sdkEnv is the environment sdk.mjs is run with (metering_sdk_test.go).
+	sdkEnv      []string
+	intercepted bool // reached by interception, not through routes (startInterceptedLLM)
 }
 
 func startLLM(t testing.TB, tokens int64, fake *fakellm.Provider, extraYAML ...string) *llmEnv {
@@ -40,7 +43,8 @@ rules:
   - {name: anthropic, match: {path: /v1/messages, method: POST}, class: llm, meter: anthropic}
   - {name: openai, match: {path: /v1, method: POST}, class: llm, meter: {api: openai, reserve: 1000}}
 %s`, tokens, hostURL(up, "example.com"), hostURL(up, "example.com"), strings.Join(extraYAML, "\n"))})
-	return &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: "http://" + p.Addr()}
+	base := "http://" + p.Addr()
+	return &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: base, sdkEnv: []string{"SIDECAR=" + base}}
 }
 
 // used is the tokens governord counts as spent on the task, once the
@@ -306,5 +310,119 @@ func TestMeteredStreamWithCurl(t *testing.T) {
 	reported, _ := e.fake.Reported()
 	if used := e.used(); used != reported || used == 0 {
 		t.Errorf("charged %d, reported %d", used, reported)
+	}
+}
+
+// A provider reporting far more tokens than the call's estimate is believed
+// (it bills them) and charged as far as the caps allow, but said: a warning
+// naming the rule, a count of such calls and of the tokens beyond the
+// estimates, and governor_proxy_meter_tokens_total grows by the estimate,
+// not by the provider's number.
+func TestMeteredUsageAboveTheEstimateIsSaid(t *testing.T) {
+	e := startLLM(t, 5000, &fakellm.Provider{})
+	resp := e.post("/openai/chat/completions", "", `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`,
+		fakellm.HeaderOutput, "1000000000")
+	readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	eventually(t, "the usage above the estimate charged up to the cap", func() bool { return e.used() == 5000 })
+	if v := e.p.metric(`governor_proxy_meter_over_estimate_total{rule="openai"}`); v != 1 {
+		t.Errorf("%v calls counted over their estimate", v)
+	}
+	tokens := e.p.metric(`governor_proxy_meter_tokens_total{rule="openai"}`)
+	over := e.p.metric(`governor_proxy_meter_over_estimate_tokens_total{rule="openai"}`)
+	if tokens <= 0 || tokens > 200 || tokens+over != 1000000000+float64(len(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`)/4) {
+		t.Errorf("tokens_total %v, over_estimate_tokens_total %v", tokens, over)
+	}
+	if !strings.Contains(e.p.logs.String(), "reported more tokens than the call's estimate") || !strings.Contains(e.p.logs.String(), "rule=openai") {
+		t.Errorf("no warning naming the rule:\n%s", e.p.logs.String())
+	}
+}
+
+// A call that waits for tokens held by another call in flight, and runs out
+// of its wait, is told it waited for tokens (how many), not for a lease of
+// its class; in both delegation modes.
+func TestMeteredWaitForTokensSaysSo(t *testing.T) {
+	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
+		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
+			gate := make(chan struct{})
+			fake := &fakellm.Provider{Gate: gate}
+			e := startLLM(t, 1000, fake, "http: {listen: 127.0.0.1:0, allow_targets: [localhost], wait_timeout: 1s}", delegation)
+			held := e.post("/openai/chat/completions", "", `{"model":"m","stream":true,"max_tokens":700,"messages":[]}`)
+			if held.StatusCode != 200 {
+				t.Fatalf("the first call: %d", held.StatusCode)
+			}
+			resp := e.post("/openai/chat/completions", "", `{"model":"m","max_tokens":300,"messages":[]}`)
+			body := readAll(t, resp)
+			close(gate)
+			readAll(t, held)
+			var b struct {
+				Error struct {
+					Message   string
+					Cap       string
+					Requested int64
+				} `json:"error"`
+			}
+			json.Unmarshal([]byte(body), &b)
+			if resp.StatusCode != 503 || resp.Header.Get("Governor-Denied") != "wait-timeout" ||
+				!strings.Contains(b.Error.Message, "waited 1s for 3") || !strings.Contains(b.Error.Message, " tokens;") ||
+				strings.Contains(b.Error.Message, "lease") || b.Error.Cap != "tokens" || b.Error.Requested < 300 {
+				t.Errorf("a call that waited for tokens: %d %q %s", resp.StatusCode, resp.Header.Get("Governor-Denied"), body)
+			}
+		})
+	}
+}
+
+// A call whose estimate does not fit in what the budget has left, while
+// the budget is not spent, is told so and what would fit, not that the
+// quota is spent; with on_over_estimate: clamp its output limit is lowered
+// to that, the call goes ahead within the budget, and the response says
+// what was clamped. In both delegation modes.
+func TestMeteredEstimateOverWhatIsLeft(t *testing.T) {
+	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
+		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
+			fake := &fakellm.Provider{Output: 5000}
+			srv := startGovernord(t, nil)
+			up := origin(t, fake, true, false)
+			p := startProxy(t, proxyOpts{gaddr: srv.Addr(), tls: certPool(up), yaml: fmt.Sprintf(`
+task: {name: pod-7, quotas: {tokens: 1000}}
+routes:
+  - {prefix: /l/, upstream: "%[1]s/lenient"}
+  - {prefix: /s/, upstream: "%[1]s/strict"}
+rules:
+  - {name: lenient, match: {path: /lenient, method: POST}, class: llm, meter: {api: openai, on_over_estimate: clamp}}
+  - {name: strict, match: {path: /strict, method: POST}, class: llm, meter: {api: openai}}
+%[2]s
+`, hostURL(up, "example.com"), delegation)})
+			e := &llmEnv{t: t, fake: fake, p: p, adm: newAdmin(t, srv.Addr()), base: "http://" + p.Addr()}
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+			resp := e.post("/s/chat/completions", "", body)
+			got := readAll(t, resp)
+			var b struct {
+				Error struct {
+					Message     string
+					OutputField string `json:"output_field"`
+					OutputFits  int64  `json:"output_fits"`
+				} `json:"error"`
+			}
+			json.Unmarshal([]byte(got), &b)
+			fits := int64(1000 - len(body))
+			want := fmt.Sprintf("has 1000 of 1000 left; set max_completion_tokens to at most %d", fits)
+			if resp.StatusCode != 429 || !strings.Contains(b.Error.Message, "this call's estimate of") || !strings.Contains(b.Error.Message, want) ||
+				strings.Contains(b.Error.Message, "quota spent") || b.Error.OutputField != "max_completion_tokens" || b.Error.OutputFits != fits {
+				t.Errorf("an estimate over what is left: %d %s, want a message with %q", resp.StatusCode, got, want)
+			}
+			resp = e.post("/l/chat/completions", "", body)
+			readAll(t, resp)
+			if resp.StatusCode != 200 || resp.Header.Get("Governor-Clamped") != fmt.Sprintf("max_completion_tokens=%d", fits) {
+				t.Errorf("clamped: %d, Governor-Clamped %q", resp.StatusCode, resp.Header.Get("Governor-Clamped"))
+			}
+			reported, calls := fake.Reported()
+			if calls != 1 || reported > 1000 {
+				t.Errorf("the provider reported %d tokens in %d calls", reported, calls)
+			}
+			eventually(t, "the clamped call's settlement", func() bool { return e.used() == reported })
+		})
 	}
 }

@@ -226,6 +226,33 @@ func (g *gate) Admit(ctx context.Context, r admission.Request) (admission.Ticket
 	return &gateTicket{t: t, g: g}, nil
 }
 
+// TryAdmit passes the admitter's fast path through (admission.Fast): a
+// gate that hid it would send every transaction the slow way, with a
+// context and a timer, although its budget is in hand.
+func (g *gate) TryAdmit(r admission.Request) (admission.Ticket, bool) {
+	f, ok := g.next.(admission.Fast)
+	if !ok {
+		return nil, false
+	}
+	if r.Class == "" {
+		return f.TryAdmit(r)
+	}
+	g.mu.Lock()
+	if g.draining {
+		g.mu.Unlock()
+		return nil, false // Admit refuses it
+	}
+	g.n++
+	g.mu.Unlock()
+	g.gauge.Inc()
+	t, ok := f.TryAdmit(r)
+	if !ok || t == nil {
+		g.end()
+		return t, ok
+	}
+	return &gateTicket{t: t, g: g}, true
+}
+
 func (g *gate) end() {
 	g.gauge.Dec()
 	g.mu.Lock()

@@ -23,6 +23,7 @@ import (
 	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/sidecar/budget"
 	"github.com/governor-project/governor/sidecar/httpproxy"
+	"github.com/governor-project/governor/sidecar/intercept"
 	"github.com/governor-project/governor/sidecar/pgwire"
 )
 
@@ -64,6 +65,7 @@ type Sidecar struct {
 	http      *httpproxy.Proxy
 	pg        []*pgListener
 	watcher   *classify.Watcher
+	caWatcher *intercept.Watcher // the interception CA's files; nil without interception
 	static    *classify.Rules
 	stopping  atomic.Bool
 
@@ -98,7 +100,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_rule_reloads_total",
 		Help: "Rule file reloads, by outcome (success, failure). A failed reload keeps the old rules."}, []string{"outcome"})
 	s.tlsReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_tls_reloads_total",
-		Help: "Changes to the pgwire listeners' TLS certificate and key files, by outcome (success, failure). A failure keeps the pair in force."},
+		Help: "Changes to the pgwire listeners' TLS certificate and key files, and to the interception CA's, by outcome (success, failure). A failure keeps the pair in force."},
 		[]string{"outcome"})
 	for _, o := range []string{"success", "failure"} {
 		s.reloads.WithLabelValues(o)
@@ -117,9 +119,22 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 	s.admitter = s.newAdmitter(opts)
 	s.pgGate = gate{next: s.admitter, gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_pgwire_transactions_open",
 		Help: "pgwire transactions holding a slot now."})}
+	upstreamTLS, err := upstreamRoots(opts.UpstreamTLS, cfg.HTTP.Intercept.UpstreamCAFile)
+	if err != nil {
+		s.closeWatcher()
+		return nil, err
+	}
+	icp, err := s.startInterception()
+	if err != nil {
+		s.closeWatcher()
+		return nil, err
+	}
 	hm := httpproxy.NewMetrics()
 	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.proxyConfig(cfg.governordAddrs()),
-		Resolver: opts.Resolver, UpstreamTLS: opts.UpstreamTLS, Logger: log, Metrics: hm}
+		Resolver: opts.Resolver, UpstreamTLS: upstreamTLS, Logger: log, Metrics: hm}
+	if icp != nil {
+		s.http.Intercept = icp
+	}
 	if err := hm.Register(s.reg); err != nil {
 		s.closeWatcher()
 		return nil, err
@@ -135,7 +150,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 
 	s.serve("http", func() error { return s.http.Serve(s.ln) })
 	if s.mln != nil {
-		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout}
+		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, IdleTimeout: DefaultIdleTimeout}
 		s.serve("metrics", func() error { return s.msrv.Serve(s.mln) })
 	}
 	s.servePGWire()
@@ -365,5 +380,8 @@ func (s *Sidecar) shutdown(ctx context.Context) error {
 func (s *Sidecar) closeWatcher() {
 	if s.watcher != nil {
 		s.watcher.Close()
+	}
+	if s.caWatcher != nil {
+		s.caWatcher.Close()
 	}
 }

@@ -270,6 +270,10 @@ func (l *Log[E]) Run(ctx context.Context) error {
 			w := saving[0]
 			if done, err := l.snapshotStep(wctx, w); done {
 				w.req.done <- err
+				// Emptied, a re-slice keeps its array, and the array this
+				// snapshot's bytes: held until the next snapshot, which an
+				// idle governord may never take.
+				saving[0] = nil
 				saving = saving[1:]
 				tidy = tidy || err == nil
 			}

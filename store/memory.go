@@ -28,7 +28,9 @@ type memState struct {
 	// what has been written; replaced, never changed in place.
 	stagedSeq uint64
 	staged    []byte
-	// Usage rows by key (usage.go); replaced, never changed in place.
+	// Usage rows by key (usage.go). Unlike the rest, changed in place:
+	// only Usage and TrimUsage read it, under mu, and Reopen copies it. A
+	// copy per Append cost a copy of every row kept, per commit.
 	usage map[usageKey]UsageRow
 }
 
@@ -52,6 +54,7 @@ func (m *Memory) Reopen() *Memory {
 	copy(recs, m.state.recs) // Data is never modified in place, so sharing it is safe.
 	st := m.state
 	st.recs = recs
+	st.usage = maps.Clone(m.state.usage) // changed in place (memState)
 	return &Memory{state: st}
 }
 
@@ -186,10 +189,12 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	if err := checkSnapshot(seq, m.state.snapSeq, m.last()); err != nil {
 		return err
 	}
-	keep := m.state.recs[:0:0]
+	// A new slice, not a re-slice: a Load in progress keeps the old one.
+	// Nil, not recs[:0:0], which would keep the old array, and every
+	// record's bytes with it, when no record comes after seq.
+	var keep []Record
 	for i, r := range m.state.recs {
 		if r.Seq > seq {
-			// A new slice, not a re-slice: a Load in progress keeps the old one.
 			keep = append(keep, m.state.recs[i:]...)
 			break
 		}
@@ -198,7 +203,9 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	if snap == nil {
 		snap = []byte{} // an empty snapshot is still a snapshot
 	}
-	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions}
+	// Usage rows outlive a snapshot, as they do in the tables of the
+	// durable stores; usage_retention trims them.
+	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions, usage: m.state.usage}
 	return nil
 }
 
@@ -219,7 +226,12 @@ func (m *Memory) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, p
 	if int64(len(have)) != off {
 		return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, len(have), ErrSnapshotSeq)
 	}
-	m.state.stagedSeq, m.state.staged = seq, append(append([]byte{}, have...), part...) // never nil once written
+	if have == nil {
+		have = make([]byte, 0, len(part)) // never nil once written
+	}
+	// Appended in place: nothing but this store holds the staged bytes, and a
+	// copy per part made writing a snapshot quadratic in its size.
+	m.state.stagedSeq, m.state.staged = seq, append(have, part...)
 	return nil
 }
 

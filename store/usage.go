@@ -61,7 +61,9 @@ type UsageReader interface {
 	// into the window).
 	Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error)
 	// TrimUsage deletes rows older than minute before, except the newest
-	// row of each key of kind carryKind, which carries a level forward.
+	// row of each key of kind carryKind, which carries a level forward,
+	// when that level is not zero: no row carries zero as well, and an
+	// ended task's level ends at zero, so its rows go too.
 	TrimUsage(ctx context.Context, before int64, carryKind string) error
 }
 
@@ -129,11 +131,13 @@ func (m *Memory) TrimUsage(ctx context.Context, before int64, carryKind string) 
 			newest[k] = max(newest[k], r.Minute)
 		}
 	}
-	kept := make(map[usageKey]UsageRow, len(m.state.usage))
+	// No size hint: a map keeps the room it is made with, and most rows
+	// may be going.
+	kept := make(map[usageKey]UsageRow)
 	for k, r := range m.state.usage {
 		nk := k
 		nk.minute = 0
-		if r.Minute >= before || (r.Kind == carryKind && newest[nk] == r.Minute) {
+		if r.Minute >= before || (r.Kind == carryKind && newest[nk] == r.Minute && r.Amount != 0) {
 			kept[k] = r
 		}
 	}
@@ -166,11 +170,10 @@ func (m *Memory) addUsage(rows []UsageRow) {
 	if len(rows) == 0 {
 		return
 	}
-	// A new map: a Load or Usage in progress keeps the old one.
-	usage := make(map[usageKey]UsageRow, len(m.state.usage)+len(rows))
-	for k, r := range m.state.usage {
-		usage[k] = r
+	if m.state.usage == nil {
+		m.state.usage = make(map[usageKey]UsageRow, len(rows))
 	}
+	usage := m.state.usage // changed in place (memState)
 	for _, r := range rows {
 		if old, ok := usage[r.key()]; ok {
 			old.Amount = merge(old.Amount, r.Amount, r.Merge)
@@ -179,7 +182,6 @@ func (m *Memory) addUsage(rows []UsageRow) {
 			usage[r.key()] = r
 		}
 	}
-	m.state.usage = usage
 }
 
 // sortUsage orders rows by key, for stable output.

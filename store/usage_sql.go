@@ -60,10 +60,11 @@ FROM governor_usage u JOIN (
 	SELECT tenant, task, name, max(minute) AS m FROM governor_usage WHERE kind = $3 AND minute < $1 GROUP BY tenant, task, name
 ) c ON u.tenant = c.tenant AND u.task = c.task AND u.name = c.name AND u.minute = c.m AND u.kind = $3`
 
-// usageTrim deletes old rows but the newest carried row of each key; $1
-// before, $2 the carried kind.
+// usageTrim deletes old rows but the newest carried row of each key, if
+// it carries a level other than zero (UsageReader.TrimUsage); $1 before,
+// $2 the carried kind.
 const usageTrim = `
-DELETE FROM governor_usage WHERE minute < $1 AND NOT (kind = $2 AND minute = (
+DELETE FROM governor_usage WHERE minute < $1 AND NOT (kind = $2 AND amount <> 0 AND minute = (
 	SELECT max(n.minute) FROM governor_usage n
 	WHERE n.tenant = governor_usage.tenant AND n.task = governor_usage.task AND n.name = governor_usage.name AND n.kind = $2))`
 

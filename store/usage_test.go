@@ -116,3 +116,60 @@ func TestUsageRowsMergeWithinABatch(t *testing.T) {
 		})
 	}
 }
+
+// Usage rows outlive a snapshot, which deletes the records it covers but
+// not the usage written with them.
+func TestUsageRowsOutliveASnapshot(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := b.fresh(t)()
+			defer st.Close()
+			row := store.UsageRow{Tenant: 2, Task: 5, Minute: 10, Kind: "spend", Name: "calls", Amount: 3, Merge: store.MergeAdd}
+			if err := st.Append(ctx, []store.Record{{Seq: 1, Data: []byte("x"), Usage: []store.UsageRow{row}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.SaveSnapshot(ctx, 1, []byte("snap")); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := st.(store.UsageReader).Usage(ctx, 0, 100, "held_end")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) != 1 || rows[0].Amount != 3 {
+				t.Fatalf("after a snapshot: %+v, want the one spend row of 3", rows)
+			}
+		})
+	}
+}
+
+// Trimming keeps the newest carried row of a key only when its level is
+// not zero: an ended task's slots end at zero, and no row carries zero as
+// well, so nothing of it outlives usage_retention.
+func TestTrimUsageDropsALevelOfZero(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := b.fresh(t)()
+			defer st.Close()
+			held := func(task, minute, level int64) store.UsageRow {
+				return store.UsageRow{Tenant: 2, Task: task, Minute: minute, Kind: "held_end", Name: "db", Amount: level, Merge: store.MergeSet}
+			}
+			rows := []store.UsageRow{held(5, 10, 2), held(5, 12, 0), held(6, 11, 3)}
+			if err := st.Append(ctx, []store.Record{{Seq: 1, Data: []byte("x"), Usage: rows}}); err != nil {
+				t.Fatal(err)
+			}
+			u := st.(store.UsageReader)
+			if err := u.TrimUsage(ctx, 15, "held_end"); err != nil {
+				t.Fatal(err)
+			}
+			got, err := u.Usage(ctx, 0, 100, "held_end")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].Task != 6 || got[0].Amount != 3 {
+				t.Fatalf("after trimming before minute 15: %+v, want task 6's level of 3 only", got)
+			}
+		})
+	}
+}

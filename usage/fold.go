@@ -119,7 +119,15 @@ type Fold struct {
 	held      map[heldKey]int64
 
 	pending map[Key]*Record // written with the next batch of events
+
+	// nodesMost is the most nodes held since nodes and kids were built
+	// (shrink).
+	nodesMost int
 }
+
+// shrinkAbove is the fewest nodes a Fold has held for its maps to be worth
+// building again once most are forgotten.
+const shrinkAbove = 4096
 
 // New returns a Fold of the state snap holds: the engine's snapshot, or
 // the state after replay at startup (the records of everything before it
@@ -132,6 +140,7 @@ func New(snap engine.Snapshot) *Fold {
 		f.nodes[n.ID] = nodeInfo{parent: n.Parent, name: n.Name}
 		f.adopt(n.Parent, n.ID)
 	}
+	f.nodesMost = len(f.nodes)
 	for _, n := range snap.Nodes {
 		// A tenant's and a task's levels are their subtrees' slots held.
 		if tenant, task := f.place(n.ID); n.ID == tenant || n.ID == task {
@@ -262,6 +271,7 @@ func (f *Fold) Add(ev engine.Event) {
 		}
 		f.nodes[ev.Node] = nodeInfo{parent: ev.Parent, name: name}
 		f.adopt(ev.Parent, ev.Node)
+		f.nodesMost = max(f.nodesMost, len(f.nodes))
 	case engine.EvConsumed:
 		f.add(ev.Node, minute, Spend, ev.Resource, ev.Amount)
 	case engine.EvCharged:
@@ -322,7 +332,34 @@ func (f *Fold) Add(ev engine.Event) {
 		for _, id := range ev.Nodes {
 			f.forget(id)
 		}
+		f.shrink()
 	}
+}
+
+// shrink builds the node maps again once they hold a quarter of their most
+// or less. A Go map keeps the room it grew to when entries are deleted, so
+// a burst of tasks, long reclaimed, would otherwise keep its room for good.
+func (f *Fold) shrink() {
+	if f.nodesMost < shrinkAbove || len(f.nodes) > f.nodesMost/4 {
+		return
+	}
+	f.nodes = rebuilt(f.nodes)
+	kids := make(map[engine.NodeID]map[engine.NodeID]struct{}, len(f.kids))
+	for parent, children := range f.kids {
+		kids[parent] = rebuilt(children)
+	}
+	f.kids = kids
+	f.nodesMost = len(f.nodes)
+}
+
+// rebuilt is a copy of m with no more room than its entries need (unlike
+// maps.Clone, which keeps m's).
+func rebuilt[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 func (f *Fold) adopt(parent, child engine.NodeID) {

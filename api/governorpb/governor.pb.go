@@ -269,7 +269,7 @@ func (x Notice_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Notice_Kind.Descriptor instead.
 func (Notice_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35, 0}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type OpenSessionRequest struct {
@@ -1411,8 +1411,9 @@ type ConsumeRequest struct {
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The resource name, e.g. "retry" or "tokens". Required.
 	Resource string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
-	// How much to charge, in the resource's units. Required: must be greater
-	// than 0; 0 or negative is INVALID_ARGUMENT (there is no implicit 1).
+	// How much to charge, in the resource's units. Required: from 1 to 2^53
+	// (MaxAmount); 0, negative or larger is INVALID_ARGUMENT (there is no
+	// implicit 1).
 	Amount        int64 `protobuf:"varint,4,opt,name=amount,proto3" json:"amount,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1678,7 +1679,7 @@ type ChargeAndAcquireRequest struct {
 	// does not wait.
 	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
 	// Amounts to charge by resource name, in each resource's units. Each
-	// amount must be greater than 0. May be empty (then it is a plain Acquire),
+	// amount is from 1 to 2^53 (MaxAmount). May be empty (then it is a plain Acquire),
 	// but class and charges may not both be empty (INVALID_ARGUMENT).
 	Charges map[string]int64 `protobuf:"bytes,4,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The caller gave up on the ChargeAndAcquire with this request_id (and these
@@ -1976,9 +1977,9 @@ type ResizeBlockRequest struct {
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The lease class. Required.
 	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
-	// Slots to add, as many as fit now. Not negative.
+	// Slots to add, as many as fit now. From 0 to 2^53 (MaxAmount).
 	Want int64 `protobuf:"varint,4,opt,name=want,proto3" json:"want,omitempty"`
-	// Idle slots to give back; at most the block's count. Not negative.
+	// Idle slots to give back; at most the block's count. From 0 to 2^53.
 	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
 	// The caller gave up on the ResizeBlock with this request_id (and these
 	// arguments) before its answer arrived: give back the slots it added, if
@@ -2187,7 +2188,8 @@ type ReserveRequest struct {
 	Spent int64 `protobuf:"varint,4,opt,name=spent,proto3" json:"spent,omitempty"`
 	// Unspent units given back.
 	Return int64 `protobuf:"varint,5,opt,name=return,proto3" json:"return,omitempty"`
-	// Units to add. spent, return and want are not negative and not all 0.
+	// Units to add. spent, return and want are each from 0 to 2^53
+	// (MaxAmount), and not all 0.
 	Want int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
 	// The caller gave up on the Reserve with this request_id (and these
 	// arguments) before its answer arrived: give back the units it added, if
@@ -2619,6 +2621,160 @@ func (*ReportDenialsResponse) Descriptor() ([]byte, []int) {
 	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
 }
 
+type ReportBlockUseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session's blocks with slots in use; at most 10,000.
+	Blocks        []*BlockUse `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportBlockUseRequest) Reset() {
+	*x = ReportBlockUseRequest{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportBlockUseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportBlockUseRequest) ProtoMessage() {}
+
+func (x *ReportBlockUseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportBlockUseRequest.ProtoReflect.Descriptor instead.
+func (*ReportBlockUseRequest) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ReportBlockUseRequest) GetBlocks() []*BlockUse {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+// BlockUse is how a session's block of a class on a node is used.
+type BlockUse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block's node and class. Required.
+	NodeId int64  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Class  string `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
+	// Slots holding work now; 1 or more (a block with none is left out).
+	InUse int64 `protobuf:"varint,3,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// How long the oldest of that work has held its slot, when the report
+	// was made. Not negative.
+	Oldest        *durationpb.Duration `protobuf:"bytes,4,opt,name=oldest,proto3" json:"oldest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockUse) Reset() {
+	*x = BlockUse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockUse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockUse) ProtoMessage() {}
+
+func (x *BlockUse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockUse.ProtoReflect.Descriptor instead.
+func (*BlockUse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *BlockUse) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *BlockUse) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *BlockUse) GetInUse() int64 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *BlockUse) GetOldest() *durationpb.Duration {
+	if x != nil {
+		return x.Oldest
+	}
+	return nil
+}
+
+type ReportBlockUseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportBlockUseResponse) Reset() {
+	*x = ReportBlockUseResponse{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportBlockUseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportBlockUseResponse) ProtoMessage() {}
+
+func (x *ReportBlockUseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportBlockUseResponse.ProtoReflect.Descriptor instead.
+func (*ReportBlockUseResponse) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2627,7 +2783,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2795,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2808,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
 }
 
 // Notice tells a session to act on its delegated budgets.
@@ -2668,7 +2824,7 @@ type Notice struct {
 
 func (x *Notice) Reset() {
 	*x = Notice{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2836,7 @@ func (x *Notice) String() string {
 func (*Notice) ProtoMessage() {}
 
 func (x *Notice) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2849,7 @@ func (x *Notice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notice.ProtoReflect.Descriptor instead.
 func (*Notice) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Notice) GetKind() Notice_Kind {
@@ -2782,7 +2938,7 @@ type SetCapsRequest struct {
 
 func (x *SetCapsRequest) Reset() {
 	*x = SetCapsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +2950,7 @@ func (x *SetCapsRequest) String() string {
 func (*SetCapsRequest) ProtoMessage() {}
 
 func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +2963,7 @@ func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCapsRequest.ProtoReflect.Descriptor instead.
 func (*SetCapsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetCapsRequest) GetRequestId() string {
@@ -2925,7 +3081,7 @@ type GetCapsHistoryRequest struct {
 
 func (x *GetCapsHistoryRequest) Reset() {
 	*x = GetCapsHistoryRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3093,7 @@ func (x *GetCapsHistoryRequest) String() string {
 func (*GetCapsHistoryRequest) ProtoMessage() {}
 
 func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3106,7 @@ func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapsHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetCapsHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetCapsHistoryRequest) GetNodeId() int64 {
@@ -2983,7 +3139,7 @@ type CapsValues struct {
 
 func (x *CapsValues) Reset() {
 	*x = CapsValues{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3151,7 @@ func (x *CapsValues) String() string {
 func (*CapsValues) ProtoMessage() {}
 
 func (x *CapsValues) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3164,7 @@ func (x *CapsValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsValues.ProtoReflect.Descriptor instead.
 func (*CapsValues) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CapsValues) GetQuotas() map[string]int64 {
@@ -3111,7 +3267,7 @@ type CapsChange struct {
 
 func (x *CapsChange) Reset() {
 	*x = CapsChange{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3279,7 @@ func (x *CapsChange) String() string {
 func (*CapsChange) ProtoMessage() {}
 
 func (x *CapsChange) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3292,7 @@ func (x *CapsChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsChange.ProtoReflect.Descriptor instead.
 func (*CapsChange) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CapsChange) GetAt() *timestamppb.Timestamp {
@@ -3235,7 +3391,7 @@ type PendingOverride struct {
 
 func (x *PendingOverride) Reset() {
 	*x = PendingOverride{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3247,7 +3403,7 @@ func (x *PendingOverride) String() string {
 func (*PendingOverride) ProtoMessage() {}
 
 func (x *PendingOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3260,7 +3416,7 @@ func (x *PendingOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingOverride.ProtoReflect.Descriptor instead.
 func (*PendingOverride) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PendingOverride) GetKind() string {
@@ -3310,7 +3466,7 @@ type CapsHistory struct {
 
 func (x *CapsHistory) Reset() {
 	*x = CapsHistory{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3478,7 @@ func (x *CapsHistory) String() string {
 func (*CapsHistory) ProtoMessage() {}
 
 func (x *CapsHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3491,7 @@ func (x *CapsHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsHistory.ProtoReflect.Descriptor instead.
 func (*CapsHistory) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CapsHistory) GetChanges() []*CapsChange {
@@ -3389,7 +3545,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3557,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3570,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Denial) GetResource() string {
@@ -3495,7 +3651,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3507,7 +3663,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3520,7 +3676,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -3554,7 +3710,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3566,7 +3722,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3579,7 +3735,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -3617,7 +3773,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3785,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3798,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetUsageRequest) GetFrom() *timestamppb.Timestamp {
@@ -3694,7 +3850,7 @@ type UsageLine struct {
 
 func (x *UsageLine) Reset() {
 	*x = UsageLine{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3706,7 +3862,7 @@ func (x *UsageLine) String() string {
 func (*UsageLine) ProtoMessage() {}
 
 func (x *UsageLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3719,7 +3875,7 @@ func (x *UsageLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageLine.ProtoReflect.Descriptor instead.
 func (*UsageLine) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UsageLine) GetTenantId() int64 {
@@ -3792,7 +3948,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3804,7 +3960,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3817,7 +3973,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UsageReport) GetFrom() *timestamppb.Timestamp {
@@ -3854,7 +4010,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3866,7 +4022,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3879,7 +4035,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *InspectRequest) GetNodeId() int64 {
@@ -3902,18 +4058,30 @@ type LeaseInfo struct {
 	NodeId int64                  `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Class  string                 `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
 	// The session that holds it.
-	SessionId int64                  `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Granted   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=granted,proto3" json:"granted,omitempty"`
+	SessionId int64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// When it was granted; for a block, when it was first granted (it may
+	// have shrunk to 0 slots and grown since).
+	Granted *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=granted,proto3" json:"granted,omitempty"`
 	// Slots: 1 for a lease, any number for a delegated block.
-	Count         int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
-	Block         bool  `protobuf:"varint,7,opt,name=block,proto3" json:"block,omitempty"`
+	Count int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	Block bool  `protobuf:"varint,7,opt,name=block,proto3" json:"block,omitempty"`
+	// For a block whose session reports its use (ReportBlockUse): when it
+	// last did. Unset: its holder has not reported since governord started
+	// (a holder that does not report), and in_use says nothing.
+	UseReported *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=use_reported,json=useReported,proto3" json:"use_reported,omitempty"`
+	// For a reported block: how many of its slots hold work where it was
+	// delegated (at most count; the rest are idle), and since when the
+	// oldest of that work has held its slot, on governord's clock (unset
+	// when none does).
+	InUse         int64                  `protobuf:"varint,9,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	InUseSince    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=in_use_since,json=inUseSince,proto3" json:"in_use_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4093,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4106,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *LeaseInfo) GetId() int64 {
@@ -3990,6 +4158,27 @@ func (x *LeaseInfo) GetBlock() bool {
 	return false
 }
 
+func (x *LeaseInfo) GetUseReported() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UseReported
+	}
+	return nil
+}
+
+func (x *LeaseInfo) GetInUse() int64 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetInUseSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.InUseSince
+	}
+	return nil
+}
+
 type WaiterInfo struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	NodeId    int64                  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -4004,7 +4193,7 @@ type WaiterInfo struct {
 
 func (x *WaiterInfo) Reset() {
 	*x = WaiterInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4016,7 +4205,7 @@ func (x *WaiterInfo) String() string {
 func (*WaiterInfo) ProtoMessage() {}
 
 func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4029,7 +4218,7 @@ func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterInfo.ProtoReflect.Descriptor instead.
 func (*WaiterInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WaiterInfo) GetNodeId() int64 {
@@ -4082,7 +4271,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4094,7 +4283,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4107,7 +4296,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SessionInfo) GetId() int64 {
@@ -4158,7 +4347,7 @@ type RecentDenial struct {
 
 func (x *RecentDenial) Reset() {
 	*x = RecentDenial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4170,7 +4359,7 @@ func (x *RecentDenial) String() string {
 func (*RecentDenial) ProtoMessage() {}
 
 func (x *RecentDenial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4183,7 +4372,7 @@ func (x *RecentDenial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecentDenial.ProtoReflect.Descriptor instead.
 func (*RecentDenial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RecentDenial) GetAt() *timestamppb.Timestamp {
@@ -4232,7 +4421,7 @@ type Inspection struct {
 
 func (x *Inspection) Reset() {
 	*x = Inspection{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4244,7 +4433,7 @@ func (x *Inspection) String() string {
 func (*Inspection) ProtoMessage() {}
 
 func (x *Inspection) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4257,7 +4446,7 @@ func (x *Inspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inspection.ProtoReflect.Descriptor instead.
 func (*Inspection) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Inspection) GetServerTime() *timestamppb.Timestamp {
@@ -4342,7 +4531,7 @@ type ListTreeRequest struct {
 
 func (x *ListTreeRequest) Reset() {
 	*x = ListTreeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4354,7 +4543,7 @@ func (x *ListTreeRequest) String() string {
 func (*ListTreeRequest) ProtoMessage() {}
 
 func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4367,7 +4556,7 @@ func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeRequest.ProtoReflect.Descriptor instead.
 func (*ListTreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListTreeRequest) GetNodeId() int64 {
@@ -4398,7 +4587,7 @@ type ListTreeResponse struct {
 
 func (x *ListTreeResponse) Reset() {
 	*x = ListTreeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4599,7 @@ func (x *ListTreeResponse) String() string {
 func (*ListTreeResponse) ProtoMessage() {}
 
 func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4612,7 @@ func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeResponse.ProtoReflect.Descriptor instead.
 func (*ListTreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListTreeResponse) GetNodes() []*Node {
@@ -4462,7 +4651,7 @@ type CapMode struct {
 
 func (x *CapMode) Reset() {
 	*x = CapMode{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4474,7 +4663,7 @@ func (x *CapMode) String() string {
 func (*CapMode) ProtoMessage() {}
 
 func (x *CapMode) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4487,7 +4676,7 @@ func (x *CapMode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapMode.ProtoReflect.Descriptor instead.
 func (*CapMode) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CapMode) GetMode() string {
@@ -4507,14 +4696,20 @@ func (x *CapMode) GetBurst() int64 {
 type GetCapStatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node. Required; 0 is INVALID_ARGUMENT.
-	NodeId        int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where the caps stand for a shadow rule's requests: each quota's used
+	// counts its node's shadow ledger as spent (Node.shadow), as a shadow
+	// rule's dry run does (DryRunRequest.shadow), so remaining and state are
+	// what enforcing the rule would meet. Limits are read as without it:
+	// shadow requests hold no slots. Unset, the ledger counts for nothing.
+	Shadow        bool `protobuf:"varint,2,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetCapStatusRequest) Reset() {
 	*x = GetCapStatusRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4526,7 +4721,7 @@ func (x *GetCapStatusRequest) String() string {
 func (*GetCapStatusRequest) ProtoMessage() {}
 
 func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4539,7 +4734,7 @@ func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetCapStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetCapStatusRequest) GetNodeId() int64 {
@@ -4547,6 +4742,13 @@ func (x *GetCapStatusRequest) GetNodeId() int64 {
 		return x.NodeId
 	}
 	return 0
+}
+
+func (x *GetCapStatusRequest) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 // CapStatus is where one cap stands.
@@ -4576,7 +4778,7 @@ type CapStatus struct {
 
 func (x *CapStatus) Reset() {
 	*x = CapStatus{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4588,7 +4790,7 @@ func (x *CapStatus) String() string {
 func (*CapStatus) ProtoMessage() {}
 
 func (x *CapStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4601,7 +4803,7 @@ func (x *CapStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatus.ProtoReflect.Descriptor instead.
 func (*CapStatus) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CapStatus) GetNodeId() int64 {
@@ -4687,7 +4889,7 @@ type CapStatusReport struct {
 
 func (x *CapStatusReport) Reset() {
 	*x = CapStatusReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4699,7 +4901,7 @@ func (x *CapStatusReport) String() string {
 func (*CapStatusReport) ProtoMessage() {}
 
 func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4712,7 +4914,7 @@ func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatusReport.ProtoReflect.Descriptor instead.
 func (*CapStatusReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CapStatusReport) GetCaps() []*CapStatus {
@@ -4747,7 +4949,7 @@ type SetTenantStateRequest struct {
 
 func (x *SetTenantStateRequest) Reset() {
 	*x = SetTenantStateRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4759,7 +4961,7 @@ func (x *SetTenantStateRequest) String() string {
 func (*SetTenantStateRequest) ProtoMessage() {}
 
 func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4772,7 +4974,7 @@ func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantStateRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantStateRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SetTenantStateRequest) GetRequestId() string {
@@ -4828,7 +5030,7 @@ type TenantRefusal struct {
 
 func (x *TenantRefusal) Reset() {
 	*x = TenantRefusal{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4840,7 +5042,7 @@ func (x *TenantRefusal) String() string {
 func (*TenantRefusal) ProtoMessage() {}
 
 func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4853,7 +5055,7 @@ func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRefusal.ProtoReflect.Descriptor instead.
 func (*TenantRefusal) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *TenantRefusal) GetTenant() string {
@@ -4890,7 +5092,7 @@ type DryRunRequest struct {
 	NodeId int64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The lease class it would hold; empty for none.
 	Class string `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
-	// What it would charge.
+	// What it would charge: each amount from 1 to 2^53 (MaxAmount).
 	Charges map[string]int64 `protobuf:"bytes,3,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Whether it is a write (see AcquireRequest.write).
 	Write bool `protobuf:"varint,4,opt,name=write,proto3" json:"write,omitempty"`
@@ -4913,7 +5115,7 @@ type DryRunRequest struct {
 
 func (x *DryRunRequest) Reset() {
 	*x = DryRunRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4925,7 +5127,7 @@ func (x *DryRunRequest) String() string {
 func (*DryRunRequest) ProtoMessage() {}
 
 func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4938,7 +5140,7 @@ func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunRequest.ProtoReflect.Descriptor instead.
 func (*DryRunRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DryRunRequest) GetNodeId() int64 {
@@ -5010,7 +5212,7 @@ type DryRunResponse struct {
 
 func (x *DryRunResponse) Reset() {
 	*x = DryRunResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5022,7 +5224,7 @@ func (x *DryRunResponse) String() string {
 func (*DryRunResponse) ProtoMessage() {}
 
 func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5035,7 +5237,7 @@ func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunResponse.ProtoReflect.Descriptor instead.
 func (*DryRunResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DryRunResponse) GetOutcome() string {
@@ -5081,7 +5283,7 @@ type Minimum struct {
 
 func (x *Minimum) Reset() {
 	*x = Minimum{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5093,7 +5295,7 @@ func (x *Minimum) String() string {
 func (*Minimum) ProtoMessage() {}
 
 func (x *Minimum) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5106,7 +5308,7 @@ func (x *Minimum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Minimum.ProtoReflect.Descriptor instead.
 func (*Minimum) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Minimum) GetMin() int64 {
@@ -5350,7 +5552,15 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05cause\x18\x02 \x01(\tR\x05cause\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\x03R\x05count\"\x17\n" +
-	"\x15ReportDenialsResponse\"\x0e\n" +
+	"\x15ReportDenialsResponse\"F\n" +
+	"\x15ReportBlockUseRequest\x12-\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x15.governor.v1.BlockUseR\x06blocks\"\x83\x01\n" +
+	"\bBlockUse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\x12\x15\n" +
+	"\x06in_use\x18\x03 \x01(\x03R\x05inUse\x121\n" +
+	"\x06oldest\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x06oldest\"\x18\n" +
+	"\x16ReportBlockUseResponse\"\x0e\n" +
 	"\fWatchRequest\"\xea\x01\n" +
 	"\x06Notice\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.governor.v1.Notice.KindR\x04kind\x12\x17\n" +
@@ -5522,7 +5732,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05lines\x18\x03 \x03(\v2\x16.governor.v1.UsageLineR\x05lines\"?\n" +
 	"\x0eInspectRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xcb\x01\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xdf\x02\n" +
 	"\tLeaseInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
@@ -5531,7 +5741,12 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"session_id\x18\x04 \x01(\x03R\tsessionId\x124\n" +
 	"\agranted\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\agranted\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\x03R\x05count\x12\x14\n" +
-	"\x05block\x18\a \x01(\bR\x05block\"\xa8\x01\n" +
+	"\x05block\x18\a \x01(\bR\x05block\x12=\n" +
+	"\fuse_reported\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vuseReported\x12\x15\n" +
+	"\x06in_use\x18\t \x01(\x03R\x05inUse\x12<\n" +
+	"\fin_use_since\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"inUseSince\"\xa8\x01\n" +
 	"\n" +
 	"WaiterInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
@@ -5578,9 +5793,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"3\n" +
 	"\aCapMode\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x14\n" +
-	"\x05burst\x18\x02 \x01(\x03R\x05burst\".\n" +
+	"\x05burst\x18\x02 \x01(\x03R\x05burst\"F\n" +
 	"\x13GetCapStatusRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x8d\x02\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x16\n" +
+	"\x06shadow\x18\x02 \x01(\bR\x06shadow\"\x8d\x02\n" +
 	"\tCapStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +
@@ -5647,7 +5863,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
 	"\x18LEASE_END_REASON_EXPIRED\x10\x02\x12\x1c\n" +
-	"\x18LEASE_END_REASON_REVOKED\x10\x032\xbc\x0f\n" +
+	"\x18LEASE_END_REASON_REVOKED\x10\x032\x97\x10\n" +
 	"\bGovernor\x12P\n" +
 	"\vOpenSession\x12\x1f.governor.v1.OpenSessionRequest\x1a .governor.v1.OpenSessionResponse\x12J\n" +
 	"\tHeartbeat\x12\x1d.governor.v1.HeartbeatRequest\x1a\x1e.governor.v1.HeartbeatResponse\x12S\n" +
@@ -5668,7 +5884,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vResizeBlock\x12\x1f.governor.v1.ResizeBlockRequest\x1a\x12.governor.v1.Block\x12@\n" +
 	"\aReserve\x12\x1b.governor.v1.ReserveRequest\x1a\x18.governor.v1.Reservation\x12V\n" +
 	"\rReportSamples\x12!.governor.v1.ReportSamplesRequest\x1a\".governor.v1.ReportSamplesResponse\x12V\n" +
-	"\rReportDenials\x12!.governor.v1.ReportDenialsRequest\x1a\".governor.v1.ReportDenialsResponse\x129\n" +
+	"\rReportDenials\x12!.governor.v1.ReportDenialsRequest\x1a\".governor.v1.ReportDenialsResponse\x12Y\n" +
+	"\x0eReportBlockUse\x12\".governor.v1.ReportBlockUseRequest\x1a#.governor.v1.ReportBlockUseResponse\x129\n" +
 	"\x05Watch\x12\x19.governor.v1.WatchRequest\x1a\x13.governor.v1.Notice0\x01\x129\n" +
 	"\aSetCaps\x12\x1b.governor.v1.SetCapsRequest\x1a\x11.governor.v1.Node\x12N\n" +
 	"\x0eGetCapsHistory\x12\".governor.v1.GetCapsHistoryRequest\x1a\x18.governor.v1.CapsHistory\x12B\n" +
@@ -5692,7 +5909,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5732,234 +5949,243 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*ReportDenialsRequest)(nil),     // 35: governor.v1.ReportDenialsRequest
 	(*DenialCount)(nil),              // 36: governor.v1.DenialCount
 	(*ReportDenialsResponse)(nil),    // 37: governor.v1.ReportDenialsResponse
-	(*WatchRequest)(nil),             // 38: governor.v1.WatchRequest
-	(*Notice)(nil),                   // 39: governor.v1.Notice
-	(*SetCapsRequest)(nil),           // 40: governor.v1.SetCapsRequest
-	(*GetCapsHistoryRequest)(nil),    // 41: governor.v1.GetCapsHistoryRequest
-	(*CapsValues)(nil),               // 42: governor.v1.CapsValues
-	(*CapsChange)(nil),               // 43: governor.v1.CapsChange
-	(*PendingOverride)(nil),          // 44: governor.v1.PendingOverride
-	(*CapsHistory)(nil),              // 45: governor.v1.CapsHistory
-	(*Denial)(nil),                   // 46: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 47: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 48: governor.v1.NodeEnded
-	(*GetUsageRequest)(nil),          // 49: governor.v1.GetUsageRequest
-	(*UsageLine)(nil),                // 50: governor.v1.UsageLine
-	(*UsageReport)(nil),              // 51: governor.v1.UsageReport
-	(*InspectRequest)(nil),           // 52: governor.v1.InspectRequest
-	(*LeaseInfo)(nil),                // 53: governor.v1.LeaseInfo
-	(*WaiterInfo)(nil),               // 54: governor.v1.WaiterInfo
-	(*SessionInfo)(nil),              // 55: governor.v1.SessionInfo
-	(*RecentDenial)(nil),             // 56: governor.v1.RecentDenial
-	(*Inspection)(nil),               // 57: governor.v1.Inspection
-	(*ListTreeRequest)(nil),          // 58: governor.v1.ListTreeRequest
-	(*ListTreeResponse)(nil),         // 59: governor.v1.ListTreeResponse
-	(*CapMode)(nil),                  // 60: governor.v1.CapMode
-	(*GetCapStatusRequest)(nil),      // 61: governor.v1.GetCapStatusRequest
-	(*CapStatus)(nil),                // 62: governor.v1.CapStatus
-	(*CapStatusReport)(nil),          // 63: governor.v1.CapStatusReport
-	(*SetTenantStateRequest)(nil),    // 64: governor.v1.SetTenantStateRequest
-	(*TenantRefusal)(nil),            // 65: governor.v1.TenantRefusal
-	(*DryRunRequest)(nil),            // 66: governor.v1.DryRunRequest
-	(*DryRunResponse)(nil),           // 67: governor.v1.DryRunResponse
-	(*Minimum)(nil),                  // 68: governor.v1.Minimum
-	nil,                              // 69: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 70: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 71: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 72: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 73: governor.v1.Node.QuotasEntry
-	nil,                              // 74: governor.v1.Node.UsedEntry
-	nil,                              // 75: governor.v1.Node.LimitsEntry
-	nil,                              // 76: governor.v1.Node.HeldEntry
-	nil,                              // 77: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 78: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 79: governor.v1.Node.ReservedEntry
-	nil,                              // 80: governor.v1.Node.QuotaModesEntry
-	nil,                              // 81: governor.v1.Node.LimitModesEntry
-	nil,                              // 82: governor.v1.Node.MinimumsEntry
-	nil,                              // 83: governor.v1.Node.ShadowEntry
-	nil,                              // 84: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 85: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 86: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 87: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 88: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 89: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 90: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 91: governor.v1.SetCapsRequest.MinimumsEntry
-	nil,                              // 92: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 93: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 94: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 95: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 96: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 97: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 98: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 99: governor.v1.UsageLine.SpendEntry
-	nil,                              // 100: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 101: governor.v1.UsageLine.PeakEntry
-	nil,                              // 102: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 103: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 104: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 105: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 106: google.protobuf.Timestamp
+	(*ReportBlockUseRequest)(nil),    // 38: governor.v1.ReportBlockUseRequest
+	(*BlockUse)(nil),                 // 39: governor.v1.BlockUse
+	(*ReportBlockUseResponse)(nil),   // 40: governor.v1.ReportBlockUseResponse
+	(*WatchRequest)(nil),             // 41: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 42: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 43: governor.v1.SetCapsRequest
+	(*GetCapsHistoryRequest)(nil),    // 44: governor.v1.GetCapsHistoryRequest
+	(*CapsValues)(nil),               // 45: governor.v1.CapsValues
+	(*CapsChange)(nil),               // 46: governor.v1.CapsChange
+	(*PendingOverride)(nil),          // 47: governor.v1.PendingOverride
+	(*CapsHistory)(nil),              // 48: governor.v1.CapsHistory
+	(*Denial)(nil),                   // 49: governor.v1.Denial
+	(*LeaseEnded)(nil),               // 50: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 51: governor.v1.NodeEnded
+	(*GetUsageRequest)(nil),          // 52: governor.v1.GetUsageRequest
+	(*UsageLine)(nil),                // 53: governor.v1.UsageLine
+	(*UsageReport)(nil),              // 54: governor.v1.UsageReport
+	(*InspectRequest)(nil),           // 55: governor.v1.InspectRequest
+	(*LeaseInfo)(nil),                // 56: governor.v1.LeaseInfo
+	(*WaiterInfo)(nil),               // 57: governor.v1.WaiterInfo
+	(*SessionInfo)(nil),              // 58: governor.v1.SessionInfo
+	(*RecentDenial)(nil),             // 59: governor.v1.RecentDenial
+	(*Inspection)(nil),               // 60: governor.v1.Inspection
+	(*ListTreeRequest)(nil),          // 61: governor.v1.ListTreeRequest
+	(*ListTreeResponse)(nil),         // 62: governor.v1.ListTreeResponse
+	(*CapMode)(nil),                  // 63: governor.v1.CapMode
+	(*GetCapStatusRequest)(nil),      // 64: governor.v1.GetCapStatusRequest
+	(*CapStatus)(nil),                // 65: governor.v1.CapStatus
+	(*CapStatusReport)(nil),          // 66: governor.v1.CapStatusReport
+	(*SetTenantStateRequest)(nil),    // 67: governor.v1.SetTenantStateRequest
+	(*TenantRefusal)(nil),            // 68: governor.v1.TenantRefusal
+	(*DryRunRequest)(nil),            // 69: governor.v1.DryRunRequest
+	(*DryRunResponse)(nil),           // 70: governor.v1.DryRunResponse
+	(*Minimum)(nil),                  // 71: governor.v1.Minimum
+	nil,                              // 72: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 73: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 74: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 75: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 76: governor.v1.Node.QuotasEntry
+	nil,                              // 77: governor.v1.Node.UsedEntry
+	nil,                              // 78: governor.v1.Node.LimitsEntry
+	nil,                              // 79: governor.v1.Node.HeldEntry
+	nil,                              // 80: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 81: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 82: governor.v1.Node.ReservedEntry
+	nil,                              // 83: governor.v1.Node.QuotaModesEntry
+	nil,                              // 84: governor.v1.Node.LimitModesEntry
+	nil,                              // 85: governor.v1.Node.MinimumsEntry
+	nil,                              // 86: governor.v1.Node.ShadowEntry
+	nil,                              // 87: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 88: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 89: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 90: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 91: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 92: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 93: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 94: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 95: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 96: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 97: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 98: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 99: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 100: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 101: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 102: governor.v1.UsageLine.SpendEntry
+	nil,                              // 103: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 104: governor.v1.UsageLine.PeakEntry
+	nil,                              // 105: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 106: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 107: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 108: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 109: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	105, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	105, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	105, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	105, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	69,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	70,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	71,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	72,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	106, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	108, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	108, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	108, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	108, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	72,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	73,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	74,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	75,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	109, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	73,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	74,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	75,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	76,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	77,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	78,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	106, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	79,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	106, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	80,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	81,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
-	82,  // 22: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
-	83,  // 23: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
+	76,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	77,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	78,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	79,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	80,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	81,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	109, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	82,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	109, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	83,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	84,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	85,  // 22: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
+	86,  // 23: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
 	10,  // 24: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	10,  // 25: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
 	11,  // 26: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
 	11,  // 27: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	84,  // 28: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	87,  // 28: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	23,  // 29: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	105, // 30: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	65,  // 31: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
-	65,  // 32: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
+	108, // 30: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	68,  // 31: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
+	68,  // 32: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
 	36,  // 33: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	3,   // 34: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	85,  // 35: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	86,  // 36: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	87,  // 37: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	88,  // 38: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	106, // 39: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	105, // 40: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	89,  // 41: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	90,  // 42: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	91,  // 43: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	92,  // 44: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	93,  // 45: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	94,  // 46: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	95,  // 47: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	96,  // 48: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	97,  // 49: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	98,  // 50: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	106, // 51: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	42,  // 52: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	42,  // 53: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	106, // 54: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	106, // 55: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	43,  // 56: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	44,  // 57: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 58: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 59: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	106, // 60: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	106, // 61: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	99,  // 62: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	100, // 63: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	101, // 64: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	102, // 65: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	106, // 66: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	106, // 67: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	50,  // 68: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	106, // 69: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	106, // 70: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	105, // 71: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	106, // 72: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	106, // 73: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	106, // 74: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	53,  // 75: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	54,  // 76: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	55,  // 77: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	56,  // 78: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	105, // 79: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 80: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	103, // 81: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	60,  // 82: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	62,  // 83: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	104, // 84: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	46,  // 85: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	65,  // 86: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	106, // 87: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	106, // 88: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	60,  // 89: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 90: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 91: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 92: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 93: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 94: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	60,  // 95: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	60,  // 96: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	68,  // 97: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 98: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 99: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 100: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 101: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 102: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 103: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 104: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 105: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 106: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 107: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 108: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 109: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 110: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 111: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 112: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 113: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 114: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 115: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 116: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	40,  // 117: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	41,  // 118: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	49,  // 119: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	52,  // 120: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	58,  // 121: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	61,  // 122: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	64,  // 123: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	66,  // 124: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 125: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 126: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 127: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 128: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 129: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 130: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 131: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 132: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 133: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 134: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 135: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 136: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 137: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 138: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 139: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 140: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 141: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 142: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	39,  // 143: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 144: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	45,  // 145: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	51,  // 146: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	57,  // 147: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	59,  // 148: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	63,  // 149: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 150: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	67,  // 151: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	125, // [125:152] is the sub-list for method output_type
-	98,  // [98:125] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	39,  // 34: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
+	108, // 35: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
+	3,   // 36: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	88,  // 37: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	89,  // 38: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	90,  // 39: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	91,  // 40: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	109, // 41: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	108, // 42: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	92,  // 43: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	93,  // 44: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	94,  // 45: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	95,  // 46: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	96,  // 47: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	97,  // 48: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	98,  // 49: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	99,  // 50: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	100, // 51: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	101, // 52: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	109, // 53: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	45,  // 54: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	45,  // 55: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	109, // 56: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	109, // 57: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	46,  // 58: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	47,  // 59: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	2,   // 60: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 61: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	109, // 62: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	109, // 63: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	102, // 64: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	103, // 65: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	104, // 66: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	105, // 67: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	109, // 68: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	109, // 69: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	53,  // 70: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	109, // 71: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	109, // 72: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	109, // 73: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	109, // 74: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	108, // 75: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	109, // 76: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	109, // 77: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	109, // 78: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	56,  // 79: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	57,  // 80: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	58,  // 81: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	59,  // 82: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	108, // 83: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	11,  // 84: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	106, // 85: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	63,  // 86: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	65,  // 87: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	107, // 88: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	49,  // 89: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	68,  // 90: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	109, // 91: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	109, // 92: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	63,  // 93: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	63,  // 94: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	71,  // 95: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	63,  // 96: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	63,  // 97: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	71,  // 98: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	63,  // 99: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	63,  // 100: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	71,  // 101: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 102: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 103: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 104: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	12,  // 105: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	13,  // 106: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	14,  // 107: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	16,  // 108: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	18,  // 109: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	19,  // 110: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	20,  // 111: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	22,  // 112: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	24,  // 113: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	26,  // 114: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	28,  // 115: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	29,  // 116: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	31,  // 117: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	33,  // 118: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	35,  // 119: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	38,  // 120: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	41,  // 121: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	43,  // 122: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	44,  // 123: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	52,  // 124: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	55,  // 125: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	61,  // 126: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	64,  // 127: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	67,  // 128: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	69,  // 129: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 130: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 131: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 132: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	11,  // 133: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	11,  // 134: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	15,  // 135: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	17,  // 136: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	11,  // 137: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	11,  // 138: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	21,  // 139: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	23,  // 140: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	25,  // 141: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	27,  // 142: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	23,  // 143: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	30,  // 144: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	32,  // 145: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	34,  // 146: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	37,  // 147: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	40,  // 148: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	42,  // 149: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	11,  // 150: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	48,  // 151: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	54,  // 152: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	60,  // 153: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	62,  // 154: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	66,  // 155: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	11,  // 156: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	70,  // 157: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	130, // [130:158] is the sub-list for method output_type
+	102, // [102:130] is the sub-list for method input_type
+	102, // [102:102] is the sub-list for extension type_name
+	102, // [102:102] is the sub-list for extension extendee
+	0,   // [0:102] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -5967,15 +6193,15 @@ func file_api_governorpb_governor_proto_init() {
 	if File_api_governorpb_governor_proto != nil {
 		return
 	}
-	file_api_governorpb_governor_proto_msgTypes[36].OneofWrappers = []any{}
-	file_api_governorpb_governor_proto_msgTypes[38].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[39].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   101,
+			NumMessages:   104,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	Governor_Reserve_FullMethodName          = "/governor.v1.Governor/Reserve"
 	Governor_ReportSamples_FullMethodName    = "/governor.v1.Governor/ReportSamples"
 	Governor_ReportDenials_FullMethodName    = "/governor.v1.Governor/ReportDenials"
+	Governor_ReportBlockUse_FullMethodName   = "/governor.v1.Governor/ReportBlockUse"
 	Governor_Watch_FullMethodName            = "/governor.v1.Governor/Watch"
 	Governor_SetCaps_FullMethodName          = "/governor.v1.Governor/SetCaps"
 	Governor_GetCapsHistory_FullMethodName   = "/governor.v1.Governor/GetCapsHistory"
@@ -263,6 +264,16 @@ type GovernorClient interface {
 	// the answer (UNAVAILABLE when they could not be: send them again). Each
 	// node must be inside the session's scope.
 	ReportDenials(ctx context.Context, in *ReportDenialsRequest, opts ...grpc.CallOption) (*ReportDenialsResponse, error)
+	// ReportBlockUse tells governord how the session's blocks are used where
+	// they were delegated: how many of each block's slots hold work (a
+	// sidecar's requests and transactions) and since when the oldest of that
+	// work has held its slot, so that Inspect can tell idle slots from work
+	// that is stuck. Each report is the session's whole picture and replaces
+	// its last: a block it leaves out has no slot in use. Nothing is
+	// recorded durably: governord forgets the reports when it restarts (and
+	// a session's when it ends) until the next, so a holder reports again
+	// now and then even when nothing changed.
+	ReportBlockUse(ctx context.Context, in *ReportBlockUseRequest, opts ...grpc.CallOption) (*ReportBlockUseResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
 	// back idle slots or unspent units (recall), and when a node they are on
@@ -502,6 +513,16 @@ func (c *governorClient) ReportDenials(ctx context.Context, in *ReportDenialsReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportDenialsResponse)
 	err := c.cc.Invoke(ctx, Governor_ReportDenials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *governorClient) ReportBlockUse(ctx context.Context, in *ReportBlockUseRequest, opts ...grpc.CallOption) (*ReportBlockUseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportBlockUseResponse)
+	err := c.cc.Invoke(ctx, Governor_ReportBlockUse_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -817,6 +838,16 @@ type GovernorServer interface {
 	// the answer (UNAVAILABLE when they could not be: send them again). Each
 	// node must be inside the session's scope.
 	ReportDenials(context.Context, *ReportDenialsRequest) (*ReportDenialsResponse, error)
+	// ReportBlockUse tells governord how the session's blocks are used where
+	// they were delegated: how many of each block's slots hold work (a
+	// sidecar's requests and transactions) and since when the oldest of that
+	// work has held its slot, so that Inspect can tell idle slots from work
+	// that is stuck. Each report is the session's whole picture and replaces
+	// its last: a block it leaves out has no slot in use. Nothing is
+	// recorded durably: governord forgets the reports when it restarts (and
+	// a session's when it ends) until the next, so a holder reports again
+	// now and then even when nothing changed.
+	ReportBlockUse(context.Context, *ReportBlockUseRequest) (*ReportBlockUseResponse, error)
 	// Watch streams the notices for the session's delegated budgets: when to
 	// stop growing blocks and take single leases (contended), when to give
 	// back idle slots or unspent units (recall), and when a node they are on
@@ -935,6 +966,9 @@ func (UnimplementedGovernorServer) ReportSamples(context.Context, *ReportSamples
 }
 func (UnimplementedGovernorServer) ReportDenials(context.Context, *ReportDenialsRequest) (*ReportDenialsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportDenials not implemented")
+}
+func (UnimplementedGovernorServer) ReportBlockUse(context.Context, *ReportBlockUseRequest) (*ReportBlockUseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportBlockUse not implemented")
 }
 func (UnimplementedGovernorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Notice]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
@@ -1308,6 +1342,24 @@ func _Governor_ReportDenials_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Governor_ReportBlockUse_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportBlockUseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GovernorServer).ReportBlockUse(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Governor_ReportBlockUse_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GovernorServer).ReportBlockUse(ctx, req.(*ReportBlockUseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Governor_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1541,6 +1593,10 @@ var Governor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportDenials",
 			Handler:    _Governor_ReportDenials_Handler,
+		},
+		{
+			MethodName: "ReportBlockUse",
+			Handler:    _Governor_ReportBlockUse_Handler,
 		},
 		{
 			MethodName: "SetCaps",

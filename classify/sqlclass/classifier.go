@@ -17,7 +17,11 @@ type classifier struct {
 	frames  []frame
 	readers []reader // by paren depth
 	inFunc  []bool   // by paren depth: opened by extract(, substring(, ...
-	buf     [maxNameParts*(nameLen+1) + 8]byte
+
+	// A name being read (a U& name's last character may pass nameLen
+	// before it is cut), and a U& identifier's body being decoded.
+	buf  [maxNameParts*(nameLen+1) + 16]byte
+	ubuf [maxEscapedName]byte
 }
 
 // stmt is the statement being read.
@@ -191,7 +195,7 @@ func (c *classifier) closeParen() {
 func (c *classifier) followName(t token) {
 	fn := &c.st.fn
 	switch t.kind {
-	case tokIdent, tokQIdent:
+	case tokIdent, tokQIdent, tokUIdent:
 		if c.st.prev.kind == tokDot && fn.parts > 0 {
 			fn.parts++
 			fn.qual, fn.last = fn.last, t

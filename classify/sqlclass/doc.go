@@ -1,6 +1,8 @@
 // Package sqlclass classifies SQL text for the rules: each statement's
 // kinds and the tables it names. governor-proxy's pgwire side and governor
-// explain use it. It may import the standard library and classify.
+// explain use it, and package classify takes its kinds of statement from
+// it. It may import only the standard library: the lexer and the
+// classifier do not depend on the rules.
 //
 // # A careful lexer, not a parser
 //
@@ -33,6 +35,32 @@
 // byte can be the second byte of a character. Lexed with the wrong ones, a
 // statement can hide in what looks like a string; the proxy lexes with the
 // settings the server reports.
+//
+// # Read as the server reads it
+//
+// Where a token ends, and what name an identifier stands for, follow
+// PostgreSQL 13 and later (scan.l, and parser.c's filter for UESCAPE);
+// testdata/forms.txt holds each form with its classification, and runs it
+// on a real server. A -- comment ends at a line feed or a carriage return.
+// A string goes on in another quoted body after whitespace holding a
+// newline, read as the first one is (after E'a', a backslash escapes in
+// the next body too); B'...' and X'...' end at their first quote. In a
+// client-only encoding a character is read whole, after a backslash and in
+// a dollar quote's tag too. A U&"..." name is decoded (\XXXX, \+XXXXXX,
+// surrogate pairs, the character an UESCAPE clause names) and keeps its
+// case; an unquoted name folds its ASCII letters and no others, as the
+// server folds it in a database of a multibyte encoding such as UTF8. (In a
+// database of a single-byte encoding, LATIN1 say, the server also folds the
+// letters its locale knows, which the proxy cannot see: there an unquoted
+// name with non-ASCII capitals reads with them unfolded.)
+//
+// Text the server refuses runs nothing, so how it is read cannot let a
+// write through: every statement in a Query is parsed before the first
+// runs, and a Parse that fails prepares nothing. Such text is still read
+// for what its writer most likely meant, not as unknown (which only rules
+// naming unknown match): a U& escape the server cannot decode is kept as
+// written, the others decoded, so that a write is charged under the rule it
+// would fall under if a server did run it.
 //
 // # Bounded work
 //

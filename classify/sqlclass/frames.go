@@ -231,7 +231,7 @@ func (c *classifier) step(f *frame, t token) bool {
 		c.prepareStep(f, t)
 	case fExecute:
 		if f.state == xName {
-			if t.kind == tokIdent || t.kind == tokQIdent {
+			if t.isIdent() {
 				f.execute, f.state = c.identText(t), xArgs
 			} else {
 				f.kind, f.kinds = fFixed, kUtility
@@ -367,7 +367,7 @@ func (c *classifier) withStep(f *frame, t token) bool {
 		}
 		return c.withStep(f, t)
 	case wName:
-		if t.kind == tokIdent || t.kind == tokQIdent {
+		if t.isIdent() {
 			c.addCTE(t)
 			f.state = wAfterName
 			return true
@@ -437,7 +437,7 @@ func (c *classifier) prepareStep(f *frame, t token) {
 		switch {
 		case t.is(kwTransaction):
 			f.kind, f.kinds = fFixed, kTransaction
-		case t.kind == tokIdent || t.kind == tokQIdent:
+		case t.isIdent():
 			st.op, st.name, f.state = OpPrepare, c.identText(t), pAfterName
 		default:
 			f.kind, f.kinds = fFixed, kUtility
@@ -462,7 +462,7 @@ func (c *classifier) ddlStep(f *frame, t token) {
 		}
 	case ddlExecName:
 		f.state = ddlBody
-		if t.kind == tokIdent || t.kind == tokQIdent {
+		if t.isIdent() {
 			f.execute = c.identText(t)
 		}
 	}
@@ -493,7 +493,7 @@ func (c *classifier) fixedStep(f *frame, t token) {
 		case !c.isRoot(f):
 		case t.is(kwAll):
 			st.op = OpDeallocateAll
-		case t.kind == tokIdent || t.kind == tokQIdent:
+		case t.isIdent():
 			st.op, st.name = OpDeallocate, c.identText(t)
 		}
 	case fxDiscard:

@@ -19,7 +19,7 @@ func (c *classifier) maybeCall() {
 		return
 	}
 	p, fn := st.prev, st.fn
-	if fn.parts == 0 || (p.kind != tokIdent && p.kind != tokQIdent) {
+	if fn.parts == 0 || !p.isIdent() {
 		return
 	}
 	if fn.parts == 1 && p.kind == tokIdent && (p.kw.notCall() || p.kw.reserved()) {
@@ -32,49 +32,28 @@ func (c *classifier) maybeCall() {
 }
 
 // readOnlyCall reports a call of a built-in in readOnlyFunctions, unqualified
-// or qualified with pg_catalog.
+// or qualified with pg_catalog, its name read as the server reads it.
 func (c *classifier) readOnlyCall(fn funcName) bool {
+	var buf [maxFunctionName + 16]byte
 	switch fn.parts {
 	case 1:
 	case 2:
-		if c.wordOf(fn.qual) != "pg_catalog" {
+		if string(c.appendName(buf[:0], fn.qual, len("pg_catalog")+1)) != "pg_catalog" {
 			return false
 		}
 	default:
 		return false
 	}
-	var buf [40]byte
-	w := c.lx.src[fn.last.start:fn.last.end]
-	if len(w) > len(buf) {
+	name := c.appendName(buf[:0], fn.last, maxFunctionName+1)
+	if len(name) > maxFunctionName {
 		return false
 	}
-	b := buf[:len(w)]
-	copy(b, w)
-	if fn.last.kind == tokIdent {
-		for i, ch := range b {
-			if ch >= 'A' && ch <= 'Z' {
-				b[i] = ch + 'a' - 'A'
-			}
-		}
-	}
-	_, ok := readOnlyFunctions[string(b)]
+	_, ok := readOnlyFunctions[string(name)]
 	return ok
 }
 
-// wordOf is a short identifier's name, folded when unquoted; "" for a long
-// one.
-func (c *classifier) wordOf(t token) string {
-	w := c.lx.src[t.start:t.end]
-	if len(w) > 16 {
-		return ""
-	}
-	if t.kind == tokIdent {
-		return strings.ToLower(w)
-	}
-	return w
-}
-
-// isFromFunction: SQL functions whose arguments use FROM.
+// isFromFunction: SQL functions whose arguments use FROM. Only ASCII
+// letters fold, as in the server's keywords.
 func isFromFunction(w string) bool {
 	switch len(w) {
 	case 4, 7, 8, 9:
@@ -82,12 +61,33 @@ func isFromFunction(w string) bool {
 		return false
 	}
 	for _, f := range [...]string{"extract", "substring", "trim", "overlay", "position"} {
-		if strings.EqualFold(w, f) {
+		if equalFoldASCII(w, f) {
 			return true
 		}
 	}
 	return false
 }
+
+// equalFoldASCII reports whether s is lower, a lower-case ASCII word, with
+// its ASCII letters folded.
+func equalFoldASCII(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// maxFunctionName is longer than any name in readOnlyFunctions.
+const maxFunctionName = 40
 
 // readOnlyFunctions are built-ins that read and compute, and write nothing,
 // take no lock and change no setting: aggregates, window functions,
@@ -136,6 +136,9 @@ var readOnlyFunctions = func() map[string]struct{} {
 		pg_relation_size pg_total_relation_size pg_database_size to_regclass obj_description
 		col_description has_table_privilege has_schema_privilege has_column_privilege
 		pg_sleep pg_sleep_for bernoulli system merge_action`) {
+		if len(f) > maxFunctionName {
+			panic("sqlclass: a read-only function's name is longer than maxFunctionName")
+		}
 		m[f] = struct{}{}
 	}
 	return m

@@ -1,10 +1,11 @@
 package sqlclass
 
 import (
+	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/governor-project/governor/classify"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // checkClass holds a Class to what every Class must be: known kinds,
@@ -13,7 +14,7 @@ import (
 func checkClass(t *testing.T, sql string, c *Class) {
 	t.Helper()
 	known := map[string]bool{}
-	for _, k := range classify.SQLKinds() {
+	for _, k := range Kinds() {
 		known[k] = true
 	}
 	if len(c.Statements) > MaxStatements {
@@ -39,7 +40,7 @@ func checkClass(t *testing.T, sql string, c *Class) {
 			}
 		}
 		names += len(s.Tables)
-		if slicesHas(s.Kinds, classify.KindUnknown) && (len(s.Kinds) != 1 || len(s.Tables) != 0 || s.Execute != "") {
+		if slicesHas(s.Kinds, KindUnknown) && (len(s.Kinds) != 1 || len(s.Tables) != 0 || s.Execute != "") {
 			t.Fatalf("%.200q: an unknown statement with more: %+v", sql, s)
 		}
 		if (s.Op == OpPrepare) != (s.Prepared != nil) {
@@ -68,8 +69,11 @@ func slicesHas(l []string, s string) bool {
 
 // FuzzClassify: any text, under any settings, classifies without
 // panicking, within the limits, the same way twice. Seeds:
-// testdata/fuzz/FuzzClassify.
+// testdata/fuzz/FuzzClassify and the texts of testdata/forms.txt.
 func FuzzClassify(f *testing.F) {
+	for _, fm := range loadForms(f) {
+		f.Add(fm.sql)
+	}
 	f.Add("WITH x AS (DELETE FROM a RETURNING *) SELECT * FROM x FOR UPDATE")
 	f.Add("SELECT $$a$$, $t$;$t$, E'\\'', U&\"x\" /* /* */ */ FROM b; --")
 	f.Add("SELECT 'a\\''; INSERT INTO ledger VALUES (1); --'")
@@ -122,7 +126,7 @@ func FuzzNesting(f *testing.F) {
 			t.Fatalf("%.100q: no statement", sql)
 		}
 		deep := int(reps)*n.levels > MaxDepth
-		unknown := slicesHas(c.Statements[0].Kinds, classify.KindUnknown)
+		unknown := slicesHas(c.Statements[0].Kinds, KindUnknown)
 		if deep && !unknown {
 			t.Fatalf("%d levels of %q: %s, want unknown", reps, n.open, renderStatement(&c.Statements[0]))
 		}
@@ -149,4 +153,59 @@ func isPlain(s string) bool {
 		!strings.Contains(strings.ToLower(s), "declare") && !strings.Contains(strings.ToLower(s), "copy") &&
 		!strings.Contains(strings.ToLower(s), "with") && !strings.Contains(strings.ToLower(s), "prepare") &&
 		!strings.Contains(strings.ToLower(s), "begin") && !strings.Contains(strings.ToLower(s), "create")
+}
+
+// FuzzUnicodeName: a name written as a U& identifier, each character as an
+// escape of four hex digits (a surrogate pair past FFFF), of + and six, or
+// as itself, with \ or an escape character UESCAPE gives, reads as the
+// name, cut to 63 bytes at a character as the server cuts it. (A name with
+// a dot is left out: Statement.Tables joins a name's parts with dots.)
+func FuzzUnicodeName(f *testing.F) {
+	f.Add("ledger", byte('\\'), uint8(0))
+	f.Add("Lédger 😀 \"x\"", byte('!'), uint8(1))
+	f.Add(strings.Repeat("é", 40), byte('='), uint8(2))
+	f.Fuzz(func(t *testing.T, name string, esc byte, how uint8) {
+		if name == "" || !utf8.ValidString(name) || strings.ContainsAny(name, "\x00.") {
+			return
+		}
+		if esc == 0 || esc >= 0x80 || isHex(esc) || isSpace(esc) || strings.IndexByte(`+'"`, esc) >= 0 {
+			esc = '\\'
+		}
+		var b strings.Builder
+		for i, r := range name {
+			switch (int(how) + i) % 3 {
+			case 0:
+				if r > 0xffff {
+					hi, lo := utf16.EncodeRune(r)
+					fmt.Fprintf(&b, "%c%04X%c%04x", esc, hi, esc, lo)
+				} else {
+					fmt.Fprintf(&b, "%c%04x", esc, r)
+				}
+			case 1:
+				fmt.Fprintf(&b, "%c+%06X", esc, r)
+			default:
+				switch r {
+				case rune(esc):
+					b.WriteString(string([]byte{esc, esc}))
+				case '"':
+					b.WriteString(`""`)
+				default:
+					b.WriteRune(r)
+				}
+			}
+		}
+		sql := `INSERT INTO U&"` + b.String() + `"`
+		if esc != '\\' {
+			sql += " UESCAPE '" + string(esc) + "'"
+		}
+		sql += " VALUES (1)"
+		want := name
+		for len(want) > nameLen {
+			_, n := utf8.DecodeLastRuneInString(want)
+			want = want[:len(want)-n]
+		}
+		if got := render(Classify(sql)); got != "insert["+want+"]" {
+			t.Fatalf("%q:\n got %s\nwant insert[%s]", sql, got, want)
+		}
+	})
 }

@@ -78,6 +78,7 @@ const (
 	kwTransaction
 	kwTrigger
 	kwTruncate
+	kwUescape
 	kwUnlogged
 	kwUpdate
 	kwUsing
@@ -104,8 +105,8 @@ var namedKeywords = [kwNamed]string{
 	kwSelect: "select", kwSession: "session", kwSet: "set", kwShare: "share", kwStart: "start",
 	kwStatistics: "statistics", kwTable: "table", kwTemp: "temp", kwTemporary: "temporary",
 	kwTransaction: "transaction", kwTrigger: "trigger", kwTruncate: "truncate",
-	kwUnlogged: "unlogged", kwUpdate: "update", kwUsing: "using", kwValues: "values",
-	kwVerbose: "verbose", kwWith: "with",
+	kwUescape: "uescape", kwUnlogged: "unlogged", kwUpdate: "update", kwUsing: "using",
+	kwValues: "values", kwVerbose: "verbose", kwWith: "with",
 }
 
 // reservedWords end a table reference, or cannot be a table name where this

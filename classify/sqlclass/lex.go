@@ -50,7 +50,9 @@ func EncodingOf(name string) Encoding {
 
 // charLen is the length of the character that starts with the byte at i,
 // as PostgreSQL's pg_*_mblen functions measure it.
-func (e Encoding) charLen(s string, i int) int {
+func (e Encoding) charLen(s string, i int) int { return charLen(e, s, i) }
+
+func charLen[T string | []byte](e Encoding, s T, i int) int {
 	c := s[i]
 	if c < 0x80 {
 		return 1
@@ -89,6 +91,7 @@ const (
 	tokEOF    tokKind = iota
 	tokIdent          // unquoted identifier or keyword
 	tokQIdent         // "quoted" identifier
+	tokUIdent         // U&"quoted" identifier, with Unicode escapes
 	tokString         // any string literal or dollar-quoted body
 	tokNumber
 	tokParam // $1
@@ -111,10 +114,15 @@ type token struct {
 
 func (t token) is(k keyword) bool { return t.kind == tokIdent && t.kw == k }
 
+// isIdent reports an identifier, quoted or not.
+func (t token) isIdent() bool {
+	return t.kind == tokIdent || t.kind == tokQIdent || t.kind == tokUIdent
+}
+
 // isName reports an identifier that may name a table or a function: quoted,
 // or unquoted and not a reserved word.
 func (t token) isName() bool {
-	return t.kind == tokQIdent || (t.kind == tokIdent && !t.kw.reserved())
+	return t.kind == tokQIdent || t.kind == tokUIdent || (t.kind == tokIdent && !t.kw.reserved())
 }
 
 // lexer splits text into tokens on demand. It never fails: an unterminated
@@ -133,6 +141,16 @@ func isSpace(c byte) bool {
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
+// lineEnd returns where the -- comment at i ends: at the next line feed or
+// carriage return, either of which ends a line for the server, or at the
+// end of the text.
+func lineEnd(s string, i int) int {
+	if j := strings.IndexAny(s[i:], "\n\r"); j >= 0 {
+		return i + j
+	}
+	return len(s)
+}
+
 func isIdentStart(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
 }
@@ -149,8 +167,19 @@ func isOpChar(c byte) bool {
 	return !isSpace(c) && !isIdentCont(c)
 }
 
-// next returns the next token, or tokEOF at the end of the text.
+// next returns the next token, or tokEOF at the end of the text. As the
+// server's grammar does (parser.c's filter between lexer and grammar), it
+// takes an UESCAPE clause after a U& literal as part of the literal.
 func (l *lexer) next() token {
+	t := l.scan()
+	if t.kind == tokUIdent || (t.kind == tokString && (l.src[t.start] == 'u' || l.src[t.start] == 'U')) {
+		l.uescape()
+	}
+	return t
+}
+
+// scan returns the next token as the server's lexer (scan.l) makes it.
+func (l *lexer) scan() token {
 	s, i, n := l.src, l.pos, len(l.src)
 	for i < n {
 		c := s[i]
@@ -159,11 +188,7 @@ func (l *lexer) next() token {
 			i++
 			continue
 		case c == '-' && i+1 < n && s[i+1] == '-':
-			if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
-				i += j
-			} else {
-				i = n
-			}
+			i = lineEnd(s, i)
 			continue
 		case c == '/' && i+1 < n && s[i+1] == '*':
 			i = l.skipBlockComment(i)
@@ -179,26 +204,22 @@ func (l *lexer) next() token {
 	c := s[i]
 	switch {
 	case c == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+1, '\'', l.set.BackslashEscapes)
+		t.kind, i = tokString, l.skipString(i+1, l.plainQuoting())
 	case c == '"':
-		end := l.skipQuoted(i+1, '"', false)
-		t.kind, t.start, t.end, i = tokQIdent, i+1, quotedEnd(s, i+1, end), end
+		t.kind, t.start = tokQIdent, i+1
+		t.end, i = l.skipQuotedIdent(t.start)
 	case (c == 'e' || c == 'E') && i+1 < n && s[i+1] == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', true)
+		t.kind, i = tokString, l.skipString(i+2, qEscape)
 	case (c == 'n' || c == 'N') && i+1 < n && s[i+1] == '\'':
 		// National character: an ordinary string after the N.
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', l.set.BackslashEscapes)
+		t.kind, i = tokString, l.skipString(i+2, l.plainQuoting())
 	case (c == 'b' || c == 'B' || c == 'x' || c == 'X') && i+1 < n && s[i+1] == '\'':
-		t.kind, i = tokString, l.skipQuoted(i+2, '\'', false)
-	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && (s[i+2] == '\'' || s[i+2] == '"'):
-		q := s[i+2]
-		end := l.skipQuoted(i+3, q, false)
-		if q == '"' {
-			t.kind, t.start, t.end = tokQIdent, i+3, quotedEnd(s, i+3, end)
-		} else {
-			t.kind = tokString
-		}
-		i = end
+		t.kind, i = tokString, l.skipString(i+2, qBits)
+	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '"':
+		t.kind, t.start = tokUIdent, i+3
+		t.end, i = l.skipQuotedIdent(t.start)
+	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '\'':
+		t.kind, i = tokString, l.skipString(i+3, qUnicode)
 	case c == '$':
 		if i+1 < n && isDigit(s[i+1]) {
 			i += 2
@@ -237,7 +258,7 @@ func (l *lexer) next() token {
 		}
 		t.kind = tokOp
 	}
-	if t.kind != tokIdent && t.kind != tokQIdent {
+	if !t.isIdent() {
 		t.end = i
 	}
 	l.pos = i
@@ -307,71 +328,6 @@ func (l *lexer) skipBlockComment(i int) int {
 		}
 	}
 	return i
-}
-
-// skipQuoted returns the index after the closing quote q of a literal whose
-// body starts at i. A doubled quote is an escaped quote; with backslash, so
-// is a backslash followed by anything.
-func (l *lexer) skipQuoted(i int, q byte, backslash bool) int {
-	s, enc := l.src, l.set.Encoding
-	for i < len(s) {
-		c := s[i]
-		switch {
-		case c >= 0x80 && enc != ASCIISafe:
-			i += enc.charLen(s, i)
-		case backslash && c == '\\':
-			i += 2
-		case c == q:
-			if i+1 < len(s) && s[i+1] == q {
-				i += 2
-				continue
-			}
-			return i + 1
-		default:
-			i++
-		}
-	}
-	return len(s)
-}
-
-// quotedEnd is where the text of a quoted identifier whose body starts at
-// start ends, given the index after it: before the closing quote, or at the
-// end of the text when it is not closed.
-func quotedEnd(s string, start, after int) int {
-	if after == len(s) {
-		// Closed only if the quotes at the end pair off leaving one.
-		q := 0
-		for j := after - 1; j >= start && s[j] == '"'; j-- {
-			q++
-		}
-		if q%2 == 0 {
-			return after
-		}
-	}
-	return max(start, after-1)
-}
-
-// skipDollar reports whether a dollar quote ($$ or $tag$) starts at i and,
-// if so, returns the index after its closing delimiter. No character of any
-// encoding the server accepts holds a '$' byte, so no encoding matters here.
-func (l *lexer) skipDollar(i int) (int, bool) {
-	s := l.src
-	j := i + 1
-	for j < len(s) && s[j] != '$' {
-		if !isIdentCont(s[j]) || (j == i+1 && isDigit(s[j])) {
-			return 0, false
-		}
-		j++
-	}
-	if j >= len(s) {
-		return 0, false
-	}
-	delim := s[i : j+1]
-	k := strings.Index(s[j+1:], delim)
-	if k < 0 {
-		return len(s), true
-	}
-	return j + 1 + k + len(delim), true
 }
 
 // DependsOnSettings reports whether the lexing of sql may depend on

@@ -55,8 +55,9 @@ func TestChainsNeedNoStack(t *testing.T) {
 }
 
 // Classification is linear in the text: 1 MiB of nested COPY( (which used
-// to take minutes) or of anything else takes milliseconds, and a 10 MiB
-// multi-row INSERT is an ordinary insert.
+// to take minutes) or of anything else takes milliseconds (U& names and
+// their UESCAPE clauses, which are read again for the name, included), and
+// a 10 MiB multi-row INSERT is an ordinary insert.
 func TestLinearTime(t *testing.T) {
 	var rows strings.Builder
 	rows.WriteString("INSERT INTO ledger (id, note) VALUES ")
@@ -76,6 +77,10 @@ func TestLinearTime(t *testing.T) {
 		{"a long qualified name", "SELECT * FROM " + strings.Repeat("a.", 1<<19) + "b", "select[a.a.a]", time.Second},
 		{"many tables", "SELECT * FROM " + strings.Repeat("t, ", 1<<18) + "u", "select[t,u]", time.Second},
 		{"10 MiB INSERT", rows.String(), "insert[ledger]", 5 * time.Second},
+		{"U& names with UESCAPE", "SELECT * FROM " + strings.Repeat(`U&"t!0031" UESCAPE '!', `, 1<<15) + "u", "select[t1,u]", time.Second},
+		{"a long U& name", `INSERT INTO U&"` + strings.Repeat(`\0061`, 1<<18) + `" VALUES (1)`, "insert[" + strings.Repeat("a", nameLen) + "]", time.Second},
+		{"a long UESCAPE string", `INSERT INTO U&"a" UESCAPE '` + strings.Repeat("!", 1<<20) + `' VALUES (1)`, "insert[a]", time.Second},
+		{"a string continued", "SELECT E'a'" + strings.Repeat("\n'\\''", 1<<18), "select", time.Second},
 	} {
 		start := time.Now()
 		got := render(Classify(tc.sql))

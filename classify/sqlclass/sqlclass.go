@@ -2,8 +2,6 @@ package sqlclass
 
 import (
 	"sync"
-
-	"github.com/governor-project/governor/classify"
 )
 
 // Limits of the classifier. A statement past one of them is of kind
@@ -118,7 +116,7 @@ func contains(l []string, s string) bool {
 	return false
 }
 
-// kind bits, in classify.SQLKinds order.
+// kind bits, in the canonical order (Kinds).
 type kindSet uint16
 
 const (
@@ -142,16 +140,37 @@ const (
 
 const dmlKinds = kInsert | kUpdate | kDelete | kMerge
 
-// kindNames are classify's kinds, in the order the bits above follow
-// (TestKindBits catches a bit that names the wrong kind).
-var kindNames = func() (n [kindCount]string) {
-	kinds := classify.SQLKinds()
-	if len(kinds) != kindCount {
-		panic("sqlclass: the kind bits do not match classify.SQLKinds")
-	}
-	copy(n[:], kinds)
-	return n
-}()
+// The kinds of statement the classifier tells apart: the values a rule's
+// sql: list names (package classify), and what a Statement's Kinds holds.
+const (
+	KindSelect      = "select"      // SELECT, VALUES, TABLE, a WITH that only reads
+	KindInsert      = "insert"      // INSERT, also inside a WITH
+	KindUpdate      = "update"      // UPDATE, also inside a WITH
+	KindDelete      = "delete"      // DELETE, also inside a WITH
+	KindMerge       = "merge"       // MERGE
+	KindCopy        = "copy"        // COPY, either direction
+	KindTruncate    = "truncate"    // TRUNCATE
+	KindLock        = "lock"        // SELECT ... FOR UPDATE/SHARE, LOCK TABLE
+	KindCall        = "call"        // CALL: a procedure may write anything
+	KindDo          = "do"          // DO: an anonymous block may write anything
+	KindFunction    = "function"    // a call of a function not known to only read (nextval, a user's); the FunctionCall message
+	KindDDL         = "ddl"         // CREATE, ALTER, DROP, COMMENT, GRANT, REVOKE, ...
+	KindTransaction = "transaction" // BEGIN, COMMIT, ROLLBACK, SAVEPOINT, ...
+	KindUtility     = "utility"     // everything else: SET, SHOW, VACUUM, LISTEN, ...
+	// KindUnknown is a statement the classifier could not see into: nested
+	// past its depth limit, past its other limits, or an EXECUTE of a name
+	// the connection has not prepared where the proxy could see. It names
+	// no table.
+	KindUnknown = "unknown"
+)
+
+// kindNames are the kinds, in the order of the bits above: the canonical
+// order (TestKindBits catches a bit that names the wrong kind).
+var kindNames = [kindCount]string{KindSelect, KindInsert, KindUpdate, KindDelete, KindMerge, KindCopy,
+	KindTruncate, KindLock, KindCall, KindDo, KindFunction, KindDDL, KindTransaction, KindUtility, KindUnknown}
+
+// Kinds lists the kinds of statement, in their canonical order.
+func Kinds() []string { return append([]string(nil), kindNames[:]...) }
 
 // kindLists interns the kind lists, so a Statement holds a shared slice.
 var kindLists = func() (l [1 << kindCount][]string) {

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/governor-project/governor/classify"
 )
 
 // render writes a Class as the tests spell it: statements separated by
@@ -228,8 +226,8 @@ func TestExecuting(t *testing.T) {
 
 // The kind bits name classify's kinds, in order.
 func TestKindBits(t *testing.T) {
-	for bit, want := range map[kindSet]string{kSelect: classify.KindSelect, kLock: classify.KindLock,
-		kFunction: classify.KindFunction, kDDL: classify.KindDDL, kUtility: classify.KindUtility, kUnknown: classify.KindUnknown} {
+	for bit, want := range map[kindSet]string{kSelect: KindSelect, kLock: KindLock,
+		kFunction: KindFunction, kDDL: KindDDL, kUtility: KindUtility, kUnknown: KindUnknown} {
 		if got := kindLists[bit]; !slices.Equal(got, []string{want}) {
 			t.Errorf("bit %b names %v, want %s", bit, got, want)
 		}

@@ -1,7 +1,5 @@
 package sqlclass
 
-import "unicode/utf8"
-
 // Tables are found by readers: a keyword that introduces table names (FROM,
 // JOIN, INTO, UPDATE, USING, TABLE, and COPY, TRUNCATE, LOCK as the first
 // word, ON after GRANT or CREATE INDEX and the like) starts one at the
@@ -140,7 +138,7 @@ func (c *classifier) readStep(r *reader, t token) bool {
 			c.addName(r)
 			r.mode = rOff
 		case nsDot:
-			if t.kind == tokIdent || t.kind == tokQIdent {
+			if t.isIdent() {
 				r.name.add(t)
 				r.state = nsName
 				return true
@@ -167,7 +165,7 @@ func (c *classifier) readStep(r *reader, t token) bool {
 			r.state = nsAfter
 			return false
 		case nsDot:
-			if t.kind == tokIdent || t.kind == tokQIdent {
+			if t.isIdent() {
 				r.name.add(t)
 				r.state = nsName
 				return true
@@ -223,7 +221,7 @@ func (c *classifier) listStep(r *reader, t token) bool {
 		r.state = lsAfterItem
 		return false
 	case lsNameDot:
-		if t.kind == tokIdent || t.kind == tokQIdent {
+		if t.isIdent() {
 			r.name.add(t)
 			r.state = lsName
 			return true
@@ -246,7 +244,7 @@ func (c *classifier) listStep(r *reader, t token) bool {
 			r.mode = rOff
 		}
 	case lsAlias:
-		if t.kind == tokIdent || t.kind == tokQIdent {
+		if t.isIdent() {
 			r.state = lsAfterAlias
 		} else {
 			r.mode = rOff
@@ -374,50 +372,6 @@ func containsByte(b []byte, c byte) bool {
 		}
 	}
 	return false
-}
-
-// identText is an identifier's name, as the server reads it.
-func (c *classifier) identText(t token) string {
-	var p nameParts
-	p.start(t)
-	return string(c.nameBytes(&p))
-}
-
-// nameBytes writes a qualified name into c.buf: unquoted parts folded to
-// lower case, quoted ones with "" unescaped, each cut to nameLen bytes as
-// the server cuts identifiers.
-func (c *classifier) nameBytes(p *nameParts) []byte {
-	b := c.buf[:0]
-	for i := 0; i < p.n; i++ {
-		if i > 0 {
-			b = append(b, '.')
-		}
-		t := p.parts[i]
-		s := c.lx.src[t.start:t.end]
-		start := len(b)
-		for j := 0; j < len(s) && len(b)-start < nameLen; j++ {
-			ch := s[j]
-			switch {
-			case t.kind == tokIdent && ch >= 'A' && ch <= 'Z':
-				ch += 'a' - 'A'
-			case t.kind == tokQIdent && ch == '"' && j+1 < len(s) && s[j+1] == '"':
-				j++
-			}
-			b = append(b, ch)
-		}
-		if len(b)-start == nameLen {
-			// Do not leave half a character at the cut.
-			for k := len(b); k > start && k > len(b)-utf8.UTFMax; k-- {
-				if utf8.RuneStart(b[k-1]) {
-					if !utf8.FullRune(b[k-1:]) {
-						b = b[:k-1]
-					}
-					break
-				}
-			}
-		}
-	}
-	return b
 }
 
 // nameSet is a small set of names in the order they came.

@@ -14,13 +14,15 @@ import (
 	"github.com/charmbracelet/lipgloss"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/slots"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // DefaultRefresh is how often the screen asks governord again.
 const DefaultRefresh = time.Second
 
 // detailLines is the height of the panel about the selected node.
-const detailLines = 12
+const detailLines = 13
 
 // mode is what the keyboard is doing.
 type mode int
@@ -52,6 +54,7 @@ type Model struct {
 
 	tree     *governorpb.ListTreeResponse
 	inspect  *governorpb.Inspection // the selected node's
+	state    *tenantstate.State     // the selected node's, when it is a tenant
 	pool     *governorpb.Inspection // the whole view's
 	treeAt   time.Time              // when tree last arrived
 	err      error                  // the last fetch's failure; nil once one works
@@ -99,6 +102,7 @@ type (
 	frameMsg struct {
 		tree    *governorpb.ListTreeResponse
 		inspect *governorpb.Inspection // the selected node's
+		state   *tenantstate.State     // the selected node's, when it is a tenant
 		pool    *governorpb.Inspection // the whole view's, for the header
 		err     error
 		at      time.Time
@@ -143,7 +147,16 @@ func (m *Model) fetch() tea.Cmd {
 				in = nil // the node may have just ended; the tree still shows
 			}
 		}
-		return frameMsg{tree: tree, inspect: in, pool: pool, at: now()}
+		f := frameMsg{tree: tree, inspect: in, pool: pool, at: now()}
+		for _, n := range tree.GetNodes() {
+			if id := n.GetId(); (id == sel || sel == 0 && id == top) && n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+				if st, err := src.TenantState(ctx, n); err == nil {
+					f.state = &st
+				}
+				break
+			}
+		}
+		return f
 	}
 }
 
@@ -197,7 +210,7 @@ func (m *Model) apply(f frameMsg) {
 		}
 		m.prevSeq, m.prevAt = f.pool.GetSeq(), f.at
 	}
-	m.tree, m.inspect, m.pool, m.treeAt = f.tree, f.inspect, f.pool, f.at
+	m.tree, m.inspect, m.state, m.pool, m.treeAt = f.tree, f.inspect, f.state, f.pool, f.at
 	m.rebuild()
 }
 
@@ -507,6 +520,9 @@ func (m *Model) header() string {
 func (m *Model) rowText(r row) string {
 	n := r.node
 	name := strings.Repeat("  ", r.depth) + n.GetName()
+	if st := n.GetTenantState(); st != "" && st != tenantstate.Active {
+		name += " [" + st + "]" // the tenant refuses work: seen without selecting it
+	}
 	quota := ""
 	if k, c, u, ok := fullest(n.GetQuotas(), n.GetUsed(), n.GetReserved()); ok {
 		quota = fmt.Sprintf("%s %d/%d %s", k, u, c, bar(u, c, 10))
@@ -555,6 +571,9 @@ func (m *Model) detail() []string {
 		r := m.rows[m.cursor]
 		n := r.node
 		add("%s  (id %d)", headerStyle.Render(cmp.Or(r.path, n.GetName())), n.GetId())
+		if st := m.state; st != nil && m.selected == n.GetId() {
+			add("state: %s", st.Text(m.now()))
+		}
 		var quotas, limits []string
 		for _, k := range slices.Sorted(maps.Keys(n.GetQuotas())) {
 			quotas = append(quotas, fmt.Sprintf("%s %d/%d", k, n.GetUsed()[k]+n.GetReserved()[k], n.GetQuotas()[k]))
@@ -566,12 +585,21 @@ func (m *Model) detail() []string {
 		add("limits: %s", cmp.Or(strings.Join(limits, "  "), "none"))
 		if in := m.inspect; in != nil && m.selected == n.GetId() {
 			now := in.GetServerTime().AsTime()
-			add("leases (%d):", in.GetLeaseCount())
-			for i, l := range in.GetLeases() {
+			held := heldNow(in.GetLeases(), now)
+			var t slots.Tally
+			for _, l := range held {
+				t.Add(l)
+			}
+			more := ""
+			if int(in.GetLeaseCount()) > len(in.GetLeases()) {
+				more = fmt.Sprintf(" (of the first %d of %d)", len(in.GetLeases()), in.GetLeaseCount())
+			}
+			add("held: %s%s", t.Text(), more)
+			for i, l := range held {
 				if i == 4 {
 					break
 				}
-				add("  lease %d  %s  held by session %d  for %s", l.GetId(), l.GetClass(), l.GetSessionId(), shortDuration(now.Sub(l.GetGranted().AsTime())))
+				add("  %s", slots.Text(l, now))
 			}
 			add("recent denials (%d):", len(in.GetRecentDenials()))
 			for i, d := range in.GetRecentDenials() {
@@ -585,6 +613,27 @@ func (m *Model) detail() []string {
 	for len(out) < detailLines {
 		out = append(out, "")
 	}
+	return out
+}
+
+// heldNow lists the leases and the blocks that hold slots, the work held
+// longest first (a block whose use is not reported by its age), so that
+// what may be stuck shows before idle slots; blocks of no slots hold
+// nothing and are left out.
+func heldNow(leases []*governorpb.LeaseInfo, now time.Time) []*governorpb.LeaseInfo {
+	out := make([]*governorpb.LeaseInfo, 0, len(leases))
+	for _, l := range leases {
+		if !l.GetBlock() || l.GetCount() > 0 {
+			out = append(out, l)
+		}
+	}
+	age := func(l *governorpb.LeaseInfo) time.Duration {
+		if d, ok := slots.Held(l, now); ok {
+			return d
+		}
+		return now.Sub(l.GetGranted().AsTime())
+	}
+	slices.SortStableFunc(out, func(a, b *governorpb.LeaseInfo) int { return cmp.Compare(age(b), age(a)) })
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // fakeSource records cap edits; the tests feed frames by hand.
@@ -26,6 +27,10 @@ func (f *fakeSource) Tree(context.Context) (*governorpb.ListTreeResponse, error)
 
 func (f *fakeSource) Inspect(context.Context, int64) (*governorpb.Inspection, error) {
 	return nil, errors.New("not used")
+}
+
+func (f *fakeSource) TenantState(context.Context, *governorpb.Node) (tenantstate.State, error) {
+	return tenantstate.State{}, errors.New("not used")
 }
 
 func (f *fakeSource) SetCap(_ context.Context, node int64, limit bool, name string, value int64, reason string) error {
@@ -145,13 +150,26 @@ func TestSortFilterAndDetail(t *testing.T) {
 	keys(m, "s", "down", "down")
 	sel := m.selected
 	m.Update(frameMsg{tree: bigTree(10), at: epoch.Add(time.Second), inspect: &governorpb.Inspection{ServerTime: timestamppb.New(epoch),
-		Seq: 1010, LeaseCount: 1, Leases: []*governorpb.LeaseInfo{{Id: 77, NodeId: sel, Class: "db", SessionId: 9, Granted: timestamppb.New(epoch.Add(-90 * time.Second))}},
+		Seq: 1010, LeaseCount: 4, Leases: []*governorpb.LeaseInfo{
+			{Id: 70, NodeId: sel, Class: "web", SessionId: 8, Granted: timestamppb.New(epoch.Add(-time.Hour)), Count: 0, Block: true},
+			{Id: 71, NodeId: sel, Class: "web", SessionId: 8, Granted: timestamppb.New(epoch.Add(-time.Hour)), Count: 4, Block: true,
+				UseReported: timestamppb.New(epoch), InUse: 1, InUseSince: timestamppb.New(epoch.Add(-3 * time.Second))},
+			{Id: 72, NodeId: sel, Class: "db", SessionId: 6, Granted: timestamppb.New(epoch.Add(-22 * time.Second)), Count: 2, Block: true},
+			{Id: 77, NodeId: sel, Class: "db", SessionId: 9, Granted: timestamppb.New(epoch.Add(-90 * time.Second)), Count: 1}},
 		RecentDenials: []*governorpb.RecentDenial{{At: timestamppb.New(epoch.Add(-5 * time.Second)), NodeId: sel, Cause: "quota:tokens"}}}})
 	v := m.View()
-	for _, want := range []string{"payments/task-0  (id 3)", "lease 77  db  held by session 9  for 1m30s", "5s ago  quota:tokens", "events 10.0/s", "tokens 0/100"} {
+	for _, want := range []string{"payments/task-0  (id 3)", "held: 1 lease, 6 delegated (1 in use, 3 idle, 2 not reported)",
+		// The work held longest first, then by age; a block holding no slots is not listed.
+		"  lease 77 of db, session 9: held for 1m30s\n" +
+			"  block 72 of db, session 6: 2 slots delegated for 22s; how many are in use is not reported\n" +
+			"  block 71 of web, session 8: 4 slots delegated; 1 in use (for 3s), 3 idle\n",
+		"5s ago  quota:tokens", "events 10.0/s", "tokens 0/100"} {
 		if !strings.Contains(v, want) {
 			t.Errorf("view lacks %q:\n%s", want, v)
 		}
+	}
+	if strings.Contains(v, "block 70") {
+		t.Errorf("a block of no slots is listed:\n%s", v)
 	}
 }
 

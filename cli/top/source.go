@@ -2,7 +2,8 @@
 // built on bubbletea. Model is the screen as a pure state machine (its
 // Update and View are tested without a terminal); Source is where the
 // figures come from, a governord reached over gRPC (GRPCSource), or a fake
-// in tests. It imports the generated API and the SDK, never governord.
+// in tests. It imports the generated API, the SDK and cli/tenantstate,
+// never governord.
 package top
 
 import (
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/tenantstate"
 	"github.com/governor-project/governor/governor"
 )
 
@@ -29,6 +31,8 @@ type Source interface {
 	Inspect(ctx context.Context, node int64) (*governorpb.Inspection, error)
 	// SetCap changes one cap through governord's audited path.
 	SetCap(ctx context.Context, node int64, limit bool, name string, value int64, reason string) error
+	// TenantState reads tenant n's state: why, who set it and since when.
+	TenantState(ctx context.Context, n *governorpb.Node) (tenantstate.State, error)
 }
 
 // GRPCSource reads a governord. It dials on first use and again after a
@@ -142,6 +146,19 @@ func (s *GRPCSource) SetCap(ctx context.Context, node int64, limit bool, name st
 		return fmt.Errorf("set %s: %w", name, err)
 	}
 	return nil
+}
+
+// TenantState implements Source.
+func (s *GRPCSource) TenantState(ctx context.Context, n *governorpb.Node) (tenantstate.State, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return tenantstate.State{}, err
+	}
+	st, _, err := tenantstate.Of(ctx, c.Raw(), n)
+	if err != nil {
+		s.drop(c, err)
+	}
+	return st, err
 }
 
 // Close ends the session, if one is open.

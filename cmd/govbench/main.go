@@ -64,6 +64,7 @@ var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"plot":          plotMain,
 	"serve-origin":  serveOrigin,
 	"serve-goproxy": serveGoproxy,
+	"https-load":    httpsLoad,
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -164,8 +166,13 @@ func startGovernord(bin, dir, name, yaml string) (*daemon, error) {
 // scenarios use listen on loopback, which the proxy refuses as a target
 // unless its config allows it.
 func startSidecar(bin, dir, name, yaml string) (*daemon, error) {
+	return startSidecarHTTP(bin, dir, name, "{listen: 127.0.0.1:0, allow_targets: [localhost]}", yaml)
+}
+
+// startSidecarHTTP is startSidecar with its http: block given.
+func startSidecarHTTP(bin, dir, name, httpBlock, yaml string) (*daemon, error) {
 	cfg := filepath.Join(dir, name+".yaml")
-	text := "http: {listen: 127.0.0.1:0, allow_targets: [localhost]}\nmetrics_listen: 127.0.0.1:0\n" + yaml
+	text := "http: " + httpBlock + "\nmetrics_listen: 127.0.0.1:0\n" + yaml
 	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 		return nil, err
 	}
@@ -236,29 +243,81 @@ func serveOrigin(args []string, stdout, stderr io.Writer) int {
 	fs := flagSet("serve-origin", stderr)
 	delay := fs.Duration("delay", 0, "how long each response waits")
 	size := fs.Int("size", 1024, "response bytes")
+	certFile := fs.String("tls-cert", "", "serve HTTPS with this certificate (PEM), on 127.0.0.1 to 127.0.0.N for each of its IP addresses")
+	keyFile := fs.String("tls-key", "", "the certificate's key (PEM)")
+	h2 := fs.Bool("h2", false, "with -tls-cert: offer HTTP/2 in ALPN (otherwise HTTP/1.1 only)")
 	if fs.Parse(args) != nil {
 		return 2
 	}
 	body := strings.Repeat("x", *size)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if *delay > 0 {
+			time.Sleep(*delay)
+		}
+		io.WriteString(w, body)
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	fmt.Fprintln(stdout, ln.Addr())
-	return serveUntilKilled(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if *delay > 0 {
-			time.Sleep(*delay)
+	if *certFile == "" {
+		fmt.Fprintln(stdout, ln.Addr())
+		return serveUntilKilled(ln, h, stderr)
+	}
+	return serveOriginTLS(ln, h, *certFile, *keyFile, *h2, stdout, stderr)
+}
+
+// serveOriginTLS serves h over TLS on ln, and on the same port of every
+// other loopback address the certificate names, so that each is a host of
+// its own to a proxy.
+func serveOriginTLS(ln net.Listener, h http.Handler, certFile, keyFile string, h2 bool, stdout, stderr io.Writer) int {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	if !h2 {
+		srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	}
+	for _, ip := range leaf.IPAddresses {
+		if ip.Equal(net.IPv4(127, 0, 0, 1)) {
+			continue
 		}
-		io.WriteString(w, body)
-	}), stderr)
+		more, err := net.Listen("tcp", net.JoinHostPort(ip.String(), port))
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		go srv.ServeTLS(more, "", "")
+	}
+	fmt.Fprintln(stdout, ln.Addr())
+	if err := srv.ServeTLS(ln, "", ""); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // serveGoproxy is bare goproxy, as the baseline: no governance. It prints
 // its address.
 func serveGoproxy(args []string, stdout, stderr io.Writer) int {
-	if flagSet("serve-goproxy", stderr).Parse(args) != nil {
+	fs := flagSet("serve-goproxy", stderr)
+	mitmCert := fs.String("mitm-cert", "", "do MITM for every CONNECT with this CA (PEM; intercept.go)")
+	mitmKey := fs.String("mitm-key", "", "the MITM CA's key")
+	upstreamCA := fs.String("upstream-ca", "", "with -mitm-cert: the CA to verify upstreams with")
+	if fs.Parse(args) != nil {
 		return 2
+	}
+	if *mitmCert != "" {
+		return serveGoproxyMITM(*mitmCert, *mitmKey, *upstreamCA, stdout, stderr)
 	}
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0)

@@ -41,18 +41,27 @@ type sample struct {
 }
 
 type sidecarBench struct {
-	stdout          io.Writer
-	seconds         int
-	dir             string
-	governord       string
-	proxy           string
-	pgPort          string
-	samples         []sample
-	stops           []func()
-	stopOnce        sync.Once
-	originAddr      string
-	goproxyAddr     string
-	goproxyCPU      func() time.Duration
+	stdout      io.Writer
+	seconds     int
+	dir         string
+	governord   string
+	proxy       string
+	pgPort      string
+	samples     []sample
+	stops       []func()
+	stopOnce    sync.Once
+	originAddr  string
+	goproxyAddr string
+	goproxyCPU  func() time.Duration
+	// The interception runs (intercept.go).
+	withHTTPS       bool
+	caCert, caKey   string
+	httpsOrigin     string
+	httpsOriginH2   string
+	httpsGoproxy    string
+	httpsGoproxyCPU func() time.Duration
+	httpsGoproxyPID int
+	httpsSidecar    *daemon
 	httpTargets     map[string]*daemon // governed sidecars by name
 	pgTargets       []pgTarget
 	contendedHeavy  *daemon
@@ -76,10 +85,11 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "", "a folder to write sidecar.json to (empty: none)")
 	noPG := fs.Bool("no-pg", false, "skip the PostgreSQL runs")
 	noHTTP := fs.Bool("no-http", false, "skip the HTTP runs")
+	noHTTPS := fs.Bool("no-https", false, "skip the intercepted HTTPS runs")
 	if fs.Parse(args) != nil {
 		return 2
 	}
-	b := &sidecarBench{stdout: stdout, seconds: *seconds, httpTargets: map[string]*daemon{}}
+	b := &sidecarBench{stdout: stdout, seconds: *seconds, httpTargets: map[string]*daemon{}, withHTTPS: !*noHTTP && !*noHTTPS}
 	defer b.stop()
 	// An interrupt stops the run cleanly: the daemons and the temporary
 	// folder go with it.
@@ -168,6 +178,21 @@ func (b *sidecarBench) run(rounds int, pgClients, httpClients []int, stores []st
 		if web {
 			b.wrkContended(r)
 		}
+		if b.withHTTPS {
+			for _, c := range httpClients {
+				for _, name := range b.httpsTargets() {
+					b.https(name, c, r)
+				}
+			}
+			for _, name := range []string{"goproxy-mitm", "gov-https"} {
+				b.httpsFirst(name, r, min(50, firstHosts/rounds))
+			}
+		}
+	}
+	if b.withHTTPS {
+		for _, name := range []string{"goproxy-mitm", "gov-https"} {
+			b.httpsConns(name, 200)
+		}
 	}
 	b.printf("govbench: load average %s\n\n", loadavg())
 	b.report(pg, web)
@@ -225,6 +250,11 @@ tenants:
 		later(g.stop)
 		if store == "memory" {
 			memory = g
+			if b.withHTTPS {
+				if err := b.httpsSetup(governed, g); err != nil {
+					return err
+				}
+			}
 		}
 		s, err := startSidecar(b.proxy, b.dir, "gov-"+store, b.sidecarYAML(g, heavyKey, "gov-"+store)+governed)
 		if err != nil {
@@ -563,6 +593,9 @@ func (b *sidecarBench) report(pg, web bool) {
 			}
 		}
 		fmt.Fprintln(w)
+	}
+	if b.withHTTPS {
+		b.httpsReport(w)
 	}
 	fmt.Fprintln(w, "contended\tclients each\tper second, median (range)\tshare, median (range)")
 	for _, kind := range []string{"pgbench-contended", "wrk-contended"} {

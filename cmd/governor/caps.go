@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/slots"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 const capsUsage = `usage:
@@ -28,7 +31,7 @@ KEY is quota.RESOURCE, limit.CLASS, default_quota.RESOURCE,
 default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
 A quota or limit may add how it is enforced: VALUE:hard (the default),
 VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
-refused) or VALUE:warn_only (never refused; would-be denials are recorded),
+refused; N > 0) or VALUE:warn_only (never refused; would-be denials are recorded),
 e.g. quota.tokens=50000:soft:burst=5000. min.CLASS=N sets a tenant's
 reserved minimum of a pool class (0 removes it).
 -for makes the change a temporary override that governord reverts by itself.
@@ -74,8 +77,9 @@ func caps(args []string, stdout, stderr io.Writer) int {
 		if err == nil && strings.TrimSpace(*reason) == "" {
 			err = fmt.Errorf("-reason is required: say why, it is kept in the audit trail")
 		}
-		if err == nil && *forDur < 0 {
-			err = fmt.Errorf("-for %v is negative", *forDur)
+		if err == nil && flagSet(fs, "for") && *forDur <= 0 {
+			// 0 would make a permanent change that reads as a temporary one.
+			err = fmt.Errorf("-for %v: an override lasts a positive duration; leave -for out for a permanent change", *forDur)
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, "governor caps set:", err)
@@ -205,6 +209,11 @@ func parseCapMode(key, kind, text string, v int64) (*governorpb.CapMode, error) 
 		}
 		m.Burst = n
 	}
+	if name == "soft" && m.Burst == 0 {
+		// governord takes it, and it refuses at the cap as hard does: a
+		// rollout meant to let work past the cap would not.
+		return nil, fmt.Errorf("%s: a soft cap needs a burst, soft:burst=N with N > 0 (work may go N past the cap); without one it refuses at the cap, as hard does", key)
+	}
 	return m, nil
 }
 
@@ -217,13 +226,43 @@ func putMode(m *map[string]*governorpb.CapMode, key string, v *governorpb.CapMod
 
 // capView is what caps get prints, also as JSON.
 type capView struct {
-	ID        int64       `json:"id"`
-	Path      string      `json:"path"`
-	Kind      string      `json:"kind"`
-	State     string      `json:"state"`
-	Quotas    []capLine   `json:"quotas"`
-	Limits    []capLine   `json:"limits"`
-	Effective []effective `json:"effective"`
+	ID    int64  `json:"id"`
+	Path  string `json:"path"`
+	Kind  string `json:"kind"`
+	State string `json:"state"`
+	// What decides how a contended pool is shared: a tenant's weight in
+	// the fair queue across tenants and its reserved minimums, and the
+	// node's priority within its tenant.
+	Weight   int64         `json:"weight,omitempty"`
+	Priority int64         `json:"priority"`
+	Minimums []minimumLine `json:"minimums,omitempty"`
+	// Defaults are the caps each child created under the node later gets.
+	Defaults defaultCaps `json:"defaults"`
+	// TenantState is the state of the node's tenant (the node itself, or
+	// the tenant above it): what it refuses, why, who set it and since
+	// when. Absent above the tenants, and for a key that cannot see it.
+	TenantState *tenantState `json:"tenant_state,omitempty"`
+	Quotas      []capLine    `json:"quotas"`
+	Limits      []capLine    `json:"limits"`
+	Effective   []effective  `json:"effective"`
+}
+
+// tenantState is a tenant's state, and which tenant it is.
+type tenantState struct {
+	Tenant string `json:"tenant"`
+	tenantstate.State
+}
+
+type minimumLine struct {
+	Class string     `json:"class"`
+	Min   int64      `json:"min"`
+	From  *time.Time `json:"valid_from,omitempty"`
+	Until *time.Time `json:"valid_until,omitempty"`
+}
+
+type defaultCaps struct {
+	Quotas map[string]int64 `json:"quotas"`
+	Limits map[string]int64 `json:"limits"`
 }
 
 type capLine struct {
@@ -237,6 +276,9 @@ type capLine struct {
 	// Mode is how the cap is enforced when it is not hard: "soft (burst
 	// N)" or "warn_only".
 	Mode string `json:"mode,omitempty"`
+	// Held is how a limit's held slots are held: leases, and slots
+	// delegated to sidecars, in use there or idle.
+	Held *slots.Tally `json:"held,omitempty"`
 }
 
 // effective is how much more a resource or class admits at the node: the
@@ -270,13 +312,51 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
 	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
+	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
+		return err
+	}
 	v.Effective = tightest(chain)
+	v.Priority = n.GetPriority()
+	v.Defaults = defaultCaps{Quotas: orEmpty(n.GetDefaultQuotas()), Limits: orEmpty(n.GetDefaultLimits())}
+	if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+		v.Weight = n.GetWeight()
+		for _, class := range slices.Sorted(maps.Keys(n.GetMinimums())) {
+			m := n.GetMinimums()[class]
+			ml := minimumLine{Class: class, Min: m.GetMin()}
+			if m.GetValidFrom() != nil {
+				t := m.GetValidFrom().AsTime()
+				ml.From = &t
+			}
+			if m.GetValidUntil() != nil {
+				t := m.GetValidUntil().AsTime()
+				ml.Until = &t
+			}
+			v.Minimums = append(v.Minimums, ml)
+		}
+	}
+	for _, a := range chain {
+		st, ok, err := tenantstate.Of(ctx, rpc, a)
+		if err != nil {
+			return err
+		}
+		if ok {
+			v.TenantState = &tenantState{Tenant: a.GetName(), State: st}
+		}
+	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
 	fmt.Fprintf(out, "%s  (id %d, %s, %s)\n", v.Path, v.ID, v.Kind, v.State)
+	if ts := v.TenantState; ts != nil {
+		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+			fmt.Fprintf(out, "state: %s\n", ts.Text(time.Now()))
+		} else if ts.State.State != tenantstate.Active {
+			fmt.Fprintf(out, "tenant %s: %s\n", ts.Tenant, ts.Text(time.Now()))
+		}
+	}
+	printSharing(out, v, n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	section := func(title string, ls []capLine) {
 		fmt.Fprintf(tw, "%s\n", title)
@@ -298,6 +378,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 			if l.Shadow != 0 {
 				extra = strings.TrimSpace(fmt.Sprintf("%s shadow %d", extra, l.Shadow))
 			}
+			if l.Held != nil {
+				extra = strings.TrimSpace(extra + " " + l.Held.Text())
+			}
 			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
 		}
 	}
@@ -318,6 +401,69 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		fmt.Fprintf(tw, "  (caps above %s are outside this key's scope)\n", top.GetName())
 	}
 	return tw.Flush()
+}
+
+// heldBy says, for each limit line with slots held, how they are held:
+// leases, or slots delegated to sidecars, in use there or idle (one
+// Inspect of the node's subtree, when anything is held).
+func heldBy(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, limits []capLine) error {
+	if len(n.GetHeld()) == 0 {
+		return nil
+	}
+	in, err := rpc.Inspect(ctx, &governorpb.InspectRequest{NodeId: n.GetId()})
+	if err != nil {
+		return fmt.Errorf("the leases of %q: %w", n.GetName(), plainStatus(err))
+	}
+	for i := range limits {
+		if limits[i].Used == 0 {
+			continue
+		}
+		t := &slots.Tally{}
+		for _, l := range in.GetLeases() {
+			if l.GetClass() == limits[i].Name {
+				t.Add(l)
+			}
+		}
+		limits[i].Held = t
+	}
+	return nil
+}
+
+// printSharing prints what decides how a contended pool is shared and what
+// the node's new children get: a tenant's weight and minimums, the
+// priority, the defaults.
+func printSharing(out io.Writer, v capView, tenant bool) {
+	if tenant {
+		fmt.Fprintf(out, "sharing: weight %d, priority %d\n", v.Weight, v.Priority)
+		var mins []string
+		for _, m := range v.Minimums {
+			s := fmt.Sprintf("%s %d", m.Class, m.Min)
+			var when []string
+			if m.From != nil {
+				when = append(when, "from "+m.From.UTC().Format(time.DateTime))
+			}
+			if m.Until != nil {
+				when = append(when, "until "+m.Until.UTC().Format(time.DateTime))
+			}
+			if len(when) > 0 {
+				s += " (" + strings.Join(when, " ") + " UTC)"
+			}
+			mins = append(mins, s)
+		}
+		fmt.Fprintf(out, "minimums: %s\n", cmp.Or(strings.Join(mins, ", "), "none"))
+	} else {
+		fmt.Fprintf(out, "sharing: priority %d\n", v.Priority)
+	}
+	var defs []string
+	for _, side := range []struct {
+		kind string
+		caps map[string]int64
+	}{{"quota", v.Defaults.Quotas}, {"limit", v.Defaults.Limits}} {
+		for _, k := range slices.Sorted(maps.Keys(side.caps)) {
+			defs = append(defs, fmt.Sprintf("%s %s=%d", side.kind, k, side.caps[k]))
+		}
+	}
+	fmt.Fprintf(out, "defaults for new children: %s\n", cmp.Or(strings.Join(defs, ", "), "none"))
 }
 
 // tightest finds, for every resource and class capped anywhere on chain

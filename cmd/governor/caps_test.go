@@ -11,6 +11,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
@@ -230,5 +231,142 @@ func TestCapsRefusals(t *testing.T) {
 	_, out, _ = cli(t, "caps", "get", "payments")
 	if !strings.Contains(out, "payments  (id 2, tenant, open)") || strings.Contains(out, "outside this key's scope") {
 		t.Fatalf("caps get as admin:\n%s", out)
+	}
+}
+
+// The root, which every command prints as "/", is found by that name too:
+// caps get / shows it to the admin, and a tenant's key is told it is not
+// there for it, as for any node outside its scope.
+func TestCapsGetRoot(t *testing.T) {
+	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 40}} })
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	code, out, errOut := gov(t, "caps", "get", "/")
+	if code != 0 || !strings.HasPrefix(out, "/  (id 1, root, open)\n") || !strings.Contains(out, "db  0/40") {
+		t.Fatalf("caps get / as admin: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	if code, out, errOut := gov(t, "caps", "get", "/"); code != 1 || !strings.Contains(errOut, `node "/"`) || !strings.Contains(errOut, "not found") {
+		t.Fatalf("caps get / with a tenant's key: exit %d, want 1 and not found\n%s%s", code, out, errOut)
+	}
+}
+
+// capsOfNode reads a node's caps and their modes from governord.
+func capsOfNode(t *testing.T, admin governorpb.GovernorClient, path string) *governorpb.Node {
+	t.Helper()
+	n, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: path})
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
+}
+
+// -for 0s would make a permanent change under a flag that says it is
+// temporary: it is refused like a negative one, with nothing changed, and
+// says what to do instead.
+func TestCapsSetForZeroIsRefused(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	if _, err := admin.CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "job", Quotas: map[string]int64{"tokens": 100}}}); err != nil {
+		t.Fatal(err)
+	}
+	for d, said := range map[string]string{"0s": "-for 0s", "0": "-for 0s", "-5s": "-for -5s"} {
+		code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.tokens=500", "-reason", "incident 7", "-for", d)
+		if code != 2 || !strings.Contains(errOut, said+": an override lasts a positive duration") ||
+			!strings.Contains(errOut, "leave -for out for a permanent change") {
+			t.Errorf("-for %s: exit %d, want 2 saying why\n%s%s", d, code, out, errOut)
+		}
+	}
+	if got := capsOfNode(t, admin, "payments/job").GetQuotas()["tokens"]; got != 100 {
+		t.Fatalf("after the refused edits quota tokens is %d, want 100 unchanged", got)
+	}
+	code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.tokens=500", "-reason", "incident 7", "-for", "1h")
+	if code != 0 || !strings.Contains(out, "temporary: reverts by itself in 1h0m0s") {
+		t.Fatalf("-for 1h: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// A soft cap without a burst refuses at the cap, as a hard one does: the
+// command refuses to set one, naming the key and saying so, rather than
+// setting "soft (burst 0)" silently.
+func TestCapsSetSoftNeedsABurst(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	if _, err := admin.CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "job"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"quota.x=5:soft", "quota.x=5:soft:burst=0", "limit.db=3:soft"} {
+		code, out, errOut := gov(t, "caps", "set", "payments/job", v, "-reason", "roll out")
+		key, _, _ := strings.Cut(v, "=")
+		if code != 2 || !strings.Contains(errOut, key+": a soft cap needs a burst") || !strings.Contains(errOut, "as hard does") {
+			t.Errorf("%s: exit %d, want 2 naming %s\n%s%s", v, code, key, out, errOut)
+		}
+	}
+	if n := capsOfNode(t, admin, "payments/job"); len(n.GetQuotas()) != 0 || len(n.GetLimits()) != 0 {
+		t.Fatalf("the refused edits set caps: %v %v", n.GetQuotas(), n.GetLimits())
+	}
+	code, out, errOut := gov(t, "caps", "set", "payments/job", "quota.x=5:soft:burst=2", "-reason", "roll out")
+	if code != 0 || !strings.Contains(out, "quota.x mode: hard -> soft (burst 2)") {
+		t.Fatalf("soft:burst=2: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// caps get shows what decides how a contended pool is shared, and what new
+// children get: a tenant's weight, priority, reserved minimums (with their
+// window) and defaults; a task's priority and defaults. The JSON carries
+// the same.
+func TestCapsGetShowsSharing(t *testing.T) {
+	until := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	srv := govtest.Start(t, func(c *server.Config) {
+		c.Root = server.Caps{Limits: map[string]int64{"db": 40}}
+		c.Tenants[0].Weight = 4
+		c.Tenants[0].Defaults = server.Caps{Quotas: map[string]int64{"retry": 3}, Limits: map[string]int64{"db": 5}}
+		c.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 10, Until: until.UnixNano()}}
+	})
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if _, err := adminRPC(t, srv.Addr()).CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "batch", Priority: -2, DefaultQuotas: map[string]int64{"tokens": 500}}}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := gov(t, "caps", "get", "payments")
+	want := "payments  (id 2, tenant, open)\n" +
+		"state: active\n" +
+		"sharing: weight 4, priority 0\n" +
+		"minimums: db 10 (until 2031-01-02 03:04:05 UTC)\n" +
+		"defaults for new children: quota retry=3, limit db=5\n"
+	if code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("caps get payments: exit %d; want it to begin\n%s\ngot\n%s%s", code, want, out, errOut)
+	}
+	code, out, errOut = gov(t, "caps", "get", "payments/batch")
+	want = "payments/batch  (id 3, task, open)\n" +
+		"sharing: priority -2\n" +
+		"defaults for new children: quota tokens=500, limit db=5\n" // its own, and the limit it inherited
+	if code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("caps get payments/batch: exit %d; want it to begin\n%s\ngot\n%s%s", code, want, out, errOut)
+	}
+	var doc struct {
+		Weight   int64
+		Priority int64
+		Minimums []struct {
+			Class      string
+			Min        int64
+			ValidUntil *time.Time `json:"valid_until"`
+		}
+		Defaults struct{ Quotas, Limits map[string]int64 }
+	}
+	_, js, _ := gov(t, "caps", "get", "-json", "payments")
+	if err := json.Unmarshal([]byte(js), &doc); err != nil {
+		t.Fatalf("caps get -json: %v\n%s", err, js)
+	}
+	if doc.Weight != 4 || len(doc.Minimums) != 1 || doc.Minimums[0].Min != 10 || doc.Minimums[0].ValidUntil == nil ||
+		!doc.Minimums[0].ValidUntil.Equal(until) || doc.Defaults.Quotas["retry"] != 3 || doc.Defaults.Limits["db"] != 5 {
+		t.Fatalf("caps get -json: %+v\n%s", doc, js)
 	}
 }

@@ -39,12 +39,18 @@ func connectWithin(ctx context.Context, timeout time.Duration) (*governor.Client
 	return c, nil
 }
 
+// rootID is the root's id, which the API fixes (Node.id).
+const rootID = 1
+
 // resolve finds a node by id ("7") or by path from the root
-// ("payments/checkout-42").
+// ("payments/checkout-42"); "/", as the commands print the root, is the
+// root.
 func resolve(ctx context.Context, rpc governorpb.GovernorClient, ref string) (*governorpb.Node, error) {
 	req := &governorpb.GetNodeRequest{Path: ref}
 	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
 		req = &governorpb.GetNodeRequest{NodeId: id}
+	} else if strings.Trim(ref, "/") == "" && ref != "" {
+		req = &governorpb.GetNodeRequest{NodeId: rootID}
 	}
 	n, err := rpc.GetNode(ctx, req)
 	if err != nil {
@@ -126,3 +132,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 var errUsage = errors.New("usage")
+
+// flagSet reports whether the flag name was given on the command line, as
+// opposed to left at its default.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

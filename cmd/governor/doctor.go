@@ -23,9 +23,10 @@ const doctorUsage = `usage: governor doctor [-config governord.yaml] [-proxy-con
 
 Checks that governord can be reached (TLS, clock skew), lints the
 configuration files given (every error and warning at once), looks over the
-tree the key can see (caps, leases, heartbeats, waiters, quotas) and dials
-each pgwire upstream of the sidecar configs. It exits 1 when anything is
-wrong, 2 on bad flags, and says how to fix each finding.
+tree the key can see (caps, leases, heartbeats, waiters, quotas), dials
+each pgwire upstream of the sidecar configs and checks the CA of their
+http.intercept (expiry, key permissions, that the key matches). It exits 1
+when anything is wrong, 2 on bad flags, and says how to fix each finding.
 
 flags:
 `
@@ -57,6 +58,7 @@ type doctorOptions struct {
 	maxNodes       int
 	timeout        time.Duration
 	certWarn       time.Duration
+	caWarn         time.Duration
 }
 
 type listFlag []string
@@ -81,11 +83,12 @@ func doctor(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNodes, "max-nodes", 20000, "the most nodes of the tree to look over")
 	fs.DurationVar(&o.timeout, "timeout", dialTimeout, "how long to try to reach governord")
 	fs.DurationVar(&o.certWarn, "cert-warn", 14*24*time.Hour, "a governord certificate that expires sooner than this is a finding")
+	fs.DurationVar(&o.caWarn, "ca-warn", 7*24*time.Hour, "an interception CA (a sidecar config's http.intercept) that expires sooner than this is a finding")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	o.proxyConfigs = proxies
-	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 || o.certWarn < 0 {
+	if fs.NArg() > 0 || o.nearQuota <= 0 || o.nearQuota > 1 || o.leaseAge <= 0 || o.heartbeatGrace < 0 || o.waitTimeout < 0 || o.maxSkew < 0 || o.timeout <= 0 || o.certWarn < 0 || o.caWarn < 0 {
 		fmt.Fprintln(stderr, "governor doctor: bad arguments: -near-quota is in (0, 1], durations are positive, and no positional arguments")
 		return 2
 	}
@@ -147,7 +150,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	}
 	var proxies []proxyFile
 	for _, path := range o.proxyConfigs {
-		p, fs := lintProxy(path, gcfg)
+		p, fs := lintProxy(path)
 		out = append(out, fs...)
 		if p != nil {
 			proxies = append(proxies, *p)
@@ -161,13 +164,30 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	}
 	for _, p := range proxies {
 		out = append(out, checkUpstreams(ctx, p)...)
+		out = append(out, checkInterceptCA(p, time.Now(), o.caWarn)...)
 	}
-	out = append(out, checkGovernord(ctx, o)...)
+	gov, tree := checkGovernord(ctx, o)
+	out = append(out, gov...)
+	// The rules are checked against the caps in force when governord can
+	// say them (caps set live count), else against its config file.
+	var caps *capNames
+	switch {
+	case tree != nil:
+		caps = liveCaps(tree)
+	case gcfg != nil:
+		caps = configCaps(gcfg)
+	}
+	if caps != nil {
+		for _, p := range proxies {
+			out = append(out, lintAgainstCaps(p, caps)...)
+		}
+	}
 	return out
 }
 
-// checkGovernord connects, times governord's clock and looks over the tree.
-func checkGovernord(ctx context.Context, o doctorOptions) []finding {
+// checkGovernord connects, times governord's clock and looks over the tree,
+// which it returns (nil when it could not be read).
+func checkGovernord(ctx context.Context, o doctorOptions) ([]finding, *treeWalk) {
 	addr := os.Getenv(governor.EnvAddr)
 	if addr == "" {
 		addr = governor.DefaultAddr
@@ -176,7 +196,7 @@ func checkGovernord(ctx context.Context, o doctorOptions) []finding {
 	c, err := connectWithin(ctx, o.timeout)
 	if err != nil {
 		return append(out, finding{Check: "connectivity", Level: levelError, Subject: addr, Problem: err.Error(),
-			Fix: "start governord, or point GOVERNOR_ADDR at it; check GOVERNOR_API_KEY, GOVERNOR_TLS and GOVERNOR_CA_FILE"})
+			Fix: "start governord, or point GOVERNOR_ADDR at it; check GOVERNOR_API_KEY, GOVERNOR_TLS and GOVERNOR_CA_FILE"}), nil
 	}
 	defer c.Close()
 	out = append(out, finding{Check: "connectivity", Level: levelOK, Subject: addr, Problem: "a session opened"})
@@ -186,13 +206,13 @@ func checkGovernord(ctx context.Context, o doctorOptions) []finding {
 	received := time.Now()
 	if err != nil {
 		return append(out, finding{Check: "connectivity", Level: levelError, Subject: addr, Problem: "Inspect: " + plainStatus(err).Error(),
-			Fix: "governord may be older than this CLI; upgrade it"})
+			Fix: "governord may be older than this CLI; upgrade it"}), nil
 	}
 	out = append(out, skewFinding(sent, received, in.GetServerTime().AsTime(), o.maxSkew))
 	tree, w := checkTree(ctx, rpc, c.ScopeID(), o)
 	out = append(out, tree...)
 	out = append(out, checkInspection(in, w, o)...)
-	return out
+	return out, w
 }
 
 // skewFinding compares governord's clock with this one: the server read its

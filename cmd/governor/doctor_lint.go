@@ -65,9 +65,10 @@ func (l *stringOrList) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// lintProxy loads a sidecar config and lints its rules against each other
-// and, with gcfg, against governord's caps.
-func lintProxy(file string, gcfg *server.Config) (*proxyFile, []finding) {
+// lintProxy loads a sidecar config and lints its rules against each other;
+// lintAgainstCaps checks them against governord's caps later, once it is
+// known whether governord can say what they are.
+func lintProxy(file string) (*proxyFile, []finding) {
 	cfg, err := sidecar.LoadClassification(file)
 	if err != nil {
 		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(),
@@ -87,9 +88,6 @@ func lintProxy(file string, gcfg *server.Config) (*proxyFile, []finding) {
 	p := &proxyFile{path: file, cfg: cfg, rules: doc.Rules, task: doc.Task}
 	out := []finding{{Check: "config", Level: levelOK, Subject: file, Problem: fmt.Sprintf("loads, %d rules", len(doc.Rules))}}
 	out = append(out, lintShadows(p)...)
-	if gcfg != nil {
-		out = append(out, lintAgainstCaps(p, gcfg)...)
-	}
 	return p, out
 }
 
@@ -206,28 +204,61 @@ func listCovers(a, b []string) bool {
 	return true
 }
 
-// lintAgainstCaps finds classes the rules hold that no limit in governord's
-// config names, and resources they charge that no quota bounds.
-func lintAgainstCaps(p *proxyFile, g *server.Config) []finding {
-	limits, quotas := map[string]bool{}, map[string]bool{}
-	add := func(set map[string]bool, m map[string]int64) {
-		for k := range m {
-			set[k] = true
-		}
+// capNames are the classes some limit names and the resources some quota
+// caps, and where they were read from.
+type capNames struct {
+	limits, quotas map[string]bool
+	source         string // how the findings name it
+}
+
+func (c *capNames) add(set map[string]bool, m map[string]int64) {
+	for k := range m {
+		set[k] = true
 	}
-	add(limits, g.Root.Limits)
-	add(quotas, g.Root.Quotas)
+}
+
+// liveCaps are the caps in force, as governord lists the tree the key
+// sees: every node's own caps and defaults (caps set live included).
+func liveCaps(w *treeWalk) *capNames {
+	c := &capNames{limits: map[string]bool{}, quotas: map[string]bool{}, source: "the caps governord has now"}
+	if len(w.nodes) > 0 && w.nodes[0].GetParentId() != 0 {
+		top := w.nodes[0]
+		c.source += fmt.Sprintf(", on %s and below (the caps above are outside this key's scope)", w.name(top.GetId()))
+	}
+	for _, n := range w.nodes {
+		c.add(c.limits, n.GetLimits())
+		c.add(c.limits, n.GetDefaultLimits())
+		c.add(c.quotas, n.GetQuotas())
+		c.add(c.quotas, n.GetDefaultQuotas())
+	}
+	return c
+}
+
+// configCaps are the caps governord's config file sets, for when governord
+// cannot be asked.
+func configCaps(g *server.Config) *capNames {
+	c := &capNames{limits: map[string]bool{}, quotas: map[string]bool{}, source: "the caps in governord's config file (governord was not reached)"}
+	c.add(c.limits, g.Root.Limits)
+	c.add(c.quotas, g.Root.Quotas)
 	for _, a := range g.Adaptive {
-		limits[a.Class] = true
+		c.limits[a.Class] = true
 	}
 	for _, t := range g.Tenants {
-		add(limits, t.Limits)
-		add(limits, t.Defaults.Limits)
-		add(quotas, t.Quotas)
-		add(quotas, t.Defaults.Quotas)
+		c.add(c.limits, t.Limits)
+		c.add(c.limits, t.Defaults.Limits)
+		c.add(c.quotas, t.Quotas)
+		c.add(c.quotas, t.Defaults.Quotas)
 	}
-	add(limits, p.task.Limits)
-	add(quotas, p.task.Quotas)
+	return c
+}
+
+// lintAgainstCaps finds classes the rules hold that no limit names, and
+// resources they charge that no quota bounds, by caps (or the sidecar's own
+// task caps), and says which caps it read.
+func lintAgainstCaps(p proxyFile, caps *capNames) []finding {
+	limits, quotas := maps.Clone(caps.limits), maps.Clone(caps.quotas)
+	caps.add(limits, p.task.Limits)
+	caps.add(quotas, p.task.Quotas)
 	var out []finding
 	classes, charged := map[string][]string{}, map[string][]string{}
 	for _, r := range p.rules {
@@ -244,16 +275,20 @@ func lintAgainstCaps(p *proxyFile, g *server.Config) []finding {
 	for _, c := range slices.Sorted(maps.Keys(classes)) {
 		if !limits[c] {
 			out = append(out, finding{Check: "rules", Level: levelWarn, Subject: fmt.Sprintf("%s: class %q", p.path, c),
-				Problem: fmt.Sprintf("rules %s hold leases of it, but no limit names it: they are counted, never bounded", strings.Join(classes[c], ", ")),
-				Fix:     fmt.Sprintf("add %s: N to root.limits, a tenant's limits or defaults, or the sidecar's task.limits", c)})
+				Problem: fmt.Sprintf("rules %s hold leases of it, but no limit names it in %s: they are counted, never bounded", strings.Join(classes[c], ", "), caps.source),
+				Fix:     fmt.Sprintf("add %s: N to root.limits, a tenant's limits or defaults, or the sidecar's task.limits (or set one live: governor caps set NODE limit.%s=N -reason ...)", c, c)})
 		}
 	}
 	for _, res := range slices.Sorted(maps.Keys(charged)) {
 		if !quotas[res] {
 			out = append(out, finding{Check: "rules", Level: levelWarn, Subject: fmt.Sprintf("%s: resource %q", p.path, res),
-				Problem: fmt.Sprintf("rules %s charge it, but no quota caps it: it is counted, never bounded", strings.Join(charged[res], ", ")),
-				Fix:     fmt.Sprintf("add %s: N to root.quotas, a tenant's quotas or defaults, or the sidecar's task.quotas", res)})
+				Problem: fmt.Sprintf("rules %s charge it, but no quota caps it in %s: it is counted, never bounded", strings.Join(charged[res], ", "), caps.source),
+				Fix:     fmt.Sprintf("add %s: N to root.quotas, a tenant's quotas or defaults, or the sidecar's task.quotas (or set one live: governor caps set NODE quota.%s=N -reason ...)", res, res)})
 		}
+	}
+	if len(out) == 0 {
+		out = append(out, finding{Check: "rules", Level: levelOK, Subject: p.path,
+			Problem: fmt.Sprintf("every class its rules hold has a limit and every resource they charge a quota, in %s", caps.source)})
 	}
 	return out
 }

@@ -248,3 +248,50 @@ func TestDoctorTLS(t *testing.T) {
 		t.Fatalf("a CA file that does not trust governord: exit %d\n%s", code, out)
 	}
 }
+
+// The rules lint reads the caps in force when governord can be asked: a
+// quota set live with caps set (not in governord's file) counts, and the
+// findings say which caps they were checked against; with governord out of
+// reach it falls back to the file, and says so.
+func TestDoctorLintReadsLiveCaps(t *testing.T) {
+	dir := t.TempDir()
+	gcfg := filepath.Join(dir, "governord.yaml")
+	if err := os.WriteFile(gcfg, []byte("listen: 127.0.0.1:7600\nstore: {driver: memory}\nroot: {limits: {db: 10}}\n"+
+		"tenants:\n  - {name: payments, api_key: pay-key}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proxy := filepath.Join(dir, "proxy.yaml")
+	if err := os.WriteFile(proxy, []byte("governor: {addr: 127.0.0.1:7600}\ntask: {name: pod-a}\n"+
+		"rules:\n  - {name: writes, match: {sql: [insert, update, delete]}, class: db, charge: {db_writes: 1}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 10}} })
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	code, out, errOut := gov(t, "doctor", "-config", gcfg, "-proxy-config", proxy)
+	if code != 1 || !strings.Contains(out, `WARN  rules        `+proxy+`: resource "db_writes": rules writes charge it, but no quota caps it in the caps governord has now`) {
+		t.Errorf("doctor before the live cap: exit %d, want the uncapped resource found in the live caps\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := gov(t, "caps", "set", "payments", "quota.db_writes=1000", "-reason", "cap the writes"); code != 0 {
+		t.Fatalf("caps set: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = gov(t, "doctor", "-config", gcfg, "-proxy-config", proxy)
+	if code != 0 || strings.Contains(out, "no quota caps it") ||
+		!strings.Contains(out, "OK    rules        "+proxy+": every class its rules hold has a limit and every resource they charge a quota, in the caps governord has now") {
+		t.Fatalf("doctor after caps set quota.db_writes: exit %d\n%s%s", code, out, errOut)
+	}
+	// A tenant's key sees its tenant and below (not the root's limit of
+	// db), and says so.
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	_, out, _ = gov(t, "doctor", "-proxy-config", proxy)
+	if !strings.Contains(out, `class "db": rules writes hold leases of it, but no limit names it in the caps governord has now, on payments and below (the caps above are outside this key's scope)`) ||
+		strings.Contains(out, `resource "db_writes"`) {
+		t.Fatalf("doctor with a tenant's key does not say what it saw:\n%s", out)
+	}
+	// governord away: the file's caps, said as such.
+	srv.Close()
+	code, out, _ = gov(t, "doctor", "-config", gcfg, "-proxy-config", proxy, "-timeout", "300ms")
+	if code != 1 || !strings.Contains(out, `resource "db_writes": rules writes charge it, but no quota caps it in the caps in governord's config file (governord was not reached)`) {
+		t.Fatalf("doctor with governord away: exit %d\n%s", code, out)
+	}
+}

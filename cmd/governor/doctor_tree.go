@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/cli/slots"
+	"github.com/governor-project/governor/cli/tenantstate"
 )
 
 // treeWalk is the part of the tree a key sees, parents before children.
@@ -47,6 +49,17 @@ func (w *treeWalk) add(n *governorpb.Node, path string) {
 	w.paths[n.GetId()] = path
 }
 
+// under reports whether node id is top or below it, as far as the walk
+// goes.
+func (w *treeWalk) under(id, top int64) bool {
+	for n := w.byID[id]; n != nil; n = w.byID[n.GetParentId()] {
+		if n.GetId() == top {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *treeWalk) name(id int64) string {
 	if p, ok := w.paths[id]; ok {
 		return p
@@ -63,6 +76,7 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 		return []finding{{Check: "tree", Level: levelError, Problem: "cannot list the tree: " + plainStatus(err).Error()}}, nil
 	}
 	var out []finding
+	noSubagents := 0 // agent sessions of governor hook -max-subagents 0
 	for _, n := range w.nodes {
 		for _, side := range []struct {
 			kind string
@@ -71,6 +85,10 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 			caps := side.caps(n)
 			for _, k := range slices.Sorted(maps.Keys(caps)) {
 				c := caps[k]
+				if c == 0 && side.kind == "quota" && k == resourceSubagents && isHookSession(n) {
+					noSubagents++ // the hook's own budget, as asked for
+					continue
+				}
 				if c == 0 {
 					out = append(out, finding{Check: "caps", Level: levelWarn, Subject: w.name(n.GetId()),
 						Problem: fmt.Sprintf("%s %s is 0: it admits nothing", side.kind, k),
@@ -93,6 +111,7 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 			}
 		}
 		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+			out = append(out, tenantStateFinding(ctx, rpc, n, w)...)
 			for _, k := range slices.Sorted(maps.Keys(n.GetQuotas())) {
 				c, used := n.GetQuotas()[k], n.GetUsed()[k]+n.GetReserved()[k]
 				if c > 0 && float64(used) >= o.nearQuota*float64(c) {
@@ -103,12 +122,31 @@ func checkTree(ctx context.Context, rpc governorpb.GovernorClient, scope int64, 
 			}
 		}
 	}
+	if noSubagents > 0 {
+		out = append(out, finding{Check: "caps", Level: levelOK, Problem: fmt.Sprintf("%d agent sessions of governor hook may start no subagents (-max-subagents 0)", noSubagents)})
+	}
 	if w.cut {
 		out = append(out, finding{Check: "tree", Level: levelWarn, Problem: fmt.Sprintf("only the first %d nodes were looked over", o.maxNodes),
 			Fix: "raise -max-nodes"})
 	}
 	out = append(out, finding{Check: "tree", Level: levelOK, Problem: fmt.Sprintf("%d open nodes looked over", len(w.nodes))})
 	return out, w
+}
+
+// tenantStateFinding says that tenant n refuses work by its state (an
+// operator's lever, but one that is easily left on after an incident), and
+// who set it, when and why.
+func tenantStateFinding(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, w *treeWalk) []finding {
+	if n.GetTenantState() == "" || n.GetTenantState() == tenantstate.Active {
+		return nil
+	}
+	st, _, err := tenantstate.Of(ctx, rpc, n)
+	problem := st.Text(time.Now())
+	if err != nil {
+		problem += " (" + plainStatus(err).Error() + ")"
+	}
+	return []finding{{Check: "tenants", Level: levelWarn, Subject: w.name(n.GetId()), Problem: problem,
+		Fix: fmt.Sprintf("when it is no longer wanted: governor tenant %s resume -reason ... (the admin key)", n.GetName())}}
 }
 
 // checkInspection looks for long leases, late heartbeats and long waits.
@@ -121,14 +159,10 @@ func checkInspection(in *governorpb.Inspection, w *treeWalk, o doctorOptions) []
 		return w.name(id)
 	}
 	var out []finding
-	long := 0
+	var held slots.Tally
 	for _, l := range in.GetLeases() {
-		if age := now.Sub(l.GetGranted().AsTime()); age > o.leaseAge {
-			long++
-			out = append(out, finding{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
-				Problem: fmt.Sprintf("lease %d of %s held by session %d for %v (more than %v)", l.GetId(), l.GetClass(), l.GetSessionId(), age.Round(time.Second), o.leaseAge),
-				Fix:     "find the holder (a stuck request or transaction?); ending its session or cancelling the node frees the slot"})
-		}
+		held.Add(l)
+		out = append(out, leaseFinding(l, now, o.leaseAge, name)...)
 	}
 	for _, s := range in.GetSessions() {
 		late := now.Sub(s.GetLastHeartbeat().AsTime())
@@ -149,8 +183,70 @@ func checkInspection(in *governorpb.Inspection, w *treeWalk, o doctorOptions) []
 		}
 	}
 	if len(out) == 0 {
-		out = append(out, finding{Check: "leases", Level: levelOK, Problem: fmt.Sprintf("%d leases, %d sessions, %d waiters, none overdue",
-			in.GetLeaseCount(), in.GetSessionCount(), in.GetWaiterCount())})
+		out = append(out, finding{Check: "leases", Level: levelOK, Problem: fmt.Sprintf("%d leases and blocks, holding %s; %d sessions, %d waiters; none overdue",
+			in.GetLeaseCount(), held.Text(), in.GetSessionCount(), in.GetWaiterCount())})
+	}
+	return append(out, fullPools(in, w)...)
+}
+
+// leaseFinding finds work stuck in l: a lease held longer than leaseAge, or
+// a delegated block whose oldest work has held its slot that long, as its
+// holder reports. A block's idle slots are no finding: they go back when
+// anyone waits. A block whose use is not reported cannot be told apart,
+// and says so once it is that old.
+func leaseFinding(l *governorpb.LeaseInfo, now time.Time, leaseAge time.Duration, name func(int64) string) []finding {
+	const stuck = "find the holder (a stuck request or transaction?); ending its session or cancelling the node frees the slot"
+	age, known := slots.Held(l, now)
+	switch {
+	case l.GetBlock() && l.GetCount() == 0:
+		return nil // holds nothing
+	case !known:
+		if d := now.Sub(l.GetGranted().AsTime()); d > leaseAge {
+			return []finding{{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
+				Problem: fmt.Sprintf("%s: whether any of them is stuck cannot be told", slots.Text(l, now)),
+				Fix:     "upgrade the holder's governor-proxy (it reports how its delegated slots are used), or read its governor_proxy_slots metric"}}
+		}
+	case age <= leaseAge:
+	case !l.GetBlock():
+		return []finding{{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
+			Problem: fmt.Sprintf("lease %d of %s held by session %d for %v (more than %v)", l.GetId(), l.GetClass(), l.GetSessionId(), age.Round(time.Second), leaseAge),
+			Fix:     stuck}}
+	default:
+		return []finding{{Check: "leases", Level: levelWarn, Subject: name(l.GetNodeId()),
+			Problem: fmt.Sprintf("%s: work has held a slot longer than %v", slots.Text(l, now), leaseAge),
+			Fix: "find the request or transaction holding it at that sidecar (for pgwire, its oldest transaction in pg_stat_activity); " +
+				"ending it frees its slot, and ending the sidecar's session frees the whole block"}}
+	}
+	return nil
+}
+
+// fullPools says, for each limit that is full, how its slots are held: as
+// leases, or delegated, in use or idle at their sidecars. A full limit
+// with idle delegated slots is not short of slots: they go back to
+// governord as soon as anyone waits for the class.
+func fullPools(in *governorpb.Inspection, w *treeWalk) []finding {
+	if w == nil {
+		return nil
+	}
+	var out []finding
+	for _, n := range w.nodes {
+		for _, class := range slices.Sorted(maps.Keys(n.GetLimits())) {
+			limit, holding := n.GetLimits()[class], n.GetHeld()[class]
+			if limit == 0 || holding < limit {
+				continue
+			}
+			var t slots.Tally
+			for _, l := range in.GetLeases() {
+				if l.GetClass() == class && w.under(l.GetNodeId(), n.GetId()) {
+					t.Add(l)
+				}
+			}
+			problem := fmt.Sprintf("limit %s is full (%d/%d): %s", class, holding, limit, t.Text())
+			if t.Idle > 0 {
+				problem += fmt.Sprintf("; the idle slots go back to governord as soon as anyone waits for %s", class)
+			}
+			out = append(out, finding{Check: "pools", Level: levelOK, Subject: w.name(n.GetId()), Problem: problem})
+		}
 	}
 	return out
 }

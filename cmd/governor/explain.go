@@ -5,16 +5,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
+	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/sidecar/admission"
 	"github.com/governor-project/governor/sidecar/httpproxy"
+	llmmeter "github.com/governor-project/governor/sidecar/meter"
 )
 
 // headerFlags collects repeated -H "Name: value" flags.
@@ -35,6 +40,8 @@ const explainUsage = `usage:
   governor explain -config proxy.yaml [-H "Name: value"]... METHOD URL
   governor explain -config proxy.yaml CONNECT host:port
   governor explain -config proxy.yaml /openai/v1/chat/completions   (a base-URL route; method GET unless given)
+  governor explain -config proxy.yaml POST http://127.0.0.1:7700/openai/v1/chat/completions   (the same, as the worker calls it)
+  governor explain -config proxy.yaml -d @body.json -live payments/pod-7 POST /openai/v1/chat/completions   (a metered call: its estimate)
   governor explain -config proxy.yaml -sql "INSERT INTO payments ..." [-kind insert -tables payments]
 
 flags:
@@ -54,6 +61,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 	user := fs.String("user", "", "with -sql: the connection's user")
 	app := fs.String("application-name", "", "with -sql: the connection's application_name")
 	live := fs.String("live", "", "a node (path or id, e.g. payments/pod-7/crawl-42): also ask governord how it would answer the request there now, in dry run (GOVERNOR_ADDR, GOVERNOR_API_KEY)")
+	data := fs.String("d", "", "the request's body, or @FILE to read it from FILE: a metered rule (meter:) holds an estimate read from it, which -live asks for")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -81,13 +89,69 @@ func explain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	code := explainHTTP(stdout, cfg, req)
-	if *live != "" && code == 0 {
-		if d, ok := cfg.Rules.MatchHTTP(classify.HTTPRequestFrom(req)); ok {
-			return explainLive(stdout, stderr, *live, d, classify.WritesHTTP(req.Method, d), d.Shadow || cfg.HTTP.Shadow)
+	var body []byte
+	if *data != "" {
+		if body, err = readData(*data); err != nil {
+			fmt.Fprintln(stderr, "governor explain: -d:", err)
+			return 2
 		}
 	}
+	code := explainHTTP(stdout, cfg, req, body, *data != "")
+	if *live != "" && code == 0 {
+		d, ok := cfg.Rules.MatchHTTP(classify.HTTPRequestFrom(req))
+		if !ok {
+			return code
+		}
+		ask := asked{charges: d.Charges}
+		if d.Meter != nil {
+			if *data == "" {
+				fmt.Fprintf(stderr, "governor explain: rule %q meters %s: the sidecar asks for an estimate read from the request's body; give it with -d for -live\n",
+					d.Rule, d.Meter.Resource)
+				return 2
+			}
+			m := meterFor(d, body)
+			if m.refused != nil {
+				return 0 // the sidecar refuses it itself, as explainHTTP said; governord is not asked
+			}
+			if m.est != nil {
+				ask = asked{charges: httpproxy.MeteredCharges(d, m.est.Tokens), meter: d.Meter, est: m.est, path: req.URL.Path}
+			}
+		}
+		return explainLive(stdout, stderr, *live, d, ask, classify.WritesHTTP(req.Method, d), d.Shadow || cfg.HTTP.Shadow)
+	}
 	return code
+}
+
+// readData is -d's body: the text itself, or @FILE's contents.
+func readData(v string) ([]byte, error) {
+	if file, ok := strings.CutPrefix(v, "@"); ok {
+		return os.ReadFile(file)
+	}
+	return []byte(v), nil
+}
+
+// meterCall is what the sidecar does with a metered call's body: hold its
+// estimate, let it through unmetered (over max_body, oversize: unmetered),
+// or refuse it.
+type meterCall struct {
+	est       *httpproxy.CallEstimate
+	unmetered bool
+	refused   error
+}
+
+func meterFor(d classify.Decision, body []byte) meterCall {
+	m := d.Meter
+	if int64(len(body)) > m.MaxBody {
+		if m.Unmetered {
+			return meterCall{unmetered: true}
+		}
+		return meterCall{refused: fmt.Errorf("the body's %d bytes are over meter.max_body (%d), and meter.oversize is refuse", len(body), m.MaxBody)}
+	}
+	est, err := httpproxy.EstimateCall(m, body)
+	if err != nil {
+		return meterCall{refused: err}
+	}
+	return meterCall{est: &est}
 }
 
 func split(s string) []string {
@@ -133,8 +197,15 @@ func requestFrom(args []string, h http.Header) (*http.Request, error) {
 	return r, nil
 }
 
-func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
+func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request, body []byte, hasBody bool) int {
 	routed := false
+	if r.Method != http.MethodConnect && r.URL.IsAbs() && r.URL.Scheme == "http" && ownAddress(cfg.HTTP.Listen, r.URL) {
+		// A worker given a base URL calls the sidecar itself: it sends the
+		// path alone, and the sidecar routes it.
+		fmt.Fprintf(w, "%s is governor-proxy's own address (http.listen %s): a worker with a base URL sends it the path, which a route forwards\n",
+			r.URL.Host, cfg.HTTP.Listen)
+		r.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	}
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		routed = true
 		u, rt, ok := httpproxy.RouteURL(cfg.Routes, r.URL)
@@ -148,6 +219,10 @@ func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 	q := classify.HTTPRequestFrom(r)
 	if r.Method == http.MethodConnect {
 		fmt.Fprintf(w, "request: CONNECT %s\n", r.Host)
+		if host, _, err := net.SplitHostPort(r.Host); err == nil && cfg.HTTP.Intercept.Hosts.Match(host) {
+			fmt.Fprintf(w, "  %s is intercepted (http.intercept): the tunnel itself is not governed; each request inside it is decided as a plain https:// request (explain one with its URL)\n", host)
+			return 0
+		}
 		fmt.Fprintln(w, "  a tunnel shows only host and port: rules with scheme, method, path or header never match it")
 	} else {
 		fmt.Fprintf(w, "request: %s %s\n", r.Method, r.URL)
@@ -170,10 +245,40 @@ func explainHTTP(w io.Writer, cfg sidecar.Config, r *http.Request) int {
 	}
 	fmt.Fprintf(w, "decision: %s\n", d)
 	describe(w, d, r.Method == http.MethodConnect, cfg)
+	if d.Meter != nil && r.Method != http.MethodConnect {
+		describeMeter(w, d, body, hasBody)
+	}
 	if r.URL.Scheme == "https" && !routed {
 		tunnelNote(w, cfg, r.URL)
 	}
 	return 0
+}
+
+// ownAddress reports whether u is an address of the proxy listening on
+// listen: the same port, and the same host or, for a proxy on loopback or
+// on every address, a loopback one (127.0.0.1, ::1, localhost).
+func ownAddress(listen string, u *url.URL) bool {
+	lhost, lport, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	if port != lport {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, lhost) {
+		return true
+	}
+	loopback := func(h string) bool {
+		ip := net.ParseIP(h)
+		return strings.EqualFold(h, "localhost") || ip != nil && ip.IsLoopback()
+	}
+	unspecified := lhost == "" || net.ParseIP(lhost) != nil && net.ParseIP(lhost).IsUnspecified()
+	return loopback(host) && (loopback(lhost) || unspecified)
 }
 
 // tunnelNote says what happens to the same https URL sent through
@@ -182,6 +287,10 @@ func tunnelNote(w io.Writer, cfg sidecar.Config, u *url.URL) {
 	host := u.Host
 	if u.Port() == "" {
 		host += ":443"
+	}
+	if cfg.HTTP.Intercept.Hosts.Match(u.Hostname()) {
+		fmt.Fprintf(w, "\nnote: %s is intercepted (http.intercept): a worker that sends this through HTTPS_PROXY gets it decided as above, request by request, inside its tunnel\n", u.Hostname())
+		return
 	}
 	q := classify.HTTPRequestFrom(&http.Request{Method: http.MethodConnect, URL: &url.URL{Host: host}, Host: host})
 	fmt.Fprintf(w, "\nnote: a worker that sends this through HTTPS_PROXY opens a tunnel, CONNECT %s, and only host and port are seen:\n", host)
@@ -225,10 +334,40 @@ func describe(w io.Writer, d classify.Decision, tunnel bool, cfg sidecar.Config)
 	}
 }
 
+// describeMeter says what a metered rule holds for this body before it
+// forwards the call, as the sidecar works it out.
+func describeMeter(w io.Writer, d classify.Decision, body []byte, hasBody bool) {
+	m := d.Meter
+	if !hasBody {
+		fmt.Fprintf(w, "  meter (%s): before forwarding, holds an estimate of %s read from the request's body (give it with -d to see it); settled to the usage the response reports\n",
+			m.API, m.Resource)
+		return
+	}
+	switch c := meterFor(d, body); {
+	case c.unmetered:
+		fmt.Fprintf(w, "  meter (%s): the body's %d bytes are over max_body (%d) and oversize is unmetered: forwarded unmetered, nothing held\n", m.API, len(body), m.MaxBody)
+	case c.refused != nil:
+		fmt.Fprintf(w, "  meter (%s): the sidecar refuses this body (400, Governor-Denied: bad-request): %v\n", m.API, c.refused)
+	default:
+		fmt.Fprintf(w, "  meter (%s): before forwarding, holds an estimate of %d %s (input %d, from the body's %d bytes; output %d); settled to the usage the response reports\n",
+			m.API, c.est.Tokens, m.Resource, c.est.Input, len(body), c.est.Tokens-c.est.Input)
+	}
+}
+
+// asked is what the sidecar asks governord for a request: the rule's
+// charges, and for a metered call the estimate it holds.
+type asked struct {
+	charges map[string]int64
+	meter   *classify.Meter
+	est     *httpproxy.CallEstimate
+	path    string // the upstream's path, which names the API's output limit
+}
+
 // explainLive asks governord how it would answer the decision's request on
-// node now (DryRun: nothing is charged or held) and says so; for a rule in
-// shadow, counting the shadow ledger, as the rule's next request would be.
-func explainLive(w, stderr io.Writer, node string, d classify.Decision, write, shadow bool) int {
+// node now, asking for what the sidecar would (DryRun: nothing is charged
+// or held), and says so; for a rule in shadow, counting the shadow ledger,
+// as the rule's next request would be.
+func explainLive(w, stderr io.Writer, node string, d classify.Decision, ask asked, write, shadow bool) int {
 	ctx := context.Background()
 	c, err := connect(ctx)
 	if err != nil {
@@ -241,7 +380,7 @@ func explainLive(w, stderr io.Writer, node string, d classify.Decision, write, s
 		fmt.Fprintln(stderr, "governor explain:", err)
 		return 1
 	}
-	resp, err := c.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.GetId(), Class: d.Class, Charges: d.Charges, Write: write, Shadow: shadow})
+	resp, err := c.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.GetId(), Class: d.Class, Charges: ask.charges, Write: write, Shadow: shadow})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor explain:", plainStatus(err))
 		return 1
@@ -251,6 +390,13 @@ func explainLive(w, stderr io.Writer, node string, d classify.Decision, write, s
 		how = "the rule is in shadow: a dry run counting the shadow ledger, what the rule's requests so far would have charged, with nothing charged, held or recorded"
 	}
 	fmt.Fprintf(w, "\nlive, on %s (id %d), as governord would answer now (%s):\n", node, n.GetId(), how)
+	if len(ask.charges) > 0 {
+		note := ""
+		if ask.est != nil {
+			note = fmt.Sprintf(" (%s: the meter's estimate)", ask.meter.Resource)
+		}
+		fmt.Fprintf(w, "  asked for: %s%s\n", chargeList(ask.charges), note)
+	}
 	switch resp.GetOutcome() {
 	case "admitted":
 		fmt.Fprintln(w, "  admitted")
@@ -258,8 +404,32 @@ func explainLive(w, stderr io.Writer, node string, d classify.Decision, write, s
 		fmt.Fprintln(w, "  it would wait for a lease: a limit on the chain is full now")
 	default:
 		fmt.Fprintf(w, "  refused (%s): %s\n", resp.GetOutcome(), resp.GetMessage())
+		if fit := estimateFit(ask, resp.GetDenial()); fit != nil {
+			fmt.Fprintf(w, "  the sidecar answers 429: %s\n", fit.Message())
+			if ask.meter.Clamp && fit.Estimate.MaxOutput() > 0 {
+				fmt.Fprintf(w, "  (on_over_estimate: clamp: the sidecar lowers %s to %d and forwards it instead)\n", fit.Estimate.Field, fit.Estimate.MaxOutput())
+			}
+		}
 	}
 	return 0
+}
+
+// estimateFit is the sidecar's refusal of a metered call whose estimate,
+// not the budget, is what does not fit (the quota has room left), as it
+// words it; nil otherwise.
+func estimateFit(ask asked, den *governorpb.Denial) *admission.Denial {
+	if ask.est == nil || den == nil || den.GetResource() != ask.meter.Resource || den.GetLimit()-den.GetUsed() <= 0 {
+		return nil
+	}
+	api, err := llmmeter.ParseAPI(ask.meter.API)
+	if err != nil {
+		return nil
+	}
+	return &admission.Denial{Cause: admission.CauseQuota,
+		Quota: &governor.Denial{Resource: den.GetResource(), NodeID: den.GetNodeId(), NodeName: den.GetNodeName(), Used: den.GetUsed(),
+			Limit: den.GetLimit(), Amount: den.GetAmount()},
+		Estimate: &admission.EstimateFit{Estimate: ask.est.Tokens, Input: ask.est.Input, Left: den.GetLimit() - den.GetUsed(),
+			Field: llmmeter.OutputField(api, ask.path, ask.est.Request)}}
 }
 
 func chargeList(m map[string]int64) string {

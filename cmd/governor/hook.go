@@ -13,11 +13,11 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/sidecar/admission"
 )
 
 const hookUsage = `usage: governor hook -agent claude|codex [-max-calls N] [-max-subagents N] [-max-duration D] [-parent NODE] [-warn-only]
@@ -105,10 +105,13 @@ func hook(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch {
 	case v.allow:
 		return 0
-	case v.unreachable && o.warnOnly:
-		fmt.Fprintf(stderr, "governor hook: %s; -warn-only lets the tool run uncounted\n", v.message)
+	case v.unreachable != nil && o.warnOnly:
+		// Not the refusal's words: they tell the model to stop, and the
+		// tool runs.
+		msg := fmt.Sprintf("Governor cannot reach governord (%v); -warn-only lets this tool call run, not counted.", v.unreachable)
+		fmt.Fprintln(stderr, "governor hook:", msg)
 		if o.agent == "claude" {
-			_ = json.NewEncoder(stdout).Encode(map[string]any{"systemMessage": "Governor: " + v.message + "; this tool call was not counted."})
+			_ = json.NewEncoder(stdout).Encode(map[string]any{"systemMessage": msg})
 		}
 		return 0
 	}
@@ -120,8 +123,20 @@ type verdict struct {
 	allow       bool
 	message     string // why not, for the model
 	stop        bool   // the whole run is over, not just this kind of call
-	unreachable bool   // governord could not be asked
+	unreachable error  // why governord could not be asked; nil when it was
 }
+
+// unreachable is the verdict when governord cannot be asked: refused,
+// failing closed (-warn-only turns it into a warning).
+func unreachable(err error) verdict {
+	return verdict{message: fmt.Sprintf("Governor cannot reach governord (%v), so no tool may run; stop and tell the user", err), unreachable: err}
+}
+
+// The instructions that end a refusal, by what the model should do next.
+const (
+	stopAndReport = " Stop now: make no more tool calls, and tell the user what is done and what is left."
+	stopAndTell   = " Stop now: make no more tool calls, and tell the user."
+)
 
 // refuse answers a refusal in the agent's own format. Claude Code: a
 // PreToolUse decision "deny" as JSON on stdout, exit 0, with "continue":
@@ -147,9 +162,6 @@ func refuse(o hookOptions, stdout, stderr io.Writer, message string, stop bool) 
 }
 
 func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) verdict {
-	unreachable := func(err error) verdict {
-		return verdict{message: fmt.Sprintf("Governor cannot reach governord (%v), so no tool may run; stop and tell the user", err), unreachable: true}
-	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	c, err := connectWithin(ctx, o.timeout)
@@ -167,19 +179,27 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 		}
 		parent = n.GetId()
 	}
-	runName := nodeName("agent-", p.SessionID)
+	if parent == rootID {
+		// A session's node directly under the root would be a tenant of
+		// its own, outside every tenant's caps.
+		return verdict{message: "Governor's hook is misconfigured: its key is the admin key, scoped to the root, so -parent is required " +
+			"(a tenant or a node below one, e.g. -parent payments); stop and tell the user"}
+	}
+	runName := nodeName(runPrefix, p.SessionID)
 	run, err := rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: parent, Spec: &governorpb.NodeSpec{Name: runName,
 		Quotas:   map[string]int64{resourceToolCalls: o.maxCalls, resourceSubagents: o.maxSubagents},
 		Deadline: timestamppb.New(time.Now().Add(o.maxDuration))}})
 	if err != nil {
-		return hookError(err, unreachable)
+		return hookError(ctx, err)
 	}
-	if run.GetCreated() && endedBefore(ctx, rpc, parent, runName, run.GetNode().GetId()) {
-		// The session's run ended (its time ran out) and governord still
-		// remembers it: the node just made is a second budget it must not
-		// get.
-		_, _ = rpc.CancelNode(ctx, &governorpb.CancelNodeRequest{NodeId: run.GetNode().GetId()})
-		return verdict{message: "Governor: this agent session's time budget is spent. Stop now: make no more tool calls, and tell the user what is done and what is left.", stop: true}
+	if run.GetCreated() {
+		if ended := endedBefore(ctx, rpc, parent, runName, run.GetNode().GetId()); ended != nil {
+			// The session's run ended (its time ran out, or the operator
+			// ended it) and governord still remembers it: the node just
+			// made is a second budget it must not get.
+			_, _ = rpc.CancelNode(ctx, &governorpb.CancelNodeRequest{NodeId: run.GetNode().GetId()})
+			return sessionEnded(ended.GetName(), governor.NodeState(ended.GetState()))
+		}
 	}
 	// The call's own node carries its charge, so that a retry of this hook
 	// call finds it charged: governord remembers the tree across restarts.
@@ -190,7 +210,7 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 	call, err := rpc.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: run.GetNode().GetId(),
 		Spec: &governorpb.NodeSpec{Name: nodeName("call-", callID)}})
 	if err != nil {
-		return hookError(err, unreachable)
+		return hookError(ctx, err)
 	}
 	if call.GetNode().GetUsed()[resourceToolCalls] > 0 {
 		return verdict{allow: true} // a retry of a call already charged
@@ -198,8 +218,7 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 	if rn := run.GetNode(); rn.GetUsed()[resourceToolCalls] >= rn.GetQuotas()[resourceToolCalls] && rn.GetQuotas()[resourceToolCalls] > 0 {
 		// Spent already: say so, rather than whichever cap a charge of both
 		// would name first.
-		return verdict{message: fmt.Sprintf("Governor: the budget for %s is spent (%d of %d, on %s). Stop now: make no more tool calls, and tell the user what is done and what is left.",
-			resourceToolCalls, rn.GetUsed()[resourceToolCalls], rn.GetQuotas()[resourceToolCalls], rn.GetName()), stop: true}
+		return budgetSpent(resourceToolCalls, rn.GetUsed()[resourceToolCalls], rn.GetQuotas()[resourceToolCalls], rn.GetName())
 	}
 	charges := map[string]int64{resourceToolCalls: 1}
 	if slices.Contains(o.subagentTools, p.ToolName) {
@@ -207,52 +226,103 @@ func decideHook(ctx context.Context, o hookOptions, p hookPayload, raw []byte) v
 	}
 	_, err = rpc.ChargeAndAcquire(ctx, &governorpb.ChargeAndAcquireRequest{NodeId: call.GetNode().GetId(), Charges: charges})
 	if err != nil {
-		return hookError(err, unreachable)
+		return hookError(ctx, err)
 	}
 	return verdict{allow: true}
 }
 
-// hookError turns governord's refusal into the model's instructions.
-func hookError(err error, unreachable func(error) verdict) verdict {
-	st, _ := status.FromError(err)
-	switch st.Code() {
-	case codes.ResourceExhausted:
-		for _, d := range st.Details() {
-			if den, ok := d.(*governorpb.Denial); ok {
-				if den.GetResource() == resourceSubagents {
-					return verdict{message: fmt.Sprintf("Governor: this agent session may start no more subagents (%d of %d used). Do the rest yourself, without starting subagents.", den.GetUsed(), den.GetLimit())}
-				}
-				return verdict{message: fmt.Sprintf("Governor: the budget for %s is spent (%d of %d, on %s). Stop now: make no more tool calls, and tell the user what is done and what is left.",
-					den.GetResource(), den.GetUsed(), den.GetLimit(), den.GetNodeName()), stop: true}
-			}
+// hookError turns governord's refusal into the model's instructions. The
+// cause is the sidecar's (admission.Deny: one vocabulary for a refusal,
+// whoever answers it), and each cause has its own words here.
+func hookError(ctx context.Context, err error) verdict {
+	sdkErr := governor.RawError("hook", err)
+	d := admission.Deny(ctx, sdkErr, "", 0)
+	switch d.Cause {
+	case admission.CauseQuota:
+		q := d.Quota
+		switch {
+		case q == nil:
+			return verdict{message: "Governor: a budget is spent (" + plainStatus(err).Error() + ")." + stopAndTell, stop: true}
+		case q.Resource == resourceSubagents:
+			return verdict{message: fmt.Sprintf("Governor: this agent session may start no more subagents (%d of %d used). Do the rest yourself, without starting subagents.", q.Used, q.Limit)}
 		}
-		return verdict{message: "Governor: a budget is spent (" + st.Message() + "). Stop now and tell the user.", stop: true}
-	case codes.FailedPrecondition:
-		return verdict{message: "Governor: this agent session's time budget is spent. Stop now: make no more tool calls, and tell the user what is done and what is left.", stop: true}
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-		return unreachable(err)
+		return budgetSpent(q.Resource, q.Used, q.Limit, q.NodeName)
+	case admission.CauseSuspended, admission.CauseReadOnly:
+		return tenantRefused(d)
+	case admission.CauseTaskEnded:
+		switch e := d.Ended; {
+		case d.Tenant != nil: // a closing tenant refuses a new session's node
+			return tenantRefused(d)
+		case e != nil:
+			return sessionEnded(e.NodeName, e.State)
+		}
+		return verdict{message: "Governor: this agent session has ended." + stopAndReport, stop: true}
+	case admission.CauseUnavailable, admission.CauseWaitTimeout, admission.CauseCanceled:
+		// admission names whatever it cannot place "unavailable"; only a
+		// governord that was not there is one here.
+		if errors.Is(sdkErr, governor.ErrUnavailable) || errors.Is(sdkErr, governor.ErrSessionLost) || errors.Is(sdkErr, governor.ErrClosed) ||
+			errors.Is(sdkErr, context.DeadlineExceeded) || errors.Is(sdkErr, context.Canceled) {
+			return unreachable(err)
+		}
 	}
 	return verdict{message: fmt.Sprintf("Governor refused this tool call (%v); stop and tell the user", plainStatus(err))}
 }
 
-// endedBefore reports whether parent has an ended child named name other
-// than id: a run that ended and must not start again.
-func endedBefore(ctx context.Context, rpc governorpb.GovernorClient, parent int64, name string, id int64) bool {
+// sessionEnded is the refusal of a call in an agent session whose node (or
+// one above it, named) has ended: by its deadline, the time budget; else
+// by the operator's hand.
+func sessionEnded(node string, state governor.NodeState) verdict {
+	if state == governor.NodeExpired {
+		return verdict{message: "Governor: this agent session's time budget is spent." + stopAndReport, stop: true}
+	}
+	return verdict{message: fmt.Sprintf("Governor: this agent session has been ended (%q is %s), so no tool may run.", node, state) + stopAndReport, stop: true}
+}
+
+// budgetSpent is the refusal of a call past a spent budget.
+func budgetSpent(resource string, used, limit int64, node string) verdict {
+	return verdict{message: fmt.Sprintf("Governor: the budget for %s is spent (%d of %d, on %s).", resource, used, limit, node) + stopAndReport, stop: true}
+}
+
+// tenantRefused is the refusal of work by its tenant's state, in governord's
+// words (who, the state, what is refused, the operator's reason).
+func tenantRefused(d *admission.Denial) verdict {
+	what := "the tenant's state refuses it"
+	if t := d.Tenant; t != nil {
+		what = t.Error()
+	}
+	return verdict{message: "Governor: " + what + ", so no tool may run." + stopAndTell, stop: true}
+}
+
+// endedBefore returns parent's ended child named name other than id, or
+// nil: a run that ended and must not start again.
+func endedBefore(ctx context.Context, rpc governorpb.GovernorClient, parent int64, name string, id int64) *governorpb.Node {
 	token := ""
 	for {
 		page, err := rpc.ListChildren(ctx, &governorpb.ListChildrenRequest{NodeId: parent, PageSize: 1000, PageToken: token})
 		if err != nil {
-			return false
+			return nil
 		}
 		for _, c := range page.GetNodes() {
 			if c.GetName() == name && c.GetId() != id && c.GetState() != governorpb.NodeState_NODE_STATE_OPEN {
-				return true
+				return c
 			}
 		}
 		if token = page.GetNextPageToken(); token == "" {
-			return false
+			return nil
 		}
 	}
+}
+
+// runPrefix begins the name of an agent session's node.
+const runPrefix = "agent-"
+
+// isHookSession reports whether n is an agent session's node as the hook
+// makes it: named for the session, with both of the hook's budgets, so
+// that a budget of 0 (-max-subagents 0) is known to be the one asked for.
+func isHookSession(n *governorpb.Node) bool {
+	_, calls := n.GetQuotas()[resourceToolCalls]
+	_, subagents := n.GetQuotas()[resourceSubagents]
+	return strings.HasPrefix(n.GetName(), runPrefix) && calls && subagents
 }
 
 // nodeName is prefix and id, or prefix and id's hash when id is long or

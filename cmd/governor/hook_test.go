@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -265,5 +266,161 @@ func TestHookSubagentCalls(t *testing.T) {
 		if got := runUsed(t, admin, sessionNode(t, c.file))[resourceToolCalls]; got != 1 {
 			t.Fatalf("%s: the session's node used %d tool calls, want 1", c.file, got)
 		}
+	}
+}
+
+// hookBin runs the built governor hook, as an agent CLI does.
+func hookBin(t *testing.T, stdin string, args ...string) hookResult {
+	t.Helper()
+	code, out, errOut := runCLI(t, buildCLI(t), stdin, append([]string{"hook"}, args...)...)
+	return hookResult{code, out, errOut}
+}
+
+// Each refusal tells the model its own cause: a suspended tenant is told
+// that, with the operator's reason, not that its time is up; a session the
+// operator ended is told it was ended; a closing tenant refuses a new
+// session; and a time budget that is spent is still told as such.
+func TestHookSaysEachCause(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	admin := adminRPC(t, srv.Addr())
+	claude := []string{"-agent", "claude"}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), claude...).allowed(t, "the first call")
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "suspend", "-reason", "incident 42"); code != 0 {
+		t.Fatalf("suspend: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	suspended := `Governor: tenant "payments" is suspended; new work is refused (incident 42), so no tool may run. Stop now`
+	for _, file := range []string{"claude-pretooluse-bash.json", "claude-pretooluse-agent.json"} {
+		r := hookBin(t, payload(t, file, "toolu_after_suspend"), claude...)
+		r.claudeDenied(t, file+" while suspended", true, suspended)
+		if strings.Contains(r.stdout, "time budget") {
+			t.Fatalf("%s while suspended: told its time is spent: %s", file, r.stdout)
+		}
+	}
+	r := hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex")
+	if r.code != 2 || !strings.Contains(r.stderr, suspended) || strings.Contains(r.stderr, "time budget") {
+		t.Fatalf("codex while suspended: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "close", "-reason", "retiring"); code != 0 {
+		t.Fatalf("close: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payloadOf(t, "claude-pretooluse-bash.json", "0f0f0f0f-new-session", ""), claude...).
+		claudeDenied(t, "a new session of a closing tenant", true, `tenant "payments" is closing; a new task is refused (retiring)`)
+
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if code, out, errOut := gov(t, "tenant", "payments", "resume", "-reason", "resolved"); code != 0 {
+		t.Fatalf("resume: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", "toolu_after_resume"), claude...).allowed(t, "a call after the resume")
+
+	// The operator ends the session's node: it was ended, its time is not up.
+	run, err := admin.GetNode(context.Background(), &governorpb.GetNodeRequest{Path: sessionNode(t, "claude-pretooluse-bash.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CancelNode(context.Background(), &governorpb.CancelNodeRequest{NodeId: run.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	r = hookBin(t, payload(t, "claude-pretooluse-bash.json", "toolu_after_cancel"), claude...)
+	r.claudeDenied(t, "a call after the operator ended the session", true, "this agent session has been ended")
+	if strings.Contains(r.stdout, "time budget") {
+		t.Fatalf("a cancelled session is told its time is spent: %s", r.stdout)
+	}
+}
+
+// With governord down, -warn-only lets the tool run and says exactly that:
+// its message never tells the model to stop, in either CLI.
+func TestHookWarnOnlySaysTheToolRuns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	t.Setenv("GOVERNOR_ADDR", addr)
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	r := hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms", "-warn-only")
+	d := r.claude(t)
+	if r.code != 0 || d.HookSpecificOutput.PermissionDecision != "" || d.Continue != nil ||
+		!strings.Contains(d.SystemMessage, "cannot reach governord") || !strings.Contains(d.SystemMessage, "-warn-only lets this tool call run, not counted") ||
+		strings.Contains(d.SystemMessage, "no tool may run") || strings.Contains(strings.ToLower(d.SystemMessage), "stop") {
+		t.Fatalf("claude, warn-only: exit %d, %s", r.code, r.stdout)
+	}
+	r = hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex", "-timeout", "300ms", "-warn-only")
+	if r.code != 0 || r.stdout != "" || !strings.Contains(r.stderr, "-warn-only lets this tool call run, not counted") ||
+		strings.Contains(r.stderr, "no tool may run") || strings.Contains(strings.ToLower(r.stderr), "stop") {
+		t.Fatalf("codex, warn-only: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	// Without -warn-only the refusal still says to stop.
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-timeout", "300ms").
+		claudeDenied(t, "claude, governord down", false, "so no tool may run; stop and tell the user")
+}
+
+// With the admin key (scoped to the root) and no -parent, the hook would
+// make each agent session a tenant of its own under the root: it refuses,
+// saying -parent is required, and makes nothing; with -parent it works.
+func TestHookAdminKeyNeedsParent(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	admin := adminRPC(t, srv.Addr())
+	for _, args := range [][]string{{"-agent", "claude"}, {"-agent", "claude", "-parent", "/"}} {
+		r := hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), args...)
+		if r.code == 0 && r.stdout == "" {
+			t.Fatalf("the admin key with %v: the call was let through, its session's node made under the root", args)
+		}
+		r.claudeDenied(t, fmt.Sprintf("the admin key with %v", args), false, "its key is the admin key, scoped to the root, so -parent is required")
+	}
+	r := hookBin(t, payload(t, "codex-pretooluse-bash.json", ""), "-agent", "codex")
+	if r.code != 2 || !strings.Contains(r.stderr, "-parent is required") {
+		t.Fatalf("codex with the admin key: exit %d, stderr %q", r.code, r.stderr)
+	}
+	kids, err := admin.ListChildren(context.Background(), &governorpb.ListChildrenRequest{NodeId: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids.GetNodes() {
+		if k.GetName() != govtest.Tenant {
+			t.Fatalf("the refused hook calls made %q under the root", k.GetName())
+		}
+	}
+	if code, out, _ := gov(t, "usage", "-by", "tenant"); code != 0 || strings.Contains(out, "agent-") {
+		t.Fatalf("usage -by tenant: exit %d\n%s", code, out)
+	}
+	hookBin(t, payload(t, "claude-pretooluse-bash.json", ""), "-agent", "claude", "-parent", "payments").allowed(t, "the admin key with -parent payments")
+	if got := runUsed(t, admin, sessionNode(t, "claude-pretooluse-bash.json"))[resourceToolCalls]; got != 1 {
+		t.Fatalf("the session under payments spent %d tool calls, want 1", got)
+	}
+}
+
+// Agent sessions run with -max-subagents 0 have a subagents quota of 0 by
+// design: doctor says so once, as fine, instead of warning that each
+// admits nothing; a 0 on any other node is still a warning.
+func TestDoctorKnowsHookSessions(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	for _, session := range []string{"11111111-aaaa", "22222222-bbbb"} {
+		hookBin(t, payloadOf(t, "claude-pretooluse-bash.json", session, ""), "-agent", "claude", "-max-subagents", "0").allowed(t, session)
+	}
+	code, out, errOut := gov(t, "doctor")
+	if code != 0 || strings.Contains(out, "it admits nothing") ||
+		!strings.Contains(out, "OK    caps         2 agent sessions of governor hook may start no subagents (-max-subagents 0)") {
+		t.Fatalf("doctor over two hook sessions: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := adminRPC(t, srv.Addr()).CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "agent-by-hand", Quotas: map[string]int64{resourceSubagents: 0}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := gov(t, "doctor"); code != 1 || !strings.Contains(out, "payments/agent-by-hand: quota subagents is 0: it admits nothing") {
+		t.Fatalf("doctor over a node with a zero cap the hook did not make: exit %d\n%s", code, out)
 	}
 }

@@ -7,13 +7,18 @@
 //	governor tenant NAME suspend|resume|read-only|close -reason "why" [-revoke]
 //	governor usage [-since 24h] [-format table|csv|json]
 //	governor doctor [-config governord.yaml] [-proxy-config proxy.yaml] [-json]
+//	governor ca create -out DIR [-hosts api.openai.com,*.stripe.com] [-validity 90d]
+//	governor inject -f deployment.yaml | governor inject serve -tls-cert F -tls-key K
 //	governor hook -agent claude|codex [-max-calls N] ...
 //	governor top   (or governor ui)
 //
 // explain says which of governor-proxy's rules a request matches, why each
 // earlier rule did not, and what the proxy would charge and hold for it.
 // hash-key prints the SHA-256 of an API key read from stdin, for
-// governord's api_key_sha256. The others talk to governord, reading the
+// governord's api_key_sha256. ca create makes the CA of governor-proxy's
+// HTTPS interception (ca.go). inject adds governor-proxy to the pods
+// annotated for it, as a command or as Kubernetes' admission webhook
+// (inject.go, package kubeinject). The others talk to governord, reading the
 // environment the SDK reads (GOVERNOR_ADDR, GOVERNOR_API_KEY, GOVERNOR_TLS,
 // GOVERNOR_CA_FILE); docs/cli.md describes each. The files: caps.go, tenant.go,
 // usage.go, doctor*.go, hook.go, top.go (its screen is package cli/top),
@@ -41,7 +46,9 @@ commands:
   caps      a node's caps (get), change them with a reason (set), their audit trail (history)
   tenant    suspend, resume, make read-only or close a tenant, with a reason
   usage     what each tenant and task spent, held and was refused over a window
-  doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams
+  doctor    what is wrong: connectivity, TLS, clock, config lint, the tree, pgwire upstreams, the interception CA
+  ca        create: the CA governor-proxy signs intercepted hosts' certificates with
+  inject    add governor-proxy to annotated pods: -f prints injected manifests; serve is the admission webhook
   hook      a PreToolUse hook for Claude Code and Codex: budgets of tool calls, subagents and time
   top       a live view of the tree (alias: ui); edits caps with a reason
 
@@ -66,6 +73,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageCmd(args[1:], stdout, stderr)
 	case "doctor":
 		return doctor(args[1:], stdout, stderr)
+	case "ca":
+		return caCmd(args[1:], stdout, stderr)
+	case "inject":
+		return injectCmd(args[1:], stdin, stdout, stderr) // inject.go
 	case "hook":
 		return hook(args[1:], stdin, stdout, stderr)
 	case "top", "ui":

@@ -50,22 +50,52 @@ func (s tmuxSession) waitFor(what string, want ...string) string {
 	}
 }
 
-// governor top in a real terminal against a real governord: the tree
-// shows, the keys move the selection, a cap is edited live (with a reason,
-// audited as the admin's), and when governord goes away the screen says so.
-// tmux must be installed (test.sh installs it); without it the test skips
-// unless GOVERNOR_TEST_TMUX=1 asks for it.
-func TestTopInTmux(t *testing.T) {
+// needTmux skips t when tmux is not installed, unless GOVERNOR_TEST_TMUX=1
+// asks for the test (test.sh installs tmux and sets it).
+func needTmux(t *testing.T) {
+	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		if os.Getenv("GOVERNOR_TEST_TMUX") == "1" {
 			t.Fatal("tmux is not installed")
 		}
 		t.Skip("tmux is not installed")
 	}
-	bin := filepath.Join(t.TempDir(), "governor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+}
+
+// startTop runs the built governor top with args in a detached tmux of its
+// own, 150 by 45, against addr with key; the session ends with the test.
+func startTop(t *testing.T, addr, key string, args ...string) tmuxSession {
+	t.Helper()
+	needTmux(t)
+	bin := buildCLI(t)
+	s := tmuxSession{t: t, socket: "governor-top-test-" + filepath.Base(t.TempDir())}
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", s.socket, "kill-server").Run() })
+	s.run(append([]string{"new-session", "-d", "-s", "top", "-x", "150", "-y", "45",
+		"env", "GOVERNOR_ADDR=" + addr, "GOVERNOR_API_KEY=" + key, "TERM=xterm-256color", bin, "top"}, args...)...)
+	return s
+}
+
+// quit quits top and waits until it has exited (its tmux session ends
+// with it), so that its session with governord is closed.
+func (s tmuxSession) quit() {
+	s.t.Helper()
+	s.run("send-keys", "-t", "top", "q")
+	deadline := time.Now().Add(30 * time.Second)
+	for exec.Command("tmux", "-L", s.socket, "has-session", "-t", "top").Run() == nil {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("top did not exit on q:\n%s", s.screen())
+		}
+		time.Sleep(20 * time.Millisecond) // polling tmux
 	}
+}
+
+// governor top in a real terminal against a real governord: the tree
+// shows, the keys move the selection, a cap is edited live (with a reason,
+// audited as the admin's), and when governord goes away the screen says so.
+// tmux must be installed (test.sh installs it); without it the test skips
+// unless GOVERNOR_TEST_TMUX=1 asks for it.
+func TestTopInTmux(t *testing.T) {
+	needTmux(t)
 	srv := govtest.Start(t, nil)
 	admin := adminRPC(t, srv.Addr())
 	ctx := context.Background()
@@ -78,11 +108,7 @@ func TestTopInTmux(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := tmuxSession{t: t, socket: "governor-top-test-" + filepath.Base(t.TempDir())}
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", s.socket, "kill-server").Run() })
-	s.run("new-session", "-d", "-s", "top", "-x", "150", "-y", "45",
-		"env", "GOVERNOR_ADDR="+srv.Addr(), "GOVERNOR_API_KEY="+govtest.AdminKey, "TERM=xterm-256color", bin, "top")
-
+	s := startTop(t, srv.Addr(), govtest.AdminKey)
 	s.waitFor("the tree", "governor top", "root", "payments", "crawl", "tokens 30/100", "db 0/4")
 	s.run("send-keys", "-t", "top", "Down", "Down")
 	s.waitFor("the selection", "payments/crawl  (id")

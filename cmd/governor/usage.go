@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
@@ -89,6 +91,14 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "governor usage:", plainStatus(err))
 		return 1
 	}
+	if *tenant != "" && len(rep.GetLines()) == 0 {
+		// An empty report reads the same for a misspelt name as for a
+		// quiet tenant: say which it is.
+		if err := isTenant(ctx, c.Raw(), *tenant); err != nil {
+			fmt.Fprintln(stderr, "governor usage:", err)
+			return 1
+		}
+	}
 	var lines []*governorpb.UsageLine
 	for _, l := range rep.GetLines() {
 		if *by == "task" || l.GetTaskId() == 0 {
@@ -108,6 +118,20 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// isTenant says why name is not a tenant the session sees, or nil.
+func isTenant(ctx context.Context, rpc governorpb.GovernorClient, name string) error {
+	n, err := rpc.GetNode(ctx, &governorpb.GetNodeRequest{Path: name})
+	switch {
+	case status.Code(err) == codes.NotFound || status.Code(err) == codes.InvalidArgument:
+		return fmt.Errorf("-tenant %q: no such tenant (or not one this key can see)", name)
+	case err != nil:
+		return fmt.Errorf("-tenant %q: %w", name, plainStatus(err))
+	case n.GetKind() != governorpb.NodeKind_NODE_KIND_TENANT:
+		return fmt.Errorf("-tenant %q: that is a %s, not a tenant", name, kindName(n.GetKind()))
+	}
+	return nil
 }
 
 // usageRow is one line as JSON.

@@ -135,3 +135,35 @@ func TestUsageReport(t *testing.T) {
 		}
 	}
 }
+
+// -tenant with a name that is no tenant says so and exits 1, rather than
+// printing an empty report as for a quiet tenant; a quiet tenant still
+// gets its empty report, and a tenant's key is not told whether another
+// tenant exists.
+func TestUsageUnknownTenant(t *testing.T) {
+	srv := govtest.Start(t, func(c *server.Config) {
+		c.Tenants = append(c.Tenants, server.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
+	})
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	if _, err := adminRPC(t, srv.Addr()).CreateNode(context.Background(), &governorpb.CreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "crawl"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"table", "json", "csv"} {
+		code, out, errOut := gov(t, "usage", "-tenant", "nosuch", "-format", format)
+		if code != 1 || out != "" || !strings.Contains(errOut, `-tenant "nosuch": no such tenant`) {
+			t.Errorf("-tenant nosuch -format %s: exit %d, want 1 and no such tenant\n%s%s", format, code, out, errOut)
+		}
+	}
+	if code, out, errOut := gov(t, "usage", "-tenant", "payments/crawl"); code != 1 || !strings.Contains(errOut, "that is a task, not a tenant") {
+		t.Errorf("-tenant payments/crawl: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := gov(t, "usage", "-tenant", "other"); code != 0 || !strings.Contains(out, "(no usage in this window)") {
+		t.Errorf("-tenant other, which spent nothing: exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	if code, out, errOut := gov(t, "usage", "-tenant", "other"); code != 1 || !strings.Contains(errOut, "not one this key can see") {
+		t.Errorf("another tenant with a tenant's key: exit %d\n%s%s", code, out, errOut)
+	}
+}

@@ -127,6 +127,9 @@ type Engine struct {
 	// overridden holds the nodes with a temporary override still to revert
 	// (override.go).
 	overridden map[NodeID]*node
+	// The most nodes and tombstones held since their maps were built
+	// (shrink.go).
+	nodesMost, tombsMost highWater
 
 	// soonest is when the first open session expires, or earlier: Reap
 	// makes it exact, opening a session lowers it, and heartbeats, which
@@ -316,6 +319,7 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	e.revertOverrides(now)
 	e.reclaim(now)
 	e.compactDeadlines()
+	e.shrink()
 	for _, class := range e.sortedAdaptive() {
 		e.adaptive[class].tick(e, now)
 	}

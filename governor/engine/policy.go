@@ -205,9 +205,11 @@ type CapStatus struct {
 	Threshold int
 }
 
-// status is where g stands, with the near thresholds near (ascending).
-func (g *gauge) status(near []int) (Overage, int) {
-	used := g.n + g.r
+// statusWith is where g stands, with the near thresholds near (ascending),
+// counting extra units as used too: a node's shadow ledger, for a shadow
+// rule's requests (ShadowStatus); 0 otherwise.
+func (g *gauge) statusWith(extra int64, near []int) (Overage, int) {
+	used := g.n + g.r + extra
 	threshold := 0
 	for _, t := range near {
 		// used/cap >= t/100, in floats so that no product overflows; a cap
@@ -228,9 +230,13 @@ func (g *gauge) status(near []int) (Overage, int) {
 	return Within, 0
 }
 
-func (e *Engine) capStatus(a *node, limit bool, k string, g *gauge) CapStatus {
-	st, th := g.status(e.near)
-	used := g.n + g.r
+func (e *Engine) capStatus(a *node, limit bool, k string, g *gauge, shadow bool) CapStatus {
+	var extra int64
+	if shadow && !limit {
+		extra = a.shadow[k] // bounded: Shadow refuses a ledger that would overflow
+	}
+	st, th := g.statusWith(extra, e.near)
+	used := g.n + g.r + extra
 	return CapStatus{Node: a.id, NodeName: a.name, Limit: limit, Name: k, Mode: g.mode, Cap: g.cap, Burst: g.burst,
 		Used: used, Remaining: max(g.cap-used, 0), State: st, Threshold: th}
 }
@@ -239,6 +245,18 @@ func (e *Engine) capStatus(a *node, limit bool, k string, g *gauge) CapStatus {
 // root, quotas before limits on each node, each sorted by name. It reads
 // under the lock and emits nothing.
 func (e *Engine) Status(sid SessionID, id NodeID) ([]CapStatus, error) {
+	return e.status(sid, id, false)
+}
+
+// ShadowStatus is Status for a shadow rule's requests: each quota's use
+// counts its node's shadow ledger as spent, as DryRun with shadow decides
+// (dryrun.go), so what remains and the state are what enforcing the rule
+// would meet. Limits read as in Status: shadow requests hold nothing.
+func (e *Engine) ShadowStatus(sid SessionID, id NodeID) ([]CapStatus, error) {
+	return e.status(sid, id, true)
+}
+
+func (e *Engine) status(sid SessionID, id NodeID, shadow bool) ([]CapStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s, err := e.session(sid, e.now())
@@ -251,19 +269,19 @@ func (e *Engine) Status(sid SessionID, id NodeID) ([]CapStatus, error) {
 	}
 	var out []CapStatus
 	for a := n; a != nil; a = a.parent {
-		out = e.appendStatus(out, a)
+		out = e.appendStatus(out, a, shadow)
 	}
 	return out, nil
 }
 
-func (e *Engine) appendStatus(out []CapStatus, a *node) []CapStatus {
+func (e *Engine) appendStatus(out []CapStatus, a *node, shadow bool) []CapStatus {
 	for _, side := range []struct {
 		limit bool
 		gs    gauges
 	}{{false, a.quota}, {true, a.limit}} {
 		for _, k := range sortedNames(side.gs) {
 			if g := side.gs[k]; g.capped {
-				out = append(out, e.capStatus(a, side.limit, k, g))
+				out = append(out, e.capStatus(a, side.limit, k, g, shadow))
 			}
 		}
 	}
@@ -295,7 +313,7 @@ func (e *Engine) TenantOverage() map[string]Overage {
 	defer e.mu.Unlock()
 	out := make(map[string]Overage, len(e.root.open))
 	for name, t := range e.root.open {
-		out[name] = Worst(e.appendStatus(nil, t))
+		out[name] = Worst(e.appendStatus(nil, t, false))
 	}
 	return out
 }

@@ -186,6 +186,7 @@ func (n *node) removeChildren(gone []*node) {
 		if !ok || n.children[i] != c {
 			// Not in id order after all: look at every child.
 			n.children = slices.DeleteFunc(n.children, func(x *node) bool { return slices.Contains(gone, x) })
+			n.shrinkChildren()
 			return
 		}
 		at = append(at, i)
@@ -201,6 +202,7 @@ func (n *node) removeChildren(gone []*node) {
 	}
 	clear(n.children[w:])
 	n.children = n.children[:w]
+	n.shrinkChildren()
 }
 
 // forget removes n and its subtree from the engine.
@@ -304,4 +306,5 @@ func (e *Engine) Tidy() {
 	}
 	clear(e.endedQ[len(kept):])
 	e.endedQ, e.endedHead = kept, 0
+	e.shrink()
 }

@@ -1,8 +1,9 @@
 // Package faultproxy is a TCP proxy that a test controls, to put faults
 // between a process and the service it depends on: a blackhole (bytes stop
 // flowing both ways, connections stay open, as when a network partition
-// drops packets) and a cut (every connection is reset). It imports only the
-// standard library.
+// drops packets), a cut (every connection is reset), and a lost answer (the
+// upstream acts on a gRPC call, and its answer never reaches the client:
+// answer.go). It imports only the standard library.
 package faultproxy
 
 import (
@@ -20,6 +21,10 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	done  bool
 	wg    sync.WaitGroup
+	// dropArmed: the answer to the next call a client starts is to be
+	// dropped (DropNextAnswer); dropped counts those dropped.
+	dropArmed bool
+	dropped   int
 }
 
 // New starts a proxy that accepts on ln and forwards to upstream. Close it
@@ -127,10 +132,11 @@ func (p *Proxy) forward(client net.Conn) {
 		return
 	}
 	defer p.untrack(up)
+	l := newLink()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pipe(up, client) }()
-	go func() { defer wg.Done(); p.pipe(client, up) }()
+	go func() { defer wg.Done(); p.pipe(up, client, l.fromClient) }()
+	go func() { defer wg.Done(); p.pipe(client, up, l.fromUpstream) }()
 	wg.Wait()
 }
 
@@ -142,9 +148,10 @@ func (p *Proxy) wait() {
 	<-open
 }
 
-// pipe copies from src to dst, holding each chunk while blackholed. When
-// either side ends, both are closed.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies from src to dst, holding each chunk while blackholed. look
+// sees each chunk first and says how much of it to pass on, and whether to
+// cut the connection after that. When either side ends, both are closed.
+func (p *Proxy) pipe(dst, src net.Conn, look func(p *Proxy, chunk []byte) (pass int, cut bool)) {
 	defer dst.Close()
 	defer src.Close()
 	buf := make([]byte, 32<<10)
@@ -152,7 +159,8 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.wait()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			pass, cut := look(p, buf[:n])
+			if _, werr := dst.Write(buf[:pass]); werr != nil || cut {
 				return
 			}
 		}

@@ -134,6 +134,13 @@ type Denial struct {
 	Class string
 	// Wait is the wait timeout that ran out (CauseWaitTimeout).
 	Wait time.Duration
+	// WaitedFor, for a wait timeout spent waiting for quota units rather
+	// than for a slot, names them: what the work asked of which resource.
+	WaitedFor *QuotaWait
+	// Estimate, for a metered call refused for quota while the quota still
+	// had room, says that the call's estimate is what did not fit, and
+	// what would.
+	Estimate *EstimateFit
 	// Quota names the cap that was hit (CauseQuota), when governord said.
 	Quota *governor.Denial
 	// Ended names the node that ended (CauseTaskEnded), when governord said.
@@ -159,6 +166,34 @@ func (d *Denial) Unwrap() error { return d.Err }
 // such on the wire (Governor-Denied): every cause but a client that went
 // away, which sees nothing.
 func (d *Denial) Governed() bool { return d.Cause != CauseCanceled }
+
+// EstimateFit is a metered call's estimate that did not fit in what its
+// quota had left.
+type EstimateFit struct {
+	Estimate int64  // the tokens the call asked to hold
+	Input    int64  // the part of them that is its input
+	Field    string // the request's output limit field
+	Left     int64  // what the quota had left
+}
+
+// MaxOutput is the largest output limit that would have fit; 0 or less
+// when the input alone does not.
+func (f *EstimateFit) MaxOutput() int64 { return f.Left - f.Input }
+
+// QuotaWait is an error of work that waited for quota units (held by other
+// work in flight, or being recalled from other sidecars) when its wait
+// ended: what it asked for, not a slot of its class, is what did not come.
+type QuotaWait struct {
+	Resource string
+	Amount   int64
+	Err      error
+}
+
+func (q *QuotaWait) Error() string {
+	return fmt.Sprintf("waiting for %d %s: %v", q.Amount, q.Resource, q.Err)
+}
+
+func (q *QuotaWait) Unwrap() error { return q.Err }
 
 // ErrWaitTimeout is the cause of a context from WithWaitTimeout that ran
 // out: the work waited as long as it may.
@@ -200,6 +235,10 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 		}
 	case errors.As(err, &ended):
 		d.Cause, d.Ended = CauseTaskEnded, ended
+	case errors.Is(err, governor.ErrInvalidArgument):
+		// governord refused what the request asked as malformed: the
+		// request's fault, not governord away.
+		d.Cause = CauseBadRequest
 	case errors.Is(err, governor.ErrTaskEnded):
 		d.Cause = CauseTaskEnded
 	case errors.Is(err, governor.ErrUnavailable), errors.Is(err, governor.ErrSessionLost), errors.Is(err, governor.ErrClosed),
@@ -211,6 +250,7 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 		// before this process does.
 		errors.Is(err, context.DeadlineExceeded):
 		d.Cause = CauseWaitTimeout
+		errors.As(err, &d.WaitedFor)
 	case ctx.Err() != nil:
 		d.Cause = CauseCanceled
 	}
@@ -228,6 +268,14 @@ func (d *Denial) Message() string {
 		if q == nil {
 			return "governor: quota spent"
 		}
+		if f := d.Estimate; f != nil {
+			s := fmt.Sprintf("governor: this call's estimate of %d %s does not fit: %s on %q has %d of %d left",
+				f.Estimate, q.Resource, q.Resource, q.NodeName, f.Left, q.Limit)
+			if f.MaxOutput() > 0 {
+				return s + fmt.Sprintf("; set %s to at most %d", f.Field, f.MaxOutput())
+			}
+			return s + fmt.Sprintf("; its input alone is estimated at %d", f.Input)
+		}
 		s := fmt.Sprintf("governor: quota spent: %s on %q is %d of %d, this request asked %d more",
 			q.Resource, q.NodeName, q.Used, q.Limit, q.Amount)
 		switch {
@@ -238,6 +286,10 @@ func (d *Denial) Message() string {
 		}
 		return s
 	case CauseWaitTimeout:
+		if q := d.WaitedFor; q != nil {
+			return fmt.Sprintf("governor: waited %v for %d %s; work in flight holds the rest of the budget until it settles, and not enough came back in time",
+				d.Wait, q.Amount, q.Resource)
+		}
 		return fmt.Sprintf("governor: waited %v for a %q lease; the limit stayed full", d.Wait, d.Class)
 	case CauseUnavailable:
 		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"

@@ -9,10 +9,14 @@ import (
 
 // CapReader reads, from governord, where the caps over a subtask's node
 // stand (its own and every ancestor's): what the sidecar shows as IETF
-// RateLimit headers, Governor-Warning and pgwire notices. Package budget's
+// RateLimit headers, Governor-Warning and pgwire notices. The figures are
+// the budget as a caller of this sidecar can use it: units the sidecar
+// holds reserved and unspent count as left, not as used. With shadow, they
+// are what a shadow rule's requests meet: each quota's shadow ledger
+// counts as spent, as the rule's dry runs count it. Package budget's
 // Admitter is one.
 type CapReader interface {
-	CapStatus(ctx context.Context, subtask string) (CapReport, error)
+	CapStatus(ctx context.Context, subtask string, shadow bool) (CapReport, error)
 }
 
 // CapReport is where the caps over a node stand, as governord says.
@@ -22,6 +26,7 @@ type CapReport struct {
 
 // CapState is one cap.
 type CapState struct {
+	NodeID    int64
 	Node      string // the node's name
 	Limit     bool   // a limit (lease class), not a quota (resource)
 	Name      string
@@ -67,13 +72,22 @@ func (r CapReport) Tightest(resources map[string]int64) (CapState, bool) {
 }
 
 // Worst is the cap in the worst state (quotas and limits alike, the one
-// nearest the node on a tie), and whether any is near or over.
-func (r CapReport) Worst() (CapState, bool) {
+// nearest the node on a tie) among those over work that charges resources
+// and holds a slot of class: their quotas and that limit, or every cap when
+// it names neither; and whether any is near or over. A cap the work does
+// not touch is not its warning.
+func (r CapReport) Worst(resources map[string]int64, class string) (CapState, bool) {
 	var worst CapState
 	found := false
+	every := len(resources) == 0 && class == ""
 	for _, c := range r.Caps {
 		if stateRank[c.State] == 0 {
 			continue
+		}
+		if !every {
+			if _, charged := resources[c.Name]; c.Limit && c.Name != class || !c.Limit && !charged {
+				continue
+			}
 		}
 		if !found || stateRank[c.State] > stateRank[worst.State] {
 			worst, found = c, true

@@ -16,7 +16,9 @@
 // in one call, given back when idle and at shutdown, and given back at
 // once when governord recalls them for someone else: a quota of N admits
 // exactly N requests across sidecars. Calls made in slots are reported in
-// batches for adaptive limits. Each top-up's answer says whether the
+// batches for adaptive limits, and how many of each block's slots hold
+// work, and since when, for governor doctor and top (usereport.go). Each
+// top-up's answer says whether the
 // tenant is read_only, and a write is refused from what the answers said;
 // a change of the tenant's state recalls everything, and nothing held
 // before the recall is granted after it (tenantstate.go).
@@ -37,6 +39,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +58,9 @@ const (
 	DefaultSettleEvery    = time.Second
 	// DefaultUnavailableRetry is how long one call keeps retrying while
 	// governord is unreachable before the request fails closed, rather than
-	// holding it for its whole wait.
+	// holding it for its whole wait. A standby's answer lifts it: governord
+	// is failing over, and a waiting request queues again at the new
+	// leader within its wait (governor.WithUnavailableRetry, docs/ha.md).
 	DefaultUnavailableRetry = time.Second
 	// sampleEvery is how often calls made in slots are reported.
 	sampleEvery = 100 * time.Millisecond
@@ -230,6 +236,12 @@ func (a *Admitter) connect(ctx context.Context) (*session, error) {
 // then a slot of the class from its block (or a single lease while the
 // class is contended). See admission.Admitter.
 func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ticket, error) {
+	var err error
+	if r, err = checkCharges(r); err != nil {
+		d := &admission.Denial{Cause: admission.CauseBadRequest, Class: r.Class, Err: err}
+		a.m.denied(d.Cause)
+		return nil, d
+	}
 	s := a.cur.Load()
 	if s == nil {
 		return nil, &admission.Denial{Cause: admission.CauseUnavailable, Class: r.Class, Err: errNoSession}
@@ -254,7 +266,39 @@ func (a *Admitter) TryAdmit(r admission.Request) (admission.Ticket, bool) {
 	if s == nil || !a.cfg.Delegate || r.Spent {
 		return nil, false
 	}
+	if _, err := checkCharges(r); err != nil {
+		return nil, false // Admit refuses it
+	}
 	return s.tryAdmit(r)
+}
+
+// checkCharges refuses charges no work can make, before anything is taken
+// for them: a negative amount, or one over governor.MaxAmount, which
+// governord would refuse too, but only after a local budget had been
+// counted with it. Charges of 0 are dropped. A Spent request's charges
+// (what work that already ran used, as a response said) are cut to
+// MaxAmount instead: the work ran, and is charged as far as the caps allow.
+func checkCharges(r admission.Request) (admission.Request, error) {
+	ok := true
+	for _, v := range r.Charges {
+		ok = ok && v > 0 && v <= governor.MaxAmount
+	}
+	if ok {
+		return r, nil
+	}
+	charges := make(map[string]int64, len(r.Charges))
+	for _, res := range slices.Sorted(maps.Keys(r.Charges)) {
+		switch v := r.Charges[res]; {
+		case v < 0:
+			return r, fmt.Errorf("a charge of %d %s is negative", v, res)
+		case v > governor.MaxAmount && !r.Spent:
+			return r, fmt.Errorf("a charge of %d %s is over %d, the most one request may charge", v, res, governor.MaxAmount)
+		case v > 0:
+			charges[res] = min(v, governor.MaxAmount)
+		}
+	}
+	r.Charges = charges
+	return r, nil
 }
 
 // Settle reports every unit spent so far to governord now, as the periodic

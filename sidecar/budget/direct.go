@@ -58,6 +58,9 @@ func (n *node) admitHeld(ctx context.Context, r admission.Request) (admission.Ti
 		h, err := n.t.ReserveExactly(ctx, res, r.Charges[res])
 		if err != nil {
 			n.giveBackHolds(ctx, resources[:i], r.Charges)
+			if ctx.Err() != nil { // governord held it back while other work's holds were out
+				err = &admission.QuotaWait{Resource: res, Amount: r.Charges[res], Err: err}
+			}
 			return nil, err
 		}
 		if r.Write && h.ReadOnly != nil { // the tenant is read_only: a hold is no write

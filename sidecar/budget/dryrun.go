@@ -3,17 +3,16 @@ package budget
 import (
 	"context"
 
-	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/internal/retry"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
 // DryRun asks governord how it would answer r had its rule been enforced,
-// charging and holding nothing (admission.DryRunner): one DryRun call on
-// r's node that records r's charges, when it would be admitted, in the
-// shadow ledger, so a run of shadow requests is refused where the same run
-// enforced would be (docs/policy.md).
+// charging and holding nothing (admission.DryRunner): one dry run on r's
+// node that records r's charges, when it would be admitted, in the shadow
+// ledger, so a run of shadow requests is refused where the same run
+// enforced would be (docs/policy.md). The SDK retries it under one request
+// id, so a lost answer neither loses the record nor makes it twice.
 func (a *Admitter) DryRun(ctx context.Context, r admission.Request) (admission.DryRunResult, error) {
 	s := a.cur.Load()
 	if s == nil {
@@ -23,16 +22,14 @@ func (a *Admitter) DryRun(ctx context.Context, r admission.Request) (admission.D
 	if err != nil {
 		return admission.DryRunResult{}, err
 	}
-	id := n.t.ID()
 	if r.Subtask != "" {
-		n.unuse() // only its id was needed
+		defer n.unuse()
 	}
-	resp, err := s.client.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: id, Class: r.Class, Charges: r.Charges, Write: r.Write,
-		Record: true, RequestId: retry.RequestID()})
+	v, err := n.t.DryRun(ctx, governor.Work{Class: r.Class, Charges: r.Charges, Write: r.Write}, governor.LedgerRecorded)
 	if err != nil {
 		return admission.DryRunResult{}, err
 	}
-	return admission.DryRunResult{Outcome: resp.GetOutcome(), Message: resp.GetMessage()}, nil
+	return admission.DryRunResult{Outcome: v.Outcome, Message: v.Message}, nil
 }
 
 // CheckWrite tells whether r, a write, may go on in work admitted as a
@@ -57,12 +54,12 @@ func (a *Admitter) CheckWrite(ctx context.Context, r admission.Request) error {
 	if a.cfg.Delegate {
 		return n.ts.refusesWrites()
 	}
-	resp, err := s.client.Raw().DryRun(ctx, &governorpb.DryRunRequest{NodeId: n.t.ID(), Write: true})
+	v, err := n.t.DryRun(ctx, governor.Work{Write: true}, governor.LedgerIgnored)
 	if err != nil {
 		return err
 	}
-	if te := governor.TenantRefusalError(resp.GetTenantRefusal()); te != nil && te.State == "read_only" {
-		return te // a suspension refuses new work, not what runs already
+	if v.Tenant != nil && v.Tenant.State == "read_only" {
+		return v.Tenant // a suspension refuses new work, not what runs already
 	}
 	return nil
 }

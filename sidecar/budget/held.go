@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
@@ -37,7 +38,7 @@ func (n *node) held(slot admission.Ticket, charges map[string]int64, exact bool)
 func (t *heldTicket) Settle(used map[string]int64) {
 	t.settle.Do(func() {
 		for res, h := range t.held {
-			u := max(used[res], 0)
+			u := min(max(used[res], 0), governor.MaxAmount) // a response's word is not trusted to be sane
 			switch {
 			case t.exact && h > 0:
 				t.n.settleHold(t.trace, res, min(u, h), h-min(u, h))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/sidecar/admission"
 )
 
 // reservation is a node's units of one resource that governord reserved
@@ -74,12 +75,15 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 				q.mu.Lock()
 				q.waiting--
 				q.mu.Unlock()
-				return ctx.Err()
+				return &admission.QuotaWait{Resource: q.resource, Amount: amount, Err: ctx.Err()}
 			}
 			q.mu.Lock()
 			q.waiting--
 			q.mu.Unlock()
 			if f.err != nil {
+				if ctx.Err() != nil { // the top-up gave up with the wait
+					return &admission.QuotaWait{Resource: q.resource, Amount: amount, Err: f.err}
+				}
 				return f.err
 			}
 			if f == mine && f.granted < needed {
@@ -117,6 +121,15 @@ func (q *reservation) refillLocked() {
 	q.spent = 0
 	q.settling += spent
 	q.n.s.a.bg.Spawn(func() { q.grow(f, spent, want) }) // q.mu is held, and grow takes it
+}
+
+// unspentNow is how many units are free to take: reserved at governord,
+// spent by nothing here; and whether a top-up or a give-back is under way,
+// which governord may have counted already or not.
+func (q *reservation) unspentNow() (units int64, moving bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.unspent, q.topUp != nil || q.returning > 0
 }
 
 // tryTake holds amount units if the reservation has them now.
@@ -226,28 +239,22 @@ func (q *reservation) recall() {
 	q.settle(true)
 }
 
-// spendUpTo spends up to amount units for work that has already run: as
-// much as the reservation has and governord will still reserve. What was
-// spent was spent; beyond the quota nothing more is charged.
-func (q *reservation) spendUpTo(ctx context.Context, amount int64) int64 {
-	spent := int64(0)
-	for spent < amount {
-		q.mu.Lock()
-		k := min(amount-spent, q.unspent)
-		q.unspent -= k
-		q.spent += k
-		q.lastUse = time.Now()
-		q.mu.Unlock()
-		if spent += k; spent == amount {
-			break
-		}
-		if err := q.take(ctx, 1); err != nil {
-			break
-		}
-		q.spend(1)
-		spent++
+// spendUpTo spends up to amount units for work that has already run: what
+// the reservation has unspent, and the rest at governord directly, as far
+// as the caps allow (consumeUpTo). What was spent was spent; beyond the
+// quota nothing more is charged. One call at most, however large the
+// amount: topping the reservation up a share at a time could take as many
+// calls as the amount has units.
+func (q *reservation) spendUpTo(ctx context.Context, amount int64) {
+	q.mu.Lock()
+	k := min(amount, q.unspent)
+	q.unspent -= k
+	q.spent += k
+	q.lastUse = time.Now()
+	q.mu.Unlock()
+	if rest := amount - k; rest > 0 {
+		q.n.consumeUpTo(ctx, q.resource, rest)
 	}
-	return spent
 }
 
 // settle reports the spent units, and with all gives back the unspent ones

@@ -30,6 +30,8 @@ type session struct {
 	mu    sync.Mutex
 	nodes map[string]*node // by subtask name; "" is the task
 	byID  map[int64]*node
+
+	use useReporter // what governord was last told of the blocks' use (usereport.go)
 }
 
 // node is the task or a subtask: what work is charged to.
@@ -501,7 +503,8 @@ func (n *node) giveBack(class, resource string) {
 // tick closes idle subtasks (idle.go) and reports the refusals decided
 // here (denials.go); with delegation it also gives back
 // what has been idle for the linger, settles what was spent a settle
-// interval ago, and reports calls made in slots.
+// interval ago, and reports calls made in slots and how the blocks' slots
+// are used (usereport.go).
 func (s *session) tick(now time.Time) {
 	s.retireIdle(now)
 	s.reportDenials()
@@ -519,6 +522,7 @@ func (s *session) tick(now time.Time) {
 		}
 	})
 	s.report()
+	s.reportUse(now)
 }
 
 // maxSamples bounds what one pool notes between reports; the engine keeps

@@ -30,6 +30,10 @@ type pool struct {
 	gen       uint64            // moves when the block is revoked: slots of an older one are not given back
 	samples   []governor.Sample // calls made in the block's slots, not yet reported
 	adaptive  bool              // the class has an adaptive limit: note its calls
+	// busy lists the slots of the block that hold work, in the order they
+	// were taken, so the first has been held longest: what governord is
+	// told of the block (usereport.go), to tell stuck work from idle slots.
+	busyFirst, busyLast *blockTicket
 }
 
 // flight is a call that requests wait on.
@@ -111,10 +115,48 @@ func (p *pool) tryTake() (ticket, bool) {
 	}
 	p.inUse++
 	p.lastUse = time.Now()
-	gen := p.gen
+	t := &blockTicket{p: p, gen: p.gen, taken: p.lastUse}
+	p.linkBusy(t)
 	p.mu.Unlock()
 	p.n.s.a.m.blockGrants.Inc()
-	return &blockTicket{p: p, gen: gen}, true
+	return t, true
+}
+
+// linkBusy puts t, just taken, last on the busy list.
+func (p *pool) linkBusy(t *blockTicket) {
+	t.prev = p.busyLast
+	if p.busyLast != nil {
+		p.busyLast.next = t
+	} else {
+		p.busyFirst = t
+	}
+	p.busyLast = t
+}
+
+// unlinkBusy takes t, whose work ended, off the busy list.
+func (p *pool) unlinkBusy(t *blockTicket) {
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		p.busyFirst = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		p.busyLast = t.prev
+	}
+	t.prev, t.next = nil, nil
+}
+
+// use is how many of the block's slots hold work, and since when the one
+// held longest has (zero when none is).
+func (p *pool) use() (inUse int64, since time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busyFirst != nil {
+		since = p.busyFirst.taken
+	}
+	return p.inUse, since
 }
 
 // grow asks governord for want more slots, and tells the waiters.
@@ -180,16 +222,17 @@ func (p *pool) single(ctx context.Context, write bool) (ticket, error) {
 // put gives a block's slot back to the pool when its work ends, noting how
 // the call went for the next report. While the class is contended the slot
 // goes straight back to governord, whose queue decides who gets it.
-func (p *pool) put(gen uint64, latency time.Duration, overloaded bool) {
+func (p *pool) put(t *blockTicket, latency time.Duration, overloaded bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.adaptive && len(p.samples) < maxSamples {
 		p.samples = append(p.samples, governor.Sample{Latency: latency, Overloaded: overloaded})
 	}
-	if gen != p.gen {
+	if t.gen != p.gen {
 		return // the block was revoked meanwhile: there is nothing to give back
 	}
 	p.inUse--
+	p.unlinkBusy(t)
 	p.lastUse = time.Now()
 	if p.contended || p.shrinking {
 		p.giveBackLocked(p.idle())
@@ -198,13 +241,14 @@ func (p *pool) put(gen uint64, latency time.Duration, overloaded bool) {
 
 // untake gives a block's slot back unused: the work it was taken for was
 // refused after all. No call was made in it, so there is nothing to note.
-func (p *pool) untake(gen uint64) {
+func (p *pool) untake(t *blockTicket) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if gen != p.gen {
+	if t.gen != p.gen {
 		return
 	}
 	p.inUse--
+	p.unlinkBusy(t)
 	if p.contended || p.shrinking {
 		p.giveBackLocked(p.idle())
 	}
@@ -294,6 +338,7 @@ func (p *pool) revoked() {
 func (p *pool) revokedLocked() {
 	p.gen++
 	p.count, p.inUse, p.returning = 0, 0, 0
+	p.busyFirst, p.busyLast = nil, nil // the tickets of the old block are not put back
 }
 
 // failed marks n ended when a call says so.
@@ -314,19 +359,22 @@ type ticket interface {
 
 // blockTicket is a slot of a block.
 type blockTicket struct {
-	p    *pool
-	gen  uint64
-	once sync.Once
+	p     *pool
+	gen   uint64
+	taken time.Time
+	once  sync.Once
+	// prev and next place it on its pool's busy list, under the pool's mu.
+	prev, next *blockTicket
 }
 
 func (t *blockTicket) End(latency time.Duration, overloaded bool) {
 	t.once.Do(func() {
-		t.p.put(t.gen, latency, overloaded)
+		t.p.put(t, latency, overloaded)
 		t.p.n.unuse()
 	})
 }
 
-func (t *blockTicket) abandon() { t.once.Do(func() { t.p.untake(t.gen) }) }
+func (t *blockTicket) abandon() { t.once.Do(func() { t.p.untake(t) }) }
 
 // takeSamples returns the calls noted since the last report.
 func (p *pool) takeSamples() []governor.Sample {

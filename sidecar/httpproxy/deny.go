@@ -17,6 +17,10 @@ import (
 // Only the proxy sets it: it is removed from every upstream response.
 const HeaderDenied = "Governor-Denied"
 
+// HeaderClamped, on the response to a metered call whose output limit
+// on_over_estimate: clamp lowered, says to what: "max_tokens=312".
+const HeaderClamped = "Governor-Clamped"
+
 // retryAfter is the Retry-After sent with 503 denials: soon, since the
 // client will queue again anyway.
 const retryAfter = "1"
@@ -72,6 +76,9 @@ func (d denial) reason() string {
 		}
 		return "Governor quota spent"
 	case admission.CauseWaitTimeout:
+		if q := d.WaitedFor; q != nil {
+			return fmt.Sprintf("Governor wait timeout: no %d %s within %v", q.Amount, q.Resource, d.Wait)
+		}
 		return fmt.Sprintf("Governor wait timeout: no %s lease within %v", d.Class, d.Wait)
 	case admission.CauseUnavailable, admission.CauseStopping:
 		return "Governor unavailable"
@@ -111,6 +118,10 @@ type denialError struct {
 	Class           string    `json:"class,omitempty"`
 	WaitTimeout     string    `json:"wait_timeout,omitempty"`
 	State           string    `json:"state,omitempty"`
+	// OutputField and OutputFits: a metered call whose estimate did not
+	// fit in what was left, and the largest output limit that would have.
+	OutputField string `json:"output_field,omitempty"`
+	OutputFits  *int64 `json:"output_fits,omitempty"`
 }
 
 type consumer struct {
@@ -133,8 +144,15 @@ func (d denial) body() []byte {
 				e.LargestConsumer = &consumer{Node: q.LargestConsumerName, NodeID: q.LargestConsumerID, Used: q.LargestConsumerUsed}
 			}
 		}
+		if f := d.Estimate; f != nil && f.MaxOutput() > 0 {
+			fits := f.MaxOutput()
+			e.OutputField, e.OutputFits = f.Field, &fits
+		}
 	case admission.CauseWaitTimeout:
 		e.Class, e.WaitTimeout = d.Class, d.Wait.String()
+		if q := d.WaitedFor; q != nil {
+			e.Cap, e.Requested = q.Resource, q.Amount
+		}
 	case admission.CauseTaskEnded:
 		if x := d.Ended; x != nil {
 			e.Node, e.NodeID, e.State = x.NodeName, x.NodeID, admission.StateName(x.State)

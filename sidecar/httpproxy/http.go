@@ -146,8 +146,13 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 	p.m.leaseWait.WithLabelValues(d.Class).Observe(waited.Seconds())
 	if err != nil {
 		den := admission.Deny(wctx, err, d.Class, wait)
-		p.deny(ex, q, den, waited)
-		return den
+		if ex.meter != nil {
+			t, den = p.overEstimate(wctx, r, ex, den, req.Write)
+		}
+		if den != nil {
+			p.deny(ex, q, den, waited)
+			return den
+		}
 	}
 	ex.ticket = t
 	p.logDecision(ex, q, "admitted", waited)
@@ -199,7 +204,7 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 	if err := p.dialer.refuseLiteral(r.Context(), r.URL.Host, defaultPort(r.URL.Scheme)); err != nil {
 		ex.rule, ex.local = ruleUnmatched, true
 		p.refused(ex, r.URL.Host, err)
-		return r, asResponder(err).response(r)
+		return r, localFor(r, asResponder(err).response(r))
 	}
 	if err := p.decide(r.Context(), r, classify.HTTPRequestFrom(r), ex); err != nil {
 		ex.local = true
@@ -209,11 +214,20 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 				resp = providerDenial(api, resp)
 			}
 		}
-		return r, resp
+		return r, localFor(r, resp)
 	}
 	// It was for this proxy (goproxy strips it too, unless told to keep it).
 	r.Header.Del("Proxy-Authorization")
 	return r, nil
+}
+
+// localFor is a response the proxy makes itself, in the form r's client
+// reads: a gRPC status for a gRPC call (grpc.go), as it is otherwise.
+func localFor(r *http.Request, resp *http.Response) *http.Response {
+	if isGRPC(r) {
+		return grpcDenial(resp)
+	}
+	return resp
 }
 
 func defaultPort(scheme string) string {
@@ -245,9 +259,14 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	latency := time.Since(start)
 	p.m.upstream.WithLabelValues(ex.rule).Observe(latency.Seconds())
 	p.finish(ex, outcomeForwarded)
-	// Only the proxy says Governor-Denied and Governor-Warning.
+	// Only the proxy says Governor-Denied, Governor-Warning and
+	// Governor-Clamped.
 	resp.Header.Del(HeaderDenied)
 	resp.Header.Del(HeaderWarning)
+	resp.Header.Del(HeaderClamped)
+	if ex.meter != nil && ex.meter.clamped != "" {
+		resp.Header.Set(HeaderClamped, ex.meter.clamped)
+	}
 	if p.Config.RateLimitHeaders && ex.governed() {
 		p.addRateLimit(req.Context(), ex, resp.Header)
 	}
@@ -330,7 +349,7 @@ func (p *Proxy) onResponse(resp *http.Response, pctx *goproxy.ProxyCtx) *http.Re
 		}
 		p.log.Info("upstream failed", "rule", ex.rule, "subtask", ex.subtask, "host", pctx.Req.URL.Host,
 			"status", ref.code, "err", pctx.Error)
-		return ref.response(pctx.Req)
+		return localFor(pctx.Req, ref.response(pctx.Req))
 	}
 	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols && bodyAllowed(pctx.Req, resp) {
 		resp.Header.Set("Transfer-Encoding", "chunked")

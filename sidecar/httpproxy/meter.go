@@ -2,6 +2,7 @@ package httpproxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,7 +21,11 @@ type metered struct {
 	rule     *classify.Meter
 	api      meter.API
 	estimate int64
-	strip    bool // include_usage was added: take it out of the stream again
+	input    int64         // the estimate's input part
+	req      meter.Request // what the body said
+	body     []byte        // the body forwarded
+	clamped  string        // "field=N" once on_over_estimate: clamp lowered the output limit
+	strip    bool          // include_usage was added: take it out of the stream again
 	settled  bool
 }
 
@@ -63,11 +68,12 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 		p.m.meterSettlements.WithLabelValues(ex.rule, settledUnmetered).Inc()
 		return nil, nil
 	}
-	req, err := meter.ReadRequest(body)
+	est, err := EstimateCall(m, body)
 	if err != nil {
 		return nil, &admission.Denial{Cause: admission.CauseBadRequest, Err: fmt.Errorf("rule %q meters LLM calls: %w", ex.rule, err)}
 	}
-	mt := &metered{rule: m, api: api, estimate: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve)}
+	req := est.Request
+	mt := &metered{rule: m, api: api, req: req, estimate: est.Tokens, input: est.Input}
 	if api == meter.OpenAI && meter.AsksUsage(r.URL.Path, req) {
 		// Without it an OpenAI stream reports no usage, and every stream
 		// would be charged its whole estimate.
@@ -76,7 +82,72 @@ func (p *Proxy) prepareMeter(r *http.Request, ex *exchange, m *classify.Meter) (
 		}
 	}
 	setBody(r, body)
+	mt.body = body
 	return mt, nil
+}
+
+// CallEstimate is what the sidecar holds for one metered call.
+type CallEstimate struct {
+	Request meter.Request // what the body said
+	Tokens  int64         // the estimate held, of the meter's resource
+	Input   int64         // its input part, from the body's size
+}
+
+// EstimateCall works out what the sidecar holds for a call under meter m
+// whose body (within m.MaxBody) is body: its input at a token per
+// m.BytesPerToken bytes, and the output limit it names or m.Reserve. An
+// error is a body the meter cannot read, which the sidecar refuses (400).
+// governor explain -live asks governord with it, as the sidecar asks.
+func EstimateCall(m *classify.Meter, body []byte) (CallEstimate, error) {
+	req, err := meter.ReadRequest(body)
+	if err != nil {
+		return CallEstimate{}, err
+	}
+	return CallEstimate{Request: req, Tokens: meter.Estimate(req, len(body), int(m.BytesPerToken), m.Reserve),
+		Input: meter.InputEstimate(len(body), int(m.BytesPerToken))}, nil
+}
+
+// MeteredCharges are the charges of a metered call under d's rule: the
+// rule's own, and tokens of the meter's resource.
+func MeteredCharges(d classify.Decision, tokens int64) map[string]int64 {
+	charges := make(map[string]int64, len(d.Charges)+1)
+	maps.Copy(charges, d.Charges)
+	charges[d.Meter.Resource] = tokens
+	return charges
+}
+
+// overEstimate looks again at a metered call refused for quota: when the
+// quota still had room, the call's estimate, not the budget, is what did
+// not fit. The denial then says what would fit; with on_over_estimate:
+// clamp, the call's output limit is lowered to that and it is admitted
+// again, within what is left of its wait. It returns the ticket of a call
+// admitted so, or the denial to send.
+func (p *Proxy) overEstimate(ctx context.Context, r *http.Request, ex *exchange, den *admission.Denial, write bool) (admission.Ticket, *admission.Denial) {
+	mt := ex.meter
+	q := den.Quota
+	if den.Cause != admission.CauseQuota || q == nil || q.Resource != mt.rule.Resource || q.Limit-q.Used <= 0 {
+		return nil, den
+	}
+	fit := &admission.EstimateFit{Estimate: mt.estimate, Input: mt.input, Field: meter.OutputField(mt.api, r.URL.Path, mt.req),
+		Left: q.Limit - q.Used}
+	den.Estimate = fit
+	if !mt.rule.Clamp || fit.MaxOutput() < 1 {
+		return nil, den
+	}
+	body, err := meter.SetOutputLimit(mt.body, fit.Field, fit.MaxOutput())
+	if err != nil {
+		return nil, den
+	}
+	setBody(r, body)
+	mt.body, mt.estimate = body, fit.MaxOutput()+mt.input
+	mt.clamped = fmt.Sprintf("%s=%d", fit.Field, fit.MaxOutput())
+	t, err := p.Admitter.Admit(ctx, mt.request(ex.subtask, ex.decision, write))
+	if err != nil {
+		return nil, admission.Deny(ctx, err, ex.decision.Class, p.waitTimeout())
+	}
+	p.log.Info("governor-proxy: a metered call's output limit was lowered to what the budget can cover (on_over_estimate: clamp)",
+		"rule", ex.rule, "subtask", ex.subtask, "clamped", mt.clamped, "left", fit.Left)
+	return t, nil
 }
 
 // setBody makes body the request's body, with its length.
@@ -97,10 +168,7 @@ func setBody(r *http.Request, body []byte) {
 // and the estimate held on the metered resource; write as the call is
 // classified.
 func (mt *metered) request(subtask string, d classify.Decision, write bool) admission.Request {
-	charges := make(map[string]int64, len(d.Charges)+1)
-	maps.Copy(charges, d.Charges)
-	charges[mt.rule.Resource] = mt.estimate
-	return admission.Request{Subtask: subtask, Class: d.Class, Charges: charges, Held: true, Write: write}
+	return admission.Request{Subtask: subtask, Class: d.Class, Charges: MeteredCharges(d, mt.estimate), Held: true, Write: write}
 }
 
 // meterBody wraps an admitted call's response body so that its usage is read
@@ -135,7 +203,17 @@ func (p *Proxy) settle(ex *exchange, u meter.Usage, ok bool) {
 		outcome = settledUsage
 	}
 	p.m.meterSettlements.WithLabelValues(ex.rule, outcome).Inc()
-	p.m.meterTokens.WithLabelValues(ex.rule).Add(float64(used[mt.rule.Resource]))
+	if over := used[mt.rule.Resource] - mt.estimate; over > 0 {
+		// The provider's word against the estimate: believed, since it is
+		// what the provider bills, and charged as far as the caps allow;
+		// but said, since a call should not use more than its estimate
+		// (docs/metering.md).
+		p.m.meterOver.WithLabelValues(ex.rule).Inc()
+		p.m.meterOverTokens.WithLabelValues(ex.rule).Add(float64(over))
+		p.log.Warn("governor-proxy: the provider reported more tokens than the call's estimate; the rest is charged as far as the caps allow",
+			"rule", ex.rule, "subtask", ex.subtask, "estimate", mt.estimate, "reported", used[mt.rule.Resource])
+	}
+	p.m.meterTokens.WithLabelValues(ex.rule).Add(float64(min(used[mt.rule.Resource], mt.estimate)))
 	if s, isSettler := ex.ticket.(admission.Settler); isSettler {
 		s.Settle(used)
 	}

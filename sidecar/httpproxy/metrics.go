@@ -31,6 +31,8 @@ type Metrics struct {
 	// meterSettlements and meterTokens: metered LLM calls (meter.go).
 	meterSettlements *prometheus.CounterVec
 	meterTokens      *prometheus.CounterVec
+	meterOver        *prometheus.CounterVec
+	meterOverTokens  *prometheus.CounterVec
 	tunnels          prometheus.Gauge
 	inflight         prometheus.Gauge
 	// rateLimitErrors counts readings of the caps' state for the RateLimit
@@ -40,6 +42,10 @@ type Metrics struct {
 	// those a real rule would have refused, by cause (ratelimit.go).
 	shadowRequests *prometheus.CounterVec
 	shadowDenials  *prometheus.CounterVec
+	// interceptHandshakes and intercepted: tunnels whose TLS the proxy
+	// terminates (intercept.go).
+	interceptHandshakes *prometheus.CounterVec
+	intercepted         prometheus.Gauge
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -60,7 +66,11 @@ func NewMetrics() *Metrics {
 	m.meterSettlements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_settlements_total",
 		Help: "Metered LLM calls settled, by rule and outcome: usage (to the usage reported), no_usage (none reported: a dropped stream, an upstream error, a client gone; the reservation is spent), unmetered (a body over max_body let through)."}, []string{"rule", "outcome"})
 	m.meterTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_tokens_total",
-		Help: "Tokens metered LLM calls were settled to, by rule."}, []string{"rule"})
+		Help: "Tokens metered LLM calls were settled to, by rule, each call counted up to its estimate (the rest is in governor_proxy_meter_over_estimate_tokens_total)."}, []string{"rule"})
+	m.meterOver = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_over_estimate_total",
+		Help: "Metered LLM calls whose reported usage was above their estimate, by rule: charged as far as the caps allow, and logged at warn."}, []string{"rule"})
+	m.meterOverTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_meter_over_estimate_tokens_total",
+		Help: "The tokens providers reported beyond the calls' estimates, by rule (charged as far as the caps allow)."}, []string{"rule"})
 	m.tunnels = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_tunnels_open",
 		Help: "CONNECT tunnels and upgraded connections open now."})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_requests_in_flight",
@@ -71,6 +81,13 @@ func NewMetrics() *Metrics {
 		Help: "Requests of rules in dry run (mode: shadow), by rule: asked about, never charged or held, always forwarded."}, []string{"rule"})
 	m.shadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_shadow_denials_total",
 		Help: "Requests of rules in dry run that governord would have refused, by rule and cause (the Governor-Denied value it would have sent; unavailable: no dry run could be made)."}, []string{"rule", "cause"})
+	m.interceptHandshakes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_intercept_handshakes_total",
+		Help: "TLS handshakes of intercepted CONNECT tunnels, by reason: ok, client_refused_certificate (the client does not trust the CA, or pins another), client_closed, not_tls, sni_mismatch, no_certificate (none could be minted), timeout, other."}, []string{"reason"})
+	for _, r := range []string{handshakeOK, handshakeRefusedCA, handshakeClientClosed, handshakeNotTLS, handshakeSNIMismatch, handshakeNoCertificate, handshakeTimeout, handshakeOther} {
+		m.interceptHandshakes.WithLabelValues(r)
+	}
+	m.intercepted = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_intercepted_connections",
+		Help: "Intercepted CONNECT tunnels open now, each served as a decrypted HTTP/1.1 or HTTP/2 connection."})
 	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
 		m.denials.WithLabelValues(c.String())
 	}
@@ -81,7 +98,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.meterOver, m.meterOverTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -24,10 +24,18 @@
 //     and metadata addresses (targets.go: the allow list, CONNECT's ports,
 //     governord's addresses).
 //   - auth.go: the proxy password, when the config names one.
+//   - intercept.go: CONNECT tunnels to the hosts http.intercept lists,
+//     terminated here: the handshake with a minted certificate, and the
+//     decrypted connection served by net/http (HTTP/1.1 and HTTP/2), each
+//     request handed to ServeHTTP as an https:// request.
 //   - meter.go: metered LLM calls (a meter: rule): the estimate held before
 //     forwarding, the response body read for its usage as it passes, the
-//     settlement, and denials in the provider's error shape.
-//   - deny.go: the one rendering of a denial as HTTP.
+//     settlement, an estimate over what is left (on_over_estimate), and
+//     denials in the provider's error shape.
+//   - ratelimit.go: the RateLimit headers and Governor-Warning of a
+//     governed response, and the dry runs of rules in shadow mode.
+//   - deny.go: the one rendering of a denial as HTTP; grpc.go: the same as a
+//     gRPC status, for a gRPC call.
 //   - tracing.go: the spans of a request, while tracing is on.
 //   - metrics.go: the HTTP side's series.
 //
@@ -154,6 +162,11 @@ type Proxy struct {
 	Logger *slog.Logger
 	// Metrics, if not nil, receives the side's series.
 	Metrics *Metrics
+	// Intercept, if not nil, lists the hosts whose CONNECT tunnels are
+	// terminated here and every request inside governed as plain HTTP is
+	// (intercept.go), and mints their certificates. Nil: every tunnel is
+	// relayed as bytes.
+	Intercept Interceptor
 
 	init      sync.Once
 	log       *slog.Logger
@@ -162,6 +175,7 @@ type Proxy struct {
 	transport *http.Transport
 	gp        *goproxy.ProxyHttpServer
 	tunnels   tunnelSet
+	inter     *interceptor // the server of intercepted tunnels; nil without Intercept
 
 	mu       sync.Mutex
 	servers  []*http.Server
@@ -200,6 +214,9 @@ func (p *Proxy) setup() {
 			governord: &governordAddrs{configured: p.Config.Governord}, timeout: timeout}
 		p.transport = newTransport(p.Config, p.dialer, p.UpstreamTLS)
 		p.gp = p.newGoproxy()
+		if p.Intercept != nil {
+			p.inter = p.newInterceptor()
+		}
 	})
 }
 
@@ -278,6 +295,13 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			srv.Close()
 		}
 	}
+	if p.inter != nil {
+		// Idle intercepted connections close now, HTTP/2 ones are told to
+		// go away; those in the middle of a request finish first.
+		if err := p.inter.srv.Shutdown(ctx); err != nil {
+			p.inter.srv.Close()
+		}
+	}
 	if err := p.tunnels.wait(ctx); err != nil {
 		p.log.Warn("governor-proxy: tunnels still open at the shutdown timeout; closing them")
 	}
@@ -345,6 +369,16 @@ func (l goproxyLogger) Printf(format string, v ...any) {
 // which must fall under a base-URL route.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.setup()
+	if r.Method == http.MethodConnect && p.intercepts(r.Host) {
+		// Served for the tunnel's whole life, so neither a request in
+		// flight nor a span: each request inside it is both.
+		if p.Config.Password != "" && !p.authorized(r) {
+			p.proxyAuthRequired(w, r)
+			return
+		}
+		p.intercept(w, r)
+		return
+	}
 	p.m.inflight.Add(1)
 	defer p.m.inflight.Add(-1)
 	if tracing.Enabled() {

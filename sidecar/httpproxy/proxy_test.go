@@ -113,7 +113,7 @@ func TestHandlerAdmitsThroughItsAdmitter(t *testing.T) {
 	}
 }
 
-// Each cause renders as DESIGN.md's table says.
+// Each cause renders as docs/proxy.md's table of denials says.
 func TestHandlerRendersEachCause(t *testing.T) {
 	for _, tc := range []struct {
 		denial *admission.Denial

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"time"
@@ -26,10 +27,13 @@ const (
 const statusTimeout = 2 * time.Second
 
 // addRateLimit adds the headers to h from governord's state of the caps
-// over ex's node. The quota is a budget that never refills, so the fields
-// carry no window and no reset: q is the cap, r what is left of it. A
-// reading that fails leaves the headers out (counted): they inform, they
-// never decide.
+// over ex's node, as a caller of this sidecar can use them (the sidecar's
+// own unspent reservations are left, not used); for a request of a rule in
+// shadow, as enforcing the rule would meet them (its shadow ledger counts
+// as spent). The quota is a budget that never refills, so the fields carry
+// no window and no reset: q is the cap, r what is left of it. A reading
+// that fails leaves the headers out (counted): they inform, they never
+// decide.
 func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 	reader, ok := p.Admitter.(admission.CapReader)
 	if !ok {
@@ -37,24 +41,33 @@ func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	rep, err := reader.CapStatus(ctx, ex.subtask)
+	rep, err := reader.CapStatus(ctx, ex.subtask, ex.decision.Shadow || p.Config.Shadow)
 	if err != nil {
 		p.m.rateLimitErrors.Inc()
 		p.log.Debug("governor-proxy: reading the caps' state for RateLimit headers failed", "rule", ex.rule, "err", err)
 		return
 	}
-	rateLimitHeaders(h, rep, ex.decision.Charges)
+	rateLimitHeaders(h, rep, ex.decision)
 }
 
-// rateLimitHeaders writes rep into h: the tightest quota over the charged
-// resources (any quota when the rule charges none), and the worst cap.
-func rateLimitHeaders(h http.Header, rep admission.CapReport, charges map[string]int64) {
-	if c, ok := rep.Tightest(charges); ok {
+// rateLimitHeaders writes rep into h for a request under d: the tightest
+// quota over the resources it charges (a metered one's too; any quota when
+// it charges none), and the worst of the caps over it.
+func rateLimitHeaders(h http.Header, rep admission.CapReport, d classify.Decision) {
+	charged := d.Charges
+	if d.Meter != nil {
+		charged = maps.Clone(d.Charges)
+		if charged == nil {
+			charged = map[string]int64{}
+		}
+		charged[d.Meter.Resource] = 1
+	}
+	if c, ok := rep.Tightest(charged); ok {
 		name := strconv.Quote(c.PolicyName())
 		h.Add(HeaderRateLimitPolicy, fmt.Sprintf("%s;q=%d", name, c.Cap))
 		h.Add(HeaderRateLimit, fmt.Sprintf("%s;r=%d", name, c.Remaining))
 	}
-	if c, ok := rep.Worst(); ok {
+	if c, ok := rep.Worst(charged, d.Class); ok {
 		h.Set(HeaderWarning, c.Warning())
 	}
 }

@@ -74,14 +74,16 @@ type Usage struct {
 // OpenAI's total (or input plus output; its input includes cached tokens);
 // Anthropic's input, output and both kinds of cache tokens, which its
 // input_tokens leaves out.
+// A sum past int64's end is int64's end: a provider's counts are not
+// trusted to be sane.
 func (u Usage) Tokens(api API) int64 {
 	if api == Anthropic {
-		return u.Input + u.Output + u.CacheRead + u.CacheWrite
+		return addSat(addSat(u.Input, u.Output), addSat(u.CacheRead, u.CacheWrite))
 	}
 	if u.Total > 0 {
 		return u.Total
 	}
-	return u.Input + u.Output
+	return addSat(u.Input, u.Output)
 }
 
 // openaiUsage is OpenAI's usage object, in both of its namings: chat

@@ -87,8 +87,15 @@ func TestSSEUsage(t *testing.T) {
 
 // Stripping the usage the sidecar asked for gives back, byte for byte, the
 // stream the client would have had without include_usage.
+// Both as Go and as Python's json.dumps space a chunk's JSON.
 func TestSSEStrip(t *testing.T) {
-	with, without := fixture(t, "openai_chat_usage.sse"), fixture(t, "openai_chat_plain.sse")
+	for _, spacing := range []string{"", "_spaced"} {
+		with, without := fixture(t, "openai_chat_usage"+spacing+".sse"), fixture(t, "openai_chat_plain"+spacing+".sse")
+		testSSEStrip(t, with, without)
+	}
+}
+
+func testSSEStrip(t *testing.T, with, without []byte) {
 	for piece := 1; piece <= len(with); piece++ {
 		s := SSE{API: OpenAI, Strip: true}
 		var out []byte
@@ -124,9 +131,9 @@ func TestReadRequest(t *testing.T) {
 		body string
 		want Request
 	}{
-		{`{"model":"m","max_tokens":100,"messages":[]}`, Request{MaxOutput: 100}},
-		{`{"stream":true,"max_completion_tokens":50}`, Request{Stream: true, MaxOutput: 50}},
-		{`{"stream":true,"max_output_tokens":70,"stream_options":{"include_usage":true}}`, Request{Stream: true, MaxOutput: 70, IncludeUsage: true, streamOptions: true}},
+		{`{"model":"m","max_tokens":100,"messages":[]}`, Request{MaxOutput: 100, OutputField: "max_tokens"}},
+		{`{"stream":true,"max_completion_tokens":50}`, Request{Stream: true, MaxOutput: 50, OutputField: "max_completion_tokens"}},
+		{`{"stream":true,"max_output_tokens":70,"stream_options":{"include_usage":true}}`, Request{Stream: true, MaxOutput: 70, IncludeUsage: true, OutputField: "max_output_tokens", streamOptions: true}},
 		{``, Request{}},
 	} {
 		got, err := ReadRequest([]byte(tc.body))

@@ -129,8 +129,6 @@ func (s *SSE) onLine(raw, out []byte, filter bool) []byte {
 
 var (
 	usageKey    = []byte(`"usage"`)
-	usageNullA  = []byte(`,"usage":null`)
-	usageNullB  = []byte(`"usage":null,`)
 	msgStartKey = []byte(`"message_start"`)
 	msgDeltaKey = []byte(`"message_delta"`)
 )
@@ -139,15 +137,12 @@ func (s *SSE) openAI(raw, data, out []byte, filter bool) []byte {
 	if !bytes.Contains(data, usageKey) {
 		return append(out, raw...)
 	}
-	if bytes.Contains(data, usageNullA) || bytes.Contains(data, usageNullB) {
+	if start, end, ok := usageNull(raw); ok {
 		// A chunk without usage (one object has one usage key): no
 		// need to parse it.
 		if s.Strip && filter {
-			line := bytes.Replace(raw, usageNullA, nil, 1)
-			if len(line) == len(raw) {
-				line = bytes.Replace(raw, usageNullB, nil, 1)
-			}
-			return append(out, line...)
+			out = append(out, raw[:start]...)
+			return append(out, raw[end:]...)
 		}
 		return append(out, raw...)
 	}
@@ -202,3 +197,50 @@ func (s *SSE) anthropic(data []byte) {
 		}
 	}
 }
+
+// usageNull finds the member "usage": null in a chunk's line, however the
+// upstream spaced its JSON, with the separator that goes with it: the comma
+// and the blanks before it (",\"usage\":null" as Go writes it, ",
+// \"usage\": null" as Python's json.dumps does), or after it when it is the
+// object's first member. Cutting raw[start:end] out leaves the line the
+// upstream writes without the option, byte for byte.
+func usageNull(raw []byte) (start, end int, ok bool) {
+	i := bytes.Index(raw, usageKey)
+	if i < 0 {
+		return 0, 0, false
+	}
+	j := skipBlanks(raw, i+len(usageKey))
+	if j >= len(raw) || raw[j] != ':' {
+		return 0, 0, false
+	}
+	j = skipBlanks(raw, j+1)
+	if !bytes.HasPrefix(raw[j:], []byte("null")) {
+		return 0, 0, false
+	}
+	end = j + len("null")
+	if after := skipBlanks(raw, end); after < len(raw) && raw[after] != ',' && raw[after] != '}' {
+		return 0, 0, false // not the literal null
+	}
+	k := i - 1
+	for k >= 0 && isBlank(raw[k]) {
+		k--
+	}
+	if k >= 0 && raw[k] == ',' {
+		return k, end, true // a later member: its comma and blanks go with it
+	}
+	// The first member: the comma after it and the blanks that follow go.
+	m := skipBlanks(raw, end)
+	if m < len(raw) && raw[m] == ',' {
+		return i, skipBlanks(raw, m+1), true
+	}
+	return 0, 0, false
+}
+
+func skipBlanks(b []byte, i int) int {
+	for i < len(b) && isBlank(b[i]) {
+		i++
+	}
+	return i
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' }

@@ -6,7 +6,7 @@ import (
 	"github.com/governor-project/governor/sidecar/admission"
 )
 
-// SQLSTATEs of a denial (DESIGN.md, "What a denial looks like on the wire").
+// SQLSTATEs of a denial (docs/proxy.md, the table of denials).
 const (
 	SQLStateQuota       = "53400" // configuration_limit_exceeded: a quota is spent
 	SQLStateTaskEnded   = "53400" // the task ended or passed its deadline

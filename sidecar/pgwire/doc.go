@@ -40,6 +40,8 @@
 //   - statements.go: what a message runs, as the server will run it: the
 //     connection's prepared statements and portals, and the lexing settings
 //     the server reports.
+//   - notice.go: the NOTICE a transaction near or over a cap gets
+//     (cap_notices), and the dry runs of rules in shadow mode.
 //   - admit.go: the one rendering of a denial as a SQLSTATE.
 //   - metrics.go: the side's series.
 //
@@ -68,7 +70,7 @@
 // # Denials
 //
 // A denied statement never reaches the server; the client gets an ERROR
-// (never FATAL) with the SQLSTATE of DESIGN.md and the connection stays
+// (never FATAL) with the SQLSTATE docs/proxy.md gives and the connection stays
 // usable. When the connection is idle with nothing in flight the proxy
 // answers alone (ErrorResponse, ReadyForQuery 'I'). Otherwise the server
 // must agree on the transaction's state, so the proxy sends it, in the

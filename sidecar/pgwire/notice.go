@@ -34,11 +34,11 @@ func (c *conn) noticeCaps(subtask string) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
 	defer cancel()
-	rep, err := c.p.Caps.CapStatus(ctx, subtask)
+	rep, err := c.p.Caps.CapStatus(ctx, subtask, false)
 	if err != nil {
 		return
 	}
-	worst, ok := rep.Worst()
+	worst, ok := rep.Worst(nil, "") // every cap over the subtask: the transaction's statements are not known yet
 	if !ok {
 		return
 	}

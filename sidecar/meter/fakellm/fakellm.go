@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,10 @@ func (p *Provider) Reported() (tokens, calls int64) {
 //	error      a stream sends the API's error event instead of finishing
 //	status     a 500 with the API's error body, no usage
 const HeaderFail = "X-Fake-Fail"
+
+// HeaderOutput, when a request sends it, is the output tokens its usage
+// reports, whatever the request's limit: a provider whose word is wrong.
+const HeaderOutput = "X-Fake-Output"
 
 type request struct {
 	Model         string `json:"model"`
@@ -104,6 +109,12 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := p.usageFor(body, req)
+	if v := r.Header.Get(HeaderOutput); v != "" {
+		if u.output, err = strconv.ParseInt(v, 10, 64); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+	}
 	fail := r.Header.Get(HeaderFail)
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch {

@@ -1,17 +1,26 @@
-// sdk.mjs drives the official OpenAI and Anthropic SDKs against
-// governor-proxy's base-URL routes, one scenario per run, and prints what it
-// saw as JSON lines for sidecar/metering_sdk_test.go to check. The SDKs are
-// configured as a user would: a base URL pointing at the sidecar, and the
-// subtask's name in Proxy-Authorization.
+// sdk.mjs drives the official OpenAI and Anthropic SDKs through
+// governor-proxy, one scenario per run, and prints what it saw as JSON lines
+// for sidecar/metering_sdk_test.go to check. The SDKs are configured as a
+// user would, one of two ways:
 //
-//	node sdk.mjs SCENARIO   (SIDECAR: the sidecar's http://host:port)
+//   - SIDECAR set: a base URL pointing at the sidecar's routes, and the
+//     subtask's name in Proxy-Authorization;
+//   - SIDECAR unset: no configuration at all (the key from OPENAI_API_KEY and
+//     ANTHROPIC_API_KEY, the providers' own URLs); the environment sends
+//     them through the sidecar (HTTPS_PROXY, whose username is the subtask,
+//     with env-proxy.cjs preloaded) and trusts its interception CA
+//     (NODE_EXTRA_CA_CERTS).
+//
+//	node sdk.mjs SCENARIO   (AGENTS: the sub-agents, comma-separated)
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
 const base = process.env.SIDECAR;
+const agents = (process.env.AGENTS || 'agent-0,agent-1,agent-2').split(',');
 const out = (v) => process.stdout.write(JSON.stringify(v) + '\n');
 
 function clients(agent) {
+  if (!base) return { openai: new OpenAI(), anthropic: new Anthropic() };
   const defaultHeaders = agent ? { 'Proxy-Authorization': 'Basic ' + Buffer.from(agent + ':').toString('base64') } : {};
   return {
     openai: new OpenAI({ apiKey: 'sk-test', baseURL: base + '/openai', defaultHeaders }),
@@ -81,11 +90,11 @@ async function untilRefused(agent, i) {
 
 const scenarios = {
   async exact() {
-    const calls = await Promise.all(['agent-0', 'agent-1', 'agent-2'].map(everyKind));
+    const calls = await Promise.all(agents.map(everyKind));
     out({ calls: calls.reduce((a, b) => a + b, 0) });
   },
   async budget() {
-    out({ agents: await Promise.all(['agent-0', 'agent-1', 'agent-2'].map(untilRefused)) });
+    out({ agents: await Promise.all(agents.map(untilRefused)) });
   },
   // One line per piece the SDK hands out, written at once: the test lets
   // the fake send the next piece only after it reads the line.
@@ -97,6 +106,20 @@ const scenarios = {
     const msgs = await anthropic.messages.create({ model: 'claude-sonnet-4-5', max_tokens: 64, stream: true, messages: messages(3) });
     for await (const ev of msgs) out({ api: 'anthropic', event: ev.type });
     out({ done: true });
+  },
+  // Calls that name no output limit (OpenAI) or a large one (Anthropic,
+  // which requires one), under a budget smaller than either estimate: with
+  // on_over_estimate: clamp they go ahead, the limit lowered.
+  async clamp() {
+    const { openai, anthropic } = clients('');
+    const seen = [];
+    const o = await openai.chat.completions.create({ model: 'gpt-4o-mini', messages: messages(20) }).withResponse();
+    seen.push({ api: 'openai', clamped: o.response.headers.get('governor-clamped'), tokens: o.data.usage.total_tokens });
+    const a = await anthropic.messages.create({ model: 'claude-sonnet-4-5', max_tokens: 8192, messages: messages(20) }).withResponse();
+    const u = a.data.usage;
+    seen.push({ api: 'anthropic', clamped: a.response.headers.get('governor-clamped'),
+      tokens: u.input_tokens + u.output_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0) });
+    out({ clamped: seen });
   },
   async deny() {
     const { openai, anthropic } = clients('');
