@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -89,7 +90,11 @@ func (c *controller) decide(current int64) (int64, bool) {
 	if c.count < c.cfg.MinSamples {
 		return current, false
 	}
-	next := c.clamp(current + 1)
+	next := current
+	if current < math.MaxInt64 { // a root limit may be set to anything
+		next++
+	}
+	next = c.clamp(next)
 	if c.fails(len(c.latencies), c.count) {
 		next = c.cut(current)
 	}
@@ -214,14 +219,14 @@ func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
 	if _, err := e.session(sid, e.now()); err != nil {
 		return err
 	}
-	c := e.adaptive[class]
-	if c == nil {
-		return nil
-	}
 	for _, s := range samples {
 		if s.Latency < 0 {
 			return invalid("a sample's latency %v is negative", s.Latency)
 		}
+	}
+	c := e.adaptive[class]
+	if c == nil {
+		return nil
 	}
 	now := e.now()
 	for _, s := range samples {

@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // A block is a lease that holds any number of slots of one class on one
 // node: what governord delegates to a sidecar, which grants the slots
@@ -131,7 +134,9 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	grow := int64(0)
 	contended := e.contended(r.Class)
 	if !contended {
-		grow = min(r.Want, n.headroom(r.Class, r.Want))
+		if grow, err = n.headroom(r.Class, r.Want); err != nil {
+			return BlockGrant{}, err
+		}
 	}
 	if l == nil {
 		id := e.nextLease
@@ -154,17 +159,22 @@ func (r *BlockRequest) fingerprint() uint64 {
 }
 
 // headroom is how many more slots of class fit under every limit on n's
-// chain, at most want.
-func (n *node) headroom(class string, want int64) int64 {
-	room := want
+// chain, at most want. Slots that would take a node's count past MaxInt64
+// (where no limit stops them first) are refused as invalid.
+func (n *node) headroom(class string, want int64) (int64, error) {
+	room, space := want, int64(math.MaxInt64)
 	for a := n; a != nil; a = a.parent {
 		if g := a.limit[class]; g != nil {
 			if eff, ok := g.enforced(); ok {
 				room = min(room, max(eff-g.n, 0))
 			}
+			space = min(space, math.MaxInt64-g.n)
 		}
 	}
-	return room
+	if room > space {
+		return 0, invalid("%d more slots of %s on node %d would overflow", room, class, n.id)
+	}
+	return room, nil
 }
 
 func (e *Engine) applyBlockResized(ev *Event) error {

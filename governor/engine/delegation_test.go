@@ -350,7 +350,10 @@ func TestDelegationRetriesAndBadInput(t *testing.T) {
 	}), ErrNotFound)
 	wantErr(t, unchanged(t, f.e, func() error {
 		return f.e.Observe(f.sA, "psp", []Sample{{Latency: -time.Second}})
-	}), nil) // psp is not adaptive here: ignored
+	}), ErrInvalid) // refused, though psp is not adaptive here and its samples are ignored
+	wantErr(t, unchanged(t, f.e, func() error {
+		return f.e.Observe(f.sA, "psp", []Sample{{Latency: time.Second}})
+	}), nil)
 }
 
 func TestDelegationSurvivesSnapshotAndReplay(t *testing.T) {

@@ -1,9 +1,6 @@
 package engine
 
-import (
-	"errors"
-	"math"
-)
+import "errors"
 
 // DryRun is a request decided as Acquire would decide it at this instant,
 // with nothing charged, held, queued or ended: what a shadow rule of the
@@ -82,13 +79,6 @@ func (e *Engine) Shadow(sid SessionID, r AcquireRequest, requestID string) (DryR
 	}
 	if err := e.checkNames(n.tenant, BoundResources, len(n.tenant.shadow), fresh); err != nil {
 		return DryRun{}, err
-	}
-	for a := n; a != nil; a = a.parent {
-		for _, c := range charges {
-			if a.shadow[c.Resource] > math.MaxInt64-c.Amount {
-				return DryRun{}, invalid("the shadow ledger of %s on %q would overflow", c.Resource, a.name)
-			}
-		}
 	}
 	e.emit(Event{Kind: EvShadowCharged, At: now, Session: s.id, Node: n.id, Charges: charges, Write: r.Write,
 		RequestID: requestID, Fingerprint: fp})

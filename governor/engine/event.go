@@ -261,7 +261,7 @@ func (e *Engine) applySessionOpened(ev *Event) error {
 		scope:   scope,
 		token:   ev.Token,
 		ttl:     ttl,
-		expires: max(ev.At, e.now()) + int64(ttl),
+		expires: expiry(max(ev.At, e.now()), ttl),
 		leases:  make(map[LeaseID]*lease),
 	}
 	e.sessions[s.id] = s

@@ -1,5 +1,7 @@
 package engine
 
+import "math"
+
 // gauge is one resource (or lease class) on one node: its cap, if any, and
 // how much is in use (usage for a quota, slots held for a limit). Keeping
 // both behind one map entry means a chain walk hashes the name once per
@@ -17,9 +19,12 @@ type gauge struct {
 }
 
 // full reports whether amount more would go over the cap, counting what is
-// reserved.
-// A soft cap is full past its burst; a warn_only cap never is.
+// reserved, or past what the counters can hold (MaxInt64), cap or not.
+// A soft cap is full past its burst; a warn_only cap only at MaxInt64.
 func (g *gauge) full(amount int64) bool {
+	if amount > math.MaxInt64-g.n-g.r {
+		return true
+	}
 	eff, ok := g.enforced()
 	return ok && amount > eff-g.n-g.r
 }

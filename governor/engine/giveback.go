@@ -1,5 +1,7 @@
 package engine
 
+import "slices"
+
 // Grants their callers never learned of. A caller that stops waiting just
 // as its grant is made (its deadline passes while the answer is committed
 // or on the wire) cannot release what it does not know it holds. Whoever
@@ -11,14 +13,17 @@ package engine
 // With a request id, what is given back is what the session remembers the
 // request got, so the same call finds it again from either side, and a
 // second give-back finds nothing. Without one, it is what the caller says
-// the request got.
+// the request got; a lease's charges are refunded only as its grant made
+// them, whatever the caller says.
 
 // GiveBack undoes r's lease whole: the slot goes to the next waiter, r's
 // charges are refunded, and r's request id is forgotten, so that a retry is
 // decided afresh. It returns the lease given back, or 0 when r holds none
 // (never granted, a charge only, already given back or ended). A charge
 // without a lease is never undone: quota is never refunded, and the
-// request id keeps a retry from charging twice.
+// request id keeps a retry from charging twice. r's charges must be those
+// the lease was granted with: a give-back naming others is refused as
+// invalid, since it would refund what the lease never charged.
 func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (LeaseID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -45,8 +50,11 @@ func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (Lease
 	if l = e.touch(l, now); l == nil {
 		return 0, nil
 	}
+	if !slices.Equal(charges, l.charges) {
+		return 0, invalid("lease %d was granted charging %v, not %v: a give-back refunds only what its grant charged", l.id, l.charges, charges)
+	}
 	e.emit(Event{Kind: EvLeaseReleased, At: now, Session: s.id, Lease: l.id, Forget: r.RequestID,
-		Charges: charges, GivenBack: true})
+		Charges: l.charges, GivenBack: true})
 	e.dispatch(l.class)
 	return l.id, nil
 }

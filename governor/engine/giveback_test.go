@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -156,4 +157,48 @@ func TestGiveBackReservedKeepsTheSettlement(t *testing.T) {
 			t.Errorf("%s differs:\n%s", way, diffSnapshots(want, got))
 		}
 	}
+}
+
+// A give-back refunds what its lease's grant charged, and refuses to
+// refund anything else: no caller can take a node's usage below what it
+// spent, or below zero.
+func TestGiveBackRefundsOnlyWhatItsGrantCharged(t *testing.T) {
+	for _, a := range append(hostileAmounts, 5, 4, 6) {
+		t.Run(fmt.Sprint(a), func(t *testing.T) {
+			f, _ := delegationFixture(t)
+			f.consume(f.sA, f.job2, "tokens", 100)
+			g, _, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job, Class: "db", Charges: map[string]int64{"tokens": 5}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := AcquireRequest{Node: f.job, Class: "db", Charges: map[string]int64{"tokens": a}}
+			var id LeaseID
+			err = unchangedUnless(t, f.e, a == 5, func() error {
+				var err error
+				id, err = f.e.GiveBack(f.sA, r, g.Lease)
+				return err
+			})
+			switch {
+			case a == 5 && (err != nil || id != g.Lease):
+				t.Fatalf("give-back of the grant's own charges: %d, %v", id, err)
+			case a != 5:
+				wantErr(t, err, ErrInvalid)
+			}
+			want := int64(105)
+			if a == 5 {
+				want = 100
+			}
+			if used := f.node(RootID).Used["tokens"]; used != want {
+				t.Errorf("the root used %d tokens, want %d", used, want)
+			}
+		})
+	}
+}
+
+// unchangedUnless is unchanged, or just the call when changes are allowed.
+func unchangedUnless(t *testing.T, e *Engine, allowed bool, call func() error) error {
+	if allowed {
+		return call()
+	}
+	return unchanged(t, e, call)
 }

@@ -15,6 +15,9 @@ type lease struct {
 	// (0 included) for a block delegated to a session (block.go).
 	count int64
 	block bool
+	// charges are what its grant charged: all a give-back may undo
+	// (giveback.go).
+	charges []Charge
 }
 
 // tombstone remembers how a lease ended, for TombstoneTTL.
@@ -181,7 +184,7 @@ func (e *Engine) applyGrant(ev *Event) error {
 	for _, c := range ev.Charges {
 		n.charge(c.Resource, c.Amount)
 	}
-	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At, count: 1}
+	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At, count: 1, charges: ev.Charges}
 	if ev.Block {
 		l.block, l.count = true, ev.Amount
 	}
@@ -282,6 +285,9 @@ func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overl
 	s, err := e.session(sid, now)
 	if err != nil {
 		return err
+	}
+	if latency < 0 {
+		return invalid("latency %v is negative", latency)
 	}
 	fp := uint64(0)
 	if requestID != "" {

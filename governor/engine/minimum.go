@@ -86,10 +86,12 @@ func (e *Engine) checkMinimums(n *node, edit *CapsEdit) error {
 					m = em
 				}
 			}
+			// sum is within limit so far, so limit-sum cannot wrap, and
+			// a sum past MaxInt64 is refused rather than wrapped.
+			if m.Min > limit-sum {
+				return invalid("the minimums of %s sum to more than the pool's limit of %d", class, limit)
+			}
 			sum += m.Min
-		}
-		if sum > limit {
-			return invalid("the minimums of %s sum to %d, over the pool's limit of %d", class, sum, limit)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -88,6 +89,11 @@ type modelDecide struct {
 	// decision.
 	aimd map[string]*mController
 
+	// agedGrants counts grants to waiters the aging guard had marked
+	// (passed over by AgingGrants grants of their tenant's queue): how
+	// often the driver reaches the guard.
+	agedGrants int
+
 	tombs    map[LeaseID]mTomb
 	requests map[SessionID][]string // remembered request ids, oldest first
 	touched  map[SessionID]bool     // sessions whose memory changed this step
@@ -123,10 +129,11 @@ func (m *model) tenantOf(id NodeID) NodeID {
 	return c[len(c)-2]
 }
 
-// fits: one more lease of class fits under every limit on id's chain.
+// fits: one more lease of class fits under every limit on id's chain, and
+// no count of slots on it is at MaxInt64 already.
 func (m *model) fits(id NodeID, class string) bool {
 	for _, a := range m.chain(id) {
-		if limit, ok := m.refusesAt(a, true, class); ok && m.held[a][class]+1 > limit {
+		if limit, ok := m.refusesAt(a, true, class); ok && m.held[a][class] >= limit || m.held[a][class] == math.MaxInt64 {
 			return false
 		}
 	}
@@ -134,11 +141,14 @@ func (m *model) fits(id NodeID, class string) bool {
 }
 
 // chargesFit: every charge fits under every quota on id's chain, counting
-// what is reserved.
+// what is reserved, and none would overflow a counter (I24).
 func (m *model) chargesFit(id NodeID, charges map[string]int64) bool {
 	for r, amount := range charges {
+		if m.quotaOverflows(id, r, amount, false) {
+			return false
+		}
 		for _, a := range m.chain(id) {
-			if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+			if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.used[a][r]-m.reserved[a][r] {
 				return false
 			}
 		}
@@ -337,6 +347,9 @@ func (m *model) afterExpected(ev Event) {
 		m.dropWaiters(func(o *mWaiter) bool { return o == w })
 		m.granted[w.wait] = ev.Lease
 		q := m.queues[w.class]
+		if tq.grants-w.mark >= specAgingGrants {
+			m.agedGrants++
+		}
 		tq.grants++
 		if !d.fromMin {
 			if tq.deficit--; tq.deficit <= 0 {

@@ -14,9 +14,10 @@ type modelOverride struct {
 }
 
 // capsSet notes an EvCapsSet's effect on the overrides, before its caps
-// are applied to the model.
+// are applied to the model, and checks the old values it audits.
 func (m *model) capsSet(ev Event) {
 	c := ev.Caps
+	m.checkAuditedModes(ev)
 	for _, side := range []struct {
 		limit bool
 		set   map[string]int64
@@ -44,6 +45,31 @@ func (m *model) capsSet(ev Event) {
 				m.overrides[ev.Node] = map[modeKey]modelOverride{}
 			}
 			m.overrides[ev.Node][key] = o
+		}
+	}
+}
+
+// checkAuditedModes checks the old modes and minimums an EvCapsSet audits
+// against the model's, before the edit is applied: what each mode and
+// minimum edited was (hard, and none, where there was none).
+func (m *model) checkAuditedModes(ev Event) {
+	if ev.Audit == nil {
+		return
+	}
+	c, old := ev.Caps, ev.Audit.Old
+	for _, side := range []struct {
+		limit     bool
+		set, told map[string]CapMode
+	}{{false, c.QuotaModes, old.QuotaModes}, {true, c.LimitModes, old.LimitModes}} {
+		for k := range side.set {
+			if was, got := m.modes[ev.Node][modeKey{side.limit, k}], side.told[k]; got != was {
+				m.failf("event %d audits the old mode of %s on node %d as %+v; it was %+v", ev.Seq, k, ev.Node, got, was)
+			}
+		}
+	}
+	for k := range c.Minimums {
+		if was, got := m.mins[ev.Node][k], old.Minimums[k]; got != was {
+			m.failf("event %d audits the old minimum of %s on node %d as %+v; it was %+v", ev.Seq, k, ev.Node, got, was)
 		}
 	}
 }

@@ -226,10 +226,10 @@ func (m *model) shortfall(t NodeID, class string) int64 {
 }
 
 // firstFit is the waiter tq serves: none when the tenant's own cap is
-// full; else its oldest aged waiter that fits; else its first in priority
+// full (or its count of slots at MaxInt64); else its oldest aged waiter that fits; else its first in priority
 // order that fits.
 func (m *model) firstFit(tq *mTenantQueue, class string) *mWaiter {
-	if limit, ok := m.refusesAt(tq.tenant, true, class); ok && m.held[tq.tenant][class] >= limit {
+	if limit, ok := m.refusesAt(tq.tenant, true, class); ok && m.held[tq.tenant][class] >= limit || m.held[tq.tenant][class] == math.MaxInt64 {
 		return nil
 	}
 	var oldest *mWaiter

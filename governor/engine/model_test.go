@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"maps"
+	"math"
 	"time"
 )
 
@@ -134,6 +135,16 @@ func add(m map[NodeID]map[string]int64, id NodeID, key string, v int64) {
 	}
 }
 
+// count adds v to what tbl counts of key on id, as add does. The engine's
+// counters are int64 and must never leave [0, MaxInt64] (I24): a count
+// that would is a failure, whatever the engine's own says.
+func (m *model) count(tbl map[NodeID]map[string]int64, what string, id NodeID, key string, v int64) {
+	if cur := tbl[id][key]; (v > 0 && cur > math.MaxInt64-v) || cur+v < 0 {
+		m.failf("I24 counters: event %d takes %s of %s on node %d from %d by %d, out of [0, MaxInt64]", m.seq, what, key, id, cur, v)
+	}
+	add(tbl, id, key, v)
+}
+
 // Emit audits one event and applies it to the model, then follows what
 // the engine decides after it (model_decide_test.go).
 func (m *model) Emit(ev Event) {
@@ -141,7 +152,9 @@ func (m *model) Emit(ev Event) {
 	l := m.leases[ev.Lease]
 	m.checkWarnings(ev)
 	m.checkTenantState(ev)
+	before := m.chainUsage(ev)
 	m.applyEvent(ev)
+	m.checkCapsPassed(ev, before)
 	m.decideEvent(ev, l)
 	if wasExpected {
 		m.afterExpected(ev)
@@ -183,8 +196,8 @@ func (m *model) applyEvent(ev Event) {
 		for k, amount := range m.reservations {
 			if k.session == ev.Session {
 				for _, a := range m.chain(k.node) {
-					add(m.used, a, k.resource, amount)
-					add(m.reserved, a, k.resource, -amount)
+					m.count(m.used, "used", a, k.resource, amount)
+					m.count(m.reserved, "reserved", a, k.resource, -amount)
 				}
 				delete(m.reservations, k)
 			}
@@ -282,7 +295,7 @@ func (m *model) applyEvent(ev Event) {
 			m.hold(ev, l.node, l.class, ev.Amount)
 		default:
 			for _, a := range m.chain(l.node) {
-				add(m.held, a, l.class, ev.Amount)
+				m.count(m.held, "held", a, l.class, ev.Amount)
 			}
 		}
 		l.count += ev.Amount
@@ -306,8 +319,8 @@ func (m *model) applyEvent(ev Event) {
 				m.failf("I1 quotas: event %d reserves %d of %s on node %d; node %d had %d used and %d reserved of %d, %d returned",
 					ev.Seq, ev.Amount, ev.Resource, ev.Node, a, m.used[a][ev.Resource], m.reserved[a][ev.Resource], q, ev.Returned)
 			}
-			add(m.used, a, ev.Resource, ev.Spent)
-			add(m.reserved, a, ev.Resource, ev.Amount-settled)
+			m.count(m.used, "used", a, ev.Resource, ev.Spent)
+			m.count(m.reserved, "reserved", a, ev.Resource, ev.Amount-settled)
 		}
 		m.reservations[k] = have + ev.Amount - settled
 		if m.reservations[k] == 0 {
@@ -327,7 +340,7 @@ func (m *model) applyEvent(ev Event) {
 		}
 		for _, c := range ev.Charges {
 			for _, a := range m.chain(l.node) {
-				add(m.used, a, c.Resource, -c.Amount)
+				m.count(m.used, "used", a, c.Resource, -c.Amount)
 			}
 		}
 		m.endLease(ev.Lease, EndReleased, ev.At)
@@ -379,7 +392,7 @@ func (m *model) reclaim(ev Event, root NodeID) {
 		m.dropTenant(root)
 	}
 	for r, u := range m.used[root] {
-		add(m.gone, p, r, u)
+		m.count(m.gone, "reclaimed", p, r, u)
 	}
 	for _, id := range m.subtree(root) {
 		for _, tbl := range []map[NodeID]map[string]int64{m.quotas, m.limits, m.defQ, m.defL, m.used, m.reserved, m.held, m.gone} {
@@ -411,11 +424,11 @@ func (m *model) checkOpen(ev Event, id NodeID) {
 // reserved) and applies it.
 func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+amount > q {
+		if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.used[a][r]-m.reserved[a][r] {
 			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d used and %d reserved of %d",
 				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], q)
 		}
-		add(m.used, a, r, amount)
+		m.count(m.used, "used", a, r, amount)
 	}
 }
 
@@ -424,11 +437,11 @@ func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 // after the shadow charges before it would have) and adds it to the ledger.
 func (m *model) shadowCharge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.refusesAt(a, false, r); ok && m.used[a][r]+m.reserved[a][r]+m.shadow[a][r]+amount > q {
+		if q, ok := m.refusesAt(a, false, r); ok && amount+m.shadow[a][r] > q-m.used[a][r]-m.reserved[a][r] {
 			m.failf("I23 shadow: event %d records %d of %s on node %d; node %d had %d used, %d reserved and %d in its shadow ledger of %d",
 				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], m.shadow[a][r], q)
 		}
-		add(m.shadow, a, r, amount)
+		m.count(m.shadow, "shadow ledger", a, r, amount)
 	}
 }
 
@@ -436,11 +449,11 @@ func (m *model) shadowCharge(ev Event, id NodeID, r string, amount int64) {
 // takes count slots of class on id's chain.
 func (m *model) hold(ev Event, id NodeID, class string, count int64) {
 	for _, a := range m.chain(id) {
-		if limit, ok := m.refusesAt(a, true, class); ok && count > 0 && m.held[a][class]+count > limit {
+		if limit, ok := m.refusesAt(a, true, class); ok && count > 0 && count > limit-m.held[a][class] {
 			m.failf("I3 limits: event %d (%s) takes %d slots of %s on node %d while node %d holds %d of limit %d",
 				ev.Seq, ev.Kind, count, class, id, a, m.held[a][class], limit)
 		}
-		add(m.held, a, class, count)
+		m.count(m.held, "held", a, class, count)
 	}
 }
 
@@ -448,7 +461,7 @@ func (m *model) endLease(id LeaseID, reason EndReason, at int64) {
 	l := m.leases[id]
 	m.tomb(id, l, reason, at)
 	for _, a := range m.chain(l.node) {
-		add(m.held, a, l.class, -l.count)
+		m.count(m.held, "held", a, l.class, -l.count)
 	}
 	delete(m.leases, id)
 }

@@ -55,9 +55,9 @@ var mutants = []mutant{
 		"for a := l.node; a != nil; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount)",
 		"for a := l.node; a == l.node; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount)", `held (recounted )?\(I2\)|I3 limits`},
 	{"a grant beyond the block", "block.go",
-		"grow = min(r.Want, n.headroom(r.Class, r.Want))", "grow = r.Want", `I3 limits`},
+		"if grow, err = n.headroom(r.Class, r.Want); err != nil {", "if grow, err = r.Want, nil; err != nil {", `I3 limits`},
 	{"a block that grows while acquires queue", "block.go",
-		"\tif !contended {\n\t\tgrow =", "\tif true {\n\t\tgrow =", `I12 delegation|I5 .* fits but waits`},
+		"\tif !contended {\n\t\tif grow, err", "\tif true {\n\t\tif grow, err", `I12 delegation|I5 .* fits but waits`},
 	{"a recall that forgets a reservation", "notice.go",
 		"if res.node.within(n) {\n\t\t\t\t\ttell(res.session.id)", "if res.node == n {\n\t\t\t\t\ttell(res.session.id)", `I13 recall`},
 	{"a return that refunds spent units", "reserve.go",
@@ -72,7 +72,7 @@ var mutants = []mutant{
 	{"the shadow ledger kept on the node alone", "dryrun.go",
 		"\t\ta.shadow[r] += amount\n", "\t\ta.shadow[r] += amount\n\t\tbreak\n", `shadow ledger \(I23\)|I23 shadow`},
 	{"a shadow denial's Used without the ledger", "quota.go",
-		"\t\t\td.Used += want - amount\n", "", `I23 shadow`},
+		"\t\td.Used += deniedWant - amount\n", "\t\t_ = deniedWant\n", `I23 shadow`},
 	// Enforcement modes (policy.go).
 	{"a soft cap refuses one past its burst", "policy.go",
 		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},
@@ -112,7 +112,25 @@ var mutants = []mutant{
 	{"an adaptive limit decided one sample short of min_samples", "adaptive.go",
 		"if c.count < c.cfg.MinSamples {", "if c.count < c.cfg.MinSamples-1 {", `AIMD`},
 	{"a snapshot without the lease's grant time", "snapshot.go",
-		"Class: l.class, Granted: l.granted}", "Class: l.class}", `holds other tables than the live engine`},
+		"Class: l.class, Granted: l.granted,", "Class: l.class,", `holds other tables than the live engine`},
+	// Issue 25: hostile amounts (I24). Only the new checks catch these.
+	{"an overflowing charge let through", "quota.go",
+		"if g != nil && want > math.MaxInt64-g.n-g.r {", "if false {", `I24 hostile`},
+	{"a give-back that refunds what its caller names", "giveback.go",
+		"\tif !slices.Equal(charges, l.charges) {", "\tif l.charges = charges; !slices.Equal(charges, l.charges) {", `I24 hostile`},
+	// Issue 25, point 11: what no random seed saw before the driver scoped
+	// sessions below the tenants, aged waiters, checked bounds at their
+	// limit, checked dry runs and made overrides of every kind.
+	{"reclamation checks pins only on the ended node's direct children", "reclaim.go",
+		"\tfor _, c := range n.children {\n\t\tif c.pinnedBelow() {", "\tfor _, c := range n.children {\n\t\tif c.pins > 0 {", `I15 reclaim`},
+	{"the aging guard one grant late", "minimum.go",
+		"if tq.grants-w.mark >= AgingGrants &&", "if tq.grants-w.mark > AgingGrants &&", `I6 DRR`},
+	{"a node refused one before the bound", "bounds.go",
+		"b.Nodes > 0 && t.openBelow >= b.Nodes", "b.Nodes > 0 && t.openBelow+1 >= b.Nodes", `I17 bounds: .* refused by`},
+	{"a dry run that ignores the write mark", "dryrun.go",
+		"if err := n.admits(r.Write, false); err != nil {", "if err := n.admits(false, false); err != nil {", `dry run .* the model says refused by read_only`},
+	{"a revert that recalls nothing", "override.go",
+		"\t\tif n.state == Open {\n\t\t\te.recallUnder(n", "\t\tif n.state != Open {\n\t\t\te.recallUnder(n", `was not told to give them back`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

@@ -266,6 +266,9 @@ func TestOverrideSetsOnlyQuotasAndLimits(t *testing.T) {
 		"deadline":       {Quotas: quota, Deadline: &deadline},
 		"default quotas": {Quotas: quota, DefaultQuotas: map[string]int64{"tokens": 1}},
 		"default limits": {Quotas: quota, DefaultLimits: map[string]int64{"db": 1}},
+		"quota modes":    {Quotas: quota, QuotaModes: map[string]CapMode{"tokens": {Mode: ModeWarnOnly}}},
+		"limit modes":    {Limits: map[string]int64{"db": 1}, LimitModes: map[string]CapMode{"db": {Mode: ModeWarnOnly}}},
+		"minimums":       {Quotas: quota, Minimums: map[string]Minimum{"db": {Min: 1}}},
 	} {
 		_, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: "for an hour", For: time.Hour}, "")
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "only quotas and limits") {
@@ -721,6 +724,11 @@ func TestRestoreRefusesEachCorruption(t *testing.T) {
 		"a lease id twice":             func(s *Snapshot) { s.Leases = append(s.Leases, s.Leases[0]) },
 		"a lease of negative slots":    func(s *Snapshot) { s.Leases[0].Count = -1 },
 		"a lease id at NextLease":      func(s *Snapshot) { s.NextLease = s.Leases[len(s.Leases)-1].ID },
+		"a lease that charged nothing": func(s *Snapshot) { s.Leases[0].Charges = []Charge{{Resource: "calls", Amount: 0}} },
+		"a lease that charged a negative amount": func(s *Snapshot) {
+			s.Leases[0].Charges = []Charge{{Resource: "calls", Amount: math.MinInt64}}
+		},
+		"a lease that charged no resource": func(s *Snapshot) { s.Leases[0].Charges = []Charge{{Amount: 1}} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			snap := cloneSnapshot(t, good)
@@ -884,5 +892,181 @@ func TestAuditTrailSurvivesRestore(t *testing.T) {
 	e := f.rebuild(t, wayRestore)
 	if got, _, err := e.CapsHistory(System, f.job); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("history after a restore: %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// Gaps issue 25's run of the mutation tool found in reclaim.go,
+// override.go, minimum.go, bounds.go and dryrun.go (docs/engine-mutation.md).
+
+// A minimum's window is half open: it applies from exactly From, and no
+// longer at exactly Until.
+func TestMinimumWindowIsHalfOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		at    time.Duration // after the window was set
+		acmes bool          // the minimum applies: acme's waiter goes first
+	}{
+		{"a nanosecond before it starts", time.Second - 1, false},
+		{"at its start", time.Second, true},
+		{"a nanosecond before its end", 2*time.Second - 1, true},
+		{"at its end", 2 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 1}})
+			from := f.now() + int64(time.Second)
+			f.setCaps(f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 1, From: from, Until: from + int64(time.Second)}}})
+			held := f.acquire(f.sB, f.otherJob, "db")
+			other := f.enqueue(f.sB, f.otherJob, "db") // first in the ring: its turn without a minimum
+			acme := f.enqueue(f.sA, f.job, "db")
+			f.clock.Advance(tc.at)
+			f.release(f.sB, held)
+			first, second := other, acme
+			if tc.acmes {
+				first, second = acme, other
+			}
+			granted(t, first, "the waiter served first")
+			noOutcome(t, second, "the waiter served second")
+		})
+	}
+}
+
+// A minimum's window must not be empty.
+func TestMinimumWindowMustNotBeEmpty(t *testing.T) {
+	f := newFixture(t)
+	at := f.now() + int64(time.Hour)
+	err := unchanged(t, f.e, func() error {
+		_, err := f.e.SetCaps(System, f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 1, From: at, Until: at}}}, "")
+		return err
+	})
+	wantErr(t, err, ErrInvalid)
+	f.setCaps(f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 1, From: at, Until: at + 1}}})
+}
+
+// After an adaptive cut takes the root's limit below the minimums' sum, an
+// edit of the limit that adds nothing to the excess (a raise, or the same
+// value) is taken; only a lower one is refused.
+func TestRootLimitEditAfterACutBelowTheMinimums(t *testing.T) {
+	f := newFixture(t, Adaptive{Class: "db", TargetP95: 10 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 2})
+	f.setCaps(f.acme, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 3}}})
+	f.setCaps(f.other, CapsEdit{Minimums: map[string]Minimum{"db": {Min: 3}}})
+	if err := f.e.Observe(f.sA, "db", []Sample{{Latency: time.Millisecond, Overloaded: true}, {Latency: time.Millisecond, Overloaded: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.e.AdaptiveLimit("db"); got != 4 {
+		t.Fatalf("the cut left the limit at %d, want 4", got)
+	}
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 5}}) // a raise, still under the sum of 6
+	f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 5}}) // the same again
+	err := unchanged(t, f.e, func() error {
+		_, err := f.e.SetCaps(System, RootID, CapsEdit{Limits: map[string]int64{"db": 4}}, "")
+		return err
+	})
+	wantErr(t, err, ErrInvalid)
+}
+
+// The audit trail shows the modes an edit set and those it replaced, an
+// empty map of modes reads as none, and a restart shows the same trail.
+func TestAuditTrailShowsModes(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.job, CapsEdit{Quotas: map[string]int64{"tokens": 10}, Limits: map[string]int64{"db": 3},
+		QuotaModes: map[string]CapMode{"tokens": {Mode: ModeSoft, Burst: 2}}, LimitModes: map[string]CapMode{"db": {Mode: ModeWarnOnly}}})
+	f.setCaps(f.job, CapsEdit{Quotas: map[string]int64{"tokens": 11}, QuotaModes: map[string]CapMode{}})
+	trail, _, err := f.e.CapsHistory(System, f.job)
+	if err != nil || len(trail) != 2 {
+		t.Fatalf("trail %+v, %v; want two changes", trail, err)
+	}
+	set, none := trail[0], trail[1]
+	if want := map[string]CapMode{"tokens": {Mode: ModeSoft, Burst: 2}}; !reflect.DeepEqual(set.New.QuotaModes, want) {
+		t.Errorf("the trail shows new quota modes %v, want %v", set.New.QuotaModes, want)
+	}
+	if want := map[string]CapMode{"db": {Mode: ModeWarnOnly}}; !reflect.DeepEqual(set.New.LimitModes, want) {
+		t.Errorf("the trail shows new limit modes %v, want %v", set.New.LimitModes, want)
+	}
+	if want := map[string]CapMode{"tokens": {}}; !reflect.DeepEqual(set.Old.QuotaModes, want) {
+		t.Errorf("the trail shows old quota modes %v, want %v (hard)", set.Old.QuotaModes, want)
+	}
+	if none.New.QuotaModes != nil || none.Old.QuotaModes != nil {
+		t.Errorf("an empty map of modes shows as %v, replacing %v; want none", none.New.QuotaModes, none.Old.QuotaModes)
+	}
+	restarted, _, err := f.rebuild(t, wayRestore).CapsHistory(System, f.job)
+	if err != nil || !reflect.DeepEqual(restarted, trail) {
+		t.Errorf("after a restart the trail is\n%+v, %v\nwant\n%+v", restarted, err, trail)
+	}
+}
+
+// A snapshot's audit trails and pending overrides are checked whole: an
+// audit of no node, two of one node, more changes than AuditKeep, an
+// override named twice or not at all are refused as corrupt.
+func TestRestoreRefusesACorruptAudit(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"tokens": 100}})
+	if _, err := f.e.SetCapsAudited(System, f.job, CapsEdit{Quotas: map[string]int64{"tokens": 5}, Limits: map[string]int64{"db": 2}},
+		Audit{For: time.Hour}, ""); err != nil {
+		t.Fatal(err)
+	}
+	good := f.e.Snapshot()
+	job := func(s *Snapshot) int {
+		for i, na := range s.Audit {
+			if na.Node == f.job {
+				return i
+			}
+		}
+		t.Fatal("no audit of the job")
+		return -1
+	}
+	for name, mutate := range map[string]func(s *Snapshot){
+		"an audit of no node":  func(s *Snapshot) { s.Audit[0].Node = noSuch },
+		"two audits of a node": func(s *Snapshot) { s.Audit = append(s.Audit, s.Audit[job(s)]) },
+		"two audits of a node, the first of its overrides alone": func(s *Snapshot) {
+			i := job(s)
+			s.Audit = append(s.Audit, NodeAudit{Node: f.job, Changes: s.Audit[i].Changes})
+			s.Audit[i].Changes = nil
+		},
+		"more changes than AuditKeep": func(s *Snapshot) {
+			i := job(s)
+			for len(s.Audit[i].Changes) <= AuditKeep {
+				s.Audit[i].Changes = append(s.Audit[i].Changes, s.Audit[i].Changes[0])
+			}
+		},
+		"an override named twice": func(s *Snapshot) {
+			i := job(s)
+			s.Audit[i].Overrides = append(s.Audit[i].Overrides, s.Audit[i].Overrides[0])
+		},
+		"an override of no name": func(s *Snapshot) { s.Audit[job(s)].Overrides[0].Name = "" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			snap := cloneSnapshot(t, good)
+			mutate(&snap)
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantErr(t, e.Restore(snap), ErrCorrupt)
+		})
+	}
+	e, _ := New(Config{Clock: f.clock})
+	if err := e.Restore(cloneSnapshot(t, good)); err != nil {
+		t.Fatalf("the snapshot as it was: %v", err)
+	}
+}
+
+// An engine rebuilt by replay holds queue entries of ended nodes the
+// events reclaimed since; its first Reap skips them and reclaims nothing.
+func TestReapAfterAReplayThatReclaimed(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.e.EndNode(System, f.job2, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(DefaultRetention)
+	f.e.Reap()
+	if _, err := f.e.Get(System, f.job2); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the ended node after its retention: %v, want it reclaimed", err)
+	}
+	e := f.rebuild(t, wayReplay)
+	seq := e.Seq()
+	e.Reap()
+	if e.Seq() != seq {
+		t.Errorf("the first Reap after the replay emitted events %d..%d", seq+1, e.Seq())
 	}
 }

@@ -52,10 +52,12 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 }
 
 // check returns nil if amount more of r fits on n's chain, counting
-// unspent reservations. When it does not, it returns the *Denial of the
-// first node (from n up) whose spent usage leaves no room, or, when only
-// unspent reservations are in the way, a *recallNeeded naming the highest
-// node they block (Engine.recalled turns that into ErrRecalling).
+// unspent reservations. When it does not, it returns ErrInvalid if a
+// counter on the chain (used plus reserved) would pass MaxInt64, else the
+// *Denial of the first node (from n up) whose spent usage leaves no room,
+// or, when only unspent reservations are in the way, a *recallNeeded
+// naming the highest node they block (Engine.recalled turns that into
+// ErrRecalling).
 func (n *node) check(r string, amount int64) error {
 	return n.checkAs(r, amount, false)
 }
@@ -64,29 +66,32 @@ func (n *node) check(r string, amount int64) error {
 // shadow is set: how a shadow rule's request would have been decided had
 // the shadow requests before it been enforced (dryrun.go). A denial's Used
 // then includes the ledger.
+//
+// An amount no counter could hold is refused as invalid wherever it would
+// overflow, even above a node that denies it: a hostile amount gets the
+// same answer whatever the caps say.
 func (n *node) checkAs(r string, amount int64, shadow bool) error {
-	var blocked *node
+	var denied, blocked *node
+	var deniedLimit, deniedWant int64
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
-		if g == nil {
-			continue
+		want, err := a.counted(g, r, amount, shadow)
+		if err != nil {
+			return err
 		}
-		want := amount
-		if shadow {
-			want += a.shadow[r] // bounded: Shadow refuses a ledger that would overflow
-		}
-		if g.n > math.MaxInt64-want-g.r {
-			return invalid("%s on %q would overflow", r, a.name)
-		}
-		if !g.full(want) {
+		if g == nil || denied != nil || !g.full(want) {
 			continue
 		}
 		if eff, _ := g.enforced(); want > eff-g.n { // full, so enforced
-			d := a.denial(r, amount, eff)
-			d.Used += want - amount
-			return d
+			denied, deniedLimit, deniedWant = a, eff, want
+			continue
 		}
 		blocked = a
+	}
+	if denied != nil {
+		d := denied.denial(r, amount, deniedLimit)
+		d.Used += deniedWant - amount
+		return d
 	}
 	if blocked != nil {
 		return &recallNeeded{node: blocked, resource: r}
@@ -99,13 +104,51 @@ func (n *node) checkAll(charges []Charge) error {
 	return n.checkAllAs(charges, false)
 }
 
+// checkAllAs is checkAll as checkAs decides each charge. A charge that
+// would overflow a counter is refused as invalid even when an earlier one
+// is denied or recalled.
 func (n *node) checkAllAs(charges []Charge, shadow bool) error {
-	for _, c := range charges {
-		if err := n.checkAs(c.Resource, c.Amount, shadow); err != nil {
+	for i, c := range charges {
+		err := n.checkAs(c.Resource, c.Amount, shadow)
+		if err == nil {
+			continue
+		}
+		for _, later := range charges[i+1:] {
+			if err := n.overflows(later.Resource, later.Amount, shadow); err != nil {
+				return err
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// overflows is checkAs's test for an amount no counter could hold alone.
+func (n *node) overflows(r string, amount int64, shadow bool) error {
+	for a := n; a != nil; a = a.parent {
+		if _, err := a.counted(a.quota[r], r, amount, shadow); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// counted is what amount of r counts for on n, whose gauge of r is g (nil
+// for none): amount, plus n's shadow ledger when shadow is set. It is
+// ErrInvalid when that, or used and reserved with it, would pass MaxInt64.
+func (n *node) counted(g *gauge, r string, amount int64, shadow bool) (int64, error) {
+	want := amount
+	if shadow {
+		if n.shadow[r] > math.MaxInt64-amount {
+			return 0, invalid("%s on %q would overflow its shadow ledger", r, n.name)
+		}
+		want += n.shadow[r]
+	}
+	// Used plus reserved never passes MaxInt64, so neither side wraps.
+	if g != nil && want > math.MaxInt64-g.n-g.r {
+		return 0, invalid("%s on %q would overflow", r, n.name)
+	}
+	return want, nil
 }
 
 // refused is what session s is told of a charge that does not fit: a

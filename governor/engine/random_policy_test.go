@@ -26,7 +26,11 @@ func (w *world) policyOp() {
 		w.randMinimums(&edit, t, true, true)
 		before := w.e.Seq()
 		_, err := w.e.SetCaps(System, t, edit, "")
-		w.expect(fmt.Sprintf("minimums of n%d %v", t, edit.Minimums), before, err, ErrTaskEnded)
+		what := fmt.Sprintf("minimums of n%d %v", t, edit.Minimums)
+		w.expect(what, before, err, ErrTaskEnded)
+		if err == nil {
+			w.checkRecalledUnder(what, t)
+		}
 		return
 	}
 	if w.policy.Intn(25) == 0 {
@@ -172,7 +176,11 @@ func (w *world) modesOp() {
 	w.randMinimums(&edit, n, true, false) // keeps a root limit within the minimums
 	before := w.e.Seq()
 	_, err := w.e.SetCaps(System, n, edit, "")
-	w.expect(fmt.Sprintf("modes of n%d %+v", n, edit), before, err, ErrTaskEnded)
+	what := fmt.Sprintf("modes of n%d %+v", n, edit)
+	w.expect(what, before, err, ErrTaskEnded)
+	if err == nil {
+		w.checkRecalledUnder(what, n)
+	}
 }
 
 // shadowOp is, now and then, a shadow rule's request (Engine.Shadow), or
@@ -208,6 +216,9 @@ func (w *world) shadowOp() {
 	for range 1 + w.srng.Intn(2) {
 		r.Charges[resources[w.srng.Intn(len(resources))]] += 1 + w.srng.Int63n(6)
 	}
+	for _, res := range slices.Sorted(maps.Keys(r.Charges)) {
+		r.Charges[res] = w.hostileAmount(r.Charges[res], w.m.fullest(r.Node, res, true))
+	}
 	if w.srng.Intn(2) == 0 {
 		r.Class = classes[w.srng.Intn(len(classes))]
 	}
@@ -217,9 +228,12 @@ func (w *world) shadowOp() {
 		rid = fmt.Sprintf("sh%d", w.nextShadow)
 	}
 	before := w.e.Seq()
+	invalid := w.m.chargesInvalid(r.Node, r.Charges, true)
 	dr, err := w.e.Shadow(sid, r, rid)
 	what := fmt.Sprintf("shadow s%d n%d %v write %v %q", sid, r.Node, r.Charges, r.Write, rid)
-	w.expect(what, before, err, ErrBound)
+	w.expect(what, before, err, ErrBound, ErrInvalid)
+	w.checkHostile(what, errors.Join(err, dr.Err), invalid)
+	w.checkBoundRefusal(what, err, r.Node, names(r.Charges), nil, true)
 	if err != nil {
 		return
 	}
@@ -229,7 +243,7 @@ func (w *world) shadowOp() {
 	case errors.As(dr.Err, &d):
 		q, ok := w.m.refusesAt(d.Node, false, d.Resource)
 		if want := w.m.used[d.Node][d.Resource] + w.m.shadow[d.Node][d.Resource]; !ok || d.Limit != q || d.Used != want ||
-			d.Used+d.Amount <= d.Limit || !slices.Contains(w.m.chain(r.Node), d.Node) {
+			d.Amount <= d.Limit-d.Used || !slices.Contains(w.m.chain(r.Node), d.Node) {
 			w.fail("I23 shadow: %s refused by %v; the model has %d spent and in the ledger of %d (enforced %v) there", what, d, want, q, ok)
 		}
 	case dr.Err != nil:
@@ -276,7 +290,7 @@ func (w *world) shadowRetry() {
 	req, differ := r.req, w.srng.Intn(5) == 0
 	if differ {
 		req.Charges = maps.Clone(req.Charges)
-		req.Charges["tokens"]++
+		req.Charges["tokens"] = otherAmount(req.Charges["tokens"])
 	}
 	before := w.e.Seq()
 	dr, err := w.e.Shadow(r.sid, req, r.id)

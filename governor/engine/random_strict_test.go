@@ -43,6 +43,9 @@ func (w *world) reap() {
 		if ev.Kind == EvLimitAdjusted {
 			got = append(got, fmt.Sprintf("%s=%d", ev.Resource, ev.Amount))
 		}
+		if ev.Kind == EvCapsReverted {
+			w.checkRecalledUnder(fmt.Sprintf("the revert of event %d", ev.Seq), ev.Node)
+		}
 	}
 	var wanted []string
 	for _, ev := range want {

@@ -44,10 +44,13 @@ var (
 const sessionTTL = 5 * time.Second
 
 func TestRandomized(t *testing.T) {
+	var reach reached
+	t.Cleanup(func() { reach.check(t) })
 	for seed := int64(*flagBase); seed < int64(*flagBase+*flagSeeds); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t, seed)
+			defer reach.add(w)
 			for w.step = 1; w.step <= *flagOps; w.step++ {
 				if seed%5 == 0 && w.step == *flagOps/3 {
 					w.burst() // some sessions outrun their request memory
@@ -55,6 +58,11 @@ func TestRandomized(t *testing.T) {
 				w.randomOp()
 				w.policyOp()
 				w.shadowOp()
+				w.giveBackOp()
+				w.deepOp()
+				w.agingOp()
+				w.dryRunOp()
+				w.overrideOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -101,6 +109,21 @@ type world struct {
 	// stream of its own; shadowReqs are those recorded with an id.
 	srng       *rand.Rand
 	shadowReqs []shadowReq
+	// hrng draws hostile amounts (random_hostile_test.go), a stream of its
+	// own, in the seeds that send any (hostile).
+	hrng    *rand.Rand
+	hostile bool
+	// deep opens sessions scoped below the tenants and deepens subtrees
+	// (random_deep_test.go), a stream of its own.
+	deep *rand.Rand
+	// aging runs aging episodes (random_aging_test.go), and dry draws dry
+	// runs (random_dryrun_test.go), streams of their own.
+	aging *rand.Rand
+	dry   *rand.Rand
+	// ovr makes temporary overrides (random_override_test.go), a stream
+	// of its own.
+	ovr        *rand.Rand
+	tally      coverage
 	nextShadow int
 	clock      *fakeClock
 	cfg        Config
@@ -154,10 +177,13 @@ func newWorld(t *testing.T, seed int64) *world {
 	rng := rand.New(rand.NewSource(seed))
 	retention := time.Duration(2+rng.Intn(9)) * time.Second
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
-		srng: rand.New(rand.NewSource(seed + 2<<32)), clock: newFakeClock(),
+		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
+		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)),
+		dry: rand.New(rand.NewSource(seed + 6<<32)), ovr: rand.New(rand.NewSource(seed + 7<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
+	w.hostile = w.hrng.Intn(2) == 0
 	w.m.expired = func(sid SessionID, now int64) bool { at, ok := w.expires[sid]; return ok && now >= at }
 	w.m.pastBound = w.pastBound
 	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Notifier: w, Adaptive: []Adaptive{{Class: "llm",
@@ -312,23 +338,23 @@ func (w *world) reqID() string {
 	return fmt.Sprintf("r%d", w.nextReq)
 }
 
-func (w *world) openSession(scope NodeID) {
+func (w *world) openSession(scope NodeID) { w.openSessionDrawing(scope, w.rng) }
+
+// openSessionDrawing opens a session on scope, drawing whether its worker
+// dies from rng.
+func (w *world) openSessionDrawing(scope NodeID, rng *rand.Rand) {
 	before := w.e.Seq()
 	id, err := w.e.OpenSession(scope, fmt.Sprintf("hash-%d-%d", w.seed, w.e.Seq()), sessionTTL)
-	w.expect(fmt.Sprintf("open session on %d: %d", scope, id), before, err, ErrTaskEnded, ErrNotFound, ErrBound)
-	var be *BoundError
-	if errors.As(err, &be) {
-		if t := w.e.nodes[scope].tenant; be.Bound != BoundSessions || t.sessions < be.Limit {
-			w.fail("opening a session on %d was refused by %v, but its tenant holds %d sessions", scope, err, t.sessions)
-		}
-	}
+	what := fmt.Sprintf("open session on %d: %d", scope, id)
+	w.expect(what, before, err, ErrTaskEnded, ErrNotFound, ErrBound)
+	w.checkBoundRefusal(what, err, scope, nil, nil, false)
 	if err != nil {
 		return
 	}
 	w.sessions = append(w.sessions, id)
 	w.scope[id] = scope
 	w.expires[id] = w.clock.Now().UnixNano() + int64(sessionTTL)
-	w.quiet[id] = w.rng.Intn(5) == 0
+	w.quiet[id] = rng.Intn(5) == 0
 }
 
 func (w *world) forgetSession(sid SessionID) {
@@ -397,12 +423,21 @@ func (w *world) randomOp() {
 	case op < 22: // consume
 		n, _ := w.nodeFor(sid, false)
 		r, amt, rid := resources[w.rng.Intn(3)], 1+w.rng.Int63n(6), w.reqID()
+		amt = w.hostileAmount(amt, w.m.fullest(n, r, false))
+		invalid := amt <= 0 || w.m.quotaOverflows(n, r, amt, false)
 		err := e.Consume(sid, n, r, amt, rid)
-		w.expect(fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
+		what := fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid)
+		w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+		w.checkHostile(what, err, invalid)
+		w.checkBoundRefusal(what, err, n, []string{r}, nil, false)
 		w.checkRefusal(sid, err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
-				return "", e.Consume(sid, n, r, amt+b2i(differ), id)
+				a := amt
+				if differ {
+					a = otherAmount(a)
+				}
+				return "", e.Consume(sid, n, r, a, id)
 			})
 		}
 	case op < 36: // acquire, sometimes with charges; sometimes a few at once, so that acquires queue
@@ -483,7 +518,9 @@ func (w *world) randomOp() {
 		} else {
 			v, err = e.CreateNode(sid, parent, spec, rid)
 		}
-		w.expect(fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID), before, err, ErrTaskEnded, ErrExists, ErrInvalid, ErrBound)
+		what := fmt.Sprintf("create s%d under n%d %q find=%v: n%d", sid, parent, spec.Name, find, v.ID)
+		w.expect(what, before, err, ErrTaskEnded, ErrExists, ErrInvalid, ErrBound)
+		w.checkBoundRefusal(what, err, parent, names(spec.Quotas, spec.DefaultQuotas), names(spec.Limits, spec.DefaultLimits), false)
 		if err == nil {
 			if !slices.Contains(w.nodes, v.ID) {
 				w.nodes = append(w.nodes, v.ID)
@@ -537,7 +574,12 @@ func (w *world) randomOp() {
 		audit := w.randOverride(edit)
 		w.randMinimums(&edit, n, audit.For == 0, false)
 		_, err := e.SetCapsAudited(sid, n, edit, audit, rid)
-		w.expect(fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid), before, err, ErrPermission, ErrTaskEnded, ErrBound)
+		what := fmt.Sprintf("caps s%d n%d %+v for %v %q", sid, n, edit, audit.For, rid)
+		w.expect(what, before, err, ErrPermission, ErrTaskEnded, ErrBound)
+		w.checkBoundRefusal(what, err, n, names(edit.Quotas, edit.DefaultQuotas), names(edit.Limits, edit.DefaultLimits), false)
+		if err == nil {
+			w.checkRecalledUnder(what, n)
+		}
 		switch {
 		case n == w.scope[sid] && err == nil:
 			w.fail("session %d edited its own scope node %d", sid, n)
@@ -733,6 +775,7 @@ func (w *world) check() {
 	})
 	w.checkReclaimed()
 	w.checkBounds()
+	w.checkCounters()
 	w.checkDecisions()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
@@ -973,15 +1016,20 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	class := classes[w.rng.Intn(3)]
 	var charges map[string]int64
 	if w.rng.Intn(3) == 0 {
-		charges = map[string]int64{resources[w.rng.Intn(3)]: 1 + w.rng.Int63n(3)}
+		r := resources[w.rng.Intn(3)]
+		charges = map[string]int64{r: w.hostileAmount(1+w.rng.Int63n(3), w.m.fullest(n, r, false))}
 		if w.rng.Intn(4) == 0 {
 			class = ""
 		}
 	}
 	rid := w.reqID()
 	write := w.policy.Intn(3) == 0
+	invalid := w.m.chargesInvalid(n, charges, false)
 	g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid, Write: write})
-	w.expect(fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
+	what := fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
+	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, n, names(charges), classesOf(class), false)
 	for r, amt := range charges {
 		w.checkRefusal(sid, err, n, r, amt, 0)
 	}
@@ -1045,9 +1093,18 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 			req.Want, req.Return = 0, 1+w.rng.Int63n(l.count)
 		}
 	}
+	if req.Return > 0 {
+		req.Return = w.hostileAmount(req.Return, 0)
+	} else {
+		req.Want = w.hostileAmount(req.Want, w.m.fullestHeld(n, class))
+	}
 	contended := e.contended(class)
+	invalid := w.blockInvalid(sid, req, contended)
 	g, err := e.Block(sid, req)
-	w.expect(fmt.Sprintf("block s%d %+v: %+v", sid, req, g), before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound)
+	what := fmt.Sprintf("block s%d %+v: %+v", sid, req, g)
+	w.expect(what, before, err, ErrTaskEnded, ErrNotFound, ErrLeaseRevoked, ErrLeaseExpired, ErrBound, ErrInvalid)
+	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, n, nil, []string{class}, false)
 	if err != nil {
 		return
 	}
@@ -1063,9 +1120,9 @@ func (w *world) blockOp(sid SessionID, before uint64) {
 		r := req
 		r.RequestID = id
 		if differ && r.Return > 0 {
-			r.Return++
+			r.Return = otherAmount(r.Return)
 		} else if differ {
-			r.Want++
+			r.Want = otherAmount(r.Want)
 		}
 		g, err := e.Block(sid, r)
 		return fmt.Sprint(g.Lease, g.Granted), err
@@ -1102,14 +1159,21 @@ func (w *world) reserveOp(sid SessionID, before uint64) {
 			req.Want = 1
 		}
 	}
+	req.Spent = w.hostileAmount(req.Spent, 0)
+	req.Return = w.hostileAmount(req.Return, 0)
+	req.Want = w.hostileAmount(req.Want, w.m.fullest(n, r, false))
 	w.reserve(sid, req, before)
 }
 
 func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	e := w.e
 	k := modelRes{sid, req.Node, req.Resource}
+	invalid := w.reserveInvalid(sid, req)
 	res, err := e.Reserve(sid, req)
-	w.expect(fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res), before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound)
+	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+	w.checkHostile(what, err, invalid)
+	w.checkBoundRefusal(what, err, req.Node, []string{req.Resource}, nil, false)
 	asked := int64(1) // a top-up is refused only when not one unit fits
 	if req.Exact {
 		asked = req.Want
@@ -1132,7 +1196,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 		r := req
 		r.RequestID = id
 		if differ {
-			r.Want++
+			r.Want = otherAmount(r.Want)
 		}
 		res, err := e.Reserve(sid, r)
 		return fmt.Sprint(res.Granted), err
@@ -1212,7 +1276,7 @@ func (w *world) giveBack(nt Notice) {
 // holder of a reservation in the way (I13).
 func (w *world) checkRefusal(sid SessionID, err error, n NodeID, r string, amount, returned int64) {
 	var d *Denial
-	if errors.As(err, &d) && d.Resource == r && d.Used+d.Amount <= d.Limit {
+	if errors.As(err, &d) && d.Resource == r && d.Amount <= d.Limit-d.Used {
 		w.fail("I14 denial: %v, but what is spent (%d) leaves room for %d more", d, d.Used, d.Amount)
 	}
 	if d != nil && !w.m.inside(d.Node, w.scope[sid]) && d.Largest != (Consumer{Name: OtherTenant}) &&
@@ -1368,9 +1432,16 @@ func (w *world) checkReclaimed() {
 	cutoff := e.now() - int64(e.retention)
 	for _, n := range e.nodes {
 		top := n.parent != nil && n.state != Open && (n.parent.state == Open || n.parent.endedAt > n.endedAt)
-		if top && n.endedAt <= cutoff && !n.pinnedBelow() {
+		if !top || n.endedAt > cutoff {
+			continue
+		}
+		switch w.m.pinDepth(n.id) {
+		case -1:
 			w.fail("I16 reclaim: node %d ended %v ago (retention %v), nothing pins it, and Reap kept it",
 				n.id, time.Duration(e.now()-n.endedAt), e.retention)
+		case 0, 1:
+		default:
+			w.tally.keptForDeepPin++
 		}
 	}
 }

@@ -185,31 +185,44 @@ func (s *session) reservedOn(node NodeID, resource string) int64 {
 
 // reserveRoom is the headroom on n's chain for a new reservation of r once
 // spent units of the session's reservation there are charged and returned
-// units given back. With no room it returns the *Denial of the first node
-// whose spent usage is at its cap, or, when only unspent reservations are
-// in the way, a *recallNeeded.
+// units given back, and at most what every counter on the chain can still
+// hold (capped or not). With no room it returns ErrInvalid when a counter
+// is at MaxInt64, else the *Denial of the first node whose spent usage is
+// at its cap, or, when only unspent reservations are in the way, a
+// *recallNeeded.
 func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
 	room := int64(math.MaxInt64)
-	var blocked *node
+	var denied, blocked *node
+	var deniedLimit int64
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
 		if g == nil {
 			continue
 		}
+		// Spent units move from reserved to used: the sum stays.
+		space := math.MaxInt64 - g.n - g.r + returned
+		if space <= 0 {
+			return 0, invalid("%s on %q is at the largest count it can hold", r, a.name)
+		}
+		room = min(room, space)
 		eff, refuses := g.enforced()
-		if !refuses {
+		if !refuses || denied != nil {
 			continue
 		}
 		if g.n+spent >= eff {
-			// What this request settles is spent too: the denial counts it
-			// where it was spent.
-			return 0, a.denialWith(r, 1, eff, n, spent)
+			denied, deniedLimit = a, eff
+			continue
 		}
-		free := eff - g.n - g.r + returned // spent units leave reserved for used: no change
+		free := eff - g.n - g.r + returned
 		if free <= 0 {
 			blocked = a
 		}
 		room = min(room, free)
+	}
+	if denied != nil {
+		// What this request settles is spent too: the denial counts it
+		// where it was spent.
+		return 0, denied.denialWith(r, 1, deniedLimit, n, spent)
 	}
 	if blocked != nil {
 		return 0, &recallNeeded{node: blocked, resource: r}

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -44,6 +45,15 @@ type session struct {
 
 func (s *session) expired(now int64) bool { return s.id != System && now >= s.expires }
 
+// expiry is when a session renewed at now with ttl expires: at the clock's
+// last instant when a TTL reaches past it, rather than wrapped into the past.
+func expiry(now int64, ttl time.Duration) int64 {
+	if int64(ttl) > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + int64(ttl)
+}
+
 // OpenSession opens a session scoped to the node scope. tokenHash is the
 // SHA-256 of the token the server handed out; the engine never sees tokens.
 func (e *Engine) OpenSession(scope NodeID, tokenHash string, ttl time.Duration) (SessionID, error) {
@@ -79,7 +89,7 @@ func (e *Engine) RenewAll() {
 	defer e.mu.Unlock()
 	now := e.now()
 	for _, s := range e.sessions {
-		s.expires = now + int64(s.ttl)
+		s.expires = expiry(now, s.ttl)
 	}
 }
 
@@ -117,7 +127,7 @@ func (e *Engine) Heartbeat(sid SessionID) (time.Duration, error) {
 		return 0, err
 	}
 	if s.id != System {
-		s.expires = now + int64(s.ttl)
+		s.expires = expiry(now, s.ttl)
 	}
 	return s.ttl, nil
 }

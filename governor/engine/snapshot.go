@@ -64,6 +64,10 @@ type LeaseSnapshot struct {
 	// Block and Count: a block of Count slots (block.go). A lease holds one.
 	Block bool  `json:",omitempty"`
 	Count int64 `json:",omitempty"`
+	// Charges are what the lease's grant charged, all a give-back may
+	// refund (giveback.go). A snapshot written before they were kept has
+	// none, and its leases' charges are never refunded.
+	Charges []Charge `json:",omitempty"`
 }
 
 // TombstoneSnapshot is an ended lease still remembered.
@@ -130,7 +134,8 @@ func (e *Engine) Snapshot() Snapshot {
 	}
 	for _, id := range sortedKeys(e.leases) {
 		l := e.leases[id]
-		ls := LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted}
+		ls := LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted,
+			Charges: slices.Clone(l.charges)}
 		if l.block {
 			ls.Block, ls.Count = true, l.count
 		}
@@ -228,7 +233,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
 			return fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
 		}
-		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: now + int64(ss.TTL),
+		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: expiry(now, ss.TTL),
 			leases: make(map[LeaseID]*lease)}
 		for _, r := range ss.Requests {
 			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
@@ -277,7 +282,12 @@ func (e *Engine) Restore(snap Snapshot) error {
 			(ls.Block && s.blocks[blockKey{n.id, ls.Class}] != nil) {
 			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
 		}
-		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted, count: 1}
+		for _, c := range ls.Charges {
+			if validName("resource", c.Resource) != nil || c.Amount <= 0 {
+				return fmt.Errorf("%w: snapshot lease %d charged %d of %q", ErrCorrupt, ls.ID, c.Amount, c.Resource)
+			}
+		}
+		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted, count: 1, charges: slices.Clone(ls.Charges)}
 		if ls.Block {
 			l.block, l.count = true, ls.Count
 		}

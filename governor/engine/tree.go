@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -721,6 +722,9 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 	}
 	if err := edit.validate(); err != nil {
 		return NodeView{}, err
+	}
+	if int64(a.For) > math.MaxInt64-now {
+		return NodeView{}, invalid("an override of %v would end past the clock's last instant", a.For)
 	}
 	edit = edit.clone() // the event is encoded later, outside the lock
 	fp := fingerprintCaps(id, &edit)

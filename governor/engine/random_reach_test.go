@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"sync"
+	"testing"
+)
+
+// What the randomized driver is there to reach, counted over a run of
+// TestRandomized: a driver change that stops its default seeds reaching
+// one fails the run, rather than leaving a check with nothing to check.
+
+// coverage counts, in one history, the moments the driver is there to
+// reach.
+type coverage struct {
+	// dryRunWritesRefused counts dry runs of writes refused by a
+	// read_only tenant.
+	dryRunWritesRefused int
+	// keptForDeepPin counts ended nodes Reap kept past their retention
+	// for a pin two or more levels below them (I15, I16).
+	keptForDeepPin int
+	// boundsAtLimit counts requests refused at exactly a bound (I17).
+	boundsAtLimit int
+	// reverts counts temporary overrides reverted.
+	reverts int
+	// hostileRefused counts calls refused for their amounts (I24).
+	hostileRefused int
+	// agedGrants counts grants to waiters the aging guard had marked (I22).
+	agedGrants int
+}
+
+// reached sums the coverage of the histories of one run.
+type reached struct {
+	mu    sync.Mutex
+	sum   coverage
+	seeds int
+}
+
+func (r *reached) add(w *world) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := w.tally
+	c.agedGrants = w.m.agedGrants
+	for _, ev := range w.rec.events {
+		if ev.Kind == EvCapsReverted {
+			c.reverts++
+		}
+	}
+	r.sum.dryRunWritesRefused += c.dryRunWritesRefused
+	r.sum.keptForDeepPin += c.keptForDeepPin
+	r.sum.boundsAtLimit += c.boundsAtLimit
+	r.sum.reverts += c.reverts
+	r.sum.hostileRefused += c.hostileRefused
+	r.sum.agedGrants += c.agedGrants
+	r.seeds++
+}
+
+// check fails a run of the default seeds (or more) that never reached one
+// of them.
+func (r *reached) check(t *testing.T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t.Logf("%d histories reached: %+v", r.seeds, r.sum)
+	if r.seeds < 100 || *flagOps < 2000 {
+		return // a single seed, or a short run, need not reach everything
+	}
+	for _, c := range []struct {
+		what string
+		n    int
+	}{
+		{"a dry run of a write refused by a read_only tenant", r.sum.dryRunWritesRefused},
+		{"an ended node kept for a pin two levels below it", r.sum.keptForDeepPin},
+		{"a request refused at exactly a bound", r.sum.boundsAtLimit},
+		{"a temporary override reverted", r.sum.reverts},
+		{"a call refused for a hostile amount", r.sum.hostileRefused},
+		{"a grant to a waiter the aging guard had marked", r.sum.agedGrants},
+	} {
+		if c.n == 0 {
+			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)
+		}
+	}
+}
