@@ -9,10 +9,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/elazarl/goproxy"
+
+	"github.com/governor-project/governor/internal/testcert"
 )
 
 // BenchmarkIntercepted measures keep-alive HTTPS GETs of a 1 KiB response
@@ -35,7 +36,7 @@ func BenchmarkIntercepted(b *testing.B) {
 	}
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0)
-	gp.CertStore = &benchLeafCache{certs: map[string]*tls.Certificate{}}
+	gp.CertStore = &testcert.LeafCache{}
 	gp.Tr = &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256, TLSClientConfig: &tls.Config{RootCAs: certPool(o)}}
 	mitm := &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&ca)}
 	gp.OnRequest().HandleConnect(goproxy.FuncHttpsHandler(func(host string, _ *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
@@ -78,25 +79,6 @@ rules:
 			}
 		})
 	}
-}
-
-// benchLeafCache is goproxy's certificate storage: a map.
-type benchLeafCache struct {
-	mu    sync.Mutex
-	certs map[string]*tls.Certificate
-}
-
-func (c *benchLeafCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cert := c.certs[host]; cert != nil {
-		return cert, nil
-	}
-	cert, err := gen()
-	if err == nil {
-		c.certs[host] = cert
-	}
-	return cert, err
 }
 
 // logAtInfo logs as the binary does by default: the tests' debug log costs

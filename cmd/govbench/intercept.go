@@ -28,6 +28,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/governor-project/governor/internal/testcert"
 	"github.com/governor-project/governor/sidecar/intercept"
 )
 
@@ -517,7 +518,7 @@ func serveGoproxyMITM(certFile, keyFile, upstreamCA string, stdout, stderr io.Wr
 	}
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0)
-	gp.CertStore = &leafCache{certs: map[string]*tls.Certificate{}}
+	gp.CertStore = &testcert.LeafCache{}
 	gp.Tr = &http.Transport{Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, TLSClientConfig: &tls.Config{RootCAs: pool}}
 	mitm := &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&ca)}
 	gp.OnRequest().HandleConnect(goproxy.FuncHttpsHandler(func(host string, _ *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
@@ -530,24 +531,4 @@ func serveGoproxyMITM(certFile, keyFile, upstreamCA string, stdout, stderr io.Wr
 	}
 	fmt.Fprintln(stdout, ln.Addr())
 	return serveUntilKilled(ln, gp, stderr)
-}
-
-// leafCache is goproxy's certificate storage: a map, so that a host's leaf
-// is signed once, as the sidecar's are.
-type leafCache struct {
-	mu    sync.Mutex
-	certs map[string]*tls.Certificate
-}
-
-func (c *leafCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cert := c.certs[host]; cert != nil {
-		return cert, nil
-	}
-	cert, err := gen()
-	if err == nil {
-		c.certs[host] = cert
-	}
-	return cert, err
 }
