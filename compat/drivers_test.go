@@ -61,20 +61,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := sidecar.Start(context.Background(), cfg, sidecar.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		p.Shutdown(ctx)
-	})
-	select {
-	case <-p.Ready():
-	case <-time.After(waitFor):
-		t.Fatal("the sidecar opened no session with governord")
-	}
+	p := startSidecar(t, cfg, sidecar.Options{})
 	s := &pgSetup{admin: dsn.String()}
 	host, port, _ := net.SplitHostPort(dsn.Host)
 	s.direct = pgTarget{mode: "direct", host: host, port: port, database: name}
@@ -156,4 +143,25 @@ func (p pgTarget) dsn() string {
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(scramUser, scramPassword), Host: net.JoinHostPort(p.host, p.port),
 		Path: "/" + p.database, RawQuery: "sslmode=disable&application_name=compat-libpq"}
 	return u.String()
+}
+
+// startSidecar starts a sidecar in this process and waits for its session
+// with governord; it is shut down when the test ends.
+func startSidecar(t *testing.T, cfg sidecar.Config, opts sidecar.Options) *sidecar.Sidecar {
+	t.Helper()
+	p, err := sidecar.Start(context.Background(), cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+	})
+	select {
+	case <-p.Ready():
+	case <-time.After(waitFor):
+		t.Fatal("the sidecar opened no session with governord")
+	}
+	return p
 }

@@ -164,20 +164,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := sidecar.Start(context.Background(), cfg, sidecar.Options{Resolver: originResolver{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		p.Shutdown(ctx)
-	})
-	select {
-	case <-p.Ready():
-	case <-time.After(waitFor):
-		t.Fatal("the sidecar opened no session with governord")
-	}
+	p := startSidecar(t, cfg, sidecar.Options{Resolver: originResolver{}})
 	s := &httpSetup{proxy: p, httpURL: "http://" + originHost + ":" + portOf(plain.URL),
 		httpsURL: "https://" + originHost + ":" + portOf(secure.URL), ca: cert.CertFile, tmp: t.TempDir(),
 		quotaURL:  "http://" + quotaHost + ":" + portOf(plain.URL) + "/quota",
