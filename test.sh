@@ -52,7 +52,7 @@ if (($# == 0)); then
 fi
 
 # The official OpenAI and Anthropic SDKs (npm) through the sidecar's metered
-# routes to a fake provider (sidecar/metering_sdk_test.go; npm ci from the
+# routes to a fake provider (proxy/metering_sdk_test.go; npm ci from the
 # committed lockfile, under a minute). Only on a full run.
 if (($# == 0)); then
 	echo "== LLM SDKs through metered routes"

@@ -13,7 +13,7 @@ import (
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
-	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/proxy"
 )
 
 // scramUser logs in with SCRAM-SHA-256 (scripts/testpg.sh creates it).
@@ -47,7 +47,7 @@ func startPG(t *testing.T) *pgSetup {
 		CREATE TABLE compat_denied (id int);
 		GRANT ALL ON compat_items, compat_denied TO `+scramUser)
 	g := govtest.Start(t, nil)
-	cfg, err := sidecar.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-drivers, quotas: {never: 0}}
 http: {listen: 127.0.0.1:0}
@@ -61,7 +61,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startSidecar(t, cfg, sidecar.Options{})
+	p := startSidecar(t, cfg, proxy.Options{})
 	s := &pgSetup{admin: dsn.String()}
 	host, port, _ := net.SplitHostPort(dsn.Host)
 	s.direct = pgTarget{mode: "direct", host: host, port: port, database: name}
@@ -147,9 +147,9 @@ func (p pgTarget) dsn() string {
 
 // startSidecar starts a sidecar in this process and waits for its session
 // with governord; it is shut down when the test ends.
-func startSidecar(t *testing.T, cfg sidecar.Config, opts sidecar.Options) *sidecar.Sidecar {
+func startSidecar(t *testing.T, cfg proxy.Config, opts proxy.Options) *proxy.Sidecar {
 	t.Helper()
-	p, err := sidecar.Start(context.Background(), cfg, opts)
+	p, err := proxy.Start(context.Background(), cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/proxy"
 )
 
 // originHost is the origins' name. Only the proxy's resolver knows it, so a
@@ -128,7 +128,7 @@ func (o *origin) sse(w http.ResponseWriter, r *http.Request) {
 
 // httpSetup is a sidecar in front of a plain and a TLS origin.
 type httpSetup struct {
-	proxy             *sidecar.Sidecar
+	proxy             *proxy.Sidecar
 	httpURL, httpsURL string // the origins' bases, named originHost
 	quotaURL, slowURL string // what the proxy denies: quota, and wait-timeout
 	tunnelURL         string // an https URL whose CONNECT the proxy denies (quota)
@@ -148,7 +148,7 @@ func startHTTP(t *testing.T) *httpSetup {
 	t.Cleanup(secure.Close)
 
 	g := govtest.Start(t, nil)
-	cfg, err := sidecar.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-http, quotas: {never: 0}, limits: {slow: 1}}
 http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], wait_timeout: 300ms}
@@ -164,7 +164,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startSidecar(t, cfg, sidecar.Options{Resolver: originResolver{}})
+	p := startSidecar(t, cfg, proxy.Options{Resolver: originResolver{}})
 	s := &httpSetup{proxy: p, httpURL: "http://" + originHost + ":" + portOf(plain.URL),
 		httpsURL: "https://" + originHost + ":" + portOf(secure.URL), ca: cert.CertFile, tmp: t.TempDir(),
 		quotaURL:  "http://" + quotaHost + ":" + portOf(plain.URL) + "/quota",

@@ -20,8 +20,8 @@ import (
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/sidecar"
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 // interceptDomain is where the intercepted origins are: each client asks
@@ -68,7 +68,7 @@ func (c *hostCounter) served(host string) int {
 // interceptSetup is a sidecar that intercepts every host below
 // interceptDomain, with a CA of its own, in front of one TLS origin.
 type interceptSetup struct {
-	proxy  *sidecar.Sidecar
+	proxy  *proxy.Sidecar
 	origin *hostCounter
 	port   string // the origin's
 	ca     string // the interception CA's certificate, which clients trust
@@ -112,7 +112,7 @@ func startIntercept(t *testing.T, clients []interceptClient) *interceptSetup {
 		rules = append(rules, fmt.Sprintf("  - {name: %[1]s, match: {host: %[1]s.%[2]s}, charge: {%[1]s: 1}}", c.label, interceptDomain))
 	}
 	g := govtest.Start(t, nil)
-	cfg, err := sidecar.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-intercept, quotas: {%s}}
 http:
@@ -127,7 +127,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startSidecar(t, cfg, sidecar.Options{Resolver: originResolver{}})
+	p := startSidecar(t, cfg, proxy.Options{Resolver: originResolver{}})
 	s.proxy = p
 	return s
 }

@@ -38,8 +38,8 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 
 	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/server"
-	"github.com/governor-project/governor/sidecar"
 )
 
 const (
@@ -97,7 +97,7 @@ func describe(t *testing.T, c prometheus.Collector, into series) {
 func served(t *testing.T) series {
 	t.Helper()
 	g := govtest.Start(t, nil)
-	cfg, err := sidecar.ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := proxy.ParseConfig([]byte(fmt.Sprintf(`
 governor: {addr: %q, api_key: %s}
 task: {name: deploy-test}
 http: {listen: 127.0.0.1:0}
@@ -110,7 +110,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := sidecar.Start(context.Background(), cfg, sidecar.Options{})
+	p, err := proxy.Start(context.Background(), cfg, proxy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,14 +615,14 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 	if !ha.HA.Enabled || ha.Store.Driver != "postgres" || ha.HA.AdvertiseAddr != "crawler-0.governord-peers.default.svc:7600" {
 		t.Fatalf("governord's config with standbys: %+v", ha)
 	}
-	pcfg, err := sidecar.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
+	pcfg, err := proxy.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
 	if err != nil {
 		t.Fatalf("the sidecar's config: %v", err)
 	}
 	if pcfg.HTTP.WaitTimeout != 30*time.Second || pcfg.Rules == nil {
 		t.Fatalf("the sidecar's config: %+v", pcfg)
 	}
-	icfg, err := sidecar.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
+	icfg, err := proxy.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
 	if err != nil {
 		t.Fatalf("the intercepting sidecar's config: %v", err)
 	}
@@ -641,11 +641,11 @@ func TestKubernetesConfigTypoFails(t *testing.T) {
 		t.Error("governord's config with metric_listen: loaded")
 	}
 	ptext := configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml")
-	if _, err := sidecar.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
+	if _, err := proxy.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
 		t.Error("the sidecar's config with wait_timout: loaded")
 	}
 	itext := configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml")
-	if _, err := sidecar.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
+	if _, err := proxy.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
 		t.Error("the intercepting sidecar's config with ca_keyfile: loaded")
 	}
 }

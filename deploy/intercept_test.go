@@ -18,8 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/sidecar"
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 const interceptManifest = "kubernetes/worker-with-sidecar-intercept.yaml"
@@ -169,8 +169,8 @@ func TestKubernetesInterceptCA(t *testing.T) {
 	}
 
 	// The sidecar's config, from the ConfigMap its -config is in.
-	proxy := container(t, spec.InitContainers, "governor-proxy")
-	cfgVolume, cfgKey, ok := mounted(proxy, flagValue(proxy.Args, "-config"))
+	sidecar := container(t, spec.InitContainers, "governor-proxy")
+	cfgVolume, cfgKey, ok := mounted(sidecar, flagValue(sidecar.Args, "-config"))
 	if !ok {
 		t.Fatalf("the sidecar's -config is in none of its mounts")
 	}
@@ -183,7 +183,7 @@ func TestKubernetesInterceptCA(t *testing.T) {
 	if cm == nil || cm.Data[cfgKey] == "" {
 		t.Fatalf("the sidecar's -config is not a key of a ConfigMap of the manifest")
 	}
-	cfg, err := sidecar.ParseConfig([]byte(cm.Data[cfgKey]))
+	cfg, err := proxy.ParseConfig([]byte(cm.Data[cfgKey]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestKubernetesInterceptCA(t *testing.T) {
 	}
 	sidecarFile := func(key, p string) string {
 		t.Helper()
-		v, inside, ok := mounted(proxy, p)
+		v, inside, ok := mounted(sidecar, p)
 		if !ok || v != caVolume {
 			t.Fatalf("http.intercept.%s %s is not in the sidecar's mount of the CA's volume", key, p)
 		}
@@ -249,7 +249,7 @@ func TestKubernetesInterceptCA(t *testing.T) {
 			t.Errorf("the worker's %s (%s) holds the CA: %v, the public roots: %v; want true, %v", tc.env, p, hasCA, hasRoots, tc.withRoots)
 		}
 	}
-	_, keyInside, _ := mounted(proxy, ic.CAKey)
+	_, keyInside, _ := mounted(sidecar, ic.CAKey)
 	for _, m := range worker.VolumeMounts {
 		if m.Name == caVolume && (m.SubPath == "" || keyInside == m.SubPath || strings.HasPrefix(keyInside, m.SubPath+"/")) {
 			t.Errorf("the worker's mount %s of %s reaches the CA's key", m.MountPath, m.Name)

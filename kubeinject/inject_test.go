@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/proxy"
 )
 
 func TestPointDSN(t *testing.T) {
@@ -181,12 +181,12 @@ func TestConfigErrors(t *testing.T) {
 // The places the injector assumes are the sidecar's defaults, so that a
 // ConfigMap that leaves http.listen out works.
 func TestPlacesAreTheSidecarsDefaults(t *testing.T) {
-	if ProxyListen != sidecar.DefaultListen {
-		t.Errorf("ProxyListen %s, the sidecar's default %s", ProxyListen, sidecar.DefaultListen)
+	if ProxyListen != proxy.DefaultListen {
+		t.Errorf("ProxyListen %s, the sidecar's default %s", ProxyListen, proxy.DefaultListen)
 	}
-	_, port, _ := net.SplitHostPort(sidecar.DefaultMetricsListen)
+	_, port, _ := net.SplitHostPort(proxy.DefaultMetricsListen)
 	if strconv.Itoa(MetricsPort) != port {
-		t.Errorf("MetricsPort %d, the sidecar's default %s", MetricsPort, sidecar.DefaultMetricsListen)
+		t.Errorf("MetricsPort %d, the sidecar's default %s", MetricsPort, proxy.DefaultMetricsListen)
 	}
 	if len(metricsPortName) > 15 {
 		t.Errorf("the port name %s is over 15 characters", metricsPortName)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llmsdk.sh runs the sidecar's tests that drive the official LLM SDKs (the
 # openai and @anthropic-ai/sdk npm packages) to a fake provider
-# (sidecar/metering_sdk_test.go), through metered base-URL routes and, with
+# (proxy/metering_sdk_test.go), through metered base-URL routes and, with
 # no base URL, through intercepted tunnels. ./test.sh runs it after go test,
 # where those tests skip for want of the SDKs.
 #
@@ -29,5 +29,5 @@ if (($(node_major) < 18)); then
 	exit 1
 fi
 
-(cd sidecar/testdata/llmsdk && npm ci --no-audit --no-fund --loglevel=error)
-GOVERNOR_TEST_LLMSDK=1 go test -count=1 -run 'TestSDKs' ./sidecar
+(cd proxy/testdata/llmsdk && npm ci --no-audit --no-fund --loglevel=error)
+GOVERNOR_TEST_LLMSDK=1 go test -count=1 -run 'TestSDKs' ./proxy

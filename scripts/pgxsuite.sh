@@ -4,13 +4,13 @@
 # and through governor-proxy's pgwire listener, ungoverned and governed
 # (`sql: any`). It fails when a test that passes directly fails, or is
 # skipped, through the proxy, unless the test is listed, with its reason, as
-# one a proxy cannot pass by its nature (sidecar/pgwire/pgxsuite_test.go).
+# one a proxy cannot pass by its nature (pgwire/pgxsuite_test.go).
 #
 #   scripts/pgxsuite.sh             every package of pgx's module (what ./test.sh runs; 4 to 5 minutes)
 #   scripts/pgxsuite.sh -short      pgx, pgconn, pgxpool and stdlib only (3 minutes)
 #   scripts/pgxsuite.sh -v          later arguments go to the harness's go test
 #
-# The harness is TestPgxSuite in sidecar/pgwire; it skips unless this script
+# The harness is TestPgxSuite in pgwire; it skips unless this script
 # sets GOVERNOR_PGX_SUITE. The server is set up as pgx's CI does: its
 # testsetup/postgresql_setup.sql (extensions, roles), its pg_hba.conf lines,
 # and the certificates of its testsetup/generate_certs.go, in a server of
@@ -90,4 +90,4 @@ done
 export GOVERNOR_PGX_SUITE=$packages
 export GOVERNOR_PGX_CERTS=$certs
 echo "pgxsuite.sh: pgx $(go list -m -f '{{.Version}}' github.com/jackc/pgx/v5), packages: $packages"
-go test -count=1 -timeout 60m -run '^TestPgxSuite$' ./sidecar/pgwire "$@"
+go test -count=1 -timeout 60m -run '^TestPgxSuite$' ./pgwire "$@"

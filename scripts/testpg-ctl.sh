@@ -7,7 +7,7 @@
 #             and start it again on the same port; answers "restarted"
 #
 # At end of input it stops the server and removes its files. The HA checker
-# (ha/) runs it, so that its PostgreSQL restarts touch no other test's server.
+# (hacheck/) runs it, so that its PostgreSQL restarts touch no other test's server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/testpg.sh >&2

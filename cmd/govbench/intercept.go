@@ -29,7 +29,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 // The interception runs of the sidecar scenario: HTTPS through the

@@ -24,7 +24,7 @@ import (
 	"syscall"
 
 	"github.com/governor-project/governor/internal/tracing"
-	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/proxy"
 )
 
 func main() {
@@ -51,7 +51,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg, err := sidecar.LoadConfig(*configPath)
+	cfg, err := proxy.LoadConfig(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
 		return 2
@@ -65,10 +65,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer endTracing(context.Background())
-	p, err := sidecar.Start(ctx, cfg, sidecar.Options{Logger: log})
+	p, err := proxy.Start(ctx, cfg, proxy.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
-		if sidecar.IsConfigError(err) {
+		if proxy.IsConfigError(err) {
 			return 2
 		}
 		return 1

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 const caUsage = `usage: governor ca create -out DIR [-hosts h1,h2,...] [-validity 90d] [-name CN] [-bundle-roots FILE] [-force]

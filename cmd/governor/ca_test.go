@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 func fileMode(t *testing.T, path string) os.FileMode {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/server"
-	"github.com/governor-project/governor/sidecar"
 )
 
 const doctorUsage = `usage: governor doctor [-config governord.yaml] [-proxy-config proxy.yaml]... [-json] [flags]
@@ -160,7 +160,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 		}
 	}
 	if o.waitTimeout == 0 {
-		o.waitTimeout = sidecar.DefaultWaitTimeout
+		o.waitTimeout = proxy.DefaultWaitTimeout
 	}
 	for _, p := range proxies {
 		out = append(out, checkUpstreams(ctx, p)...)

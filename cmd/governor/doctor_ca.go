@@ -3,7 +3,7 @@ package main
 import (
 	"time"
 
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 // checkInterceptCA looks at the CA of a sidecar config's http.intercept, as

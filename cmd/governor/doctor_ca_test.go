@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/governor-project/governor/sidecar/intercept"
+	"github.com/governor-project/governor/proxy/intercept"
 )
 
 // interceptConfig writes, in a directory of its own named name, a CA made

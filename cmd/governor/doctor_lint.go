@@ -10,14 +10,14 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/server"
-	"github.com/governor-project/governor/sidecar"
 )
 
 // proxyFile is a sidecar config that loaded, with its rules as written.
 type proxyFile struct {
 	path  string
-	cfg   sidecar.Config
+	cfg   proxy.Config
 	rules []lintRule
 	task  lintTask
 }
@@ -69,7 +69,7 @@ func (l *stringOrList) UnmarshalYAML(n *yaml.Node) error {
 // lintAgainstCaps checks them against governord's caps later, once it is
 // known whether governord can say what they are.
 func lintProxy(file string) (*proxyFile, []finding) {
-	cfg, err := sidecar.LoadClassification(file)
+	cfg, err := proxy.LoadClassification(file)
 	if err != nil {
 		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(),
 			Fix: "correct the key named; governor-proxy refuses to start (or to reload) with this file"}}

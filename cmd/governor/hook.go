@@ -17,7 +17,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/sidecar/admission"
+	"github.com/governor-project/governor/proxy/admission"
 )
 
 const hookUsage = `usage: governor hook -agent claude|codex [-max-calls N] [-max-subagents N] [-max-duration D] [-parent NODE] [-warn-only]

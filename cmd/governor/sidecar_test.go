@@ -14,23 +14,23 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/api/governorpb"
-	"github.com/governor-project/governor/sidecar"
+	"github.com/governor-project/governor/proxy"
 )
 
 // startSidecar starts a governor-proxy in this process from the config
 // text (written to a file in a folder of the test's own, whose path it
 // returns with it), and waits for its session with governord.
-func startSidecar(t *testing.T, config string) (*sidecar.Sidecar, string) {
+func startSidecar(t *testing.T, config string) (*proxy.Sidecar, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "proxy.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := sidecar.LoadConfig(path)
+	cfg, err := proxy.LoadConfig(path)
 	if err != nil {
 		t.Fatalf("sidecar config: %v\n%s", err, config)
 	}
-	s, err := sidecar.Start(context.Background(), cfg, sidecar.Options{})
+	s, err := proxy.Start(context.Background(), cfg, proxy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func startSidecar(t *testing.T, config string) (*sidecar.Sidecar, string) {
 
 // viaSidecar is a client that calls the sidecar as a worker given a base
 // URL does: at its own address, the path under a route.
-func viaSidecar(s *sidecar.Sidecar) (*http.Client, *url.URL) {
+func viaSidecar(s *proxy.Sidecar) (*http.Client, *url.URL) {
 	return &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}, &url.URL{Scheme: "http", Host: s.Addr()}
 }
 

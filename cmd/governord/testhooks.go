@@ -6,7 +6,7 @@ import (
 	"github.com/governor-project/governor/server"
 )
 
-// testIgnoreLeaseEnv plants a bug for the HA checker's own test (ha/): a
+// testIgnoreLeaseEnv plants a bug for the HA checker's own test (hacheck/): a
 // leader that answers past its lease. Never set it in production.
 const testIgnoreLeaseEnv = "GOVERNOR_TEST_HA_IGNORE_LEASE"
 
