@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -508,113 +509,147 @@ func compileRule(fr *fileRule) (rule, error) {
 }
 
 func compileMatch(r *rule, m *fileMatch) error {
-	var httpFields, sqlFields []string
+	httpFields, err := compileHTTPMatch(r, m)
+	if err != nil {
+		return err
+	}
+	sqlFields, err := compileSQLMatch(r, m)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(httpFields) > 0 && len(sqlFields) > 0:
+		return fieldErr("match", "mixes HTTP fields (%s) with SQL fields (%s); a rule matches one kind of traffic, so split it in two",
+			strings.Join(httpFields, ", "), strings.Join(sqlFields, ", "))
+	case len(httpFields) > 0:
+		r.kind, r.fieldList = kindHTTP, strings.Join(httpFields, ", ")
+	case len(sqlFields) > 0:
+		r.kind, r.fieldList = kindSQL, strings.Join(sqlFields, ", ")
+	}
+	return nil
+}
+
+// compileHTTPMatch compiles the match's HTTP fields into r and names the
+// fields it has.
+func compileHTTPMatch(r *rule, m *fileMatch) (fields []string, err error) {
 	if m.Host != nil {
-		httpFields = append(httpFields, "host")
-		h := strings.TrimSuffix(*m.Host, ".")
-		switch {
-		case strings.Contains(h, "://") || strings.ContainsAny(h, "/ \t"):
-			return fieldErr("match.host", "%q is not a host name or glob (no scheme, path or spaces; those are fields of their own)", *m.Host)
-		case strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") && net.ParseIP(h[1:len(h)-1]) != nil:
-			h = h[1 : len(h)-1] // an IPv6 literal; requests are matched without brackets
-		case strings.Contains(h, ":") && net.ParseIP(h) == nil:
-			return fieldErr("match.host", "%q has a port; use match.port", *m.Host)
+		fields = append(fields, "host")
+		if r.host, err = compileHost(*m.Host); err != nil {
+			return nil, err
 		}
-		g, err := compileGlob(h, true)
-		if err != nil {
-			return fieldErr("match.host", "%v", err)
-		}
-		r.host = g
 	}
 	if m.Port != nil {
-		httpFields = append(httpFields, "port")
+		fields = append(fields, "port")
 		if *m.Port < 1 || *m.Port > 65535 {
-			return fieldErr("match.port", "%d is outside 1-65535", *m.Port)
+			return nil, fieldErr("match.port", "%d is outside 1-65535", *m.Port)
 		}
 		r.port = int(*m.Port)
 	}
 	if m.Scheme != nil {
-		httpFields = append(httpFields, "scheme")
+		fields = append(fields, "scheme")
 		s := strings.ToLower(*m.Scheme)
 		if s != "http" && s != "https" {
-			return fieldErr("match.scheme", "%q is not http or https", *m.Scheme)
+			return nil, fieldErr("match.scheme", "%q is not http or https", *m.Scheme)
 		}
 		r.scheme = s
 	}
 	if m.Method.set {
-		httpFields = append(httpFields, "method")
-		if len(m.Method.items) == 0 {
-			return fieldErr("match.method", "is an empty list; leave the key out to match any method")
-		}
-		for _, meth := range m.Method.items {
-			up := strings.ToUpper(meth)
-			known := false
-			for _, hm := range httpMethods {
-				known = known || hm == up
-			}
-			if !known {
-				return fieldErr("match.method", "%q is not an HTTP method (one of %s)", meth, strings.Join(httpMethods, ", "))
-			}
-			r.methods = append(r.methods, up)
+		fields = append(fields, "method")
+		if r.methods, err = compileMethods(m.Method.items); err != nil {
+			return nil, err
 		}
 	}
 	if m.Path != nil {
-		httpFields = append(httpFields, "path")
-		p, err := compilePath(*m.Path)
-		if err != nil {
-			return fieldErr("match.path", "%v", err)
+		fields = append(fields, "path")
+		if r.path, err = compilePath(*m.Path); err != nil {
+			return nil, fieldErr("match.path", "%v", err)
 		}
-		r.path = p
 	}
 	if m.Header != nil {
-		httpFields = append(httpFields, "header")
-		if len(m.Header) == 0 {
-			return fieldErr("match.header", "is empty; leave the key out to match any headers")
-		}
-		for _, name := range sortedKeys(m.Header) {
-			if !isToken(name) {
-				return fieldErr("match.header", "%q is not a header name", name)
-			}
-			g, err := compileGlob(m.Header[name], false)
-			if err != nil {
-				if errors.Is(err, errEmptyPattern) {
-					return fieldErr("match.header."+name, "is empty; use \"*\" to match any value")
-				}
-				return fieldErr("match.header."+name, "%v", err)
-			}
-			r.headers = append(r.headers, headerMatch{name: textproto.CanonicalMIMEHeaderKey(name), value: g})
+		fields = append(fields, "header")
+		if r.headers, err = compileHeaders(m.Header); err != nil {
+			return nil, err
 		}
 	}
+	return fields, nil
+}
+
+// compileHost compiles match.host: a host name or glob, or an IP literal
+// (an IPv6 one with or without brackets), never a URL or a port.
+func compileHost(host string) (*glob, error) {
+	h := strings.TrimSuffix(host, ".")
+	switch {
+	case strings.Contains(h, "://") || strings.ContainsAny(h, "/ \t"):
+		return nil, fieldErr("match.host", "%q is not a host name or glob (no scheme, path or spaces; those are fields of their own)", host)
+	case strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") && net.ParseIP(h[1:len(h)-1]) != nil:
+		h = h[1 : len(h)-1] // an IPv6 literal; requests are matched without brackets
+	case strings.Contains(h, ":") && net.ParseIP(h) == nil:
+		return nil, fieldErr("match.host", "%q has a port; use match.port", host)
+	}
+	g, err := compileGlob(h, true)
+	if err != nil {
+		return nil, fieldErr("match.host", "%v", err)
+	}
+	return g, nil
+}
+
+// compileMethods compiles match.method, upper-cased.
+func compileMethods(items []string) ([]string, error) {
+	if len(items) == 0 {
+		return nil, fieldErr("match.method", "is an empty list; leave the key out to match any method")
+	}
+	var methods []string
+	for _, meth := range items {
+		up := strings.ToUpper(meth)
+		if !slices.Contains(httpMethods, up) {
+			return nil, fieldErr("match.method", "%q is not an HTTP method (one of %s)", meth, strings.Join(httpMethods, ", "))
+		}
+		methods = append(methods, up)
+	}
+	return methods, nil
+}
+
+// compileHeaders compiles match.header: a glob for each header's value,
+// in the order of the names.
+func compileHeaders(headers map[string]string) ([]headerMatch, error) {
+	if len(headers) == 0 {
+		return nil, fieldErr("match.header", "is empty; leave the key out to match any headers")
+	}
+	var out []headerMatch
+	for _, name := range sortedKeys(headers) {
+		if !isToken(name) {
+			return nil, fieldErr("match.header", "%q is not a header name", name)
+		}
+		g, err := compileGlob(headers[name], false)
+		if err != nil {
+			if errors.Is(err, errEmptyPattern) {
+				return nil, fieldErr("match.header."+name, "is empty; use \"*\" to match any value")
+			}
+			return nil, fieldErr("match.header."+name, "%v", err)
+		}
+		out = append(out, headerMatch{name: textproto.CanonicalMIMEHeaderKey(name), value: g})
+	}
+	return out, nil
+}
+
+// compileSQLMatch compiles the match's SQL fields into r and names the
+// fields it has.
+func compileSQLMatch(r *rule, m *fileMatch) (fields []string, err error) {
 	if m.SQL.set {
-		sqlFields = append(sqlFields, "sql")
-		if len(m.SQL.items) == 0 {
-			return fieldErr("match.sql", "is an empty list; use [any] to match every statement")
-		}
-		for _, k := range m.SQL.items {
-			lk := strings.ToLower(k)
-			if lk == KindAny {
-				r.sqlAny = true
-				continue
-			}
-			bit, ok := sqlKindBits[lk]
-			if !ok {
-				return fieldErr("match.sql", "%q is not a statement kind (one of any, %s)", k, strings.Join(SQLKinds(), ", "))
-			}
-			r.sqlKinds |= bit
-		}
-		if r.sqlAny {
-			r.sqlKinds = 0
+		fields = append(fields, "sql")
+		if r.sqlAny, r.sqlKinds, err = compileSQLKinds(m.SQL.items); err != nil {
+			return nil, err
 		}
 	}
 	if m.Tables.set {
-		sqlFields = append(sqlFields, "tables")
+		fields = append(fields, "tables")
 		if len(m.Tables.items) == 0 {
-			return fieldErr("match.tables", "is an empty list; leave the key out to match any tables")
+			return nil, fieldErr("match.tables", "is an empty list; leave the key out to match any tables")
 		}
 		for _, t := range m.Tables.items {
 			g, err := compileGlob(t, true)
 			if err != nil {
-				return fieldErr("match.tables", "%v", err)
+				return nil, fieldErr("match.tables", "%v", err)
 			}
 			r.tables = append(r.tables, tablePattern{glob: g, qualified: strings.Contains(t, ".")})
 		}
@@ -627,23 +662,37 @@ func compileMatch(r *rule, m *fileMatch) error {
 		if f.v == nil {
 			continue
 		}
-		sqlFields = append(sqlFields, f.key)
+		fields = append(fields, f.key)
 		g, err := compileGlob(*f.v, false)
 		if err != nil {
-			return fieldErr("match."+f.key, "%v", err)
+			return nil, fieldErr("match."+f.key, "%v", err)
 		}
 		*f.dst = g
 	}
-	switch {
-	case len(httpFields) > 0 && len(sqlFields) > 0:
-		return fieldErr("match", "mixes HTTP fields (%s) with SQL fields (%s); a rule matches one kind of traffic, so split it in two",
-			strings.Join(httpFields, ", "), strings.Join(sqlFields, ", "))
-	case len(httpFields) > 0:
-		r.kind, r.fieldList = kindHTTP, strings.Join(httpFields, ", ")
-	case len(sqlFields) > 0:
-		r.kind, r.fieldList = kindSQL, strings.Join(sqlFields, ", ")
+	return fields, nil
+}
+
+// compileSQLKinds compiles match.sql: any, or a set of statement kinds.
+func compileSQLKinds(items []string) (matchAny bool, kinds uint32, err error) {
+	if len(items) == 0 {
+		return false, 0, fieldErr("match.sql", "is an empty list; use [any] to match every statement")
 	}
-	return nil
+	for _, k := range items {
+		lk := strings.ToLower(k)
+		if lk == KindAny {
+			matchAny = true
+			continue
+		}
+		bit, ok := sqlKindBits[lk]
+		if !ok {
+			return false, 0, fieldErr("match.sql", "%q is not a statement kind (one of any, %s)", k, strings.Join(SQLKinds(), ", "))
+		}
+		kinds |= bit
+	}
+	if matchAny {
+		kinds = 0
+	}
+	return matchAny, kinds, nil
 }
 
 func checkName(s string) error {
