@@ -454,17 +454,9 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		c.Governor.Addr = deref(g.Addr)
 		c.Governor.APIKey = deref(g.APIKey)
 	}
-	if t := f.Task; t != nil {
-		c.Task = TaskConfig{Name: deref(t.Name), Quotas: t.Quotas, Limits: t.Limits, SubtaskIdle: deref(t.SubtaskIdle)}
-		if t.SubtaskIdle != nil && *t.SubtaskIdle < time.Second {
-			return Config{}, keyErr("task.subtask_idle", "%v is under 1s", *t.SubtaskIdle)
-		}
-		if d := t.Deadline; d != nil {
-			c.Task.Deadline = d.at
-			if d.after > 0 {
-				c.Task.Deadline = now.Add(d.after)
-			}
-		}
+	var err error
+	if c.Task, err = f.task(now); err != nil {
+		return Config{}, err
 	}
 	if m := f.Mode; m != nil {
 		switch *m {
@@ -475,28 +467,8 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 			return Config{}, keyErr("mode", "%q is not enforce or shadow", *m)
 		}
 	}
-	if h := f.HTTP; h != nil {
-		set(&c.HTTP.Listen, h.Listen)
-		set(&c.HTTP.WaitTimeout, h.WaitTimeout)
-		set(&c.HTTP.Unmatched, h.Unmatched)
-		set(&c.HTTP.TunnelIdleTimeout, h.TunnelIdleTimeout)
-		set(&c.HTTP.BodyIdleTimeout, h.BodyIdleTimeout)
-		set(&c.HTTP.ShutdownTimeout, h.ShutdownTimeout)
-		set(&c.HTTP.AllowLinkLocal, h.AllowLinkLocal)
-		set(&c.HTTP.RateLimitHeaders, h.RateLimitHeaders)
-		set(&c.HTTP.ReadHeaderTimeout, h.ReadHeaderTimeout)
-		set(&c.HTTP.MaxHeaderBytes, h.MaxHeaderBytes)
-		set(&c.HTTP.IdleTimeout, h.IdleTimeout)
-		set(&c.HTTP.DialTimeout, h.DialTimeout)
-		set(&c.HTTP.ResponseHeaderTimeout, h.ResponseHeaderTimeout)
-		set(&c.HTTP.AllowRemoteClients, h.AllowRemoteClients)
-		set(&c.HTTP.Password, h.Password)
-		if err := c.HTTP.parseTargets(h.AllowTargets, h.ConnectPorts); err != nil {
-			return Config{}, err
-		}
-		if err := c.HTTP.Intercept.parse(h.Intercept); err != nil {
-			return Config{}, err
-		}
+	if err := f.http(&c.HTTP); err != nil {
+		return Config{}, err
 	}
 	set(&c.MetricsListen, f.MetricsListen)
 	c.Delegation = DefaultDelegation
@@ -507,46 +479,114 @@ func (f *fileConfig) validate(now time.Time, complete bool) (Config, error) {
 		set(&c.Delegation.MaxReservation, d.MaxReservation)
 		set(&c.Delegation.SettleEvery, d.SettleEvery)
 	}
-	for i, p := range f.PGWire {
-		c.PGWire = append(c.PGWire, PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
-			WaitTimeout: c.HTTP.WaitTimeout, MaxMessageBytes: pgwire.DefaultMaxMessageSize})
-		set(&c.PGWire[i].WaitTimeout, p.WaitTimeout)
-		set(&c.PGWire[i].MaxMessageBytes, p.MaxMessage)
-		set(&c.PGWire[i].CapNotices, p.CapNotices)
-		if t := p.TLS; t != nil {
-			c.PGWire[i].TLS = TLSFiles{CertFile: deref(t.CertFile), KeyFile: deref(t.KeyFile)}
-		}
-		if u := p.UpstreamTLS; u != nil {
-			c.PGWire[i].UpstreamTLS = UpstreamTLS{Enabled: deref(u.Enabled), CAFile: deref(u.CAFile), ServerName: deref(u.ServerName)}
-		}
-		if c.PGWire[i].TaskFrom != "" && c.PGWire[i].TaskFrom != "application_name" {
-			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].task_from", i), "%q is not \"application_name\" (or empty, for the task itself)", c.PGWire[i].TaskFrom)
-		}
-		if p.Listen == nil {
-			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].listen", i), "is missing")
-		}
-		if p.Upstream == nil {
-			return Config{}, keyErr(fmt.Sprintf("pgwire[%d].upstream", i), "is missing")
-		}
+	if c.PGWire, err = f.pgwire(c.HTTP.WaitTimeout); err != nil {
+		return Config{}, err
 	}
-	for i, r := range f.Routes {
-		key := fmt.Sprintf("routes[%d]", i)
-		if r.Prefix == nil {
-			return Config{}, keyErr(key+".prefix", "is missing")
-		}
-		if r.Upstream == nil {
-			return Config{}, keyErr(key+".upstream", "is missing")
-		}
-		route, err := parseRoute(key, *r.Prefix, *r.Upstream)
-		if err != nil {
-			return Config{}, err
-		}
-		c.Routes = append(c.Routes, route)
+	if c.Routes, err = f.routes(); err != nil {
+		return Config{}, err
 	}
 	if err := c.validate(complete); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// task is the task: section, with a deadline given as a duration counted
+// from now.
+func (f *fileConfig) task(now time.Time) (TaskConfig, error) {
+	t := f.Task
+	if t == nil {
+		return TaskConfig{}, nil
+	}
+	c := TaskConfig{Name: deref(t.Name), Quotas: t.Quotas, Limits: t.Limits, SubtaskIdle: deref(t.SubtaskIdle)}
+	if t.SubtaskIdle != nil && *t.SubtaskIdle < time.Second {
+		return TaskConfig{}, keyErr("task.subtask_idle", "%v is under 1s", *t.SubtaskIdle)
+	}
+	if d := t.Deadline; d != nil {
+		c.Deadline = d.at
+		if d.after > 0 {
+			c.Deadline = now.Add(d.after)
+		}
+	}
+	return c, nil
+}
+
+// http sets what the http: section gives over c's defaults.
+func (f *fileConfig) http(c *HTTPConfig) error {
+	h := f.HTTP
+	if h == nil {
+		return nil
+	}
+	set(&c.Listen, h.Listen)
+	set(&c.WaitTimeout, h.WaitTimeout)
+	set(&c.Unmatched, h.Unmatched)
+	set(&c.TunnelIdleTimeout, h.TunnelIdleTimeout)
+	set(&c.BodyIdleTimeout, h.BodyIdleTimeout)
+	set(&c.ShutdownTimeout, h.ShutdownTimeout)
+	set(&c.AllowLinkLocal, h.AllowLinkLocal)
+	set(&c.RateLimitHeaders, h.RateLimitHeaders)
+	set(&c.ReadHeaderTimeout, h.ReadHeaderTimeout)
+	set(&c.MaxHeaderBytes, h.MaxHeaderBytes)
+	set(&c.IdleTimeout, h.IdleTimeout)
+	set(&c.DialTimeout, h.DialTimeout)
+	set(&c.ResponseHeaderTimeout, h.ResponseHeaderTimeout)
+	set(&c.AllowRemoteClients, h.AllowRemoteClients)
+	set(&c.Password, h.Password)
+	if err := c.parseTargets(h.AllowTargets, h.ConnectPorts); err != nil {
+		return err
+	}
+	return c.Intercept.parse(h.Intercept)
+}
+
+// pgwire is the pgwire: listeners, each waiting wait unless it says
+// otherwise.
+func (f *fileConfig) pgwire(wait time.Duration) ([]PGWireConfig, error) {
+	var out []PGWireConfig
+	for i, p := range f.PGWire {
+		key := fmt.Sprintf("pgwire[%d]", i)
+		c := PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
+			WaitTimeout: wait, MaxMessageBytes: pgwire.DefaultMaxMessageSize}
+		set(&c.WaitTimeout, p.WaitTimeout)
+		set(&c.MaxMessageBytes, p.MaxMessage)
+		set(&c.CapNotices, p.CapNotices)
+		if t := p.TLS; t != nil {
+			c.TLS = TLSFiles{CertFile: deref(t.CertFile), KeyFile: deref(t.KeyFile)}
+		}
+		if u := p.UpstreamTLS; u != nil {
+			c.UpstreamTLS = UpstreamTLS{Enabled: deref(u.Enabled), CAFile: deref(u.CAFile), ServerName: deref(u.ServerName)}
+		}
+		if c.TaskFrom != "" && c.TaskFrom != "application_name" {
+			return nil, keyErr(key+".task_from", "%q is not \"application_name\" (or empty, for the task itself)", c.TaskFrom)
+		}
+		if p.Listen == nil {
+			return nil, keyErr(key+".listen", "is missing")
+		}
+		if p.Upstream == nil {
+			return nil, keyErr(key+".upstream", "is missing")
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// routes is the routes: section, each route's prefix and base URL checked.
+func (f *fileConfig) routes() ([]Route, error) {
+	var out []Route
+	for i, r := range f.Routes {
+		key := fmt.Sprintf("routes[%d]", i)
+		if r.Prefix == nil {
+			return nil, keyErr(key+".prefix", "is missing")
+		}
+		if r.Upstream == nil {
+			return nil, keyErr(key+".upstream", "is missing")
+		}
+		route, err := parseRoute(key, *r.Prefix, *r.Upstream)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, route)
+	}
+	return out, nil
 }
 
 func parseRoute(key, prefix, upstream string) (Route, error) {
@@ -570,13 +610,35 @@ func parseRoute(key, prefix, upstream string) (Route, error) {
 func (c *Config) Validate() error { return c.validate(true) }
 
 func (c *Config) validate(complete bool) error {
-	if c.Task.Name == "" && complete {
+	for _, check := range []func() error{
+		func() error { return c.Task.validate(complete) },
+		func() error { return c.validateGovernor(complete) },
+		c.HTTP.validate,
+		func() error {
+			if c.MetricsListen == "" {
+				return nil
+			}
+			return checkHostPort("metrics_listen", c.MetricsListen)
+		},
+		c.validatePGWire,
+		c.Delegation.validate,
+		c.validateRoutes,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *TaskConfig) validate(complete bool) error {
+	if t.Name == "" && complete {
 		return keyErr("task.name", "is empty; name the worker's task, usually ${POD_NAME}")
 	}
-	if len(c.Task.Name) > 255 {
+	if len(t.Name) > 255 {
 		return keyErr("task.name", "is longer than 255 bytes")
 	}
-	for what, m := range map[string]map[string]int64{"task.quotas": c.Task.Quotas, "task.limits": c.Task.Limits} {
+	for what, m := range map[string]map[string]int64{"task.quotas": t.Quotas, "task.limits": t.Limits} {
 		for k, v := range m {
 			if k == "" {
 				return keyErr(what, "has an empty name")
@@ -586,6 +648,12 @@ func (c *Config) validate(complete bool) error {
 			}
 		}
 	}
+	return nil
+}
+
+// validateGovernor checks how governord is reached: the key, and the
+// environment the SDK reads.
+func (c *Config) validateGovernor(complete bool) error {
 	if c.Governor.APIKey == "" && os.Getenv(governor.EnvAPIKey) == "" && complete {
 		return keyErr("governor.api_key", "is empty and %s is not set", governor.EnvAPIKey)
 	}
@@ -597,41 +665,44 @@ func (c *Config) validate(complete bool) error {
 			return keyErr(governor.EnvCAFile, "%v", err)
 		}
 	}
-	if err := checkHostPort("http.listen", c.HTTP.Listen); err != nil {
+	return nil
+}
+
+func (h *HTTPConfig) validate() error {
+	if err := checkHostPort("http.listen", h.Listen); err != nil {
 		return err
 	}
-	if err := c.HTTP.checkExposure(); err != nil {
+	if err := h.checkExposure(); err != nil {
 		return err
 	}
-	if c.MetricsListen != "" {
-		if err := checkHostPort("metrics_listen", c.MetricsListen); err != nil {
-			return err
-		}
-	}
-	if c.HTTP.Unmatched != UnmatchedForward && c.HTTP.Unmatched != UnmatchedDeny {
-		return keyErr("http.unmatched", "%q is not %s or %s", c.HTTP.Unmatched, UnmatchedForward, UnmatchedDeny)
+	if h.Unmatched != UnmatchedForward && h.Unmatched != UnmatchedDeny {
+		return keyErr("http.unmatched", "%q is not %s or %s", h.Unmatched, UnmatchedForward, UnmatchedDeny)
 	}
 	for _, d := range []struct {
 		key      string
 		v        time.Duration
 		zeroOkay bool
 	}{
-		{"http.wait_timeout", c.HTTP.WaitTimeout, false},
-		{"http.tunnel_idle_timeout", c.HTTP.TunnelIdleTimeout, false},
-		{"http.body_idle_timeout", c.HTTP.BodyIdleTimeout, true},
-		{"http.shutdown_timeout", c.HTTP.ShutdownTimeout, true},
-		{"http.read_header_timeout", c.HTTP.ReadHeaderTimeout, false},
-		{"http.idle_timeout", c.HTTP.IdleTimeout, false},
-		{"http.dial_timeout", c.HTTP.DialTimeout, false},
-		{"http.response_header_timeout", c.HTTP.ResponseHeaderTimeout, true},
+		{"http.wait_timeout", h.WaitTimeout, false},
+		{"http.tunnel_idle_timeout", h.TunnelIdleTimeout, false},
+		{"http.body_idle_timeout", h.BodyIdleTimeout, true},
+		{"http.shutdown_timeout", h.ShutdownTimeout, true},
+		{"http.read_header_timeout", h.ReadHeaderTimeout, false},
+		{"http.idle_timeout", h.IdleTimeout, false},
+		{"http.dial_timeout", h.DialTimeout, false},
+		{"http.response_header_timeout", h.ResponseHeaderTimeout, true},
 	} {
 		if d.v < 0 || (d.v == 0 && !d.zeroOkay) {
 			return keyErr(d.key, "%v is not a positive duration", d.v)
 		}
 	}
-	if c.HTTP.MaxHeaderBytes < 1024 || c.HTTP.MaxHeaderBytes > 16<<20 {
-		return keyErr("http.max_header_bytes", "%d is outside [1024, %d]", c.HTTP.MaxHeaderBytes, 16<<20)
+	if h.MaxHeaderBytes < 1024 || h.MaxHeaderBytes > 16<<20 {
+		return keyErr("http.max_header_bytes", "%d is outside [1024, %d]", h.MaxHeaderBytes, 16<<20)
 	}
+	return nil
+}
+
+func (c *Config) validatePGWire() error {
 	for i, p := range c.PGWire {
 		key := fmt.Sprintf("pgwire[%d]", i)
 		if err := checkHostPort(key+".listen", p.Listen); err != nil {
@@ -654,21 +725,30 @@ func (c *Config) validate(complete bool) error {
 			return keyErr(key+".upstream_tls.enabled", "is false, but ca_file or server_name is set; set enabled: true for TLS to the server")
 		}
 	}
-	if d := c.Delegation; d.Enabled {
-		for _, v := range []struct {
-			key string
-			bad bool
-		}{
-			{"delegation.linger", d.Linger <= 0},
-			{"delegation.settle_every", d.SettleEvery <= 0},
-			{"delegation.max_block", d.MaxBlock < 1},
-			{"delegation.max_reservation", d.MaxReservation < 1},
-		} {
-			if v.bad {
-				return keyErr(v.key, "must be positive while delegation is enabled")
-			}
+	return nil
+}
+
+func (d *DelegationConfig) validate() error {
+	if !d.Enabled {
+		return nil
+	}
+	for _, v := range []struct {
+		key string
+		bad bool
+	}{
+		{"delegation.linger", d.Linger <= 0},
+		{"delegation.settle_every", d.SettleEvery <= 0},
+		{"delegation.max_block", d.MaxBlock < 1},
+		{"delegation.max_reservation", d.MaxReservation < 1},
+	} {
+		if v.bad {
+			return keyErr(v.key, "must be positive while delegation is enabled")
 		}
 	}
+	return nil
+}
+
+func (c *Config) validateRoutes() error {
 	seen := map[string]int{}
 	for i, r := range c.Routes {
 		if j, dup := seen[r.Prefix]; dup {

@@ -67,19 +67,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		reqCtx := ctx // the request's span, not a step's
 		defer func() { traceDecision(reqCtx, ex, err) }()
 	}
-	rules := p.rules()
-	var d classify.Decision
-	ok := false
-	if rules != nil {
-		var span trace.Span
-		if traced {
-			_, span = traceStep(ctx, "classify")
-		}
-		d, ok = rules.MatchHTTP(q)
-		if traced {
-			span.End()
-		}
-	}
+	d, ok := p.match(ctx, q, traced)
 	if !ok {
 		ex.rule = ruleUnmatched
 		if p.Config.DenyUnmatched {
@@ -117,7 +105,33 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		ctx, span = traceStep(ctx, "admission")
 		defer span.End()
 	}
-	req := admission.Request{Subtask: subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d)}
+	return p.admit(ctx, r, q, ex)
+}
+
+// match finds the rule that decides q, if any.
+func (p *Proxy) match(ctx context.Context, q classify.HTTPRequest, traced bool) (classify.Decision, bool) {
+	rules := p.rules()
+	if rules == nil {
+		return classify.Decision{}, false
+	}
+	var span trace.Span
+	if traced {
+		_, span = traceStep(ctx, "classify")
+	}
+	d, ok := rules.MatchHTTP(q)
+	if traced {
+		span.End()
+	}
+	return d, ok
+}
+
+// admit takes what the exchange's rule asks for, the subtask's: its meter's
+// estimate, a slot of its class and its charges. It tries the Admitter's
+// fast path first, and only when that says no waits, up to the wait
+// timeout. A non-nil error is the *admission.Denial the exchange ends with.
+func (p *Proxy) admit(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) error {
+	d := ex.decision
+	req := admission.Request{Subtask: ex.subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d)}
 	if d.Meter != nil {
 		mt, err := p.prepareMeter(r, ex, d.Meter)
 		if err != nil {
@@ -126,7 +140,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 			return den
 		}
 		if ex.meter = mt; mt != nil {
-			req = mt.request(subtask, d, req.Write)
+			req = mt.request(ex.subtask, d, req.Write)
 		}
 	}
 	if f, ok := p.Admitter.(admission.Fast); ok {
