@@ -2,13 +2,11 @@ package pgwire
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -376,14 +374,11 @@ func (c *conn) deny(d classify.Decision, req admission.Request, den *admission.D
 	return errorResponse("ERROR", code, den.Message())
 }
 
-// checkSubtask applies the rules of a Proxy-Authorization username to an
-// application_name used as a subtask name.
+// checkSubtask applies the rule of a subtask's name, the same as for a
+// Proxy-Authorization username, to an application_name that names one.
 func checkSubtask(name string) error {
-	switch {
-	case len(name) > 255:
-		return errors.New("application_name names the subtask and is longer than 255 bytes")
-	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
-		return errors.New("application_name names the subtask and is not valid UTF-8")
+	if err := admission.CheckSubtaskName(name); err != nil {
+		return fmt.Errorf("application_name names the subtask and %w", err)
 	}
 	return nil
 }

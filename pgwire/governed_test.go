@@ -310,3 +310,39 @@ func TestTaskFromApplicationName(t *testing.T) {
 		t.Fatalf("%d rows, want 2", n)
 	}
 }
+
+// TestApplicationNameFollowsTheSubtaskRule: an application_name that names
+// a subtask obeys the rule a Proxy-Authorization username does, control
+// characters refused (only NUL was, as "not valid UTF-8"), and a refused
+// statement never runs.
+func TestApplicationNameFollowsTheSubtaskRule(t *testing.T) {
+	pgPort(t)
+	srv := governord(t, 10)
+	freshTable(t, "payments_names")
+	addr := governedProxy(t, srv, governor.Spec{Name: "names", DefaultQuotas: map[string]int64{"db_writes": 10}},
+		func(p *pgwire.Proxy) { p.TaskFromApplicationName = true })
+	ctx := context.Background()
+	for _, app := range []string{"crawl\x01", "a\tb", "esc\x1b[31m", "del\x7f"} {
+		cfg, err := pgx.ParseConfig(dsn(addr, "governor", "governor", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("%q: %v", app, err)
+		}
+		_, err = c.Exec(ctx, "INSERT INTO payments_names VALUES (1)")
+		if sqlState(err) != "22023" || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("application_name %q: %v, want 22023 naming the control character", app, err)
+		}
+		c.Close(ctx)
+	}
+	if n := countRows(t, "payments_names"); n != 0 {
+		t.Fatalf("%d rows written under refused subtask names", n)
+	}
+	c := connect(t, dsn(addr, "governor", "governor", "application_name=crawl-ß-東京"))
+	if _, err := c.Exec(ctx, "INSERT INTO payments_names VALUES (2)"); err != nil {
+		t.Fatalf("a subtask named in letters of any script: %v", err)
+	}
+}

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/elazarl/goproxy"
 	"go.opentelemetry.io/otel/trace"
@@ -450,17 +448,8 @@ func subtaskName(h http.Header) (string, error) {
 		return "", errors.New("Proxy-Authorization: the Basic credentials are not base64")
 	}
 	user, _, _ := strings.Cut(string(dec), ":")
-	switch {
-	case len(user) > 255:
-		return "", fmt.Errorf("Proxy-Authorization: the subtask name is longer than 255 bytes")
-	case !utf8.ValidString(user):
-		return "", fmt.Errorf("Proxy-Authorization: the subtask name is not valid UTF-8")
-	}
-	// Names end up in logs, in governor top and in the tree:
-	// no control characters (C0, DEL, C1; NUL among them).
-	if i := strings.IndexFunc(user, unicode.IsControl); i >= 0 {
-		r, _ := utf8.DecodeRuneInString(user[i:])
-		return "", fmt.Errorf("Proxy-Authorization: the subtask name contains the control character %U", r)
+	if err := admission.CheckSubtaskName(user); err != nil {
+		return "", fmt.Errorf("Proxy-Authorization: the subtask name %w", err)
 	}
 	return user, nil
 }
