@@ -276,6 +276,21 @@ func (a *admin) node(path ...string) *governorpb.Node {
 	return found
 }
 
+// waiters counts the acquires queued at governord in the subtree of the
+// node at path (0 if there is no such node).
+func (a *admin) waiters(path ...string) int {
+	a.t.Helper()
+	n := a.node(path...)
+	if n == nil {
+		return 0
+	}
+	resp, err := a.c.Raw().Inspect(context.Background(), &governorpb.InspectRequest{NodeId: n.GetId()})
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return len(resp.GetWaiters())
+}
+
 // eventually waits until cond holds, polling governord's state: a lease is
 // released in the background after the response, so the test waits for the
 // fact rather than for a fixed time.
