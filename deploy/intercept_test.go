@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
 	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/proxy/intercept"
@@ -258,15 +258,10 @@ func TestKubernetesInterceptCA(t *testing.T) {
 }
 
 // buildGovernorCLI builds the governor command, as the image holds it.
-func buildGovernorCLI(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "governor")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		goTool = "go"
-	}
-	if out, err := exec.Command(goTool, "build", "-o", bin, "github.com/governor-project/governor/cmd/governor").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+func buildGovernorCLI(t *testing.T) string { return govtest.Binary(t, "cmd/governor") }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	govtest.RemoveBinaries()
+	os.Exit(code)
 }

@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 )
 
 // failoversEnv sets how many failovers TestFailoversAreLinearizable
@@ -27,9 +27,7 @@ const failoversEnv = "GOVERNOR_HA_FAILOVERS"
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bin, err := buildGovernord(); err == nil {
-		os.RemoveAll(filepath.Dir(bin))
-	}
+	govtest.RemoveBinaries()
 	os.Exit(code)
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/internal/faultproxy"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 )
 
@@ -99,15 +100,7 @@ type node struct {
 	logs   bytes.Buffer
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t *testing.T) string { return govtest.FreeAddr(t) }
 
 func newNode(t *testing.T, bin, name, dsn string, env []string) *node {
 	t.Helper()
@@ -227,15 +220,4 @@ func (n *node) leads() bool {
 }
 
 // buildGovernord builds the daemon once per test binary.
-var buildGovernord = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "governord-ha-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "governord")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/governord").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
+func buildGovernord() (string, error) { return govtest.Build("cmd/governord") }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
 )
 
@@ -376,7 +377,7 @@ tenants:
 	m.setDelay(300 * time.Millisecond)
 	// Four cuts of the adaptive interval at least (8, 5, 3, 2), each on
 	// samples the sidecars report: on a loaded machine, more than waitFor.
-	eventuallyWithin(t, 3*waitFor, "the limit to fall to its minimum", func() bool { return limit() <= 2 })
+	govtest.Eventually(t, 3*waitFor, "the limit to fall to its minimum", func() bool { return limit() <= 2 })
 	l := limit()
 	eventually(t, "the blocks to follow it down", func() bool { return held() <= l })
 	m.mu.Lock()

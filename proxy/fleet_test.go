@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,31 +23,8 @@ import (
 // helpers build both binaries once and start them as an operator would,
 // from config files.
 
-var (
-	proxyBuildOnce sync.Once
-	proxyEx        string
-	proxyBuildErr  error
-)
-
 // buildSidecar builds governor-proxy once per test run.
-func buildSidecar(t *testing.T) string {
-	t.Helper()
-	buildGovernord(t) // the same build folder
-	proxyBuildOnce.Do(func() {
-		proxyEx = filepath.Join(buildDir, "governor-proxy")
-		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goTool); err != nil {
-			goTool = "go"
-		}
-		if out, err := exec.Command(goTool, "build", "-o", proxyEx, "../cmd/governor-proxy").CombinedOutput(); err != nil {
-			proxyBuildErr = fmt.Errorf("go build ../cmd/governor-proxy: %v\n%s", err, out)
-		}
-	})
-	if proxyBuildErr != nil {
-		t.Fatal(proxyBuildErr)
-	}
-	return proxyEx
-}
+func buildSidecar(t *testing.T) string { return govtest.Binary(t, "cmd/governor-proxy") }
 
 // govProc is a governord process.
 type govProc struct {

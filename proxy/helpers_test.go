@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,9 +36,7 @@ func TestMain(m *testing.M) {
 		os.Exit(clientMain())
 	}
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	govtest.RemoveBinaries()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -87,7 +84,7 @@ var testHosts = hosts{
 type testProxy struct {
 	*Sidecar
 	t    testing.TB
-	logs *logBuffer
+	logs *govtest.LogBuffer
 }
 
 type proxyOpts struct {
@@ -134,7 +131,7 @@ func startProxy(t testing.TB, o proxyOpts) *testProxy {
 	if o.edit != nil {
 		o.edit(&cfg)
 	}
-	logs := &logBuffer{}
+	logs := &govtest.LogBuffer{}
 	opts := Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Resolver: testHosts, GovernorOptions: []governor.Option{governor.WithTTL(5 * time.Second)}}
 	if o.tls != nil {
@@ -217,23 +214,6 @@ func (p *testProxy) metric(name string) float64 {
 // environment, which some tests point at the proxy).
 var noProxyClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: waitFor}
 
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // admin is an operator's session, to look at the tree the way the admin
 // API shows it.
 type admin struct {
@@ -296,20 +276,7 @@ func (a *admin) waiters(path ...string) int {
 // fact rather than for a fixed time.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	eventuallyWithin(t, waitFor, what, cond)
-}
-
-// eventuallyWithin is eventually for a fact that takes several of a
-// controller's intervals to come about, which a loaded machine stretches.
-func eventuallyWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	govtest.Eventually(t, waitFor, what, cond)
 }
 
 // origin starts an httptest origin; tls selects HTTPS (and HTTP/2 if h2).

@@ -8,8 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	"google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
 )
 
@@ -61,32 +60,9 @@ func (s *testService) StreamingOutputCall(r *grpc_testing.StreamingOutputCallReq
 	return nil
 }
 
-var (
-	probeOnce sync.Once
-	probeBin  string
-	probeErr  error
-)
-
 // buildProbe builds testdata/grpcprobe, a grpc-go client configured by its
 // environment alone.
-func buildProbe(t *testing.T) string {
-	t.Helper()
-	probeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "grpcprobe-")
-		if probeErr = err; err != nil {
-			return
-		}
-		probeBin = filepath.Join(dir, "grpcprobe")
-		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if out, err := exec.Command(goTool, "build", "-o", probeBin, "./testdata/grpcprobe").CombinedOutput(); err != nil {
-			probeErr = fmt.Errorf("go build ./testdata/grpcprobe: %v\n%s", err, out)
-		}
-	})
-	if probeErr != nil {
-		t.Fatal(probeErr)
-	}
-	return probeBin
-}
+func buildProbe(t *testing.T) string { return govtest.Binary(t, "proxy/testdata/grpcprobe") }
 
 type probeResult struct {
 	Call      string

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/server"
 )
@@ -143,7 +144,7 @@ func TestReloadKeepsOldRulesOnABrokenFile(t *testing.T) {
 
 func startProxyFromConfig(t *testing.T, cfg Config, edit func(*Options)) *testProxy {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &govtest.LogBuffer{}
 	opts := Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Resolver: testHosts}
 	if edit != nil {
 		edit(&opts)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -26,14 +25,7 @@ func TestPGWireThroughTheBinaryWithPsql(t *testing.T) {
 	g := startGovernord(t, nil)
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "governor-proxy")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		goTool = "go"
-	}
-	if out, err := exec.Command(goTool, "build", "-o", bin, "../cmd/governor-proxy").CombinedOutput(); err != nil {
-		t.Fatalf("go build ../cmd/governor-proxy: %v\n%s", err, out)
-	}
+	bin := buildSidecar(t)
 	httpAddr, metricsAddr, pgAddr := freePort(t), freePort(t), freePort(t)
 	cfgPath := filepath.Join(dir, "proxy.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(fmt.Sprintf(`governor: {addr: %q, api_key: %s}

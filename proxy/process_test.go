@@ -2,63 +2,25 @@ package proxy
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
 )
 
 // The real governord binary, as an operator runs it: built once, started
 // with a config file and a SQLite store, stopped with SIGTERM.
 
-var (
-	buildOnce   sync.Once
-	buildDir    string
-	governordEx string
-	buildErr    error
-)
-
-func buildGovernord(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "governor-proxy-test-")
-		if buildErr != nil {
-			return
-		}
-		governordEx = filepath.Join(buildDir, "governord")
-		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goTool); err != nil {
-			goTool = "go"
-		}
-		out, err := exec.Command(goTool, "build", "-o", governordEx, "../cmd/governord").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ../cmd/governord: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return governordEx
-}
+func buildGovernord(t *testing.T) string { return govtest.Binary(t, "cmd/governord") }
 
 // freePort picks a port for a daemon that does not report the one it bound.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func freePort(t *testing.T) string { return govtest.FreeAddr(t) }
 
 func TestAgainstTheGovernordProcess(t *testing.T) {
 	bin := buildGovernord(t)
@@ -118,13 +80,13 @@ rules:
 type child struct {
 	name   string
 	cmd    *exec.Cmd
-	logs   *logBuffer
+	logs   *govtest.LogBuffer
 	exited chan error
 }
 
 func startChild(t *testing.T, name string, cmd *exec.Cmd) *child {
 	t.Helper()
-	c := &child{name: name, cmd: cmd, logs: &logBuffer{}, exited: make(chan error, 1)}
+	c := &child{name: name, cmd: cmd, logs: &govtest.LogBuffer{}, exited: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = c.logs, c.logs
 	must(t, cmd.Start())
 	go func() { c.exited <- cmd.Wait() }()

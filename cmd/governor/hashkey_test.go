@@ -5,56 +5,23 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
 
-// built is the command built once for the whole test run (buildCLI).
-var built struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-}
-
 // buildCLI builds this command, as a user runs it: once per test run, into
 // a folder TestMain removes.
-func buildCLI(t *testing.T) string {
-	t.Helper()
-	built.once.Do(func() {
-		built.dir, built.err = os.MkdirTemp("", "governor-cli-test-")
-		if built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "governor")
-		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goTool); err != nil {
-			goTool = "go"
-		}
-		if out, err := exec.Command(goTool, "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %w\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.bin
-}
+func buildCLI(t *testing.T) string { return govtest.Binary(t, "cmd/governor") }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
+	govtest.RemoveBinaries()
 	os.Exit(code)
 }
 

@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +39,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 )
 
@@ -61,16 +61,10 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "governord-test-")
-	if err != nil {
+	defer govtest.RemoveBinaries()
+	var err error
+	if governordBin, err = govtest.Build("cmd/governord"); err != nil {
 		fmt.Fprintln(os.Stderr, "process_test:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	governordBin = filepath.Join(dir, "governord")
-	build := exec.Command(goTool(), "build", "-o", governordBin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "process_test: go build: %v\n%s", err, out)
 		return 1
 	}
 	code := m.Run()
@@ -81,14 +75,6 @@ func testMain(m *testing.M) int {
 		}
 	}
 	return code
-}
-
-// goTool is the go command that is running these tests.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 // ---- Bad config and bad flags ----
@@ -212,7 +198,7 @@ type daemon struct {
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
-	stderr  *syncBuffer
+	stderr  *govtest.LogBuffer
 	exited  chan struct{} // closed when cmd has exited
 	starts  int
 	earlier string // stderr of the processes before the current one
@@ -248,12 +234,9 @@ func startDaemon(t *testing.T, render func(port int) string) *daemon {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	_, port, _ := net.SplitHostPort(govtest.FreeAddr(t))
+	n, _ := strconv.Atoi(port)
+	return n
 }
 
 // dial opens a client connection that reconnects quickly, so that calls
@@ -279,7 +262,7 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 func (d *daemon) start() error {
 	cmd := exec.Command(governordBin, "-config", d.config)
 	cmd.Dir = filepath.Dir(d.config)
-	stderr := &syncBuffer{}
+	stderr := &govtest.LogBuffer{}
 	cmd.Stderr = stderr
 	d.startedAt.Store(time.Now().UnixNano())
 	if err := cmd.Start(); err != nil {
@@ -398,23 +381,6 @@ func tail(s string, lines int) string {
 		parts = parts[len(parts)-lines:]
 	}
 	return strings.Join(parts, "\n")
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // ---- Stores ----

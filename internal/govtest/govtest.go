@@ -1,6 +1,8 @@
-// Package govtest starts a real governord for tests, in process, on :0
-// listeners: the one way tests across the repository get a server. It may
-// import the server and its configuration only.
+// Package govtest is the tests' one harness: a real governord started in
+// process on :0 listeners (Start), the repository's binaries built once to
+// run as processes (Binary), a free port for a process that must be told
+// one (FreeAddr), a log buffer (LogBuffer) and waiting for a fact
+// (Eventually). It may import the server and its configuration only.
 package govtest
 
 import (

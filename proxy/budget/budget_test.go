@@ -90,13 +90,7 @@ func node(t *testing.T, a *governor.Client, path ...string) *governorpb.Node {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	govtest.Eventually(t, waitFor, what, cond)
 }
 
 func admit(t *testing.T, a *budget.Admitter, r admission.Request) admission.Ticket {
