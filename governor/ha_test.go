@@ -30,12 +30,7 @@ func startHA(t *testing.T, dsn string) *server.Server {
 		Tenants: []server.TenantConfig{{Name: "payments", APIKey: paymentsKey, Weight: 4}},
 		HA:      server.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond},
 	}
-	srv, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
+	return govtest.StartConfig(t, cfg)
 }
 
 func waitLeads(t *testing.T, srv *server.Server) {

@@ -20,7 +20,6 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
 )
 
 // BenchmarkProxy measures, in one run, the same keep-alive GETs of a 1 KiB
@@ -94,10 +93,7 @@ func benchGovernor(b *testing.B, driver, rule string) (string, func()) {
 	if driver == "sqlite" {
 		cfg.Store.DSN = filepath.Join(b.TempDir(), "governor.db")
 	}
-	g, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	g := govtest.StartConfig(b, cfg)
 	pcfg, err := ParseConfig([]byte(fmt.Sprintf(`
 governor: {addr: %q, api_key: %s}
 task: {name: bench, quotas: {calls: 1000000000}, limits: {bench: 1000}}

@@ -31,10 +31,7 @@ func startDurable(t *testing.T, dbPath string) *server.Server {
 	t.Helper()
 	cfg := govtest.Config()
 	cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: dbPath}
-	srv, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatalf("start governord: %v", err)
-	}
+	srv := govtest.StartConfig(t, cfg)
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	return srv
 }

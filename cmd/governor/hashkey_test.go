@@ -66,11 +66,7 @@ func TestHashKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := govtest.StartConfig(t, cfg)
 	c, err := governor.Dial(context.Background(), governor.WithAddr(srv.Addr()), governor.WithAPIKey(key))
 	if err != nil {
 		t.Fatalf("the key whose hash the CLI printed: %v", err)

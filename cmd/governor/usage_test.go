@@ -28,10 +28,7 @@ func TestUsageReport(t *testing.T) {
 		cfg := govtest.Config()
 		cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 3}
 		cfg.Tenants = append(cfg.Tenants, server.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
-		srv, err := server.Start(context.Background(), cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		srv := govtest.StartConfig(t, cfg)
 		t.Setenv("GOVERNOR_ADDR", srv.Addr())
 		return srv
 	}

@@ -45,11 +45,7 @@ func TestIncidentWalkthrough(t *testing.T) {
 	// A long TTL: a heartbeat made late by a busy test machine is no
 	// finding of the walk-through's.
 	cfg.SessionTTL = time.Minute
-	srv, err := server.Start(context.Background(), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := govtest.StartConfig(t, cfg)
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 

@@ -43,6 +43,14 @@ func Start(t testing.TB, edit func(*server.Config)) *server.Server {
 	if edit != nil {
 		edit(&cfg)
 	}
+	return StartConfig(t, cfg)
+}
+
+// StartConfig starts governord from cfg and closes it when the test ends
+// (a test may close it sooner, to start another on the same store). It
+// returns once the server is ready.
+func StartConfig(t testing.TB, cfg server.Config) *server.Server {
+	t.Helper()
 	srv, err := server.Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatalf("start governord: %v", err)
