@@ -44,90 +44,124 @@ type minuteHeld struct{ peak, end, tail int64 }
 // Report sums records (the window's, and the HeldEnd rows carried into it)
 // into one line per tenant and one per task, ordered by tenant, then task.
 func Report(recs []Record, w Window) []Line {
-	lines := map[group]*Line{}
-	line := func(g group, r Record) *Line {
-		l := lines[g]
-		if l == nil {
-			l = &Line{Tenant: g.tenant, Task: g.task, TenantName: r.TenantName, Spend: map[string]int64{},
-				SlotNanos: map[string]int64{}, Peak: map[string]int64{}, Denied: map[string]int64{}}
-			if g.task != 0 {
-				l.TaskName = r.TaskName
-			}
-			lines[g] = l
-		}
-		return l
-	}
-	held := map[[3]any]*heldRows{}
+	rep := report{w: w, lines: map[group]*Line{}, held: map[classLine]*heldRows{}}
 	for _, r := range recs {
-		inWindow := r.Minute >= w.From && r.Minute < w.To && r.Minute <= MinuteOf(w.Now)
 		switch r.Kind {
 		case Spend, Denied:
-			if !inWindow {
-				continue
-			}
-			add := func(g group) {
-				m := line(g, r).Spend
-				if r.Kind == Denied {
-					m = line(g, r).Denied
-				}
-				m[r.Name] += r.Amount
-			}
-			add(group{r.Tenant, 0}) // the tenant's line sums its tasks and itself
-			if r.Task != 0 {
-				add(group{r.Tenant, r.Task})
-			}
+			rep.addAmount(r)
 		case Peak, HeldEnd, HeldTail:
-			k := [3]any{r.Tenant, r.Task, r.Name}
-			h := held[k]
-			if h == nil {
-				h = &heldRows{byMinute: map[int64]*minuteHeld{}, tenantName: r.TenantName, taskName: r.TaskName}
-				held[k] = h
-			}
-			if r.Minute < w.From {
-				if r.Kind == HeldEnd {
-					h.carry = r.Amount
-				}
-				continue
-			}
-			if !inWindow {
-				continue
-			}
-			mh := h.byMinute[r.Minute]
-			if mh == nil {
-				mh = &minuteHeld{}
-				h.byMinute[r.Minute] = mh
-			}
-			switch r.Kind {
-			case Peak:
-				mh.peak = r.Amount
-			case HeldEnd:
-				mh.end = r.Amount
-			case HeldTail:
-				mh.tail = r.Amount
-			}
+			rep.addHeld(r)
 		}
 	}
-	for k, h := range held {
-		tenant, task, class := k[0].(int64), k[1].(int64), k[2].(string)
-		slot, peak := h.integrate(w)
+	rep.integrateHeld()
+	out := make([]Line, 0, len(rep.lines))
+	for _, k := range slices.SortedFunc(maps.Keys(rep.lines), func(a, b group) int {
+		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.task, b.task))
+	}) {
+		out = append(out, *rep.lines[k])
+	}
+	return out
+}
+
+// report is a Report being summed.
+type report struct {
+	w     Window
+	lines map[group]*Line
+	held  map[classLine]*heldRows
+}
+
+// classLine is a class on a line of the report.
+type classLine struct {
+	tenant, task int64
+	class        string
+}
+
+// inWindow reports whether a record of minute m counts in the window.
+func (rep *report) inWindow(m int64) bool {
+	return m >= rep.w.From && m < rep.w.To && m <= MinuteOf(rep.w.Now)
+}
+
+// line is g's line, made with r's names the first time.
+func (rep *report) line(g group, r Record) *Line {
+	l := rep.lines[g]
+	if l == nil {
+		l = &Line{Tenant: g.tenant, Task: g.task, TenantName: r.TenantName, Spend: map[string]int64{},
+			SlotNanos: map[string]int64{}, Peak: map[string]int64{}, Denied: map[string]int64{}}
+		if g.task != 0 {
+			l.TaskName = r.TaskName
+		}
+		rep.lines[g] = l
+	}
+	return l
+}
+
+// addAmount adds a Spend or Denied record to its task's line and to its
+// tenant's, which sums its tasks and itself.
+func (rep *report) addAmount(r Record) {
+	if !rep.inWindow(r.Minute) {
+		return
+	}
+	add := func(g group) {
+		m := rep.line(g, r).Spend
+		if r.Kind == Denied {
+			m = rep.line(g, r).Denied
+		}
+		m[r.Name] += r.Amount
+	}
+	add(group{r.Tenant, 0})
+	if r.Task != 0 {
+		add(group{r.Tenant, r.Task})
+	}
+}
+
+// addHeld notes a Peak, HeldEnd or HeldTail record of a class: a HeldEnd
+// from before the window is the level carried into it.
+func (rep *report) addHeld(r Record) {
+	k := classLine{r.Tenant, r.Task, r.Name}
+	h := rep.held[k]
+	if h == nil {
+		h = &heldRows{byMinute: map[int64]*minuteHeld{}, tenantName: r.TenantName, taskName: r.TaskName}
+		rep.held[k] = h
+	}
+	if r.Minute < rep.w.From {
+		if r.Kind == HeldEnd {
+			h.carry = r.Amount
+		}
+		return
+	}
+	if !rep.inWindow(r.Minute) {
+		return
+	}
+	mh := h.byMinute[r.Minute]
+	if mh == nil {
+		mh = &minuteHeld{}
+		h.byMinute[r.Minute] = mh
+	}
+	switch r.Kind {
+	case Peak:
+		mh.peak = r.Amount
+	case HeldEnd:
+		mh.end = r.Amount
+	case HeldTail:
+		mh.tail = r.Amount
+	}
+}
+
+// integrateHeld puts each class's slot-time and peak on its line.
+func (rep *report) integrateHeld() {
+	for k, h := range rep.held {
+		slot, peak := h.integrate(rep.w)
 		if slot == 0 && peak == 0 {
 			continue
 		}
-		l := line(group{tenant, task}, Record{TenantName: h.tenantName, TaskName: h.taskName})
+		l := rep.line(group{k.tenant, k.task}, Record{TenantName: h.tenantName, TaskName: h.taskName})
 		if slot != 0 {
-			l.SlotNanos[class] = slot
+			l.SlotNanos[k.class] = slot
 		}
 		if peak != 0 {
-			l.Peak[class] = peak
+			l.Peak[k.class] = peak
 		}
 	}
-	out := make([]Line, 0, len(lines))
-	for _, k := range slices.SortedFunc(maps.Keys(lines), func(a, b group) int {
-		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.task, b.task))
-	}) {
-		out = append(out, *lines[k])
-	}
-	return out
 }
 
 // integrate is the slot-nanoseconds held over the window, and the most
