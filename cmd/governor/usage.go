@@ -57,27 +57,9 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 	if *format != "table" && *format != "csv" && *format != "json" {
 		return bad("-format %q: want table, csv or json", *format)
 	}
-	to := time.Now()
-	if *toFlag != "" {
-		t, err := time.Parse(time.RFC3339, *toFlag)
-		if err != nil {
-			return bad("-to: %v", err)
-		}
-		to = t
-	}
-	if *since <= 0 {
-		return bad("-since %v: want a positive duration", *since)
-	}
-	from := to.Add(-*since)
-	if *fromFlag != "" {
-		t, err := time.Parse(time.RFC3339, *fromFlag)
-		if err != nil {
-			return bad("-from: %v", err)
-		}
-		from = t
-	}
-	if !from.Before(to) {
-		return bad("the window's start %v is not before its end %v", from, to)
+	from, to, err := usageWindow(*since, *fromFlag, *toFlag)
+	if err != nil {
+		return bad("%v", err)
 	}
 	ctx := context.Background()
 	c, err := connect(ctx)
@@ -105,19 +87,46 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 			lines = append(lines, l)
 		}
 	}
-	switch *format {
-	case "json":
-		err = usageJSON(stdout, rep, lines)
-	case "csv":
-		err = usageCSV(stdout, lines)
-	default:
-		err = usageTable(stdout, rep, lines)
-	}
-	if err != nil {
+	if err := writeUsage(stdout, *format, rep, lines); err != nil {
 		fmt.Fprintln(stderr, "governor usage:", err)
 		return 1
 	}
 	return 0
+}
+
+// usageWindow is the report's window: -from (or -since before the end)
+// to -to (or now).
+func usageWindow(since time.Duration, fromFlag, toFlag string) (from, to time.Time, err error) {
+	to = time.Now()
+	if toFlag != "" {
+		if to, err = time.Parse(time.RFC3339, toFlag); err != nil {
+			return from, to, fmt.Errorf("-to: %w", err)
+		}
+	}
+	if since <= 0 {
+		return from, to, fmt.Errorf("-since %v: want a positive duration", since)
+	}
+	from = to.Add(-since)
+	if fromFlag != "" {
+		if from, err = time.Parse(time.RFC3339, fromFlag); err != nil {
+			return from, to, fmt.Errorf("-from: %w", err)
+		}
+	}
+	if !from.Before(to) {
+		return from, to, fmt.Errorf("the window's start %v is not before its end %v", from, to)
+	}
+	return from, to, nil
+}
+
+// writeUsage writes the report's lines in the format asked for.
+func writeUsage(w io.Writer, format string, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
+	switch format {
+	case "json":
+		return usageJSON(w, rep, lines)
+	case "csv":
+		return usageCSV(w, lines)
+	}
+	return usageTable(w, rep, lines)
 }
 
 // isTenant says why name is not a tenant the session sees, or nil.
