@@ -178,24 +178,57 @@ func (l *lexer) next() token {
 	return t
 }
 
-// scan returns the next token as the server's lexer (scan.l) makes it.
-func (l *lexer) scan() token {
-	s, i, n := l.src, l.pos, len(l.src)
+// skipSpace skips white space and comments from i.
+func (l *lexer) skipSpace(i int) int {
+	s, n := l.src, len(l.src)
 	for i < n {
 		c := s[i]
 		switch {
 		case isSpace(c):
 			i++
-			continue
 		case c == '-' && i+1 < n && s[i+1] == '-':
 			i = lineEnd(s, i)
-			continue
 		case c == '/' && i+1 < n && s[i+1] == '*':
 			i = l.skipBlockComment(i)
-			continue
+		default:
+			return i
 		}
-		break
 	}
+	return i
+}
+
+// scanDollar reads what starts with the '$' at i: a parameter ($1), a
+// dollar-quoted string, or else the '$' alone as an operator.
+func (l *lexer) scanDollar(i int) (tokKind, int) {
+	s, n := l.src, len(l.src)
+	if i+1 < n && isDigit(s[i+1]) {
+		i += 2
+		for i < n && isDigit(s[i]) {
+			i++
+		}
+		return tokParam, i
+	}
+	if end, ok := l.skipDollar(i); ok {
+		return tokString, end
+	}
+	return tokOp, i + 1
+}
+
+// skipOperator skips an operator at i: a run of punctuation, cut where a
+// comment starts.
+func skipOperator(s string, i int) int {
+	n := len(s)
+	i++
+	for i < n && isOpChar(s[i]) && !((s[i] == '-' && i+1 < n && s[i+1] == '-') || (s[i] == '/' && i+1 < n && s[i+1] == '*')) {
+		i++
+	}
+	return i
+}
+
+// scan returns the next token as the server's lexer (scan.l) makes it.
+func (l *lexer) scan() token {
+	s, n := l.src, len(l.src)
+	i := l.skipSpace(l.pos)
 	if i >= n {
 		l.pos = n
 		return token{kind: tokEOF, start: n, end: n}
@@ -221,19 +254,7 @@ func (l *lexer) scan() token {
 	case (c == 'u' || c == 'U') && i+2 < n && s[i+1] == '&' && s[i+2] == '\'':
 		t.kind, i = tokString, l.skipString(i+3, qUnicode)
 	case c == '$':
-		if i+1 < n && isDigit(s[i+1]) {
-			i += 2
-			for i < n && isDigit(s[i]) {
-				i++
-			}
-			t.kind = tokParam
-			break
-		}
-		if end, ok := l.skipDollar(i); ok {
-			t.kind, i = tokString, end
-			break
-		}
-		t.kind, i = tokOp, i+1
+		t.kind, i = l.scanDollar(i)
 	case isIdentStart(c):
 		i = l.skipIdent(i)
 		t.kind, t.end = tokIdent, i
@@ -251,12 +272,7 @@ func (l *lexer) scan() token {
 	case c == ';':
 		t.kind, i = tokSemi, i+1
 	default:
-		// An operator: a run of punctuation, cut where a comment starts.
-		i++
-		for i < n && isOpChar(s[i]) && !((s[i] == '-' && i+1 < n && s[i+1] == '-') || (s[i] == '/' && i+1 < n && s[i+1] == '*')) {
-			i++
-		}
-		t.kind = tokOp
+		t.kind, i = tokOp, skipOperator(s, i)
 	}
 	if !t.isIdent() {
 		t.end = i
