@@ -119,10 +119,22 @@ type scalingResult struct {
 // simulation events, on the virtual clock.
 type simEvent struct {
 	at     time.Duration
-	kind   int // 0 arrival, 1 release, 2 rebalance, 3 reshuffle, 4 ask, 5 recall
+	kind   simKind
 	tenant int
 	shard  int
 }
+
+type simKind int
+
+// The simulation's events.
+const (
+	simArrival   simKind = iota // a tenant's acquire arrives at its shard
+	simRelease                  // a held slot is given back
+	simRebalance                // periodic blocks: shards give back and ask
+	simReshuffle                // tenants' rates are dealt out again
+	simAnswer                   // on demand: the coordinator's answer to a shard's ask
+	simRecall                   // on demand: a recall reaches a shard
+)
 
 type simQueue []simEvent
 
@@ -144,174 +156,228 @@ type simShard struct {
 
 // simulateScaling runs one setup. It panics if the cap is ever broken.
 func simulateScaling(s scalingSetup) scalingResult {
-	rng := rand.New(rand.NewPCG(s.Seed, uint64(s.Shards)*31+uint64(s.Policy)))
-	shards := make([]simShard, s.Shards)
-	free := s.Limit
-	switch {
-	case s.Shards == 1:
-		shards[0].block, free = s.Limit, 0
-	case s.Policy == policyStatic:
-		for i := range shards {
-			shards[i].block = s.Limit / s.Shards
-			free -= shards[i].block
-		}
-	}
-	shardOf := func(tenant int) int { return tenant % s.Shards }
-	// Zipf weights, dealt to tenants at random and re-dealt on reshuffle.
-	weights := make([]float64, s.Tenants)
-	var total float64
-	for i := range weights {
-		weights[i] = 1 / float64(i+1)
-		total += weights[i]
-	}
-	rates := make([]float64, s.Tenants) // acquires per second
-	deal := func() {
-		perm := rng.Perm(s.Tenants)
-		offered := s.Load * float64(s.Limit) / s.Hold.Seconds()
-		for i, t := range perm {
-			rates[t] = offered * weights[i] / total
-		}
-	}
-	deal()
-	q := &simQueue{}
-	exp := func(rate float64) time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
-	for t := range s.Tenants {
-		heap.Push(q, simEvent{at: exp(rates[t]), kind: 0, tenant: t})
-	}
-	heap.Push(q, simEvent{at: s.Reshuffle, kind: 3})
-	if s.Shards > 1 && (s.Policy == policyBlocks || s.Policy == policyOnDemand) {
-		heap.Push(q, simEvent{at: s.Rebalance, kind: 2})
-	}
-	var waits []time.Duration
-	var heldArea, strandedTime float64
-	now := time.Duration(0)
-	held := 0
-	stranded := func() bool {
-		want, idle := false, false
-		for _, sh := range shards {
-			want = want || len(sh.waiting) > 0
-			idle = idle || sh.block > sh.held
-		}
-		return want && idle && s.Shards > 1
-	}
-	check := func() {
-		sum := free
-		for _, sh := range shards {
-			if sh.held > sh.block {
-				panic("a shard holds more than its block")
-			}
-			sum += sh.block
-		}
-		if sum != s.Limit {
-			panic(fmt.Sprintf("blocks and the free pool sum to %d, not the limit %d", sum, s.Limit))
-		}
-	}
-	grant := func(i int) {
-		sh := &shards[i]
-		for len(sh.waiting) > 0 && sh.held < sh.block {
-			waits = append(waits, now-sh.waiting[0])
-			sh.waiting = sh.waiting[1:]
-			sh.held++
-			held++
-			heap.Push(q, simEvent{at: now + exp(1/s.Hold.Seconds()), kind: 1, shard: i})
-		}
-	}
-	const reserve = 1 // idle slots a shard keeps between rebalances
-	coordinator := 0
-	asking := make([]bool, s.Shards)
-	// ask has shard i ask the coordinator for what its queue needs: the
-	// answer arrives an rtt later (policyOnDemand).
-	ask := func(i int) {
-		if s.Policy == policyOnDemand && s.Shards > 1 && !asking[i] && len(shards[i].waiting) > shards[i].block-shards[i].held {
-			asking[i] = true
-			heap.Push(q, simEvent{at: now + rtt, kind: 4, shard: i})
-		}
-	}
-	for q.Len() > 0 {
-		e := heap.Pop(q).(simEvent)
+	m := newScalingSim(s)
+	for m.q.Len() > 0 {
+		e := heap.Pop(m.q).(simEvent)
 		if e.at > s.Duration {
 			break
 		}
-		dt := (e.at - now).Seconds()
-		heldArea += float64(held) * dt
-		if stranded() {
-			strandedTime += dt
-		}
-		now = e.at
+		m.advance(e.at)
 		switch e.kind {
-		case 0:
-			i := shardOf(e.tenant)
-			shards[i].waiting = append(shards[i].waiting, now)
-			grant(i)
-			ask(i)
-			heap.Push(q, simEvent{at: now + exp(rates[e.tenant]), kind: 0, tenant: e.tenant})
-		case 1:
-			shards[e.shard].held--
-			held--
-			grant(e.shard)
-		case 2:
-			// Give back idle slots above the reserve, then grant what the
-			// queues need from what is free, most waiting first.
-			coordinator += len(shards)
-			for i := range shards {
-				sh := &shards[i]
-				if idle := sh.block - sh.held - reserve; idle > 0 && len(sh.waiting) == 0 {
-					sh.block -= idle
-					free += idle
-				}
-			}
-			order := make([]int, len(shards))
-			for i := range order {
-				order[i] = i
-			}
-			slices.SortFunc(order, func(a, b int) int { return len(shards[b].waiting) - len(shards[a].waiting) })
-			for _, i := range order {
-				sh := &shards[i]
-				need := len(sh.waiting) - (sh.block - sh.held)
-				if need <= 0 && sh.block-sh.held < reserve {
-					need = reserve - (sh.block - sh.held)
-				}
-				n := min(max(need, 0), free)
-				sh.block += n
-				free -= n
-				grant(i)
-			}
-			heap.Push(q, simEvent{at: now + s.Rebalance, kind: 2})
-		case 4:
-			coordinator++
-			// The coordinator grants from what is free; if that is not
-			// enough it recalls idle slots from the others (contention:
-			// idle slots go back at once), and the shard asks again.
-			asking[e.shard] = false
-			sh := &shards[e.shard]
-			need := len(sh.waiting) - (sh.block - sh.held)
-			n := min(max(need, 0), free)
-			sh.block += n
-			free -= n
-			grant(e.shard)
-			if need > n {
-				for j := range shards {
-					if j != e.shard && shards[j].block > shards[j].held {
-						heap.Push(q, simEvent{at: now + rtt, kind: 5, shard: j})
-					}
-				}
-				ask(e.shard)
-			}
-		case 5:
-			coordinator++
-			sh := &shards[e.shard]
+		case simArrival:
+			i := m.shardOf(e.tenant)
+			m.shards[i].waiting = append(m.shards[i].waiting, m.now)
+			m.grant(i)
+			m.ask(i)
+			m.push(m.now+m.exp(m.rates[e.tenant]), simArrival, e.tenant, 0)
+		case simRelease:
+			m.shards[e.shard].held--
+			m.held--
+			m.grant(e.shard)
+		case simRebalance:
+			m.rebalance()
+			m.push(m.now+s.Rebalance, simRebalance, 0, 0)
+		case simAnswer:
+			m.answer(e.shard)
+		case simRecall:
+			m.coordinator++
+			sh := &m.shards[e.shard]
 			if len(sh.waiting) == 0 {
-				free += sh.block - sh.held
+				m.free += sh.block - sh.held
 				sh.block = sh.held
 			}
-		case 3:
-			deal()
-			heap.Push(q, simEvent{at: now + s.Reshuffle, kind: 3})
+		case simReshuffle:
+			m.deal()
+			m.push(m.now+s.Reshuffle, simReshuffle, 0, 0)
 		}
-		check()
+		m.check()
 	}
-	r := scalingResult{Acquires: len(waits), Utilisation: heldArea / (float64(s.Limit) * s.Duration.Seconds()),
-		Stranded: strandedTime / s.Duration.Seconds(), CoordinatorCalls: float64(coordinator) / s.Duration.Seconds()}
+	return m.result()
+}
+
+// reserve is the idle slots a shard keeps between rebalances.
+const reserve = 1
+
+// scalingSim is one run of the simulation.
+type scalingSim struct {
+	s       scalingSetup
+	rng     *rand.Rand
+	shards  []simShard
+	free    int       // slots in no shard's block
+	weights []float64 // Zipf weights, dealt to tenants at random
+	total   float64
+	rates   []float64 // each tenant's acquires per second
+	q       *simQueue
+	now     time.Duration
+	held    int
+	asking  []bool // on demand: shards with an ask in flight
+
+	waits                  []time.Duration
+	heldArea, strandedTime float64
+	coordinator            int // calls to or from the coordinator
+}
+
+func newScalingSim(s scalingSetup) *scalingSim {
+	m := &scalingSim{s: s, rng: rand.New(rand.NewPCG(s.Seed, uint64(s.Shards)*31+uint64(s.Policy))),
+		shards: make([]simShard, s.Shards), free: s.Limit, weights: make([]float64, s.Tenants),
+		rates: make([]float64, s.Tenants), q: &simQueue{}, asking: make([]bool, s.Shards)}
+	switch {
+	case s.Shards == 1:
+		m.shards[0].block, m.free = s.Limit, 0
+	case s.Policy == policyStatic:
+		for i := range m.shards {
+			m.shards[i].block = s.Limit / s.Shards
+			m.free -= m.shards[i].block
+		}
+	}
+	for i := range m.weights {
+		m.weights[i] = 1 / float64(i+1)
+		m.total += m.weights[i]
+	}
+	m.deal()
+	for t := range s.Tenants {
+		m.push(m.exp(m.rates[t]), simArrival, t, 0)
+	}
+	m.push(s.Reshuffle, simReshuffle, 0, 0)
+	if s.Shards > 1 && (s.Policy == policyBlocks || s.Policy == policyOnDemand) {
+		m.push(s.Rebalance, simRebalance, 0, 0)
+	}
+	return m
+}
+
+func (m *scalingSim) push(at time.Duration, kind simKind, tenant, shard int) {
+	heap.Push(m.q, simEvent{at: at, kind: kind, tenant: tenant, shard: shard})
+}
+
+func (m *scalingSim) shardOf(tenant int) int { return tenant % m.s.Shards }
+
+// deal deals the Zipf weights out to the tenants at random.
+func (m *scalingSim) deal() {
+	perm := m.rng.Perm(m.s.Tenants)
+	offered := m.s.Load * float64(m.s.Limit) / m.s.Hold.Seconds()
+	for i, t := range perm {
+		m.rates[t] = offered * m.weights[i] / m.total
+	}
+}
+
+func (m *scalingSim) exp(rate float64) time.Duration {
+	return time.Duration(m.rng.ExpFloat64() / rate * float64(time.Second))
+}
+
+// advance moves the clock to at, adding up slots held and time stranded.
+func (m *scalingSim) advance(at time.Duration) {
+	dt := (at - m.now).Seconds()
+	m.heldArea += float64(m.held) * dt
+	if m.stranded() {
+		m.strandedTime += dt
+	}
+	m.now = at
+}
+
+// stranded reports whether some shard has waiters while another has idle
+// slots.
+func (m *scalingSim) stranded() bool {
+	want, idle := false, false
+	for _, sh := range m.shards {
+		want = want || len(sh.waiting) > 0
+		idle = idle || sh.block > sh.held
+	}
+	return want && idle && m.s.Shards > 1
+}
+
+// check panics if the cap is broken: blocks and the free pool must sum to
+// the limit, and no shard may hold more than its block.
+func (m *scalingSim) check() {
+	sum := m.free
+	for _, sh := range m.shards {
+		if sh.held > sh.block {
+			panic("a shard holds more than its block")
+		}
+		sum += sh.block
+	}
+	if sum != m.s.Limit {
+		panic(fmt.Sprintf("blocks and the free pool sum to %d, not the limit %d", sum, m.s.Limit))
+	}
+}
+
+// grant serves shard i's queue from its block.
+func (m *scalingSim) grant(i int) {
+	sh := &m.shards[i]
+	for len(sh.waiting) > 0 && sh.held < sh.block {
+		m.waits = append(m.waits, m.now-sh.waiting[0])
+		sh.waiting = sh.waiting[1:]
+		sh.held++
+		m.held++
+		m.push(m.now+m.exp(1/m.s.Hold.Seconds()), simRelease, 0, i)
+	}
+}
+
+// ask has shard i ask the coordinator for what its queue needs: the
+// answer arrives an rtt later (policyOnDemand).
+func (m *scalingSim) ask(i int) {
+	if m.s.Policy == policyOnDemand && m.s.Shards > 1 && !m.asking[i] && len(m.shards[i].waiting) > m.shards[i].block-m.shards[i].held {
+		m.asking[i] = true
+		m.push(m.now+rtt, simAnswer, 0, i)
+	}
+}
+
+// rebalance gives back idle slots above the reserve, then grants what the
+// queues need from what is free, most waiting first (policyBlocks and
+// policyOnDemand's periodic pass).
+func (m *scalingSim) rebalance() {
+	m.coordinator += len(m.shards)
+	for i := range m.shards {
+		sh := &m.shards[i]
+		if idle := sh.block - sh.held - reserve; idle > 0 && len(sh.waiting) == 0 {
+			sh.block -= idle
+			m.free += idle
+		}
+	}
+	order := make([]int, len(m.shards))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return len(m.shards[b].waiting) - len(m.shards[a].waiting) })
+	for _, i := range order {
+		sh := &m.shards[i]
+		need := len(sh.waiting) - (sh.block - sh.held)
+		if need <= 0 && sh.block-sh.held < reserve {
+			need = reserve - (sh.block - sh.held)
+		}
+		n := min(max(need, 0), m.free)
+		sh.block += n
+		m.free -= n
+		m.grant(i)
+	}
+}
+
+// answer is the coordinator's answer to shard i's ask: it grants from what
+// is free; if that is not enough it recalls idle slots from the others
+// (contention: idle slots go back at once), and the shard asks again.
+func (m *scalingSim) answer(i int) {
+	m.coordinator++
+	m.asking[i] = false
+	sh := &m.shards[i]
+	need := len(sh.waiting) - (sh.block - sh.held)
+	n := min(max(need, 0), m.free)
+	sh.block += n
+	m.free -= n
+	m.grant(i)
+	if need > n {
+		for j := range m.shards {
+			if j != i && m.shards[j].block > m.shards[j].held {
+				m.push(m.now+rtt, simRecall, 0, j)
+			}
+		}
+		m.ask(i)
+	}
+}
+
+// result sums the run up.
+func (m *scalingSim) result() scalingResult {
+	s, waits := m.s, m.waits
+	r := scalingResult{Acquires: len(waits), Utilisation: m.heldArea / (float64(s.Limit) * s.Duration.Seconds()),
+		Stranded: m.strandedTime / s.Duration.Seconds(), CoordinatorCalls: float64(m.coordinator) / s.Duration.Seconds()}
 	slices.Sort(waits)
 	var sum time.Duration
 	waited := 0
