@@ -59,6 +59,8 @@ func main() {
 // processes the scenarios start (an origin, a bare goproxy).
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"sidecar":       sidecarMain,
+	"fair":          fairMain,
+	"fair-quiet":    fairQuiet,
 	"ha":            haMain,
 	"scaling":       scalingMain,
 	"plot":          plotMain,
