@@ -169,6 +169,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 	for _, store := range list {
 		r, err := fairOnce(context.Background(), e, store, fmt.Sprintf(fairConfig, places), *flood, *phase, *ttlFor, *ttl, stdout)
 		if err != nil {
+			printFair(stdout, runs) // what ran before
 			fmt.Fprintf(stderr, "govbench fair: %s: %v\n", store, err)
 			return 1
 		}
