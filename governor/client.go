@@ -164,8 +164,16 @@ func (c *Client) openSession(ctx context.Context, cfg *config) (*governorpb.Open
 		}
 		// An orphaned session from a lost reply is harmless: it expires
 		// after one TTL and holds nothing.
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		wait, busy := throttled(err)
+		if (status.Code(err) != codes.Unavailable && !busy) || ctx.Err() != nil {
 			return nil, time.Time{}, fromStatus("OpenSession", err)
+		}
+		if busy {
+			try-- // governord's wait stands for the backoff
+			if werr := sleep(ctx, nil, throttleWait(wait)); werr != nil {
+				return nil, time.Time{}, &gaveUpError{op: "OpenSession", why: werr, last: fromStatus("OpenSession", err)}
+			}
+			continue
 		}
 		if werr := pause(ctx, nil, try); werr != nil {
 			return nil, time.Time{}, &gaveUpError{op: "OpenSession", why: werr, last: fromStatus("OpenSession", err)}
@@ -517,6 +525,21 @@ func (c *Client) run(ctx context.Context, op string, attempt, abandon func(ctx c
 		case codes.Unauthenticated:
 			c.giveUp(forgotten(err))
 			return fromStatus(op, err)
+		case codes.ResourceExhausted:
+			wait, ok := throttled(err)
+			if !ok {
+				return fromStatus(op, err) // a quota denial: final
+			}
+			// Not applied: the same id again, once governord's wait is up.
+			last = err
+			if werr := sleep(ctx, c.life.Done(), throttleWait(wait)); werr != nil {
+				if cause := c.Err(); cause != nil {
+					return sessionEnded(op, cause, last)
+				}
+				return fail(&gaveUpError{op: op, why: werr, last: fromStatus(op, last)})
+			}
+			try-- // governord's wait stands for the backoff
+			continue
 		default:
 			// A definite answer: the server remembers the id's outcome, so
 			// an earlier attempt that went unanswered did not grant.
@@ -625,14 +648,5 @@ func sessionEnded(op string, cause, last error) error {
 // pause waits before attempt try+1: jittered exponential backoff. It
 // returns ctx's error if ctx ends first, or ErrSessionLost if stop closes.
 func pause(ctx context.Context, stop <-chan struct{}, try int) error {
-	t := time.NewTimer(retry.Backoff(retryBaseDelay, retryMaxDelay, try))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-stop:
-		return ErrSessionLost
-	}
+	return sleep(ctx, stop, retry.Backoff(retryBaseDelay, retryMaxDelay, try))
 }

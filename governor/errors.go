@@ -42,6 +42,12 @@ var (
 	// ErrInvalidArgument: the server rejected the request as malformed, or
 	// the SDK's configuration is invalid.
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrThrottled: governord did not let the call in yet (its tenant's
+	// calls in flight and queued were full, or it was over its api_rate)
+	// and the call's context ended before it could be sent again. The
+	// call was not applied.
+	ErrThrottled = errors.New("governord throttled the call")
+
 	// ErrUnavailable: governord could not be reached. New work is denied.
 	ErrUnavailable = errors.New("governord unavailable")
 	// ErrSessionLost: the client gave up its session (no heartbeat succeeded
@@ -257,6 +263,9 @@ func fromStatus(op string, err error) error {
 	switch st.Code() {
 	case codes.ResourceExhausted:
 		se.err = ErrQuotaExhausted
+		if _, ok := throttled(err); ok {
+			se.err = ErrThrottled
+		}
 		for _, d := range st.Details() {
 			if d, ok := d.(*governorpb.Denial); ok {
 				se.err = denialFromProto(d)

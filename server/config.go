@@ -81,6 +81,9 @@ type Config struct {
 	// TLSReloadInterval is how often the TLS files are polled for a new
 	// pair. Zero means tlsreload.DefaultInterval.
 	TLSReloadInterval time.Duration
+	// Admission is how calls are let into the engine, per tenant
+	// (admission.go). Zero fields take their defaults.
+	Admission AdmissionConfig
 	// HA runs this governord as one of several over one PostgreSQL store:
 	// a fenced leader or a hot standby (ha.go). Off by default.
 	HA HAConfig
@@ -140,6 +143,13 @@ type TenantConfig struct {
 	Defaults Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
 	Bounds engine.Bounds
+	// MaxInFlight caps the tenant's calls holding a place in admission;
+	// zero means Admission.TenantMaxInFlight. MaxQueued caps its calls
+	// waiting for one; nil means Admission.TenantMaxQueued.
+	MaxInFlight int
+	MaxQueued   *int
+	// APIRate is the tenant's api_rate on governord's API; nil: none.
+	APIRate *APIRate
 }
 
 // keyHash is the SHA-256 of the tenant's key, whichever way it was given.
@@ -203,6 +213,7 @@ type fileConfig struct {
 	Tenants        []fileTenant   `mapstructure:"tenants"`
 	ReapInterval   time.Duration  `mapstructure:"reap_interval"`
 	HA             fileHA         `mapstructure:"ha"`
+	Admission      fileAdmission  `mapstructure:"admission"`
 	NearThresholds []int          `mapstructure:"near_thresholds"`
 }
 
@@ -255,6 +266,8 @@ type fileTenant struct {
 	Defaults fileCaps   `mapstructure:"defaults"`
 	Bounds   fileBounds `mapstructure:"bounds"`
 	Minimums fileCapMap `mapstructure:"minimums"`
+
+	fileTenantAdmission `mapstructure:",squash"`
 }
 
 // fileBounds are bounds as written: a key left out takes the default.
@@ -428,6 +441,9 @@ func (f fileConfig) validate() (Config, error) {
 	if err := f.HA.validate(&c); err != nil {
 		return Config{}, err
 	}
+	if c.Admission, err = f.Admission.parse(); err != nil {
+		return Config{}, err
+	}
 	if err := checkCaps("root", c.Root.Quotas, c.Root.Limits); err != nil {
 		return Config{}, err
 	}
@@ -504,6 +520,9 @@ func (f fileConfig) validate() (Config, error) {
 			return Config{}, err
 		}
 		tc.Bounds = bounds
+		if err := t.fileTenantAdmission.parse(key, &tc); err != nil {
+			return Config{}, err
+		}
 		c.Tenants = append(c.Tenants, tc)
 	}
 	if err := checkMinimums(&c); err != nil {
@@ -574,6 +593,7 @@ func (c *Config) fillLimits() {
 	if c.Bounds == (engine.Bounds{}) {
 		c.Bounds = DefaultBounds
 	}
+	c.fillAdmission()
 	c.Tenants = slices.Clone(c.Tenants) // the caller's stay as they were
 	for i := range c.Tenants {
 		if c.Tenants[i].Bounds == (engine.Bounds{}) {

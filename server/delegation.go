@@ -308,6 +308,7 @@ func (s *Server) untilRecalled(ctx context.Context, op func() error) error {
 		if !errors.Is(err, engine.ErrRecalling) {
 			return err
 		}
+		leaveAdmission(ctx) // a charge held up keeps no one else's call out
 		t := time.NewTimer(recallRetry)
 		select {
 		case <-changed:

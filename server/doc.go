@@ -7,7 +7,11 @@
 // (housekeeping.go), and serves metrics and health. It holds no decision
 // logic of its own.
 //
-// A request's life: authenticate (the session token in the "authorization"
+// A request's life: admission (admission.go, admitcall.go) puts a call of
+// new work in its tenant's lane and lets it in by weighted round robin, or
+// refuses it with a RetryInfo past its tenant's cap, queue or api_rate
+// (apirate.go; its keys in admission_config.go); heartbeats, releases and
+// give-backs never wait there → authenticate (the session token in the "authorization"
 // metadata, hashed and looked up in the engine) → call the engine under its
 // lock, which queues the change's event on the store's log → wait, outside
 // the lock, until the log has committed the engine's sequence number → reply.

@@ -37,6 +37,11 @@ type metrics struct {
 	// answers to DryRun (policy.go).
 	warnings *prometheus.CounterVec
 	dryRuns  *prometheus.CounterVec
+
+	// Admission (admission.go): each call's time by tenant and lane, and
+	// the calls refused.
+	callSeconds *prometheus.HistogramVec
+	refusals    *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -66,6 +71,12 @@ func newMetrics(s *Server) *metrics {
 	m.given = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_given_back_total",
 		Help: "Grants given back because their callers never learned of them: the caller's context ended before the answer was committed (caller_gone), or the caller abandoned the request (abandoned)."}, []string{"why"})
 	m.warnings, m.dryRuns = newWarnings(), newDryRuns()
+	m.callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_call_seconds",
+		Help:    "Time governord took to answer a call, from its arrival to its answer, waiting for its turn included, by tenant (\"\" is the admin key's sessions) and lane (work, control).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"tenant", "lane"})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_admission_refused_total",
+		Help: "Calls refused with RESOURCE_EXHAUSTED and a RetryInfo by admission, by tenant and why (busy: its calls in flight and queue were full; api_rate: over its api_rate)."}, []string{"tenant", "why"})
+	m.reg.MustRegister(m.callSeconds, m.refusals, admissionCollector{s})
 	m.reg.MustRegister(m.warnings, m.dryRuns, policyCollector{s})
 	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m}, haCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -84,6 +95,10 @@ func (m *metrics) observeCommit(batch int, d time.Duration) {
 	m.s.lastCommit.Store(int64(d))
 }
 
+func (m *metrics) callTime(tenant, lane string, d time.Duration) {
+	m.callSeconds.WithLabelValues(tenant, lane).Observe(d.Seconds())
+}
+func (m *metrics) refused(tenant, why string)     { m.refusals.WithLabelValues(tenant, why).Inc() }
 func (m *metrics) waiting(d float64)              { m.waiters.Add(d) }
 func (m *metrics) noticeSent(k engine.NoticeKind) { m.notices.WithLabelValues(k.String()).Inc() }
 func (m *metrics) waited(d time.Duration)         { m.waitTime.Observe(d.Seconds()) }
@@ -195,3 +210,26 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 // /metrics can serve, so that dashboards and alert rules (deploy/) are
 // checked against the real names and labels rather than a list.
 func (s *Server) MetricsCollector() prometheus.Collector { return s.metrics.reg }
+
+// admissionCollector reads admission's lanes once per scrape.
+type admissionCollector struct{ s *Server }
+
+var (
+	descAdmQueued   = prometheus.NewDesc("governor_admission_queued", "Calls waiting for their turn in admission, by tenant (\"\" is the admin key's sessions).", []string{"tenant"}, nil)
+	descAdmInFlight = prometheus.NewDesc("governor_admission_in_flight", "Calls holding a place in admission (in the engine or waiting for their commit), by tenant.", []string{"tenant"}, nil)
+)
+
+func (admissionCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descAdmQueued
+	ch <- descAdmInFlight
+}
+
+func (c admissionCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.adm == nil {
+		return
+	}
+	for _, l := range c.s.adm.stats() {
+		ch <- prometheus.MustNewConstMetric(descAdmQueued, prometheus.GaugeValue, float64(l.queued), l.name)
+		ch <- prometheus.MustNewConstMetric(descAdmInFlight, prometheus.GaugeValue, float64(l.inFlight), l.name)
+	}
+}

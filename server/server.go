@@ -44,6 +44,10 @@ type Server struct {
 	metrics *metrics
 	keys    map[[sha256.Size]byte]engine.NodeID // API key hash -> scope
 	flights flights
+	// adm lets calls in, per tenant (admission.go); admLanes are its
+	// lanes by tenant name, "" for the admin key's.
+	adm      *admission
+	admLanes map[string]*lane
 
 	notices     notices       // the engine's notices, to the Watch streams
 	settlements signal        // fires when reservations are settled (delegation.go)
@@ -94,6 +98,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	cfg.fillLimits()
 	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
 		stopping: make(chan struct{}), fatal: make(chan error, 1), newSession: make(chan struct{}, 1)}
+	s.admLanes = s.admissionLanes()
 	s.metrics = newMetrics(s)
 	open := cfg.OpenStore
 	if open == nil {
@@ -321,6 +326,7 @@ func (s *Server) configure(ctx context.Context) error {
 	if h, ok := s.cfg.adminKeyHash(); ok {
 		s.keys[h] = engine.RootID
 	}
+	s.adm.bind(int64(engine.RootID), s.admLanes[""])
 	for _, t := range s.cfg.Tenants {
 		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
 			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits)}, "")
@@ -343,6 +349,7 @@ func (s *Server) configure(ctx context.Context) error {
 				return fmt.Errorf("configure tenant %q: %w", t.Name, err)
 			}
 		}
+		s.adm.bind(int64(v.ID), s.admLanes[t.Name])
 		if h, ok := t.keyHash(); ok {
 			s.keys[h] = v.ID
 		} else {
@@ -419,7 +426,7 @@ func (s *Server) serve() error {
 		s.certs = certs
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: certs.GetCertificate})))
 	}
-	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary, s.haUnary), grpc.ChainStreamInterceptor(s.metrics.stream, s.haStream),
+	opts = append(opts, grpc.ChainUnaryInterceptor(s.metrics.unary, s.haUnary, s.admitUnary), grpc.ChainStreamInterceptor(s.metrics.stream, s.haStream),
 		// Fixed flow-control windows turn off gRPC's BDP estimation, which
 		// otherwise sends a PING for nearly every request that arrives on an
 		// idle connection (and the client answers it): two extra writes and

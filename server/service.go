@@ -30,14 +30,18 @@ const (
 )
 
 // authenticate resolves the session named by the call's bearer token.
+// A call admission let in has been resolved already (admitcall.go); the
+// engine still checks the session on every operation.
 func (s *Server) authenticate(ctx context.Context) (engine.SessionID, error) {
+	if a, ok := ctx.Value(admittedKey{}).(*admitted); ok && a.sid != 0 {
+		return a.sid, nil
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	auth := md.Get("authorization")
-	if len(auth) == 0 {
+	if len(md.Get("authorization")) == 0 {
 		return 0, status.Error(codes.Unauthenticated, "no session: send \"authorization: Bearer <session_token>\" from OpenSession")
 	}
-	token, ok := strings.CutPrefix(auth[0], "Bearer ")
-	if !ok || token == "" {
+	token, ok := bearer(ctx)
+	if !ok {
 		return 0, status.Error(codes.Unauthenticated, "the authorization metadata is not \"Bearer <session_token>\"")
 	}
 	sid, _, ok := s.eng.SessionByToken(hashToken(token))
@@ -45,6 +49,17 @@ func (s *Server) authenticate(ctx context.Context) (engine.SessionID, error) {
 		return 0, status.Error(codes.Unauthenticated, "unknown or expired session; open a new one")
 	}
 	return sid, nil
+}
+
+// bearer is the session token in the call's "authorization" metadata.
+func bearer(ctx context.Context) (string, bool) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	auth := md.Get("authorization")
+	if len(auth) == 0 {
+		return "", false
+	}
+	token, ok := strings.CutPrefix(auth[0], "Bearer ")
+	return token, ok && token != ""
 }
 
 func hashToken(token string) string {
@@ -455,6 +470,7 @@ func (s *Server) acquireOnce(ctx context.Context, sid engine.SessionID, r engine
 	if err != nil || wait == nil {
 		return g, err
 	}
+	leaveAdmission(ctx) // a held-up acquire keeps no one else's call out
 	s.metrics.waiting(1)
 	defer s.metrics.waiting(-1)
 	began := time.Now()

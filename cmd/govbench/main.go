@@ -6,6 +6,7 @@
 //	go run ./cmd/govbench sidecar [-T 10] [-rounds 3] [-out docs/bench]
 //	go run ./cmd/govbench ha [-dsn DSN] [-failovers 50] [-T 10] [-rounds 3]   (ha.go; docs/ha.md)
 //	go run ./cmd/govbench scaling [-seed 1] [-hours 1]   (scaling.go, a simulation; docs/scaling.md)
+//	taskset -c 1 govbench fair -governord-cpu 0 [-store memory,sqlite,postgres] [-T 15s] [-ttl-run 60s] [-admission on|off]   (fair.go; docs/governord-performance.md)
 //	bash scripts/sidecarbench.sh          (installs and starts what it needs)
 //
 // Without a subcommand it runs the numbered scenarios of docs/bench.md
@@ -39,6 +40,12 @@
 //     machine's noise falls on every target alike, and reported as the
 //     median and the range of the rounds.
 //
+//   - fair: one tenant's flood (64 callers churning tasks) against another
+//     tenant's latency (one caller, in a process of its own) on governord's
+//     own API, with governord pinned to one core and the load to the
+//     other; and a TTL run, the quiet tenant's sessions of 2 s through a
+//     minute of flood (issue 27).
+//
 // Each scenario prints its tables and, with -out, writes its raw results as
 // JSON there.
 package main
@@ -59,6 +66,8 @@ func main() {
 // processes the scenarios start (an origin, a bare goproxy).
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"sidecar":       sidecarMain,
+	"fair":          fairMain,
+	"fair-quiet":    fairQuiet,
 	"ha":            haMain,
 	"scaling":       scalingMain,
 	"plot":          plotMain,
