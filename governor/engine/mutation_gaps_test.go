@@ -1070,3 +1070,21 @@ func TestReapAfterAReplayThatReclaimed(t *testing.T) {
 		t.Errorf("the first Reap after the replay emitted events %d..%d", seq+1, e.Seq())
 	}
 }
+
+// Tidy keeps the ended nodes still waiting for reclamation: an engine
+// tidied, then reaped, reclaims them when their retention passes (Tidy
+// dropped exactly those, keeping only entries of nodes reclaimed already,
+// and no test saw it, as the server tidies only its mirror).
+func TestTidyKeepsWhatWaitsForReclamation(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	task := f.create(f.sA, f.acme, NodeSpec{Name: "crawl"})
+	if _, err := f.e.EndNode(f.sA, task, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.e.Tidy()
+	f.clock.Advance(testRetention)
+	f.e.Reap()
+	if got := f.reclaimed(); !slices.Contains(got, task) {
+		t.Fatalf("reclaimed %v after a Tidy and the retention; want the task %d", got, task)
+	}
+}
