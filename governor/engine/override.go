@@ -265,7 +265,7 @@ func (e *Engine) applyCapsReverted(ev *Event) error {
 			}
 		}
 	}
-	n.applyCaps(ev.Caps, e)
+	n.applyCaps(ev.Caps, e, ev.At)
 	e.record(n, ev)
 	return nil
 }
