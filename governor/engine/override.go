@@ -110,7 +110,7 @@ func (a *Audit) validate(edit *CapsEdit) error {
 	}
 	if a.For > 0 {
 		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil ||
-			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil {
+			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil || edit.Rates != nil || edit.DefaultRates != nil {
 			return invalid("a temporary override sets only quotas and limits")
 		}
 		if len(edit.Quotas)+len(edit.Limits) == 0 {

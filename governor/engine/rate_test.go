@@ -213,6 +213,21 @@ func TestRateEditKeepsWholeUnits(t *testing.T) {
 	f.consume(f.sA, f.job, "calls", 1000)
 }
 
+// A temporary override sets quotas and limits only: one with a rate would
+// set the rate for good while saying it reverts.
+func TestRateIsNotATemporaryOverride(t *testing.T) {
+	f := newFixture(t)
+	for _, edit := range []CapsEdit{
+		{Quotas: map[string]int64{"calls": 5}, Rates: map[string]Rate{"calls": perSecond(1, 0)}},
+		{Quotas: map[string]int64{"calls": 5}, DefaultRates: map[string]Rate{"calls": perSecond(1, 0)}},
+	} {
+		before := f.e.Seq()
+		if _, err := f.e.SetCapsAudited(System, f.job, edit, Audit{Reason: "incident", For: time.Minute}, ""); !errors.Is(err, ErrInvalid) || f.e.Seq() != before {
+			t.Errorf("an override with %+v: %v; want ErrInvalid and nothing emitted", edit, err)
+		}
+	}
+}
+
 func TestRateGivenBackGrantReturnsItsUnits(t *testing.T) {
 	f := newFixture(t)
 	f.setCaps(f.job, CapsEdit{Rates: map[string]Rate{"calls": perSecond(5, 0)}})
