@@ -18,6 +18,10 @@ var (
 	// ErrQuotaExhausted: a quota on the task or an ancestor is spent. The
 	// error is a *Denial naming the cap.
 	ErrQuotaExhausted = errors.New("quota exhausted")
+	// ErrRateLimited: a rate on the task or an ancestor holds fewer units
+	// than the charge asks; it will hold them later. Retryable: the error
+	// is a *RateLimitedError saying how long to wait, which Retry honours.
+	ErrRateLimited = errors.New("rate limited")
 	// ErrTaskEnded: the task, or an ancestor, was closed, cancelled or passed
 	// its deadline. The error is a *TaskEndedError when the server said so.
 	ErrTaskEnded = errors.New("task ended")
@@ -267,8 +271,11 @@ func fromStatus(op string, err error) error {
 			se.err = ErrThrottled
 		}
 		for _, d := range st.Details() {
-			if d, ok := d.(*governorpb.Denial); ok {
+			switch d := d.(type) {
+			case *governorpb.Denial:
 				se.err = denialFromProto(d)
+			case *governorpb.RateLimited:
+				se.err = rateLimitedFromProto(d)
 			}
 		}
 	case codes.FailedPrecondition:

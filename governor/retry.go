@@ -52,7 +52,8 @@ func WithRetryIf(retryable func(error) bool) RetryOption {
 // consumes one unit of "retry" from the task, and so from every ancestor.
 // When that is refused, Retry returns fn's last error at once, wrapped with
 // the refusal, so errors.Is matches both. Between attempts it waits with
-// jittered exponential backoff, and it stops when ctx ends.
+// jittered exponential backoff, and it stops when ctx ends. After a refusal
+// for rate (ErrRateLimited) it waits at least the refusal's RetryAfter.
 //
 // Without a task in ctx, Retry returns an error wrapping ErrNoTask and does
 // not call fn.
@@ -79,7 +80,7 @@ func Retry(ctx context.Context, fn func(ctx context.Context) error, opts ...Retr
 		if cerr := task.Consume(ctx, cfg.resource, 1); cerr != nil {
 			return fmt.Errorf("%w (not retried: %w)", err, cerr)
 		}
-		t := time.NewTimer(retry.Backoff(cfg.base, cfg.max, attempt-1))
+		t := time.NewTimer(max(retry.Backoff(cfg.base, cfg.max, attempt-1), RetryAfter(err)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

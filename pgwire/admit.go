@@ -15,6 +15,7 @@ const (
 	SQLStateBadRequest  = "22023" // invalid_parameter_value: an application_name the proxy refuses
 	SQLStateSuspended   = "53400" // configuration_limit_exceeded: the tenant is suspended
 	SQLStateReadOnly    = "25006" // read_only_sql_transaction: a write while the tenant is read-only
+	SQLStateRate        = "53300" // too_many_connections, the closest standard code for "too much, too fast": over a rate, try again
 )
 
 // sqlState is the one place a refusal becomes what a SQL client sees: its
@@ -33,6 +34,8 @@ func sqlState(d *admission.Denial) (code string, f Failure) {
 		return SQLStateSuspended, DenySuspended
 	case admission.CauseReadOnly:
 		return SQLStateReadOnly, DenyReadOnly
+	case admission.CauseRate:
+		return SQLStateRate, DenyRate
 	}
 	// Unavailable, stopping; canceled too (the client is gone and sees
 	// nothing).

@@ -121,12 +121,13 @@ const (
 	DenyBadRequest                 // a statement denied: its application_name cannot name a subtask
 	DenySuspended                  // a statement denied: the tenant is suspended
 	DenyReadOnly                   // a write denied: the tenant is read-only
+	DenyRate                       // a statement denied: over a rate
 	failureCount
 )
 
 var failureNames = [failureCount]string{"startup", "tls", "upstream", "auth", "too_large", "protocol",
 	"cancel", "deny_quota", "deny_wait_timeout", "deny_unavailable", "deny_task_ended", "deny_bad_request",
-	"deny_suspended", "deny_read_only"}
+	"deny_suspended", "deny_read_only", "deny_rate"}
 
 func (f Failure) String() string {
 	if f >= 0 && f < failureCount {

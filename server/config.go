@@ -121,6 +121,8 @@ type Caps struct {
 	Limits     map[string]int64
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
+	// Rates are token buckets by resource (rates.go).
+	Rates map[string]engine.Rate
 }
 
 // TenantConfig is one tenant as the operator configures it.
@@ -140,6 +142,8 @@ type TenantConfig struct {
 	// Minimums are the tenant's reserved minimums by lease class
 	// (policy.go); their sum per class is within root.limits.
 	Minimums map[string]engine.Minimum
+	// Rates are the tenant's token buckets by resource (rates.go).
+	Rates    map[string]engine.Rate
 	Defaults Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
 	Bounds engine.Bounds
@@ -231,8 +235,9 @@ type fileStore struct {
 }
 
 type fileCaps struct {
-	Quotas fileCapMap `mapstructure:"quotas"`
-	Limits fileCapMap `mapstructure:"limits"`
+	Quotas fileCapMap  `mapstructure:"quotas"`
+	Limits fileCapMap  `mapstructure:"limits"`
+	Rates  fileRateMap `mapstructure:"rates"`
 }
 
 // caps reads the caps at key; modes false refuses modes (defaults).
@@ -242,7 +247,10 @@ func (f fileCaps) caps(key string, modes bool) (Caps, error) {
 	if c.Quotas, c.QuotaModes, err = f.Quotas.parse(key+".quotas", modes); err != nil {
 		return c, err
 	}
-	c.Limits, c.LimitModes, err = f.Limits.parse(key+".limits", modes)
+	if c.Limits, c.LimitModes, err = f.Limits.parse(key+".limits", modes); err != nil {
+		return c, err
+	}
+	c.Rates, err = f.Rates.parse(key + ".rates")
 	return c, err
 }
 
@@ -257,15 +265,16 @@ type fileAdaptive struct {
 }
 
 type fileTenant struct {
-	Name     string     `mapstructure:"name"`
-	APIKey   string     `mapstructure:"api_key"`
-	KeyHash  string     `mapstructure:"api_key_sha256"`
-	Weight   int64      `mapstructure:"weight"`
-	Quotas   fileCapMap `mapstructure:"quotas"`
-	Limits   fileCapMap `mapstructure:"limits"`
-	Defaults fileCaps   `mapstructure:"defaults"`
-	Bounds   fileBounds `mapstructure:"bounds"`
-	Minimums fileCapMap `mapstructure:"minimums"`
+	Name     string      `mapstructure:"name"`
+	APIKey   string      `mapstructure:"api_key"`
+	KeyHash  string      `mapstructure:"api_key_sha256"`
+	Weight   int64       `mapstructure:"weight"`
+	Quotas   fileCapMap  `mapstructure:"quotas"`
+	Limits   fileCapMap  `mapstructure:"limits"`
+	Rates    fileRateMap `mapstructure:"rates"`
+	Defaults fileCaps    `mapstructure:"defaults"`
+	Bounds   fileBounds  `mapstructure:"bounds"`
+	Minimums fileCapMap  `mapstructure:"minimums"`
 
 	fileTenantAdmission `mapstructure:",squash"`
 }
@@ -496,7 +505,7 @@ func (f fileConfig) validate() (Config, error) {
 		case t.Weight < 0:
 			return Config{}, keyErr(key+".weight", "%d is below 1", t.Weight)
 		}
-		own, err := fileCaps{Quotas: t.Quotas, Limits: t.Limits}.caps(key, true)
+		own, err := fileCaps{Quotas: t.Quotas, Limits: t.Limits, Rates: t.Rates}.caps(key, true)
 		if err != nil {
 			return Config{}, err
 		}
@@ -511,7 +520,7 @@ func (f fileConfig) validate() (Config, error) {
 			return Config{}, err
 		}
 		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
-		tc.QuotaModes, tc.LimitModes = own.QuotaModes, own.LimitModes
+		tc.QuotaModes, tc.LimitModes, tc.Rates = own.QuotaModes, own.LimitModes, own.Rates
 		if tc.Minimums, err = t.Minimums.parseMinimums(key + ".minimums"); err != nil {
 			return Config{}, err
 		}

@@ -223,7 +223,13 @@ func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusR
 		if err != nil {
 			return nil, err
 		}
-		return toCapStatusReport(st), nil
+		rates, err := s.eng.RateStatus(sid, engine.NodeID(req.GetNodeId()))
+		if err != nil {
+			return nil, err
+		}
+		out := toCapStatusReport(st)
+		out.Rates = toRateStatus(rates)
+		return out, nil
 	})
 }
 

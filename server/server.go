@@ -318,6 +318,9 @@ func (s *Server) configure(ctx context.Context) error {
 	if modesEdit(&edit, root, s.cfg.Root.Quotas, rootLimits, s.cfg.Root.QuotaModes, s.cfg.Root.LimitModes) {
 		changed = true
 	}
+	if ratesEdit(&edit, root, s.cfg.Root.Rates, nil, false) {
+		changed = true
+	}
 	if changed {
 		if _, err := s.eng.SetCaps(engine.System, engine.RootID, edit, ""); err != nil {
 			return fmt.Errorf("configure root: %w", err)
@@ -329,7 +332,8 @@ func (s *Server) configure(ctx context.Context) error {
 	s.adm.bind(int64(engine.RootID), s.admLanes[""])
 	for _, t := range s.cfg.Tenants {
 		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
-			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits)}, "")
+			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits),
+			Rates: t.Rates, DefaultRates: t.Defaults.Rates}, "")
 		if err != nil {
 			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
 		}
@@ -342,6 +346,9 @@ func (s *Server) configure(ctx context.Context) error {
 			changed = true
 		}
 		if minimumsEdit(&edit, v, t.Minimums, false) {
+			changed = true
+		}
+		if ratesEdit(&edit, v, t.Rates, t.Defaults.Rates, true) {
 			changed = true
 		}
 		if changed {

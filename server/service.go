@@ -557,6 +557,12 @@ func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*
 		return nil, err
 	}
 	edit.Minimums = capMinimums(req.GetMinimums())
+	if edit.Rates, err = ratesFromPB("rates", req.GetRates()); err != nil {
+		return nil, err
+	}
+	if edit.DefaultRates, err = ratesFromPB("default_rates", req.GetDefaultRates()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.SetCapsAudited(sid, engine.NodeID(req.GetNodeId()), edit, audit, req.GetRequestId()))
 	})
@@ -575,6 +581,13 @@ func nodeSpec(p *governorpb.NodeSpec) (engine.NodeSpec, error) {
 		}
 		spec.Deadline = d.AsTime().UnixNano()
 	}
+	var err error
+	if spec.Rates, err = ratesFromPB("spec.rates", p.GetRates()); err != nil {
+		return spec, err
+	}
+	if spec.DefaultRates, err = ratesFromPB("spec.default_rates", p.GetDefaultRates()); err != nil {
+		return spec, err
+	}
 	return spec, nil
 }
 
@@ -589,7 +602,8 @@ func toNode(v engine.NodeView) *governorpb.Node {
 	n := &governorpb.Node{Id: int64(v.ID), ParentId: int64(v.Parent), Name: v.Name, Kind: nodeKind(v.Kind),
 		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Reserved: v.Reserved, Limits: v.Limits, Held: v.Held,
 		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority,
-		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes), Shadow: v.Shadow}
+		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes), Shadow: v.Shadow,
+		Rates: bucketRates(v.Rates), DefaultRates: toRates(v.DefaultRates)}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
 		n.TenantState, n.TenantStateReason = v.TenantState.String(), v.TenantStateReason

@@ -32,8 +32,11 @@ func toStatus(err error) error {
 		ended  *engine.EndedError
 		lease  *engine.LeaseEndedError
 		tstate *engine.TenantStateError
+		rate   *engine.RateError
 	)
 	switch {
+	case errors.As(err, &rate):
+		return rateStatus(rate)
 	case errors.As(err, &tstate):
 		return withDetail(codes.FailedPrecondition, err, tenantRefusal(tstate))
 	case errors.As(err, &denial):

@@ -269,7 +269,7 @@ func (x Notice_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Notice_Kind.Descriptor instead.
 func (Notice_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38, 0}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39, 0}
 }
 
 type OpenSessionRequest struct {
@@ -599,7 +599,15 @@ type NodeSpec struct {
 	// Queue priority: within a tenant, waiters on a higher-priority node are
 	// always served first. 0 inherits the parent's priority (so subtasks take
 	// their task's); negative values are allowed and rank below 0.
-	Priority      int64 `protobuf:"varint,8,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority int64 `protobuf:"varint,8,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Rates by resource name: token buckets every charge of the resource on
+	// this node or below it takes from (see Rate). Merged over the parent's
+	// default_rates like quotas; a Rate with units -1 removes an inherited
+	// one.
+	Rates map[string]*Rate `protobuf:"bytes,9,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Rates each child created under this node later gets (each its own
+	// bucket), for keys the child's own spec does not name.
+	DefaultRates  map[string]*Rate `protobuf:"bytes,10,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -690,6 +698,91 @@ func (x *NodeSpec) GetPriority() int64 {
 	return 0
 }
 
+func (x *NodeSpec) GetRates() map[string]*Rate {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *NodeSpec) GetDefaultRates() map[string]*Rate {
+	if x != nil {
+		return x.DefaultRates
+	}
+	return nil
+}
+
+// Rate is a token bucket on a resource: units per period refill it, and it
+// holds at most burst units. A charge that the bucket of a node on its
+// chain does not hold is refused with RESOURCE_EXHAUSTED and a RateLimited
+// detail (and a google.rpc.RetryInfo) saying when it will; a charge larger
+// than burst can never fit and is INVALID_ARGUMENT. A new bucket starts
+// full. Time is governord's logged clock: a restart or a failover neither
+// refills nor drains a bucket.
+type Rate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Units added per period; at least 1 (up to 2^63-1). In a SetCapsRequest
+	// or NodeSpec, -1 removes the rate and nothing else may be set with it.
+	Units int64 `protobuf:"varint,1,opt,name=units,proto3" json:"units,omitempty"`
+	// The period; positive. Required unless units is -1.
+	Per *durationpb.Duration `protobuf:"bytes,2,opt,name=per,proto3" json:"per,omitempty"`
+	// The bucket's size; 0 means units (one period's worth).
+	Burst         int64 `protobuf:"varint,3,opt,name=burst,proto3" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rate) Reset() {
+	*x = Rate{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rate) ProtoMessage() {}
+
+func (x *Rate) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rate.ProtoReflect.Descriptor instead.
+func (*Rate) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Rate) GetUnits() int64 {
+	if x != nil {
+		return x.Units
+	}
+	return 0
+}
+
+func (x *Rate) GetPer() *durationpb.Duration {
+	if x != nil {
+		return x.Per
+	}
+	return nil
+}
+
+func (x *Rate) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
 // Node is a node of the tree with its caps and current usage. Maps never
 // contain -1: a key with no cap is absent.
 type Node struct {
@@ -747,14 +840,18 @@ type Node struct {
 	// The shadow ledger, by resource: what the sidecars' rules in dry run
 	// (mode: shadow) would have charged in this node's whole subtree, had
 	// they been enforced. Nothing real counts it; see DryRunRequest.record.
-	Shadow        map[string]int64 `protobuf:"bytes,22,rep,name=shadow,proto3" json:"shadow,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Shadow map[string]int64 `protobuf:"bytes,22,rep,name=shadow,proto3" json:"shadow,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The node's rates by resource, and the rates each new child gets. How
+	// full each bucket is: GetCapStatus.
+	Rates         map[string]*Rate `protobuf:"bytes,23,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultRates  map[string]*Rate `protobuf:"bytes,24,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[7]
+	mi := &file_api_governorpb_governor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +863,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[7]
+	mi := &file_api_governorpb_governor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +876,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{7}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Node) GetId() int64 {
@@ -936,6 +1033,20 @@ func (x *Node) GetShadow() map[string]int64 {
 	return nil
 }
 
+func (x *Node) GetRates() map[string]*Rate {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *Node) GetDefaultRates() map[string]*Rate {
+	if x != nil {
+		return x.DefaultRates
+	}
+	return nil
+}
+
 type CreateNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Idempotency key; see the service comment. Empty means no deduplication.
@@ -950,7 +1061,7 @@ type CreateNodeRequest struct {
 
 func (x *CreateNodeRequest) Reset() {
 	*x = CreateNodeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[8]
+	mi := &file_api_governorpb_governor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1073,7 @@ func (x *CreateNodeRequest) String() string {
 func (*CreateNodeRequest) ProtoMessage() {}
 
 func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[8]
+	mi := &file_api_governorpb_governor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1086,7 @@ func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNodeRequest.ProtoReflect.Descriptor instead.
 func (*CreateNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{8}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateNodeRequest) GetRequestId() string {
@@ -1014,7 +1125,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[9]
+	mi := &file_api_governorpb_governor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1137,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[9]
+	mi := &file_api_governorpb_governor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1150,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{9}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetNodeRequest) GetNodeId() int64 {
@@ -1071,7 +1182,7 @@ type FindOrCreateNodeRequest struct {
 
 func (x *FindOrCreateNodeRequest) Reset() {
 	*x = FindOrCreateNodeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[10]
+	mi := &file_api_governorpb_governor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1194,7 @@ func (x *FindOrCreateNodeRequest) String() string {
 func (*FindOrCreateNodeRequest) ProtoMessage() {}
 
 func (x *FindOrCreateNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[10]
+	mi := &file_api_governorpb_governor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1207,7 @@ func (x *FindOrCreateNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindOrCreateNodeRequest.ProtoReflect.Descriptor instead.
 func (*FindOrCreateNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{10}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FindOrCreateNodeRequest) GetRequestId() string {
@@ -1132,7 +1243,7 @@ type FindOrCreateNodeResponse struct {
 
 func (x *FindOrCreateNodeResponse) Reset() {
 	*x = FindOrCreateNodeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[11]
+	mi := &file_api_governorpb_governor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1255,7 @@ func (x *FindOrCreateNodeResponse) String() string {
 func (*FindOrCreateNodeResponse) ProtoMessage() {}
 
 func (x *FindOrCreateNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[11]
+	mi := &file_api_governorpb_governor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1268,7 @@ func (x *FindOrCreateNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindOrCreateNodeResponse.ProtoReflect.Descriptor instead.
 func (*FindOrCreateNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{11}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FindOrCreateNodeResponse) GetNode() *Node {
@@ -1189,7 +1300,7 @@ type ListChildrenRequest struct {
 
 func (x *ListChildrenRequest) Reset() {
 	*x = ListChildrenRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[12]
+	mi := &file_api_governorpb_governor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1312,7 @@ func (x *ListChildrenRequest) String() string {
 func (*ListChildrenRequest) ProtoMessage() {}
 
 func (x *ListChildrenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[12]
+	mi := &file_api_governorpb_governor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1325,7 @@ func (x *ListChildrenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChildrenRequest.ProtoReflect.Descriptor instead.
 func (*ListChildrenRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{12}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListChildrenRequest) GetNodeId() int64 {
@@ -1251,7 +1362,7 @@ type ListChildrenResponse struct {
 
 func (x *ListChildrenResponse) Reset() {
 	*x = ListChildrenResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[13]
+	mi := &file_api_governorpb_governor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1374,7 @@ func (x *ListChildrenResponse) String() string {
 func (*ListChildrenResponse) ProtoMessage() {}
 
 func (x *ListChildrenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[13]
+	mi := &file_api_governorpb_governor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1387,7 @@ func (x *ListChildrenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListChildrenResponse.ProtoReflect.Descriptor instead.
 func (*ListChildrenResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{13}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListChildrenResponse) GetNodes() []*Node {
@@ -1305,7 +1416,7 @@ type CancelNodeRequest struct {
 
 func (x *CancelNodeRequest) Reset() {
 	*x = CancelNodeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[14]
+	mi := &file_api_governorpb_governor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1428,7 @@ func (x *CancelNodeRequest) String() string {
 func (*CancelNodeRequest) ProtoMessage() {}
 
 func (x *CancelNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[14]
+	mi := &file_api_governorpb_governor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1441,7 @@ func (x *CancelNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelNodeRequest.ProtoReflect.Descriptor instead.
 func (*CancelNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{14}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelNodeRequest) GetRequestId() string {
@@ -1359,7 +1470,7 @@ type CloseNodeRequest struct {
 
 func (x *CloseNodeRequest) Reset() {
 	*x = CloseNodeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[15]
+	mi := &file_api_governorpb_governor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1482,7 @@ func (x *CloseNodeRequest) String() string {
 func (*CloseNodeRequest) ProtoMessage() {}
 
 func (x *CloseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[15]
+	mi := &file_api_governorpb_governor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1495,7 @@ func (x *CloseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseNodeRequest.ProtoReflect.Descriptor instead.
 func (*CloseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{15}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CloseNodeRequest) GetRequestId() string {
@@ -1421,7 +1532,7 @@ type ConsumeRequest struct {
 
 func (x *ConsumeRequest) Reset() {
 	*x = ConsumeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[16]
+	mi := &file_api_governorpb_governor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1544,7 @@ func (x *ConsumeRequest) String() string {
 func (*ConsumeRequest) ProtoMessage() {}
 
 func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[16]
+	mi := &file_api_governorpb_governor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1557,7 @@ func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{16}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ConsumeRequest) GetRequestId() string {
@@ -1485,7 +1596,7 @@ type ConsumeResponse struct {
 
 func (x *ConsumeResponse) Reset() {
 	*x = ConsumeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[17]
+	mi := &file_api_governorpb_governor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1608,7 @@ func (x *ConsumeResponse) String() string {
 func (*ConsumeResponse) ProtoMessage() {}
 
 func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[17]
+	mi := &file_api_governorpb_governor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1621,7 @@ func (x *ConsumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{17}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{18}
 }
 
 type AcquireRequest struct {
@@ -1536,7 +1647,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[18]
+	mi := &file_api_governorpb_governor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1659,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[18]
+	mi := &file_api_governorpb_governor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1672,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{18}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcquireRequest) GetRequestId() string {
@@ -1619,7 +1730,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[19]
+	mi := &file_api_governorpb_governor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1742,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[19]
+	mi := &file_api_governorpb_governor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1755,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{19}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Lease) GetId() int64 {
@@ -1697,7 +1808,7 @@ type ChargeAndAcquireRequest struct {
 
 func (x *ChargeAndAcquireRequest) Reset() {
 	*x = ChargeAndAcquireRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[20]
+	mi := &file_api_governorpb_governor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1820,7 @@ func (x *ChargeAndAcquireRequest) String() string {
 func (*ChargeAndAcquireRequest) ProtoMessage() {}
 
 func (x *ChargeAndAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[20]
+	mi := &file_api_governorpb_governor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1833,7 @@ func (x *ChargeAndAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargeAndAcquireRequest.ProtoReflect.Descriptor instead.
 func (*ChargeAndAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{20}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ChargeAndAcquireRequest) GetRequestId() string {
@@ -1777,7 +1888,7 @@ type ChargeAndAcquireResponse struct {
 
 func (x *ChargeAndAcquireResponse) Reset() {
 	*x = ChargeAndAcquireResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[21]
+	mi := &file_api_governorpb_governor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1900,7 @@ func (x *ChargeAndAcquireResponse) String() string {
 func (*ChargeAndAcquireResponse) ProtoMessage() {}
 
 func (x *ChargeAndAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[21]
+	mi := &file_api_governorpb_governor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1913,7 @@ func (x *ChargeAndAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargeAndAcquireResponse.ProtoReflect.Descriptor instead.
 func (*ChargeAndAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{21}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ChargeAndAcquireResponse) GetLease() *Lease {
@@ -1832,7 +1943,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[22]
+	mi := &file_api_governorpb_governor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +1955,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[22]
+	mi := &file_api_governorpb_governor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +1968,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{22}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseRequest) GetRequestId() string {
@@ -1896,7 +2007,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[23]
+	mi := &file_api_governorpb_governor_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2019,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[23]
+	mi := &file_api_governorpb_governor_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2032,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{23}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{24}
 }
 
 type ValidateRequest struct {
@@ -1934,7 +2045,7 @@ type ValidateRequest struct {
 
 func (x *ValidateRequest) Reset() {
 	*x = ValidateRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[24]
+	mi := &file_api_governorpb_governor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2057,7 @@ func (x *ValidateRequest) String() string {
 func (*ValidateRequest) ProtoMessage() {}
 
 func (x *ValidateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[24]
+	mi := &file_api_governorpb_governor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2070,7 @@ func (x *ValidateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateRequest.ProtoReflect.Descriptor instead.
 func (*ValidateRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{24}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ValidateRequest) GetLeaseId() int64 {
@@ -1992,7 +2103,7 @@ type ResizeBlockRequest struct {
 
 func (x *ResizeBlockRequest) Reset() {
 	*x = ResizeBlockRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	mi := &file_api_governorpb_governor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2115,7 @@ func (x *ResizeBlockRequest) String() string {
 func (*ResizeBlockRequest) ProtoMessage() {}
 
 func (x *ResizeBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[25]
+	mi := &file_api_governorpb_governor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2128,7 @@ func (x *ResizeBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeBlockRequest.ProtoReflect.Descriptor instead.
 func (*ResizeBlockRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{25}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResizeBlockRequest) GetRequestId() string {
@@ -2092,7 +2203,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	mi := &file_api_governorpb_governor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2215,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[26]
+	mi := &file_api_governorpb_governor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2228,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{26}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Block) GetLeaseId() int64 {
@@ -2207,7 +2318,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	mi := &file_api_governorpb_governor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2330,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[27]
+	mi := &file_api_governorpb_governor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2343,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{27}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReserveRequest) GetRequestId() string {
@@ -2309,7 +2420,7 @@ type Reservation struct {
 
 func (x *Reservation) Reset() {
 	*x = Reservation{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	mi := &file_api_governorpb_governor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2432,7 @@ func (x *Reservation) String() string {
 func (*Reservation) ProtoMessage() {}
 
 func (x *Reservation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[28]
+	mi := &file_api_governorpb_governor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2445,7 @@ func (x *Reservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reservation.ProtoReflect.Descriptor instead.
 func (*Reservation) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{28}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Reservation) GetNodeId() int64 {
@@ -2388,7 +2499,7 @@ type ReportSamplesRequest struct {
 
 func (x *ReportSamplesRequest) Reset() {
 	*x = ReportSamplesRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[29]
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2511,7 @@ func (x *ReportSamplesRequest) String() string {
 func (*ReportSamplesRequest) ProtoMessage() {}
 
 func (x *ReportSamplesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[29]
+	mi := &file_api_governorpb_governor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2524,7 @@ func (x *ReportSamplesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSamplesRequest.ProtoReflect.Descriptor instead.
 func (*ReportSamplesRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{29}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReportSamplesRequest) GetClass() string {
@@ -2445,7 +2556,7 @@ type ReportSamplesResponse struct {
 
 func (x *ReportSamplesResponse) Reset() {
 	*x = ReportSamplesResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[30]
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2568,7 @@ func (x *ReportSamplesResponse) String() string {
 func (*ReportSamplesResponse) ProtoMessage() {}
 
 func (x *ReportSamplesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[30]
+	mi := &file_api_governorpb_governor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2581,7 @@ func (x *ReportSamplesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSamplesResponse.ProtoReflect.Descriptor instead.
 func (*ReportSamplesResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{30}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
 }
 
 type ReportDenialsRequest struct {
@@ -2483,7 +2594,7 @@ type ReportDenialsRequest struct {
 
 func (x *ReportDenialsRequest) Reset() {
 	*x = ReportDenialsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2606,7 @@ func (x *ReportDenialsRequest) String() string {
 func (*ReportDenialsRequest) ProtoMessage() {}
 
 func (x *ReportDenialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[31]
+	mi := &file_api_governorpb_governor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2619,7 @@ func (x *ReportDenialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDenialsRequest.ProtoReflect.Descriptor instead.
 func (*ReportDenialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{31}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReportDenialsRequest) GetDenials() []*DenialCount {
@@ -2536,7 +2647,7 @@ type DenialCount struct {
 
 func (x *DenialCount) Reset() {
 	*x = DenialCount{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +2659,7 @@ func (x *DenialCount) String() string {
 func (*DenialCount) ProtoMessage() {}
 
 func (x *DenialCount) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[32]
+	mi := &file_api_governorpb_governor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +2672,7 @@ func (x *DenialCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenialCount.ProtoReflect.Descriptor instead.
 func (*DenialCount) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{32}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DenialCount) GetNodeId() int64 {
@@ -2593,7 +2704,7 @@ type ReportDenialsResponse struct {
 
 func (x *ReportDenialsResponse) Reset() {
 	*x = ReportDenialsResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +2716,7 @@ func (x *ReportDenialsResponse) String() string {
 func (*ReportDenialsResponse) ProtoMessage() {}
 
 func (x *ReportDenialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[33]
+	mi := &file_api_governorpb_governor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +2729,7 @@ func (x *ReportDenialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDenialsResponse.ProtoReflect.Descriptor instead.
 func (*ReportDenialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{33}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
 }
 
 type ReportBlockUseRequest struct {
@@ -2631,7 +2742,7 @@ type ReportBlockUseRequest struct {
 
 func (x *ReportBlockUseRequest) Reset() {
 	*x = ReportBlockUseRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2754,7 @@ func (x *ReportBlockUseRequest) String() string {
 func (*ReportBlockUseRequest) ProtoMessage() {}
 
 func (x *ReportBlockUseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[34]
+	mi := &file_api_governorpb_governor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2767,7 @@ func (x *ReportBlockUseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportBlockUseRequest.ProtoReflect.Descriptor instead.
 func (*ReportBlockUseRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{34}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReportBlockUseRequest) GetBlocks() []*BlockUse {
@@ -2683,7 +2794,7 @@ type BlockUse struct {
 
 func (x *BlockUse) Reset() {
 	*x = BlockUse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2806,7 @@ func (x *BlockUse) String() string {
 func (*BlockUse) ProtoMessage() {}
 
 func (x *BlockUse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[35]
+	mi := &file_api_governorpb_governor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2819,7 @@ func (x *BlockUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockUse.ProtoReflect.Descriptor instead.
 func (*BlockUse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{35}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BlockUse) GetNodeId() int64 {
@@ -2747,7 +2858,7 @@ type ReportBlockUseResponse struct {
 
 func (x *ReportBlockUseResponse) Reset() {
 	*x = ReportBlockUseResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2759,7 +2870,7 @@ func (x *ReportBlockUseResponse) String() string {
 func (*ReportBlockUseResponse) ProtoMessage() {}
 
 func (x *ReportBlockUseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[36]
+	mi := &file_api_governorpb_governor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2772,7 +2883,7 @@ func (x *ReportBlockUseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportBlockUseResponse.ProtoReflect.Descriptor instead.
 func (*ReportBlockUseResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{36}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
 }
 
 type WatchRequest struct {
@@ -2783,7 +2894,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2795,7 +2906,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[37]
+	mi := &file_api_governorpb_governor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2808,7 +2919,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{37}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
 }
 
 // Notice tells a session to act on its delegated budgets.
@@ -2824,7 +2935,7 @@ type Notice struct {
 
 func (x *Notice) Reset() {
 	*x = Notice{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2947,7 @@ func (x *Notice) String() string {
 func (*Notice) ProtoMessage() {}
 
 func (x *Notice) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[38]
+	mi := &file_api_governorpb_governor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +2960,7 @@ func (x *Notice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notice.ProtoReflect.Descriptor instead.
 func (*Notice) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{38}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Notice) GetKind() Notice_Kind {
@@ -2921,6 +3032,12 @@ type SetCapsRequest struct {
 	// set it is INVALID_ARGUMENT. Unset or 0 is a permanent change, which also
 	// cancels a pending revert of the caps it sets.
 	OverrideFor *durationpb.Duration `protobuf:"bytes,12,opt,name=override_for,json=overrideFor,proto3" json:"override_for,omitempty"`
+	// Rates to set by resource name (see Rate); a Rate with units -1 removes
+	// one; keys not named are unchanged. A changed bucket keeps the whole
+	// units it holds, up to its new size; a new one starts full.
+	Rates map[string]*Rate `protobuf:"bytes,16,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Default rates for children created later, like default_quotas.
+	DefaultRates map[string]*Rate `protobuf:"bytes,17,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How quota caps are enforced, by resource: each needs a cap (set here
 	// or already on the node); {mode: "hard"} makes a cap hard again.
 	// Removing a cap removes its mode. Not with override_for.
@@ -2938,7 +3055,7 @@ type SetCapsRequest struct {
 
 func (x *SetCapsRequest) Reset() {
 	*x = SetCapsRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2950,7 +3067,7 @@ func (x *SetCapsRequest) String() string {
 func (*SetCapsRequest) ProtoMessage() {}
 
 func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[39]
+	mi := &file_api_governorpb_governor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2963,7 +3080,7 @@ func (x *SetCapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCapsRequest.ProtoReflect.Descriptor instead.
 func (*SetCapsRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{39}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SetCapsRequest) GetRequestId() string {
@@ -3050,6 +3167,20 @@ func (x *SetCapsRequest) GetOverrideFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *SetCapsRequest) GetRates() map[string]*Rate {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *SetCapsRequest) GetDefaultRates() map[string]*Rate {
+	if x != nil {
+		return x.DefaultRates
+	}
+	return nil
+}
+
 func (x *SetCapsRequest) GetQuotaModes() map[string]*CapMode {
 	if x != nil {
 		return x.QuotaModes
@@ -3081,7 +3212,7 @@ type GetCapsHistoryRequest struct {
 
 func (x *GetCapsHistoryRequest) Reset() {
 	*x = GetCapsHistoryRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3224,7 @@ func (x *GetCapsHistoryRequest) String() string {
 func (*GetCapsHistoryRequest) ProtoMessage() {}
 
 func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[40]
+	mi := &file_api_governorpb_governor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3237,7 @@ func (x *GetCapsHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapsHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetCapsHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{40}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetCapsHistoryRequest) GetNodeId() int64 {
@@ -3139,7 +3270,7 @@ type CapsValues struct {
 
 func (x *CapsValues) Reset() {
 	*x = CapsValues{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3282,7 @@ func (x *CapsValues) String() string {
 func (*CapsValues) ProtoMessage() {}
 
 func (x *CapsValues) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[41]
+	mi := &file_api_governorpb_governor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3295,7 @@ func (x *CapsValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsValues.ProtoReflect.Descriptor instead.
 func (*CapsValues) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{41}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CapsValues) GetQuotas() map[string]int64 {
@@ -3267,7 +3398,7 @@ type CapsChange struct {
 
 func (x *CapsChange) Reset() {
 	*x = CapsChange{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3410,7 @@ func (x *CapsChange) String() string {
 func (*CapsChange) ProtoMessage() {}
 
 func (x *CapsChange) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[42]
+	mi := &file_api_governorpb_governor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3423,7 @@ func (x *CapsChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsChange.ProtoReflect.Descriptor instead.
 func (*CapsChange) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{42}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CapsChange) GetAt() *timestamppb.Timestamp {
@@ -3391,7 +3522,7 @@ type PendingOverride struct {
 
 func (x *PendingOverride) Reset() {
 	*x = PendingOverride{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3534,7 @@ func (x *PendingOverride) String() string {
 func (*PendingOverride) ProtoMessage() {}
 
 func (x *PendingOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[43]
+	mi := &file_api_governorpb_governor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3547,7 @@ func (x *PendingOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingOverride.ProtoReflect.Descriptor instead.
 func (*PendingOverride) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{43}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PendingOverride) GetKind() string {
@@ -3466,7 +3597,7 @@ type CapsHistory struct {
 
 func (x *CapsHistory) Reset() {
 	*x = CapsHistory{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3478,7 +3609,7 @@ func (x *CapsHistory) String() string {
 func (*CapsHistory) ProtoMessage() {}
 
 func (x *CapsHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[44]
+	mi := &file_api_governorpb_governor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3491,7 +3622,7 @@ func (x *CapsHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsHistory.ProtoReflect.Descriptor instead.
 func (*CapsHistory) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{44}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CapsHistory) GetChanges() []*CapsChange {
@@ -3545,7 +3676,7 @@ type Denial struct {
 
 func (x *Denial) Reset() {
 	*x = Denial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3688,7 @@ func (x *Denial) String() string {
 func (*Denial) ProtoMessage() {}
 
 func (x *Denial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[45]
+	mi := &file_api_governorpb_governor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3701,7 @@ func (x *Denial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Denial.ProtoReflect.Descriptor instead.
 func (*Denial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{45}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Denial) GetResource() string {
@@ -3636,6 +3767,107 @@ func (x *Denial) GetLargestConsumerUsed() int64 {
 	return 0
 }
 
+// RateLimited is attached as a detail of a RESOURCE_EXHAUSTED status when a
+// rate refuses a charge (beside a google.rpc.RetryInfo with the same
+// wait). It is retryable: nothing was charged, and the same charge fits
+// after retry_after if nothing else takes from the bucket meanwhile.
+type RateLimited struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource whose rate refused the charge.
+	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// The node the rate is on (the target or an ancestor): of those whose
+	// buckets do not hold the charge, the one that takes longest to.
+	NodeId   int64  `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Rate     *Rate  `protobuf:"bytes,4,opt,name=rate,proto3" json:"rate,omitempty"`
+	// Units in that bucket now, and what the charge asked.
+	Level  int64 `protobuf:"varint,5,opt,name=level,proto3" json:"level,omitempty"`
+	Amount int64 `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
+	// How long until that bucket holds the amount.
+	RetryAfter    *durationpb.Duration `protobuf:"bytes,7,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateLimited) Reset() {
+	*x = RateLimited{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateLimited) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateLimited) ProtoMessage() {}
+
+func (x *RateLimited) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateLimited.ProtoReflect.Descriptor instead.
+func (*RateLimited) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RateLimited) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *RateLimited) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *RateLimited) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *RateLimited) GetRate() *Rate {
+	if x != nil {
+		return x.Rate
+	}
+	return nil
+}
+
+func (x *RateLimited) GetLevel() int64 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *RateLimited) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *RateLimited) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
 // LeaseEnded is attached as a detail of a FAILED_PRECONDITION status when a
 // Release or Validate names a lease that has ended: for Release when it
 // expired or was revoked, for Validate for any reason.
@@ -3651,7 +3883,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3895,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[46]
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3676,7 +3908,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{46}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -3710,7 +3942,7 @@ type NodeEnded struct {
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3722,7 +3954,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[47]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3735,7 +3967,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{47}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -3773,7 +4005,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +4017,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +4030,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetUsageRequest) GetFrom() *timestamppb.Timestamp {
@@ -3850,7 +4082,7 @@ type UsageLine struct {
 
 func (x *UsageLine) Reset() {
 	*x = UsageLine{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3862,7 +4094,7 @@ func (x *UsageLine) String() string {
 func (*UsageLine) ProtoMessage() {}
 
 func (x *UsageLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3875,7 +4107,7 @@ func (x *UsageLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageLine.ProtoReflect.Descriptor instead.
 func (*UsageLine) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UsageLine) GetTenantId() int64 {
@@ -3948,7 +4180,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3960,7 +4192,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3973,7 +4205,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UsageReport) GetFrom() *timestamppb.Timestamp {
@@ -4010,7 +4242,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4022,7 +4254,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4035,7 +4267,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *InspectRequest) GetNodeId() int64 {
@@ -4081,7 +4313,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4093,7 +4325,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4106,7 +4338,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *LeaseInfo) GetId() int64 {
@@ -4193,7 +4425,7 @@ type WaiterInfo struct {
 
 func (x *WaiterInfo) Reset() {
 	*x = WaiterInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4437,7 @@ func (x *WaiterInfo) String() string {
 func (*WaiterInfo) ProtoMessage() {}
 
 func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4450,7 @@ func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterInfo.ProtoReflect.Descriptor instead.
 func (*WaiterInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WaiterInfo) GetNodeId() int64 {
@@ -4271,7 +4503,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4283,7 +4515,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4296,7 +4528,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SessionInfo) GetId() int64 {
@@ -4347,7 +4579,7 @@ type RecentDenial struct {
 
 func (x *RecentDenial) Reset() {
 	*x = RecentDenial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4591,7 @@ func (x *RecentDenial) String() string {
 func (*RecentDenial) ProtoMessage() {}
 
 func (x *RecentDenial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4604,7 @@ func (x *RecentDenial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecentDenial.ProtoReflect.Descriptor instead.
 func (*RecentDenial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RecentDenial) GetAt() *timestamppb.Timestamp {
@@ -4421,7 +4653,7 @@ type Inspection struct {
 
 func (x *Inspection) Reset() {
 	*x = Inspection{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4433,7 +4665,7 @@ func (x *Inspection) String() string {
 func (*Inspection) ProtoMessage() {}
 
 func (x *Inspection) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4446,7 +4678,7 @@ func (x *Inspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inspection.ProtoReflect.Descriptor instead.
 func (*Inspection) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Inspection) GetServerTime() *timestamppb.Timestamp {
@@ -4531,7 +4763,7 @@ type ListTreeRequest struct {
 
 func (x *ListTreeRequest) Reset() {
 	*x = ListTreeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4543,7 +4775,7 @@ func (x *ListTreeRequest) String() string {
 func (*ListTreeRequest) ProtoMessage() {}
 
 func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4556,7 +4788,7 @@ func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeRequest.ProtoReflect.Descriptor instead.
 func (*ListTreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListTreeRequest) GetNodeId() int64 {
@@ -4587,7 +4819,7 @@ type ListTreeResponse struct {
 
 func (x *ListTreeResponse) Reset() {
 	*x = ListTreeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4599,7 +4831,7 @@ func (x *ListTreeResponse) String() string {
 func (*ListTreeResponse) ProtoMessage() {}
 
 func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4612,7 +4844,7 @@ func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeResponse.ProtoReflect.Descriptor instead.
 func (*ListTreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListTreeResponse) GetNodes() []*Node {
@@ -4651,7 +4883,7 @@ type CapMode struct {
 
 func (x *CapMode) Reset() {
 	*x = CapMode{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4663,7 +4895,7 @@ func (x *CapMode) String() string {
 func (*CapMode) ProtoMessage() {}
 
 func (x *CapMode) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4676,7 +4908,7 @@ func (x *CapMode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapMode.ProtoReflect.Descriptor instead.
 func (*CapMode) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CapMode) GetMode() string {
@@ -4709,7 +4941,7 @@ type GetCapStatusRequest struct {
 
 func (x *GetCapStatusRequest) Reset() {
 	*x = GetCapStatusRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4721,7 +4953,7 @@ func (x *GetCapStatusRequest) String() string {
 func (*GetCapStatusRequest) ProtoMessage() {}
 
 func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4734,7 +4966,7 @@ func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetCapStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetCapStatusRequest) GetNodeId() int64 {
@@ -4778,7 +5010,7 @@ type CapStatus struct {
 
 func (x *CapStatus) Reset() {
 	*x = CapStatus{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4790,7 +5022,7 @@ func (x *CapStatus) String() string {
 func (*CapStatus) ProtoMessage() {}
 
 func (x *CapStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4803,7 +5035,7 @@ func (x *CapStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatus.ProtoReflect.Descriptor instead.
 func (*CapStatus) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CapStatus) GetNodeId() int64 {
@@ -4882,14 +5114,17 @@ type CapStatusReport struct {
 	// by name.
 	Caps []*CapStatus `protobuf:"bytes,1,rep,name=caps,proto3" json:"caps,omitempty"`
 	// The worst state among them.
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// The rates on the chain, from the node up to the root, each node's by
+	// resource, with how full each bucket is now.
+	Rates         []*RateStatus `protobuf:"bytes,3,rep,name=rates,proto3" json:"rates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CapStatusReport) Reset() {
 	*x = CapStatusReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4901,7 +5136,7 @@ func (x *CapStatusReport) String() string {
 func (*CapStatusReport) ProtoMessage() {}
 
 func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4914,7 +5149,7 @@ func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatusReport.ProtoReflect.Descriptor instead.
 func (*CapStatusReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CapStatusReport) GetCaps() []*CapStatus {
@@ -4929,6 +5164,110 @@ func (x *CapStatusReport) GetState() string {
 		return x.State
 	}
 	return ""
+}
+
+func (x *CapStatusReport) GetRates() []*RateStatus {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+// RateStatus is where one rate's bucket stands, on governord's clock.
+type RateStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeId   int64                  `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeName string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// The resource.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Rate *Rate  `protobuf:"bytes,4,opt,name=rate,proto3" json:"rate,omitempty"`
+	// The bucket's size: rate.burst, or rate.units when burst is 0.
+	Size int64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	// Units in the bucket now: what a charge may take at once.
+	Level int64 `protobuf:"varint,6,opt,name=level,proto3" json:"level,omitempty"`
+	// How long until the bucket is full again; unset when it is.
+	FullIn        *durationpb.Duration `protobuf:"bytes,7,opt,name=full_in,json=fullIn,proto3" json:"full_in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RateStatus) Reset() {
+	*x = RateStatus{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RateStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RateStatus) ProtoMessage() {}
+
+func (x *RateStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RateStatus.ProtoReflect.Descriptor instead.
+func (*RateStatus) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *RateStatus) GetNodeId() int64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *RateStatus) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *RateStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RateStatus) GetRate() *Rate {
+	if x != nil {
+		return x.Rate
+	}
+	return nil
+}
+
+func (x *RateStatus) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *RateStatus) GetLevel() int64 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *RateStatus) GetFullIn() *durationpb.Duration {
+	if x != nil {
+		return x.FullIn
+	}
+	return nil
 }
 
 type SetTenantStateRequest struct {
@@ -4949,7 +5288,7 @@ type SetTenantStateRequest struct {
 
 func (x *SetTenantStateRequest) Reset() {
 	*x = SetTenantStateRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4961,7 +5300,7 @@ func (x *SetTenantStateRequest) String() string {
 func (*SetTenantStateRequest) ProtoMessage() {}
 
 func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4974,7 +5313,7 @@ func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantStateRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantStateRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetTenantStateRequest) GetRequestId() string {
@@ -5030,7 +5369,7 @@ type TenantRefusal struct {
 
 func (x *TenantRefusal) Reset() {
 	*x = TenantRefusal{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5042,7 +5381,7 @@ func (x *TenantRefusal) String() string {
 func (*TenantRefusal) ProtoMessage() {}
 
 func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5055,7 +5394,7 @@ func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRefusal.ProtoReflect.Descriptor instead.
 func (*TenantRefusal) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *TenantRefusal) GetTenant() string {
@@ -5115,7 +5454,7 @@ type DryRunRequest struct {
 
 func (x *DryRunRequest) Reset() {
 	*x = DryRunRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	mi := &file_api_governorpb_governor_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5127,7 +5466,7 @@ func (x *DryRunRequest) String() string {
 func (*DryRunRequest) ProtoMessage() {}
 
 func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	mi := &file_api_governorpb_governor_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5140,7 +5479,7 @@ func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunRequest.ProtoReflect.Descriptor instead.
 func (*DryRunRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{65}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *DryRunRequest) GetNodeId() int64 {
@@ -5212,7 +5551,7 @@ type DryRunResponse struct {
 
 func (x *DryRunResponse) Reset() {
 	*x = DryRunResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[66]
+	mi := &file_api_governorpb_governor_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5224,7 +5563,7 @@ func (x *DryRunResponse) String() string {
 func (*DryRunResponse) ProtoMessage() {}
 
 func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[66]
+	mi := &file_api_governorpb_governor_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5237,7 +5576,7 @@ func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunResponse.ProtoReflect.Descriptor instead.
 func (*DryRunResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{66}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DryRunResponse) GetOutcome() string {
@@ -5283,7 +5622,7 @@ type Minimum struct {
 
 func (x *Minimum) Reset() {
 	*x = Minimum{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[67]
+	mi := &file_api_governorpb_governor_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5295,7 +5634,7 @@ func (x *Minimum) String() string {
 func (*Minimum) ProtoMessage() {}
 
 func (x *Minimum) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[67]
+	mi := &file_api_governorpb_governor_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5308,7 +5647,7 @@ func (x *Minimum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Minimum.ProtoReflect.Descriptor instead.
 func (*Minimum) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{67}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Minimum) GetMin() int64 {
@@ -5351,7 +5690,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x9c\x05\n" +
+	"\x14CloseSessionResponse\"\xc3\a\n" +
 	"\bNodeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x06quotas\x18\x02 \x03(\v2!.governor.v1.NodeSpec.QuotasEntryR\x06quotas\x129\n" +
@@ -5360,7 +5699,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0edefault_limits\x18\x05 \x03(\v2(.governor.v1.NodeSpec.DefaultLimitsEntryR\rdefaultLimits\x126\n" +
 	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x16\n" +
 	"\x06weight\x18\a \x01(\x03R\x06weight\x12\x1a\n" +
-	"\bpriority\x18\b \x01(\x03R\bpriority\x1a9\n" +
+	"\bpriority\x18\b \x01(\x03R\bpriority\x126\n" +
+	"\x05rates\x18\t \x03(\v2 .governor.v1.NodeSpec.RatesEntryR\x05rates\x12L\n" +
+	"\rdefault_rates\x18\n" +
+	" \x03(\v2'.governor.v1.NodeSpec.DefaultRatesEntryR\fdefaultRates\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -5372,7 +5714,18 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x99\x0e\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aK\n" +
+	"\n" +
+	"RatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
+	"\x11DefaultRatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\"_\n" +
+	"\x04Rate\x12\x14\n" +
+	"\x05units\x18\x01 \x01(\x03R\x05units\x12+\n" +
+	"\x03per\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03per\x12\x14\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xb8\x10\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -5398,7 +5751,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\ftenant_state\x18\x13 \x01(\tR\vtenantState\x12.\n" +
 	"\x13tenant_state_reason\x18\x14 \x01(\tR\x11tenantStateReason\x12;\n" +
 	"\bminimums\x18\x15 \x03(\v2\x1f.governor.v1.Node.MinimumsEntryR\bminimums\x125\n" +
-	"\x06shadow\x18\x16 \x03(\v2\x1d.governor.v1.Node.ShadowEntryR\x06shadow\x1a9\n" +
+	"\x06shadow\x18\x16 \x03(\v2\x1d.governor.v1.Node.ShadowEntryR\x06shadow\x122\n" +
+	"\x05rates\x18\x17 \x03(\v2\x1c.governor.v1.Node.RatesEntryR\x05rates\x12H\n" +
+	"\rdefault_rates\x18\x18 \x03(\v2#.governor.v1.Node.DefaultRatesEntryR\fdefaultRates\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -5431,7 +5786,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01\x1a9\n" +
 	"\vShadowEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aK\n" +
+	"\n" +
+	"RatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
+	"\x11DefaultRatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -5573,8 +5935,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
 	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ENDED\x10\x04\"\xdd\n" +
-	"\n" +
+	"KIND_ENDED\x10\x04\"\x90\r\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -5589,7 +5950,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0eclear_deadline\x18\n" +
 	" \x01(\bR\rclearDeadline\x12\x16\n" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12<\n" +
-	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x12L\n" +
+	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x12<\n" +
+	"\x05rates\x18\x10 \x03(\v2&.governor.v1.SetCapsRequest.RatesEntryR\x05rates\x12R\n" +
+	"\rdefault_rates\x18\x11 \x03(\v2-.governor.v1.SetCapsRequest.DefaultRatesEntryR\fdefaultRates\x12L\n" +
 	"\vquota_modes\x18\r \x03(\v2+.governor.v1.SetCapsRequest.QuotaModesEntryR\n" +
 	"quotaModes\x12L\n" +
 	"\vlimit_modes\x18\x0e \x03(\v2+.governor.v1.SetCapsRequest.LimitModesEntryR\n" +
@@ -5606,7 +5969,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a@\n" +
 	"\x12DefaultLimitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aS\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aK\n" +
+	"\n" +
+	"RatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
+	"\x11DefaultRatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aS\n" +
 	"\x0fQuotaModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
@@ -5691,7 +6061,16 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12.\n" +
 	"\x13largest_consumer_id\x18\a \x01(\x03R\x11largestConsumerId\x122\n" +
 	"\x15largest_consumer_name\x18\b \x01(\tR\x13largestConsumerName\x122\n" +
-	"\x15largest_consumer_used\x18\t \x01(\x03R\x13largestConsumerUsed\"\\\n" +
+	"\x15largest_consumer_used\x18\t \x01(\x03R\x13largestConsumerUsed\"\xf0\x01\n" +
+	"\vRateLimited\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12%\n" +
+	"\x04rate\x18\x04 \x01(\v2\x11.governor.v1.RateR\x04rate\x12\x14\n" +
+	"\x05level\x18\x05 \x01(\x03R\x05level\x12\x16\n" +
+	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12:\n" +
+	"\vretry_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\"\\\n" +
 	"\n" +
 	"LeaseEnded\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x123\n" +
@@ -5808,10 +6187,20 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\tremaining\x18\b \x01(\x03R\tremaining\x12\x14\n" +
 	"\x05state\x18\t \x01(\tR\x05state\x12\x1c\n" +
 	"\tthreshold\x18\n" +
-	" \x01(\x05R\tthreshold\"S\n" +
+	" \x01(\x05R\tthreshold\"\x82\x01\n" +
 	"\x0fCapStatusReport\x12*\n" +
 	"\x04caps\x18\x01 \x03(\v2\x16.governor.v1.CapStatusR\x04caps\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state\"\x95\x01\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12-\n" +
+	"\x05rates\x18\x03 \x03(\v2\x17.governor.v1.RateStatusR\x05rates\"\xdb\x01\n" +
+	"\n" +
+	"RateStatus\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12%\n" +
+	"\x04rate\x18\x04 \x01(\v2\x11.governor.v1.RateR\x04rate\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x14\n" +
+	"\x05level\x18\x06 \x01(\x03R\x05level\x122\n" +
+	"\afull_in\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06fullIn\"\x95\x01\n" +
 	"\x15SetTenantStateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -5909,7 +6298,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -5922,270 +6311,297 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	(*CloseSessionRequest)(nil),      // 8: governor.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),     // 9: governor.v1.CloseSessionResponse
 	(*NodeSpec)(nil),                 // 10: governor.v1.NodeSpec
-	(*Node)(nil),                     // 11: governor.v1.Node
-	(*CreateNodeRequest)(nil),        // 12: governor.v1.CreateNodeRequest
-	(*GetNodeRequest)(nil),           // 13: governor.v1.GetNodeRequest
-	(*FindOrCreateNodeRequest)(nil),  // 14: governor.v1.FindOrCreateNodeRequest
-	(*FindOrCreateNodeResponse)(nil), // 15: governor.v1.FindOrCreateNodeResponse
-	(*ListChildrenRequest)(nil),      // 16: governor.v1.ListChildrenRequest
-	(*ListChildrenResponse)(nil),     // 17: governor.v1.ListChildrenResponse
-	(*CancelNodeRequest)(nil),        // 18: governor.v1.CancelNodeRequest
-	(*CloseNodeRequest)(nil),         // 19: governor.v1.CloseNodeRequest
-	(*ConsumeRequest)(nil),           // 20: governor.v1.ConsumeRequest
-	(*ConsumeResponse)(nil),          // 21: governor.v1.ConsumeResponse
-	(*AcquireRequest)(nil),           // 22: governor.v1.AcquireRequest
-	(*Lease)(nil),                    // 23: governor.v1.Lease
-	(*ChargeAndAcquireRequest)(nil),  // 24: governor.v1.ChargeAndAcquireRequest
-	(*ChargeAndAcquireResponse)(nil), // 25: governor.v1.ChargeAndAcquireResponse
-	(*ReleaseRequest)(nil),           // 26: governor.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 27: governor.v1.ReleaseResponse
-	(*ValidateRequest)(nil),          // 28: governor.v1.ValidateRequest
-	(*ResizeBlockRequest)(nil),       // 29: governor.v1.ResizeBlockRequest
-	(*Block)(nil),                    // 30: governor.v1.Block
-	(*ReserveRequest)(nil),           // 31: governor.v1.ReserveRequest
-	(*Reservation)(nil),              // 32: governor.v1.Reservation
-	(*ReportSamplesRequest)(nil),     // 33: governor.v1.ReportSamplesRequest
-	(*ReportSamplesResponse)(nil),    // 34: governor.v1.ReportSamplesResponse
-	(*ReportDenialsRequest)(nil),     // 35: governor.v1.ReportDenialsRequest
-	(*DenialCount)(nil),              // 36: governor.v1.DenialCount
-	(*ReportDenialsResponse)(nil),    // 37: governor.v1.ReportDenialsResponse
-	(*ReportBlockUseRequest)(nil),    // 38: governor.v1.ReportBlockUseRequest
-	(*BlockUse)(nil),                 // 39: governor.v1.BlockUse
-	(*ReportBlockUseResponse)(nil),   // 40: governor.v1.ReportBlockUseResponse
-	(*WatchRequest)(nil),             // 41: governor.v1.WatchRequest
-	(*Notice)(nil),                   // 42: governor.v1.Notice
-	(*SetCapsRequest)(nil),           // 43: governor.v1.SetCapsRequest
-	(*GetCapsHistoryRequest)(nil),    // 44: governor.v1.GetCapsHistoryRequest
-	(*CapsValues)(nil),               // 45: governor.v1.CapsValues
-	(*CapsChange)(nil),               // 46: governor.v1.CapsChange
-	(*PendingOverride)(nil),          // 47: governor.v1.PendingOverride
-	(*CapsHistory)(nil),              // 48: governor.v1.CapsHistory
-	(*Denial)(nil),                   // 49: governor.v1.Denial
-	(*LeaseEnded)(nil),               // 50: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 51: governor.v1.NodeEnded
-	(*GetUsageRequest)(nil),          // 52: governor.v1.GetUsageRequest
-	(*UsageLine)(nil),                // 53: governor.v1.UsageLine
-	(*UsageReport)(nil),              // 54: governor.v1.UsageReport
-	(*InspectRequest)(nil),           // 55: governor.v1.InspectRequest
-	(*LeaseInfo)(nil),                // 56: governor.v1.LeaseInfo
-	(*WaiterInfo)(nil),               // 57: governor.v1.WaiterInfo
-	(*SessionInfo)(nil),              // 58: governor.v1.SessionInfo
-	(*RecentDenial)(nil),             // 59: governor.v1.RecentDenial
-	(*Inspection)(nil),               // 60: governor.v1.Inspection
-	(*ListTreeRequest)(nil),          // 61: governor.v1.ListTreeRequest
-	(*ListTreeResponse)(nil),         // 62: governor.v1.ListTreeResponse
-	(*CapMode)(nil),                  // 63: governor.v1.CapMode
-	(*GetCapStatusRequest)(nil),      // 64: governor.v1.GetCapStatusRequest
-	(*CapStatus)(nil),                // 65: governor.v1.CapStatus
-	(*CapStatusReport)(nil),          // 66: governor.v1.CapStatusReport
-	(*SetTenantStateRequest)(nil),    // 67: governor.v1.SetTenantStateRequest
-	(*TenantRefusal)(nil),            // 68: governor.v1.TenantRefusal
-	(*DryRunRequest)(nil),            // 69: governor.v1.DryRunRequest
-	(*DryRunResponse)(nil),           // 70: governor.v1.DryRunResponse
-	(*Minimum)(nil),                  // 71: governor.v1.Minimum
-	nil,                              // 72: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 73: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 74: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 75: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 76: governor.v1.Node.QuotasEntry
-	nil,                              // 77: governor.v1.Node.UsedEntry
-	nil,                              // 78: governor.v1.Node.LimitsEntry
-	nil,                              // 79: governor.v1.Node.HeldEntry
-	nil,                              // 80: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 81: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 82: governor.v1.Node.ReservedEntry
-	nil,                              // 83: governor.v1.Node.QuotaModesEntry
-	nil,                              // 84: governor.v1.Node.LimitModesEntry
-	nil,                              // 85: governor.v1.Node.MinimumsEntry
-	nil,                              // 86: governor.v1.Node.ShadowEntry
-	nil,                              // 87: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 88: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 89: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 90: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 91: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 92: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 93: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 94: governor.v1.SetCapsRequest.MinimumsEntry
-	nil,                              // 95: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 96: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 97: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 98: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 99: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 100: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 101: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 102: governor.v1.UsageLine.SpendEntry
-	nil,                              // 103: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 104: governor.v1.UsageLine.PeakEntry
-	nil,                              // 105: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 106: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 107: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 108: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 109: google.protobuf.Timestamp
+	(*Rate)(nil),                     // 11: governor.v1.Rate
+	(*Node)(nil),                     // 12: governor.v1.Node
+	(*CreateNodeRequest)(nil),        // 13: governor.v1.CreateNodeRequest
+	(*GetNodeRequest)(nil),           // 14: governor.v1.GetNodeRequest
+	(*FindOrCreateNodeRequest)(nil),  // 15: governor.v1.FindOrCreateNodeRequest
+	(*FindOrCreateNodeResponse)(nil), // 16: governor.v1.FindOrCreateNodeResponse
+	(*ListChildrenRequest)(nil),      // 17: governor.v1.ListChildrenRequest
+	(*ListChildrenResponse)(nil),     // 18: governor.v1.ListChildrenResponse
+	(*CancelNodeRequest)(nil),        // 19: governor.v1.CancelNodeRequest
+	(*CloseNodeRequest)(nil),         // 20: governor.v1.CloseNodeRequest
+	(*ConsumeRequest)(nil),           // 21: governor.v1.ConsumeRequest
+	(*ConsumeResponse)(nil),          // 22: governor.v1.ConsumeResponse
+	(*AcquireRequest)(nil),           // 23: governor.v1.AcquireRequest
+	(*Lease)(nil),                    // 24: governor.v1.Lease
+	(*ChargeAndAcquireRequest)(nil),  // 25: governor.v1.ChargeAndAcquireRequest
+	(*ChargeAndAcquireResponse)(nil), // 26: governor.v1.ChargeAndAcquireResponse
+	(*ReleaseRequest)(nil),           // 27: governor.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 28: governor.v1.ReleaseResponse
+	(*ValidateRequest)(nil),          // 29: governor.v1.ValidateRequest
+	(*ResizeBlockRequest)(nil),       // 30: governor.v1.ResizeBlockRequest
+	(*Block)(nil),                    // 31: governor.v1.Block
+	(*ReserveRequest)(nil),           // 32: governor.v1.ReserveRequest
+	(*Reservation)(nil),              // 33: governor.v1.Reservation
+	(*ReportSamplesRequest)(nil),     // 34: governor.v1.ReportSamplesRequest
+	(*ReportSamplesResponse)(nil),    // 35: governor.v1.ReportSamplesResponse
+	(*ReportDenialsRequest)(nil),     // 36: governor.v1.ReportDenialsRequest
+	(*DenialCount)(nil),              // 37: governor.v1.DenialCount
+	(*ReportDenialsResponse)(nil),    // 38: governor.v1.ReportDenialsResponse
+	(*ReportBlockUseRequest)(nil),    // 39: governor.v1.ReportBlockUseRequest
+	(*BlockUse)(nil),                 // 40: governor.v1.BlockUse
+	(*ReportBlockUseResponse)(nil),   // 41: governor.v1.ReportBlockUseResponse
+	(*WatchRequest)(nil),             // 42: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 43: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 44: governor.v1.SetCapsRequest
+	(*GetCapsHistoryRequest)(nil),    // 45: governor.v1.GetCapsHistoryRequest
+	(*CapsValues)(nil),               // 46: governor.v1.CapsValues
+	(*CapsChange)(nil),               // 47: governor.v1.CapsChange
+	(*PendingOverride)(nil),          // 48: governor.v1.PendingOverride
+	(*CapsHistory)(nil),              // 49: governor.v1.CapsHistory
+	(*Denial)(nil),                   // 50: governor.v1.Denial
+	(*RateLimited)(nil),              // 51: governor.v1.RateLimited
+	(*LeaseEnded)(nil),               // 52: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 53: governor.v1.NodeEnded
+	(*GetUsageRequest)(nil),          // 54: governor.v1.GetUsageRequest
+	(*UsageLine)(nil),                // 55: governor.v1.UsageLine
+	(*UsageReport)(nil),              // 56: governor.v1.UsageReport
+	(*InspectRequest)(nil),           // 57: governor.v1.InspectRequest
+	(*LeaseInfo)(nil),                // 58: governor.v1.LeaseInfo
+	(*WaiterInfo)(nil),               // 59: governor.v1.WaiterInfo
+	(*SessionInfo)(nil),              // 60: governor.v1.SessionInfo
+	(*RecentDenial)(nil),             // 61: governor.v1.RecentDenial
+	(*Inspection)(nil),               // 62: governor.v1.Inspection
+	(*ListTreeRequest)(nil),          // 63: governor.v1.ListTreeRequest
+	(*ListTreeResponse)(nil),         // 64: governor.v1.ListTreeResponse
+	(*CapMode)(nil),                  // 65: governor.v1.CapMode
+	(*GetCapStatusRequest)(nil),      // 66: governor.v1.GetCapStatusRequest
+	(*CapStatus)(nil),                // 67: governor.v1.CapStatus
+	(*CapStatusReport)(nil),          // 68: governor.v1.CapStatusReport
+	(*RateStatus)(nil),               // 69: governor.v1.RateStatus
+	(*SetTenantStateRequest)(nil),    // 70: governor.v1.SetTenantStateRequest
+	(*TenantRefusal)(nil),            // 71: governor.v1.TenantRefusal
+	(*DryRunRequest)(nil),            // 72: governor.v1.DryRunRequest
+	(*DryRunResponse)(nil),           // 73: governor.v1.DryRunResponse
+	(*Minimum)(nil),                  // 74: governor.v1.Minimum
+	nil,                              // 75: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 76: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 77: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 78: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 79: governor.v1.NodeSpec.RatesEntry
+	nil,                              // 80: governor.v1.NodeSpec.DefaultRatesEntry
+	nil,                              // 81: governor.v1.Node.QuotasEntry
+	nil,                              // 82: governor.v1.Node.UsedEntry
+	nil,                              // 83: governor.v1.Node.LimitsEntry
+	nil,                              // 84: governor.v1.Node.HeldEntry
+	nil,                              // 85: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 86: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 87: governor.v1.Node.ReservedEntry
+	nil,                              // 88: governor.v1.Node.QuotaModesEntry
+	nil,                              // 89: governor.v1.Node.LimitModesEntry
+	nil,                              // 90: governor.v1.Node.MinimumsEntry
+	nil,                              // 91: governor.v1.Node.ShadowEntry
+	nil,                              // 92: governor.v1.Node.RatesEntry
+	nil,                              // 93: governor.v1.Node.DefaultRatesEntry
+	nil,                              // 94: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 95: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 96: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 97: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 98: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 99: governor.v1.SetCapsRequest.RatesEntry
+	nil,                              // 100: governor.v1.SetCapsRequest.DefaultRatesEntry
+	nil,                              // 101: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 102: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 103: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 104: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 105: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 106: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 107: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 108: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 109: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 110: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 111: governor.v1.UsageLine.SpendEntry
+	nil,                              // 112: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 113: governor.v1.UsageLine.PeakEntry
+	nil,                              // 114: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 115: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 116: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 117: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 118: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	108, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	108, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	108, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	108, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	72,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	73,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	74,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	75,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	109, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
-	0,   // 9: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
-	1,   // 10: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	76,  // 11: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	77,  // 12: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	78,  // 13: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	79,  // 14: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	80,  // 15: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	81,  // 16: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	109, // 17: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	82,  // 18: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	109, // 19: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	83,  // 20: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	84,  // 21: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
-	85,  // 22: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
-	86,  // 23: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
-	10,  // 24: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10,  // 25: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	11,  // 26: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	11,  // 27: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	87,  // 28: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	23,  // 29: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	108, // 30: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	68,  // 31: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
-	68,  // 32: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
-	36,  // 33: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	39,  // 34: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
-	108, // 35: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
-	3,   // 36: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	88,  // 37: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	89,  // 38: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	90,  // 39: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	91,  // 40: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	109, // 41: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	108, // 42: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	92,  // 43: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	93,  // 44: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	94,  // 45: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	95,  // 46: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	96,  // 47: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	97,  // 48: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	98,  // 49: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	99,  // 50: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	100, // 51: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	101, // 52: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	109, // 53: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	45,  // 54: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	45,  // 55: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	109, // 56: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	109, // 57: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	46,  // 58: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	47,  // 59: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	2,   // 60: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 61: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	109, // 62: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	109, // 63: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	102, // 64: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	103, // 65: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	104, // 66: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	105, // 67: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	109, // 68: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	109, // 69: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	53,  // 70: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	109, // 71: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	109, // 72: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
-	109, // 73: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
-	109, // 74: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	108, // 75: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	109, // 76: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	109, // 77: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	109, // 78: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	56,  // 79: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	57,  // 80: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	58,  // 81: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	59,  // 82: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	108, // 83: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	11,  // 84: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	106, // 85: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	63,  // 86: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	65,  // 87: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	107, // 88: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	49,  // 89: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	68,  // 90: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	109, // 91: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	109, // 92: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	63,  // 93: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	63,  // 94: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	71,  // 95: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	63,  // 96: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	63,  // 97: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	71,  // 98: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	63,  // 99: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	63,  // 100: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	71,  // 101: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 102: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 103: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 104: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	12,  // 105: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	13,  // 106: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	14,  // 107: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	16,  // 108: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	18,  // 109: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	19,  // 110: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	20,  // 111: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	22,  // 112: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	24,  // 113: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	26,  // 114: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	28,  // 115: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	29,  // 116: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	31,  // 117: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	33,  // 118: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	35,  // 119: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	38,  // 120: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
-	41,  // 121: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	43,  // 122: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	44,  // 123: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	52,  // 124: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	55,  // 125: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	61,  // 126: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	64,  // 127: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	67,  // 128: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	69,  // 129: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 130: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 131: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 132: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	11,  // 133: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	11,  // 134: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	15,  // 135: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	17,  // 136: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	11,  // 137: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	11,  // 138: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	21,  // 139: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	23,  // 140: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	25,  // 141: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	27,  // 142: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	23,  // 143: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	30,  // 144: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	32,  // 145: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	34,  // 146: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	37,  // 147: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	40,  // 148: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
-	42,  // 149: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	11,  // 150: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	48,  // 151: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	54,  // 152: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	60,  // 153: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	62,  // 154: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	66,  // 155: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	11,  // 156: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	70,  // 157: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	130, // [130:158] is the sub-list for method output_type
-	102, // [102:130] is the sub-list for method input_type
-	102, // [102:102] is the sub-list for extension type_name
-	102, // [102:102] is the sub-list for extension extendee
-	0,   // [0:102] is the sub-list for field type_name
+	117, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	117, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	117, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	117, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	75,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	76,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	77,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	78,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	118, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	79,  // 9: governor.v1.NodeSpec.rates:type_name -> governor.v1.NodeSpec.RatesEntry
+	80,  // 10: governor.v1.NodeSpec.default_rates:type_name -> governor.v1.NodeSpec.DefaultRatesEntry
+	117, // 11: governor.v1.Rate.per:type_name -> google.protobuf.Duration
+	0,   // 12: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
+	1,   // 13: governor.v1.Node.state:type_name -> governor.v1.NodeState
+	81,  // 14: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	82,  // 15: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	83,  // 16: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	84,  // 17: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	85,  // 18: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	86,  // 19: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	118, // 20: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	87,  // 21: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	118, // 22: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	88,  // 23: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	89,  // 24: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	90,  // 25: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
+	91,  // 26: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
+	92,  // 27: governor.v1.Node.rates:type_name -> governor.v1.Node.RatesEntry
+	93,  // 28: governor.v1.Node.default_rates:type_name -> governor.v1.Node.DefaultRatesEntry
+	10,  // 29: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10,  // 30: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	12,  // 31: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	12,  // 32: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	94,  // 33: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	24,  // 34: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	117, // 35: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	71,  // 36: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
+	71,  // 37: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
+	37,  // 38: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	40,  // 39: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
+	117, // 40: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
+	3,   // 41: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	95,  // 42: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	96,  // 43: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	97,  // 44: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	98,  // 45: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	118, // 46: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	117, // 47: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	99,  // 48: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
+	100, // 49: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
+	101, // 50: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	102, // 51: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	103, // 52: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	104, // 53: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	105, // 54: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	106, // 55: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	107, // 56: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	108, // 57: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	109, // 58: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	110, // 59: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	118, // 60: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	46,  // 61: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	46,  // 62: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	118, // 63: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	118, // 64: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	47,  // 65: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	48,  // 66: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	11,  // 67: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
+	117, // 68: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
+	2,   // 69: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 70: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	118, // 71: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	118, // 72: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	111, // 73: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	112, // 74: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	113, // 75: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	114, // 76: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	118, // 77: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	118, // 78: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	55,  // 79: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	118, // 80: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	118, // 81: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	118, // 82: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	118, // 83: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	117, // 84: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	118, // 85: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	118, // 86: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	118, // 87: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	58,  // 88: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	59,  // 89: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	60,  // 90: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	61,  // 91: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	117, // 92: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	12,  // 93: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	115, // 94: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	65,  // 95: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	67,  // 96: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	69,  // 97: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
+	11,  // 98: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
+	117, // 99: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
+	116, // 100: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	50,  // 101: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	71,  // 102: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	118, // 103: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	118, // 104: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	11,  // 105: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 106: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 107: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 108: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 109: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 110: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 111: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 112: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 113: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 114: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 115: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 116: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	65,  // 117: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 118: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 119: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	4,   // 120: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 121: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 122: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	13,  // 123: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	14,  // 124: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	15,  // 125: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	17,  // 126: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	19,  // 127: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	20,  // 128: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	21,  // 129: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	23,  // 130: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	25,  // 131: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	27,  // 132: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	29,  // 133: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	30,  // 134: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	32,  // 135: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	34,  // 136: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36,  // 137: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	39,  // 138: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	42,  // 139: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	44,  // 140: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	45,  // 141: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	54,  // 142: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	57,  // 143: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	63,  // 144: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	66,  // 145: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	70,  // 146: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	72,  // 147: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 148: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 149: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 150: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	12,  // 151: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	12,  // 152: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	16,  // 153: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	18,  // 154: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	12,  // 155: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	12,  // 156: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	22,  // 157: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	24,  // 158: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	26,  // 159: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	28,  // 160: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	24,  // 161: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	31,  // 162: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	33,  // 163: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35,  // 164: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	38,  // 165: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	41,  // 166: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	43,  // 167: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	12,  // 168: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	49,  // 169: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	56,  // 170: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	62,  // 171: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	64,  // 172: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	68,  // 173: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	12,  // 174: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	73,  // 175: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	148, // [148:176] is the sub-list for method output_type
+	120, // [120:148] is the sub-list for method input_type
+	120, // [120:120] is the sub-list for extension type_name
+	120, // [120:120] is the sub-list for extension extendee
+	0,   // [0:120] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -6193,15 +6609,15 @@ func file_api_governorpb_governor_proto_init() {
 	if File_api_governorpb_governor_proto != nil {
 		return
 	}
-	file_api_governorpb_governor_proto_msgTypes[39].OneofWrappers = []any{}
-	file_api_governorpb_governor_proto_msgTypes[41].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[40].OneofWrappers = []any{}
+	file_api_governorpb_governor_proto_msgTypes[42].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   104,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,7 +28,10 @@ const capsUsage = `usage:
 
 NODE is an id (7) or a path from the root (payments/checkout-42).
 KEY is quota.RESOURCE, limit.CLASS, default_quota.RESOURCE,
-default_limit.CLASS, weight or priority; VALUE "none" (or -1) removes a cap.
+default_limit.CLASS, rate.RESOURCE, default_rate.RESOURCE, weight or
+priority; VALUE "none" (or -1) removes a cap. A rate is N/PERIOD (100/s,
+40000/min; PERIOD ms, s, min, h, day or a duration) with an optional
+:burst=B, the bucket's size (default N), e.g. rate.tokens=40000/min:burst=80000.
 A quota or limit may add how it is enforced: VALUE:hard (the default),
 VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
 refused; N > 0) or VALUE:warn_only (never refused; would-be denials are recorded),
@@ -131,6 +134,12 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 		key, val, ok := strings.Cut(a, "=")
 		if !ok {
 			return nil, fmt.Errorf("%q is not KEY=VALUE", a)
+		}
+		if kind, name, _ := strings.Cut(key, "."); kind == "rate" || kind == "default_rate" {
+			if err := putRate(req, kind, name, val); err != nil {
+				return nil, fmt.Errorf("%s: %w", key, err)
+			}
+			continue
 		}
 		val, modeText, withMode := strings.Cut(val, ":")
 		var v int64 = -1
@@ -244,7 +253,19 @@ type capView struct {
 	TenantState *tenantState `json:"tenant_state,omitempty"`
 	Quotas      []capLine    `json:"quotas"`
 	Limits      []capLine    `json:"limits"`
-	Effective   []effective  `json:"effective"`
+	// Rates are the node's own rates, with how full each bucket is now.
+	Rates     []rateLine  `json:"rates,omitempty"`
+	Effective []effective `json:"effective"`
+}
+
+// rateLine is one of a node's rates: Rate ("100/s") with a bucket of Size,
+// which holds Level units now and is full again in FullIn.
+type rateLine struct {
+	Name   string        `json:"name"`
+	Rate   string        `json:"rate"`
+	Size   int64         `json:"size"`
+	Level  int64         `json:"level"`
+	FullIn time.Duration `json:"full_in_ns,omitempty"`
 }
 
 // tenantState is a tenant's state, and which tenant it is.
@@ -314,6 +335,18 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
 	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
 		return err
+	}
+	if len(n.GetRates()) > 0 {
+		rep, err := rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.GetId()})
+		if err != nil {
+			return fmt.Errorf("the rates of %q: %w", n.GetName(), plainStatus(err))
+		}
+		for _, r := range rep.GetRates() {
+			if r.GetNodeId() == n.GetId() {
+				v.Rates = append(v.Rates, rateLine{Name: r.GetName(), Rate: governorpb.FormatRate(r.GetRate().GetUnits(),
+					r.GetRate().GetPer().AsDuration()), Size: r.GetSize(), Level: r.GetLevel(), FullIn: r.GetFullIn().AsDuration()})
+			}
+		}
 	}
 	v.Effective = tightest(chain)
 	v.Priority = n.GetPriority()
@@ -386,6 +419,16 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	section("quotas (used/cap):", v.Quotas)
 	section("limits (held/limit):", v.Limits)
+	if len(v.Rates) > 0 {
+		fmt.Fprintf(tw, "rates (left/burst):\n")
+		for _, r := range v.Rates {
+			full := "full"
+			if r.FullIn > 0 {
+				full = "full in " + r.FullIn.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "  %s\t%d/%d\t%s\t%s\n", r.Name, r.Level, r.Size, r.Rate, full)
+		}
+	}
 	fmt.Fprintf(tw, "effective (the tightest cap from here to the root):\n")
 	if len(v.Effective) == 0 {
 		fmt.Fprintf(tw, "  (no caps)\n")
@@ -511,6 +554,9 @@ func capsSet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		return fmt.Errorf("set caps on %q: %w", n.GetName(), plainStatus(err))
 	}
 	for _, c := range changeLines(capsOf(n, req), capsOf(after, req)) {
+		fmt.Fprintf(out, "%s\n", c)
+	}
+	for _, c := range rateChanges(n, after, req) {
 		fmt.Fprintf(out, "%s\n", c)
 	}
 	if d := req.GetOverrideFor(); d != nil {
@@ -740,4 +786,64 @@ func kindName(k governorpb.NodeKind) string {
 
 func stateName(s governorpb.NodeState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+}
+
+// putRate reads rate.RESOURCE's or default_rate.RESOURCE's value,
+// N/PERIOD[:burst=B] or none, into req.
+func putRate(req *governorpb.SetCapsRequest, kind, name, val string) error {
+	if name == "" {
+		return fmt.Errorf("want %s.RESOURCE", kind)
+	}
+	r := &governorpb.Rate{Units: -1}
+	if val != "none" && val != "-1" {
+		text, burst, hasBurst := strings.Cut(val, ":")
+		units, per, err := governorpb.ParseRate(text)
+		if err != nil {
+			return err
+		}
+		r = &governorpb.Rate{Units: units, Per: durationpb.New(per)}
+		if hasBurst {
+			b, ok := strings.CutPrefix(burst, "burst=")
+			n, err := strconv.ParseInt(b, 10, 64)
+			if !ok || err != nil || n < 1 || n > governorpb.MaxAmount {
+				return fmt.Errorf("%q is not burst=B with B a whole number from 1 to %d", burst, governorpb.MaxAmount)
+			}
+			r.Burst = n
+		}
+	}
+	m := &req.Rates
+	if kind == "default_rate" {
+		m = &req.DefaultRates
+	}
+	if *m == nil {
+		*m = map[string]*governorpb.Rate{}
+	}
+	(*m)[name] = r
+	return nil
+}
+
+// rateChanges says, for each rate req names, what it was and is:
+// "rate.calls: none -> 100/s (burst 200)".
+func rateChanges(before, after *governorpb.Node, req *governorpb.SetCapsRequest) []string {
+	text := func(r *governorpb.Rate) string {
+		if r == nil {
+			return "none"
+		}
+		s := governorpb.FormatRate(r.GetUnits(), r.GetPer().AsDuration())
+		if r.GetBurst() > 0 {
+			s += fmt.Sprintf(" (burst %d)", r.GetBurst())
+		}
+		return s
+	}
+	var out []string
+	for _, side := range []struct {
+		kind          string
+		named, b4, af map[string]*governorpb.Rate
+	}{{"rate", req.GetRates(), before.GetRates(), after.GetRates()},
+		{"default_rate", req.GetDefaultRates(), before.GetDefaultRates(), after.GetDefaultRates()}} {
+		for _, k := range slices.Sorted(maps.Keys(side.named)) {
+			out = append(out, fmt.Sprintf("%s.%s: %s -> %s", side.kind, k, text(side.b4[k]), text(side.af[k])))
+		}
+	}
+	return out
 }

@@ -249,6 +249,8 @@ func hookError(ctx context.Context, err error) verdict {
 		return budgetSpent(q.Resource, q.Used, q.Limit, q.NodeName)
 	case admission.CauseSuspended, admission.CauseReadOnly:
 		return tenantRefused(d)
+	case admission.CauseRate:
+		return verdict{message: d.Message() + ". Wait that long, then try this tool call again."}
 	case admission.CauseTaskEnded:
 		switch e := d.Ended; {
 		case d.Tenant != nil: // a closing tenant refuses a new session's node

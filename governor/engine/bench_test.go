@@ -11,16 +11,21 @@ import (
 // chain builds root -> tenant -> task -> subtask, with a quota on every
 // level, and returns a tenant session and the subtask.
 func chain(b *testing.B) (*Engine, SessionID, NodeID) {
+	return chainWith(b, newFakeClock(), nil)
+}
+
+// chainWith is chain on clock, with rates (nil for none) on every level.
+func chainWith(b *testing.B, clock Clock, rates map[string]Rate) (*Engine, SessionID, NodeID) {
 	b.Helper()
-	e, err := New(Config{Clock: newFakeClock()})
+	e, err := New(Config{Clock: clock})
 	if err != nil {
 		b.Fatal(err)
 	}
 	big := map[string]int64{"tokens": math.MaxInt64 / 2}
-	if _, err := e.SetCaps(System, RootID, CapsEdit{Quotas: big, Limits: map[string]int64{"db": 1 << 30}}, ""); err != nil {
+	if _, err := e.SetCaps(System, RootID, CapsEdit{Quotas: big, Limits: map[string]int64{"db": 1 << 30}, Rates: rates}, ""); err != nil {
 		b.Fatal(err)
 	}
-	ten, err := e.CreateNode(System, RootID, NodeSpec{Name: "tenant", Quotas: big}, "")
+	ten, err := e.CreateNode(System, RootID, NodeSpec{Name: "tenant", Quotas: big, Rates: rates}, "")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -28,11 +33,11 @@ func chain(b *testing.B) (*Engine, SessionID, NodeID) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	task, err := e.CreateNode(sid, ten.ID, NodeSpec{Name: "task", Quotas: big}, "")
+	task, err := e.CreateNode(sid, ten.ID, NodeSpec{Name: "task", Quotas: big, Rates: rates}, "")
 	if err != nil {
 		b.Fatal(err)
 	}
-	sub, err := e.CreateNode(sid, task.ID, NodeSpec{Name: "subtask", Quotas: big}, "")
+	sub, err := e.CreateNode(sid, task.ID, NodeSpec{Name: "subtask", Quotas: big, Rates: rates}, "")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -53,6 +58,42 @@ func BenchmarkConsumeChain(b *testing.B) {
 			}
 		}
 	})
+}
+
+// tickingClock moves one nanosecond each time it is read, so that every
+// consume refills the buckets it meets (a clock that stands still would
+// skip the refill's arithmetic).
+type tickingClock struct{ fakeClock }
+
+func (c *tickingClock) Now() time.Time { return time.Unix(0, c.ns.Add(1)) }
+
+// BenchmarkConsumeChainRates is the goal of the rates work: a consume with
+// a rate on each of the four levels (never binding), beside the same
+// consume without rates on the same clock. Run it with -cpu 2.
+func BenchmarkConsumeChainRates(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		rates map[string]Rate
+	}{
+		{"none", nil},
+		{"4-levels", map[string]Rate{"tokens": {Units: 1 << 40, Per: int64(time.Second), Burst: 1 << 62}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := &tickingClock{}
+			c.ns.Store(newFakeClock().ns.Load())
+			e, sid, sub := chainWith(b, c, bc.rates)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := e.Consume(sid, sub, "tokens", 1, ""); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
 
 // BenchmarkAcquireRelease takes and gives back a lease from every goroutine.

@@ -27,7 +27,7 @@ const (
 // sentinels is every sentinel error; an engine error wraps exactly one.
 var sentinels = []error{ErrInvalid, ErrNotFound, ErrPermission, ErrUnauthenticated, ErrSessionExpired,
 	ErrTaskEnded, ErrQuotaExhausted, ErrLeaseExpired, ErrLeaseRevoked, ErrLeaseReleased,
-	ErrRequestIDReused, ErrExists, ErrRecalling, ErrCorrupt, ErrBound, ErrTenantState}
+	ErrRequestIDReused, ErrExists, ErrRecalling, ErrCorrupt, ErrBound, ErrTenantState, ErrRateLimited}
 
 // fixture is an engine on a fake clock. newFixture gives it this tree, with
 // one long-lived session per tenant:

@@ -57,6 +57,10 @@ var (
 	// ErrTenantState: the tenant's state (suspended, read_only, closing)
 	// refuses this work. The error is a *TenantStateError (tenantstate.go).
 	ErrTenantState = errors.New("refused by the tenant's state")
+	// ErrRateLimited: a rate on the chain holds fewer units than the
+	// charge asks; it will hold them later. The error is a *RateError
+	// carrying when to try again (rate.go).
+	ErrRateLimited = errors.New("rate limited")
 )
 
 // Consumer names the part of a node that spent most of a resource: one of its

@@ -171,7 +171,7 @@ func (e *Engine) applyKind(ev *Event) error {
 		if n == nil || ev.Caps == nil {
 			return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
 		}
-		n.applyCaps(ev.Caps, e)
+		n.applyCaps(ev.Caps, e, ev.At)
 		e.record(n, ev)
 	case EvCapsReverted:
 		return e.applyCapsReverted(ev)
@@ -181,6 +181,7 @@ func (e *Engine) applyKind(ev *Event) error {
 			return fmt.Errorf("%w: consume on node %d", ErrCorrupt, ev.Node)
 		}
 		n.charge(ev.Resource, ev.Amount)
+		n.takeRate(ev.Resource, ev.Amount, ev.At)
 	case EvCharged:
 		n := e.nodes[ev.Node]
 		if n == nil {
@@ -189,6 +190,7 @@ func (e *Engine) applyKind(ev *Event) error {
 		for _, c := range ev.Charges {
 			n.charge(c.Resource, c.Amount)
 		}
+		n.takeRates(ev.Charges, ev.At, 1)
 	case EvLeaseGranted:
 		return e.applyGrant(ev)
 	case EvLeaseReleased:
@@ -204,6 +206,7 @@ func (e *Engine) applyKind(ev *Event) error {
 			for _, c := range ev.Charges {
 				l.node.charge(c.Resource, -c.Amount)
 			}
+			l.node.takeRates(ev.Charges, ev.At, -1)
 		}
 	case EvLimitAdjusted:
 		n := e.nodes[ev.Node]

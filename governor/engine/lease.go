@@ -122,6 +122,9 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	if err := n.checkAll(charges); err != nil {
 		return Grant{}, nil, e.refused(s, err)
 	}
+	if err := n.checkRates(charges, now); err != nil {
+		return Grant{}, nil, err
+	}
 	if r.Class == "" {
 		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
 			RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(charges, "", 0), Write: r.Write})
@@ -184,6 +187,7 @@ func (e *Engine) applyGrant(ev *Event) error {
 	for _, c := range ev.Charges {
 		n.charge(c.Resource, c.Amount)
 	}
+	n.takeRates(ev.Charges, ev.At, 1)
 	l := &lease{id: ev.Lease, session: s, node: n, class: ev.Resource, granted: ev.At, count: 1, charges: ev.Charges}
 	if ev.Block {
 		l.block, l.count = true, ev.Amount
@@ -233,7 +237,9 @@ func (e *Engine) endLease(l *lease, why EndReason, at int64) {
 			e.notify(Notice{Session: l.session.id, Kind: NoticeEnded, Node: l.node.id, Class: l.class})
 		}
 	}
-	for a := l.node; a != nil; a = a.parent {
+	// An empty block frees nothing, and must not bring back a class
+	// whose cap was removed while it held no slot (a name, for bounds).
+	for a := l.node; a != nil && l.count != 0; a = a.parent {
 		a.limit.add(l.class, -l.count)
 	}
 	e.tombs[l.id] = tombstone{session: l.session.id, node: l.node.id, class: l.class, reason: why, at: at}

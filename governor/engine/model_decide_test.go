@@ -292,7 +292,7 @@ func (m *model) advance() {
 			return
 		case m.pastBound != nil && m.pastBound(w):
 			m.dropWaiters(func(o *mWaiter) bool { return o == w })
-		case !m.chargesFit(w.node, w.charges):
+		case !m.chargesFit(w.node, w.charges) || !m.ratesFit(w.node, w.charges, m.now):
 			m.dropWaiters(func(o *mWaiter) bool { return o == w })
 		default:
 			d.expect, d.kind, d.tq = w, EvLeaseGranted, tq

@@ -45,6 +45,8 @@ type model struct {
 	overrides map[NodeID]map[modeKey]modelOverride
 	// The model's own decisions (model_decide_test.go).
 	modelDecide
+	// Rates and their buckets (model_rate_test.go).
+	modelRates
 }
 
 type modelLease struct {
@@ -75,6 +77,7 @@ func newModel(retention time.Duration) *model {
 		tstate: map[NodeID]TenantState{}, mins: map[NodeID]map[string]Minimum{}}
 	m.state[RootID] = Open
 	m.decideInit()
+	m.initRates()
 	return m
 }
 
@@ -152,6 +155,7 @@ func (m *model) Emit(ev Event) {
 	l := m.leases[ev.Lease]
 	m.checkWarnings(ev)
 	m.checkTenantState(ev)
+	m.rateEvent(ev)
 	before := m.chainUsage(ev)
 	m.applyEvent(ev)
 	m.checkCapsPassed(ev, before)

@@ -36,8 +36,8 @@ var mutants = []mutant{
 	{"forget to dispatch on release", "lease.go",
 		"\t\t\te.dispatch(l.class)\n\t\t\treturn nil", "\t\t\treturn nil", `I5 .* fits but waits|nobody got the slot`},
 	{"charge-and-acquire skips the quota check", "lease.go",
-		"\tif err := n.checkAll(charges); err != nil {\n\t\treturn Grant{}, nil, e.refused(s, err)\n\t}\n\tif r.Class == \"\" {",
-		"\tif r.Class == \"\" {", `I1 quotas`},
+		"\tif err := n.checkAll(charges); err != nil {\n\t\treturn Grant{}, nil, e.refused(s, err)\n\t}\n\tif err := n.checkRates(charges, now); err != nil {",
+		"\tif err := n.checkRates(charges, now); err != nil {", `I1 quotas`},
 	{"ignore deadlines", "tree.go",
 		"if a.deadline != 0 && now >= a.deadline {", "if a.deadline != 0 && now < 0 {", `I8 deadline`},
 	{"ending a node does not revoke its leases", "tree.go",
@@ -131,6 +131,18 @@ var mutants = []mutant{
 		"if err := n.admits(r.Write, false); err != nil {", "if err := n.admits(false, false); err != nil {", `dry run .* the model says refused by read_only`},
 	{"a revert that recalls nothing", "override.go",
 		"\t\tif n.state == Open {\n\t\t\te.recallUnder(n", "\t\tif n.state != Open {\n\t\t\te.recallUnder(n", `was not told to give them back`},
+	// Rates (rate.go).
+	{"a rate checked on the charged node alone", "rate.go",
+		"for a := n; a != nil; a = a.parent {\n\t\tb := a.rates[r]\n\t\tif b == nil {\n\t\t\tcontinue",
+		"for a := n; a == n; a = a.parent {\n\t\tb := a.rates[r]\n\t\tif b == nil {\n\t\t\tcontinue", `I26 rates`},
+	{"a wait rounded down, so a retry at retry_after is refused again", "rate.go",
+		"lo, c = bits.Add64(lo, uint64(b.Units)-1, 0)", "lo, c = bits.Add64(lo, 0, 0)", `I27 .*retry after`},
+	{"a reservation takes nothing from the buckets", "reserve.go",
+		"\tn.takeRate(ev.Resource, ev.Amount, ev.At)\n", "", `I26 rates|node \d+ rate .*: engine holds`},
+	{"a snapshot drops the credit toward the next unit", "rate.go",
+		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
+	{"a refill that wraps past 2^64 unit-ns", "rate.go",
+		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

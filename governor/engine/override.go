@@ -110,7 +110,7 @@ func (a *Audit) validate(edit *CapsEdit) error {
 	}
 	if a.For > 0 {
 		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil ||
-			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil {
+			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil || edit.Rates != nil || edit.DefaultRates != nil {
 			return invalid("a temporary override sets only quotas and limits")
 		}
 		if len(edit.Quotas)+len(edit.Limits) == 0 {
@@ -265,7 +265,7 @@ func (e *Engine) applyCapsReverted(ev *Event) error {
 			}
 		}
 	}
-	n.applyCaps(ev.Caps, e)
+	n.applyCaps(ev.Caps, e, ev.At)
 	e.record(n, ev)
 	return nil
 }

@@ -217,6 +217,10 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			e.failWaiter(w, e.refused(w.session, err)) // a quota was spent, or reserved, while it waited
 			continue
 		}
+		if err := w.node.checkRates(w.charges, now); err != nil {
+			e.failWaiter(w, err) // a rate was drawn down while it waited
+			continue
+		}
 		e.removeWaiter(w)
 		g := e.grant(w, now)
 		w.done, w.granted = true, g.Lease

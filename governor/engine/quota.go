@@ -46,6 +46,9 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 	if err := n.check(resource, amount); err != nil {
 		return e.refused(s, err)
 	}
+	if err := n.checkRate(resource, amount, now); err != nil {
+		return err
+	}
 	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,
 		RequestID: requestID, Fingerprint: fp, Warnings: n.warnings([]Charge{{resource, amount}}, "", 0)})
 	return nil

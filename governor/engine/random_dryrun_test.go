@@ -123,6 +123,7 @@ func dryRunAnswer(dr DryRun, err error) string {
 	var ended *EndedError
 	var ts *TenantStateError
 	var d *Denial
+	var re *RateError
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return "invalid"
@@ -136,6 +137,8 @@ func dryRunAnswer(dr DryRun, err error) string {
 		return fmt.Sprintf("denied %d of %s at n%d (%d of %d)", d.Amount, d.Resource, d.Node, d.Used, d.Limit)
 	case errors.Is(dr.Err, ErrRecalling):
 		return "recalling"
+	case errors.As(dr.Err, &re):
+		return fmt.Sprintf("rate limited %d of %s at n%d, retry after %v", re.Amount, re.Resource, re.Node, re.RetryAfter)
 	case dr.Err != nil:
 		return "refused " + dr.Err.Error()
 	}
@@ -184,6 +187,11 @@ func (m *model) dryRun(r AcquireRequest, shadow bool, now int64) string {
 	}
 	if refusal != "" {
 		return refusal
+	}
+	if !shadow { // a shadow rule's ledger counts no rate
+		if refusal = m.rateRefusal(r.Node, r.Charges, now); refusal != "" {
+			return refusal
+		}
 	}
 	return fmt.Sprintf("admitted, wait %v", r.Class != "" && !m.fits(r.Node, r.Class))
 }

@@ -26,6 +26,9 @@ type coverage struct {
 	hostileRefused int
 	// agedGrants counts grants to waiters the aging guard had marked (I22).
 	agedGrants int
+	// Rates (I26, I27): refusals with a wait, charges larger than a
+	// bucket, takes from buckets, and hostile charges decided by a rate.
+	rateRefused, rateNever, rateTaken, rateHostile int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -40,6 +43,7 @@ func (r *reached) add(w *world) {
 	defer r.mu.Unlock()
 	c := w.tally
 	c.agedGrants = w.m.agedGrants
+	c.rateTaken = w.m.rateTaken
 	for _, ev := range w.rec.events {
 		if ev.Kind == EvCapsReverted {
 			c.reverts++
@@ -51,6 +55,10 @@ func (r *reached) add(w *world) {
 	r.sum.reverts += c.reverts
 	r.sum.hostileRefused += c.hostileRefused
 	r.sum.agedGrants += c.agedGrants
+	r.sum.rateRefused += c.rateRefused
+	r.sum.rateNever += c.rateNever
+	r.sum.rateTaken += c.rateTaken
+	r.sum.rateHostile += c.rateHostile
 	r.seeds++
 }
 
@@ -73,6 +81,10 @@ func (r *reached) check(t *testing.T) {
 		{"a temporary override reverted", r.sum.reverts},
 		{"a call refused for a hostile amount", r.sum.hostileRefused},
 		{"a grant to a waiter the aging guard had marked", r.sum.agedGrants},
+		{"a charge refused for rate", r.sum.rateRefused},
+		{"a charge larger than a bucket", r.sum.rateNever},
+		{"a charge taken from a bucket", r.sum.rateTaken},
+		{"a hostile charge decided by a rate", r.sum.rateHostile},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

@@ -63,6 +63,7 @@ func TestRandomized(t *testing.T) {
 				w.agingOp()
 				w.dryRunOp()
 				w.overrideOp()
+				w.rateOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -108,6 +109,7 @@ type world struct {
 	// srng draws shadow requests (random_policy_test.go's shadowOp), a
 	// stream of its own; shadowReqs are those recorded with an id.
 	srng       *rand.Rand
+	rrng       *rand.Rand // rates (random_rate_test.go), a stream of its own
 	shadowReqs []shadowReq
 	// hrng draws hostile amounts (random_hostile_test.go), a stream of its
 	// own, in the seeds that send any (hostile).
@@ -179,7 +181,8 @@ func newWorld(t *testing.T, seed int64) *world {
 	w := &world{t: t, seed: seed, rng: rng, policy: rand.New(rand.NewSource(^seed)), orng: rand.New(rand.NewSource(seed + 1<<32)),
 		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
 		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)),
-		dry: rand.New(rand.NewSource(seed + 6<<32)), ovr: rand.New(rand.NewSource(seed + 7<<32)), clock: newFakeClock(),
+		dry: rand.New(rand.NewSource(seed + 6<<32)), ovr: rand.New(rand.NewSource(seed + 7<<32)),
+		rrng: rand.New(rand.NewSource(seed + 8<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -427,9 +430,10 @@ func (w *world) randomOp() {
 		invalid := amt <= 0 || w.m.quotaOverflows(n, r, amt, false)
 		err := e.Consume(sid, n, r, amt, rid)
 		what := fmt.Sprintf("consume s%d n%d %s %d %q", sid, n, r, amt, rid)
-		w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+		w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid, ErrRateLimited)
 		w.checkHostile(what, err, invalid)
 		w.checkBoundRefusal(what, err, n, []string{r}, nil, false)
+		w.checkRateRefusal(what, err, n, r, amt)
 		w.checkRefusal(sid, err, n, r, amt, 0)
 		if err == nil {
 			w.remember(sid, rid, "", func(id string, differ bool) (string, error) {
@@ -777,6 +781,7 @@ func (w *world) check() {
 	w.checkBounds()
 	w.checkCounters()
 	w.checkDecisions()
+	w.checkRates()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
 		ml, ok := m.leases[id]
@@ -1027,11 +1032,12 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	invalid := w.m.chargesInvalid(n, charges, false)
 	g, wait, err := e.Acquire(sid, AcquireRequest{Node: n, Class: class, Charges: charges, RequestID: rid, Write: write})
 	what := fmt.Sprintf("acquire s%d n%d %q %v %q: %v queued=%v", sid, n, class, charges, rid, g, wait != nil)
-	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrInvalid, ErrRecalling, ErrBound, ErrRateLimited)
 	w.checkHostile(what, err, invalid)
 	w.checkBoundRefusal(what, err, n, names(charges), classesOf(class), false)
 	for r, amt := range charges {
 		w.checkRefusal(sid, err, n, r, amt, 0)
+		w.checkRateRefusal(what, err, n, r, amt)
 	}
 	if err != nil {
 		return
@@ -1171,13 +1177,14 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	invalid := w.reserveInvalid(sid, req)
 	res, err := e.Reserve(sid, req)
 	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
-	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid)
+	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid, ErrRateLimited)
 	w.checkHostile(what, err, invalid)
 	w.checkBoundRefusal(what, err, req.Node, []string{req.Resource}, nil, false)
 	asked := int64(1) // a top-up is refused only when not one unit fits
 	if req.Exact {
 		asked = req.Want
 	}
+	w.checkRateRefusal(what, err, req.Node, req.Resource, asked)
 	w.checkRefusal(sid, err, req.Node, req.Resource, asked, req.Return)
 	if err != nil {
 		return

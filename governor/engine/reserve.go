@@ -137,6 +137,9 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 		if err != nil {
 			return Reservation{}, e.refused(s, err)
 		}
+		if grant, err = n.reserveRate(r, grant, now); err != nil {
+			return Reservation{}, err
+		}
 	}
 	var warn []Warning
 	if grant > 0 {
@@ -270,6 +273,7 @@ func (e *Engine) applyReserved(ev *Event) error {
 		g.n += ev.Spent
 		g.r += ev.Amount - settled
 	}
+	n.takeRate(ev.Resource, ev.Amount, ev.At)
 	if res == nil {
 		if ev.Amount == 0 {
 			return nil

@@ -322,7 +322,7 @@ func fingerprintSpec(op uint64, parent NodeID, s *NodeSpec) uint64 {
 	for _, m := range []map[string]int64{s.Quotas, s.Limits, s.DefaultQuotas, s.DefaultLimits} {
 		h = fingerprintMap(h, m)
 	}
-	return fnvAdd(fnvAdd(h, uint64(s.Weight)), uint64(s.Priority))
+	return fingerprintRates(fnvAdd(fnvAdd(h, uint64(s.Weight)), uint64(s.Priority)), s.Rates, s.DefaultRates)
 }
 
 func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
@@ -355,7 +355,7 @@ func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
 			h = fnvAdd(fnvAdd(fnvAdd(fnvString(h, k), uint64(m.Min)), uint64(m.From)), uint64(m.Until))
 		}
 	}
-	return h
+	return fingerprintRates(h, c.Rates, c.DefaultRates)
 }
 
 const (

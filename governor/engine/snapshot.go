@@ -199,6 +199,13 @@ func (e *Engine) Restore(snap Snapshot) error {
 			}
 		}
 		n.shadow = maps.Clone(v.Shadow)
+		if err := n.restoreRates(v.Rates); err != nil {
+			return err
+		}
+		if err := validRates("default rate", v.DefaultRates); err != nil {
+			return fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
+		}
+		n.defRates = maps.Clone(v.DefaultRates)
 		for k, u := range v.Used {
 			n.quota.add(k, u)
 		}

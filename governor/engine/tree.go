@@ -72,6 +72,10 @@ type NodeSpec struct {
 	Deadline      int64            `json:"dead,omitempty"` // unix nanoseconds; 0 is none
 	Weight        int64            `json:"w,omitempty"`    // share in the fair queue; 0 means 1
 	Priority      int64            `json:"pri,omitempty"`  // higher first within a tenant; 0 inherits
+	// Rates and DefaultRates are as Quotas and DefaultQuotas, for rates
+	// (rate.go): a Rate with Units NoCap removes an inherited one.
+	Rates        map[string]Rate `json:"rt,omitempty"`
+	DefaultRates map[string]Rate `json:"drt,omitempty"` // nil inherits the parent's defaults
 }
 
 // CapsEdit changes a node's caps. Keys not named are left alone; NoCap
@@ -91,6 +95,10 @@ type CapsEdit struct {
 	// Minimums set a tenant's reserved minimums by lease class
 	// (minimum.go); Min 0 removes one.
 	Minimums map[string]Minimum `json:"mins,omitempty"`
+	// Rates and DefaultRates set token buckets by resource (rate.go); a
+	// Rate with Units NoCap removes one.
+	Rates        map[string]Rate `json:"rt,omitempty"`
+	DefaultRates map[string]Rate `json:"drt,omitempty"`
 }
 
 // NodeView is a copy of a node's state, safe to keep. In a snapshot, zero
@@ -134,6 +142,10 @@ type NodeView struct {
 	// Shadow is the shadow ledger: what the sidecars' rules in dry run would
 	// have charged in the subtree, had they been enforced (dryrun.go).
 	Shadow map[string]int64 `json:",omitempty"`
+	// Rates are the node's rates with their buckets as stored (rate.go),
+	// and DefaultRates the rates a new child starts with.
+	Rates        map[string]BucketView `json:",omitempty"`
+	DefaultRates map[string]Rate       `json:",omitempty"`
 }
 
 type node struct {
@@ -180,6 +192,11 @@ type node struct {
 	// (dryrun.go). It never counts against a real request.
 	shadow map[string]int64
 
+	// rates are the node's token buckets by resource, and defRates the
+	// rates a new child starts with (rate.go).
+	rates    map[string]*bucket
+	defRates map[string]Rate
+
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
 	openBelow int
@@ -216,7 +233,7 @@ func (n *node) view() NodeView {
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
 		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes(),
 		TenantState: n.tstate, TenantStateReason: n.tstateWhy, Minimums: maps.Clone(n.mins),
-		Shadow: nilIfEmpty(maps.Clone(n.shadow))}
+		Shadow: nilIfEmpty(maps.Clone(n.shadow)), Rates: n.rateViews(), DefaultRates: maps.Clone(n.defRates)}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -271,7 +288,9 @@ func mergeCaps(base, edit map[string]int64) map[string]int64 {
 	return out
 }
 
-func (n *node) applyCaps(c *CapsEdit, e *Engine) {
+func (n *node) applyCaps(c *CapsEdit, e *Engine, at int64) {
+	n.setRates(c.Rates, at)
+	n.defRates = mergeRates(n.defRates, c.DefaultRates)
 	n.quota.setCaps(c.Quotas)
 	n.limit.setCaps(c.Limits)
 	for k, m := range c.QuotaModes {
@@ -300,6 +319,7 @@ func (n *node) applyCaps(c *CapsEdit, e *Engine) {
 func (s NodeSpec) clone() NodeSpec {
 	s.Quotas, s.Limits = maps.Clone(s.Quotas), maps.Clone(s.Limits)
 	s.DefaultQuotas, s.DefaultLimits = maps.Clone(s.DefaultQuotas), maps.Clone(s.DefaultLimits)
+	s.Rates, s.DefaultRates = maps.Clone(s.Rates), maps.Clone(s.DefaultRates)
 	return s
 }
 
@@ -308,6 +328,7 @@ func (c CapsEdit) clone() CapsEdit {
 	c.DefaultQuotas, c.DefaultLimits = maps.Clone(c.DefaultQuotas), maps.Clone(c.DefaultLimits)
 	c.QuotaModes, c.LimitModes = maps.Clone(c.QuotaModes), maps.Clone(c.LimitModes)
 	c.Minimums = maps.Clone(c.Minimums)
+	c.Rates, c.DefaultRates = maps.Clone(c.Rates), maps.Clone(c.DefaultRates)
 	for _, p := range []**int64{&c.Weight, &c.Priority, &c.Deadline} {
 		if *p != nil {
 			v := **p
@@ -368,6 +389,9 @@ func (s *NodeSpec) validate() error {
 	if err := validCapSets(s.Quotas, s.Limits, s.DefaultQuotas, s.DefaultLimits); err != nil {
 		return err
 	}
+	if err := validRateSets(s.Rates, s.DefaultRates); err != nil {
+		return err
+	}
 	if s.Weight < 0 {
 		return invalid("weight %d is negative", s.Weight)
 	}
@@ -379,6 +403,9 @@ func (s *NodeSpec) validate() error {
 
 func (c *CapsEdit) validate() error {
 	if err := validCapSets(c.Quotas, c.Limits, c.DefaultQuotas, c.DefaultLimits); err != nil {
+		return err
+	}
+	if err := validRateSets(c.Rates, c.DefaultRates); err != nil {
 		return err
 	}
 	if c.Weight != nil && *c.Weight < 1 {
@@ -506,6 +533,11 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 	}
 	if sp.DefaultLimits != nil {
 		n.defLimits = mergeCaps(nil, sp.DefaultLimits)
+	}
+	n.setRates(mergeRates(parent.defRates, sp.Rates), ev.At)
+	n.defRates = maps.Clone(parent.defRates)
+	if sp.DefaultRates != nil {
+		n.defRates = mergeRates(nil, sp.DefaultRates)
 	}
 	if sp.Weight > 0 {
 		n.weight = sp.Weight

@@ -99,6 +99,7 @@ const (
 	CauseStopping                     // the sidecar is shutting down and admits nothing new
 	CauseSuspended                    // the tenant is suspended: no new work
 	CauseReadOnly                     // the tenant is read-only and this is a write
+	CauseRate                         // a rate on the node or an ancestor has no room now
 )
 
 var causeNames = [...]string{
@@ -112,6 +113,7 @@ var causeNames = [...]string{
 	CauseStopping:    "stopping",
 	CauseSuspended:   "suspended",
 	CauseReadOnly:    "read-only",
+	CauseRate:        "rate",
 }
 
 func (c Cause) String() string {
@@ -124,7 +126,7 @@ func (c Cause) String() string {
 // Causes lists every cause, for metrics that start at zero.
 func Causes() []Cause {
 	return []Cause{CauseQuota, CauseWaitTimeout, CauseUnavailable, CauseTaskEnded, CauseUnmatched,
-		CauseBadRequest, CauseCanceled, CauseStopping, CauseSuspended, CauseReadOnly}
+		CauseBadRequest, CauseCanceled, CauseStopping, CauseSuspended, CauseReadOnly, CauseRate}
 }
 
 // Denial is work that was refused.
@@ -143,6 +145,8 @@ type Denial struct {
 	Estimate *EstimateFit
 	// Quota names the cap that was hit (CauseQuota), when governord said.
 	Quota *governor.Denial
+	// Rate names the rate that had no room and when it will (CauseRate).
+	Rate *governor.RateLimitedError
 	// Ended names the node that ended (CauseTaskEnded), when governord said.
 	Ended *governor.TaskEndedError
 	// Tenant is the tenant's state that refused the work (CauseSuspended,
@@ -220,9 +224,12 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 	var quota *governor.Denial
 	var ended *governor.TaskEndedError
 	var tenant *governor.TenantStateError
+	var rate *governor.RateLimitedError
 	switch {
 	case errors.As(err, &quota):
 		d.Cause, d.Quota = CauseQuota, quota
+	case errors.As(err, &rate):
+		d.Cause, d.Rate = CauseRate, rate
 	case errors.As(err, &tenant):
 		d.Tenant = tenant
 		switch tenant.State {
@@ -291,6 +298,12 @@ func (d *Denial) Message() string {
 				d.Wait, q.Amount, q.Resource)
 		}
 		return fmt.Sprintf("governor: waited %v for a %q lease; the limit stayed full", d.Wait, d.Class)
+	case CauseRate:
+		if r := d.Rate; r != nil {
+			return fmt.Sprintf("governor: over a rate: %s on %q is %d per %v, with %d left now and %d asked; there is room again in %v",
+				r.Resource, r.NodeName, r.Units, r.Per, r.Level, r.Amount, r.RetryAfter.Round(time.Millisecond))
+		}
+		return "governor: over a rate; try again shortly"
 	case CauseUnavailable:
 		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"
 	case CauseTaskEnded:

@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/proxy/admission"
 )
 
@@ -54,7 +56,7 @@ func (d denial) wireCause() string {
 
 func (d denial) status() int {
 	switch d.Cause {
-	case admission.CauseQuota:
+	case admission.CauseQuota, admission.CauseRate:
 		return http.StatusTooManyRequests
 	case admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseStopping, admission.CauseCanceled:
 		return http.StatusServiceUnavailable
@@ -89,6 +91,11 @@ func (d denial) reason() string {
 		return "Governor task ended"
 	case admission.CauseUnmatched:
 		return "Governor no rule matches"
+	case admission.CauseRate:
+		if r := d.Rate; r != nil {
+			return fmt.Sprintf("Governor rate: %s on %q", r.Resource, r.NodeName)
+		}
+		return "Governor rate"
 	case admission.CauseSuspended:
 		return "Governor tenant suspended"
 	case admission.CauseReadOnly:
@@ -174,6 +181,9 @@ func (d denial) header() http.Header {
 		h.Set("X-Should-Retry", "false") // read by the OpenAI and Anthropic SDKs
 	case admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseStopping:
 		h.Set("Retry-After", retryAfter)
+	case admission.CauseRate:
+		h.Set("X-Should-Retry", "true")
+		h.Set("Retry-After", rateRetryAfter(d.Rate))
 	}
 	return h
 }
@@ -246,4 +256,13 @@ func asResponder(err error) interface {
 		return r
 	}
 	return nil
+}
+
+// rateRetryAfter is Retry-After for a refusal for rate: the seconds until
+// the rate has room, rounded up, and at least 1.
+func rateRetryAfter(r *governor.RateLimitedError) string {
+	if r == nil || r.RetryAfter <= time.Second {
+		return "1"
+	}
+	return strconv.FormatInt(int64((r.RetryAfter+time.Second-1)/time.Second), 10)
 }

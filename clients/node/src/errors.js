@@ -31,8 +31,11 @@ const codeNames = Object.fromEntries(Object.entries(Code).map(([k, v]) => [v, k]
  * codeName spells it), the reason in message, and what the server explained
  * as fields. denied is true when a quota refused the call (the budget is
  * spent: retrying will not help); the denial's cap, node, used/limit and
- * largest consumer are then fields of the error. 64-bit ids are strings,
- * amounts are numbers.
+ * largest consumer are then fields of the error. rateLimited is true when
+ * a rate refused it instead (retryable: nothing was charged): the rate's
+ * resource, node, level (units in its bucket), amount and retryAfterMs
+ * (how long until the bucket holds the amount) are then fields. 64-bit ids
+ * are strings, amounts are numbers.
  */
 export class GovernorError extends Error {
   constructor(code, message, fields = {}) {
@@ -41,13 +44,14 @@ export class GovernorError extends Error {
     this.code = code;
     this.codeName = codeNames[code] ?? `CODE_${code}`;
     this.op = fields.op ?? '';
-    this.denied = code === Code.RESOURCE_EXHAUSTED;
+    this.rateLimited = Boolean(fields.rateLimited);
+    this.denied = code === Code.RESOURCE_EXHAUSTED && !this.rateLimited;
     // Set when the session ended: the client gave it up at its local
     // deadline, the server forgot it, or it was closed. Nothing more is
     // admitted through it; connect again.
     this.sessionLost = Boolean(fields.sessionLost);
     for (const key of ['resource', 'nodeId', 'nodeName', 'used', 'limit', 'amount',
-      'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'nodeEnded', 'leaseEnded']) {
+      'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'nodeEnded', 'leaseEnded', 'level', 'retryAfterMs']) {
       if (fields[key] !== undefined) this[key] = fields[key];
     }
   }
@@ -75,6 +79,19 @@ export function fromGrpc(op, err) {
       largestConsumerId: denial.largestConsumerId,
       largestConsumerName: denial.largestConsumerName,
       largestConsumerUsed: Number(denial.largestConsumerUsed),
+    });
+  }
+  const rate = details.RateLimited;
+  if (code === Status.RESOURCE_EXHAUSTED && rate) {
+    const wait = rate.retryAfter ?? {};
+    Object.assign(fields, {
+      rateLimited: true,
+      resource: rate.resource,
+      nodeId: rate.nodeId,
+      nodeName: rate.nodeName,
+      level: Number(rate.level),
+      amount: Number(rate.amount),
+      retryAfterMs: Number(wait.seconds ?? 0) * 1000 + Math.ceil(Number(wait.nanos ?? 0) / 1e6),
     });
   }
   if (details.NodeEnded) {

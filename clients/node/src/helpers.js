@@ -44,7 +44,8 @@ function refusal(err) {
  * every retry under the task draws from one budget. When the charge is
  * refused, the last error of fn is thrown, with the refusal as its
  * governorRefusal property when it is an object. Between attempts it waits
- * with jittered exponential backoff.
+ * with jittered exponential backoff, and after a refusal for rate
+ * (err.rateLimited) at least its retryAfterMs.
  */
 export async function retry(task, fn, options = {}) {
   const { resource = 'retry', baseMs = 100, maxMs = 10_000, maxAttempts = 0, retryIf = (err) => !refusal(err) } = options;
@@ -61,7 +62,8 @@ export async function retry(task, fn, options = {}) {
         }
         throw err;
       }
-      await new Promise((resolve) => setTimeout(resolve, backoff(baseMs, maxMs, attempt - 1)));
+      const wait = Math.max(backoff(baseMs, maxMs, attempt - 1), err instanceof GovernorError ? err.retryAfterMs ?? 0 : 0);
+      await new Promise((resolve) => setTimeout(resolve, wait));
     }
   }
 }

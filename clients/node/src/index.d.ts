@@ -111,6 +111,17 @@ export declare class GovernorError extends Error {
   readonly op: string;
   /** A quota refused the call: the budget is spent. */
   readonly denied: boolean;
+  /**
+   * A rate refused the call (RESOURCE_EXHAUSTED with a RateLimited
+   * detail): nothing was charged, and the same call fits after
+   * retryAfterMs unless something else takes from the bucket. retry()
+   * waits at least that long.
+   */
+  readonly rateLimited: boolean;
+  /** The units in the refusing rate's bucket, when rateLimited. */
+  readonly level?: number;
+  /** How long until the rate's bucket holds the amount, when rateLimited. */
+  readonly retryAfterMs?: number;
   /** The session has ended; nothing more is admitted through it. */
   readonly sessionLost: boolean;
   // The denial, when denied.

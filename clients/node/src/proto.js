@@ -115,7 +115,9 @@ export function statusDetails(metadata) {
   }
   for (const any of st.details) {
     const typeName = any.type_url.slice(any.type_url.lastIndexOf('/') + 1);
-    const type = root.lookupTypeOrEnum(typeName);
+    // lookup, not lookupTypeOrEnum, which throws for a type governor.proto
+    // does not define (google.rpc.RetryInfo beside a RateLimited).
+    const type = root.lookup(typeName);
     if (!type || !(type instanceof protobuf.Type)) continue;
     try {
       out[type.name] = toObject(type, type.decode(any.value));

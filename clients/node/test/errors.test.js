@@ -4,7 +4,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { connect, Code, GovernorError } from '../src/index.js';
+import { connect, Code, GovernorError, retry } from '../src/index.js';
 import { PAYMENTS_KEY, RECON_KEY, start } from './governord.js';
 
 let governord;
@@ -40,6 +40,29 @@ describe('codes', () => {
       denied: true, codeName: 'RESOURCE_EXHAUSTED', resource: 'retry', nodeId: task.id, nodeName: 'denied',
       used: 3, limit: 3, amount: 1, largestConsumerId: sub.id, largestConsumerName: 'spender', largestConsumerUsed: 3,
     }));
+    await task.close();
+  });
+
+  test('RESOURCE_EXHAUSTED for a rate: rateLimited, not denied, with the wait; retry() waits it', async () => {
+    const task = await session.newTask({ name: 'paced' });
+    // One call per 300 ms, one at a time.
+    await session.rpc('SetCaps', { nodeId: task.id, rates: { calls: { units: 1, per: { seconds: 0, nanos: 300_000_000 } } } });
+    await task.consume('calls');
+    let refusal;
+    await assert.rejects(task.consume('calls'), (err) => {
+      refusal = err;
+      return isError(Code.RESOURCE_EXHAUSTED, { denied: false, rateLimited: true, resource: 'calls', nodeId: task.id,
+        nodeName: 'paced', level: 0, amount: 1 })(err);
+    });
+    assert.ok(refusal.retryAfterMs > 0 && refusal.retryAfterMs <= 300, `retryAfterMs ${refusal.retryAfterMs}`);
+    // A 1 ms backoff would spend the three retries (the task's default
+    // quota) before the bucket refills; waiting retryAfterMs, the second
+    // attempt fits.
+    let attempts = 0;
+    const start = performance.now();
+    await retry(task, () => { attempts++; return task.consume('calls'); }, { baseMs: 1, maxMs: 1 });
+    assert.equal(attempts, 2);
+    assert.ok(performance.now() - start >= 100, 'retry waited the rate out');
     await task.close();
   });
 

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/internal/govtest"
+)
+
+// governor caps set sets a rate (and its burst), caps get shows it with
+// how full its bucket is, and a rate the CLI cannot read exits 2 before
+// any call (the built command against a real governord).
+func TestCapsSetAndGetARate(t *testing.T) {
+	srv := startDurable(t, filepath.Join(t.TempDir(), "governor.db"))
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	admin := adminRPC(t, srv.Addr())
+	task, err := admin.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "crawl"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
+	for _, bad := range []string{"rate.calls=0/s", "rate.calls=-1/s", "rate.calls=abc", "rate.calls=1/fortnight",
+		"rate.calls=99999999999999999999/s", "rate.calls=9007199254740993/s", "rate.calls=1/s:burst=0",
+		"rate.calls=1/s:burst=-1", "rate.calls=1/s:brust=2", "rate.calls=1/25h", "rate=1/s"} {
+		if code, _, errOut := cli(t, "caps", "set", "payments/crawl", bad, "-reason", "r"); code != 2 || !strings.Contains(errOut, "rate") {
+			t.Errorf("caps set %s: exit %d, %q; want 2 naming the rate", bad, code, errOut)
+		}
+	}
+	code, out, errOut := cli(t, "caps", "set", "payments/crawl", "rate.calls=2/min:burst=3", "default_rate.calls=10/s", "-reason", "provider limit")
+	if code != 0 || !strings.Contains(out, "rate.calls: none -> 2/min (burst 3)") || !strings.Contains(out, "default_rate.calls: none -> 10/s") {
+		t.Fatalf("caps set: exit %d: %s%s", code, out, errOut)
+	}
+	if _, err := admin.Consume(ctx, &governorpb.ConsumeRequest{NodeId: task.GetNode().GetId(), Resource: "calls", Amount: 2}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, "caps", "get", "payments/crawl")
+	if code != 0 || !strings.Contains(out, "rates (left/burst):") || !strings.Contains(out, "calls  1/3  2/min  full in ") {
+		t.Fatalf("caps get: exit %d: %s%s", code, out, errOut)
+	}
+	code, out, _ = cli(t, "caps", "get", "-json", "payments/crawl")
+	var got struct {
+		Rates []rateLine
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got.Rates) != 1 ||
+		got.Rates[0] != (rateLine{Name: "calls", Rate: "2/min", Size: 3, Level: 1, FullIn: got.Rates[0].FullIn}) || got.Rates[0].FullIn <= 0 {
+		t.Fatalf("caps get -json: %v %+v\n%s", err, got, out)
+	}
+	code, out, _ = cli(t, "caps", "set", "payments/crawl", "rate.calls=none", "-reason", "provider lifted it")
+	if code != 0 || !strings.Contains(out, "rate.calls: 2/min (burst 3) -> none") {
+		t.Fatalf("removing the rate: exit %d: %s", code, out)
+	}
+}

@@ -1,0 +1,428 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+)
+
+// Rate is a token bucket on a resource of a node: Units per Per
+// nanoseconds refill it, and it holds at most Burst units (0 means Units:
+// one period's worth). A charge of the resource on the node or below it
+// takes its amount out of the bucket, and is refused while the bucket
+// holds less (ErrRateLimited). In a CapsEdit, a Rate whose Units is NoCap
+// removes the rate.
+type Rate struct {
+	Units int64 `json:"u"`
+	Per   int64 `json:"per,omitempty"` // nanoseconds
+	Burst int64 `json:"b,omitempty"`
+}
+
+// size is the bucket's size: Burst, or one period's worth when it is 0.
+func (r Rate) size() int64 {
+	if r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Units
+}
+
+func (r Rate) validate(what string) error {
+	if r.Units == NoCap {
+		if r.Per != 0 || r.Burst != 0 {
+			return invalid("%s: a rate removed (%d) has no period or burst", what, NoCap)
+		}
+		return nil
+	}
+	if r.Units <= 0 {
+		return invalid("%s: rate of %d units is not positive", what, r.Units)
+	}
+	if r.Per <= 0 {
+		return invalid("%s: period of %d ns is not positive", what, r.Per)
+	}
+	if r.Burst < 0 {
+		return invalid("%s: burst %d is negative", what, r.Burst)
+	}
+	return nil
+}
+
+func validRates(what string, m map[string]Rate) error {
+	for k, r := range m {
+		if err := validName(what+" name", k); err != nil {
+			return err
+		}
+		if err := r.validate(fmt.Sprintf("%s %q", what, k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bucket is a rate's state. It refills continuously and exactly: credit
+// is kept in unit-nanoseconds (Units per Per ns is Units unit-ns per ns),
+// so that whole units are level and the remainder, less than Per, is acc.
+// Nothing changes it but an event (at that event's time), so replay and a
+// snapshot restore it exactly; reads compute the fill at a time without
+// storing it.
+type bucket struct {
+	Rate
+	level int64 // whole units in the bucket at stamp
+	acc   int64 // credit toward the next unit, in unit-ns, in [0, Per)
+	stamp int64 // the time (unix ns) refill was credited to
+}
+
+// BucketView is a rate and its bucket as stored, in a NodeView and so in
+// a snapshot: Level units and Acc unit-ns of credit at Stamp.
+type BucketView struct {
+	Rate
+	Level int64 `json:"lv,omitempty"`
+	Acc   int64 `json:"acc,omitempty"`
+	Stamp int64 `json:"at,omitempty"`
+}
+
+// at is the bucket's level and credit at now. A time before stamp (a clock
+// that went back, as a new leader's may) credits nothing: the bucket never
+// drains or refills but by elapsed time on the engine's clock. A full
+// bucket keeps no credit.
+func (b *bucket) at(now int64) (level, acc int64) {
+	size := b.size()
+	if now <= b.stamp || b.level >= size {
+		if b.level >= size {
+			return size, 0
+		}
+		return b.level, b.acc
+	}
+	elapsed := uint64(now) - uint64(b.stamp) // now > stamp: exact in uint64
+	hi, lo := bits.Mul64(elapsed, uint64(b.Units))
+	var c uint64
+	lo, c = bits.Add64(lo, uint64(b.acc), 0)
+	hi += c // elapsed*Units < 2^127, so this cannot wrap
+	per := uint64(b.Per)
+	if hi >= per { // at least 2^64 units: full
+		return size, 0
+	}
+	q, rem := bits.Div64(hi, lo, per)
+	if q >= uint64(size-b.level) {
+		return size, 0
+	}
+	return b.level + int64(q), int64(rem)
+}
+
+// wait is how long until the bucket, holding level units and acc credit,
+// holds amount (more than level): ceil(((amount-level)*Per - acc) / Units)
+// nanoseconds, at most math.MaxInt64.
+func (b *bucket) wait(amount, level, acc int64) int64 {
+	hi, lo := bits.Mul64(uint64(amount-level), uint64(b.Per))
+	var c uint64
+	lo, c = bits.Sub64(lo, uint64(acc), 0)
+	hi -= c // acc < Per <= (amount-level)*Per
+	lo, c = bits.Add64(lo, uint64(b.Units)-1, 0)
+	hi += c
+	if hi >= uint64(b.Units) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(b.Units))
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// take refills to now and takes amount out; the caller has checked that
+// it fits. A give-back puts units back (negative amount), never past the
+// bucket's size.
+func (b *bucket) take(amount, now int64) {
+	b.level, b.acc = b.at(now)
+	b.stamp = max(b.stamp, now)
+	if amount < 0 {
+		b.level += min(-amount, b.size()-b.level)
+		if b.level == b.size() {
+			b.acc = 0
+		}
+		return
+	}
+	b.level -= amount
+}
+
+// set gives the bucket a new rate at now: what it holds is refilled under
+// the old rate first and kept, up to the new size; a new bucket starts full.
+func (b *bucket) set(r Rate, now int64, fresh bool) {
+	if fresh {
+		b.Rate, b.level, b.acc, b.stamp = r, r.size(), 0, now
+		return
+	}
+	b.level, _ = b.at(now)
+	b.stamp = max(b.stamp, now)
+	b.Rate, b.acc = r, 0
+	b.level = min(b.level, b.size())
+}
+
+func (b *bucket) view() BucketView {
+	return BucketView{Rate: b.Rate, Level: b.level, Acc: b.acc, Stamp: b.stamp}
+}
+
+// RateError is a charge refused for a rate: the bucket of Resource on
+// Node holds Level units and the charge asked Amount; it will hold enough
+// RetryAfter from the refusal, when nothing else takes from it. It matches
+// ErrRateLimited.
+type RateError struct {
+	Resource   string
+	Node       NodeID
+	NodeName   string
+	Rate       Rate
+	Level      int64
+	Amount     int64
+	RetryAfter time.Duration
+}
+
+func (e *RateError) Error() string {
+	return fmt.Sprintf("rate limited: %s on %q (node %d) is %d per %v, burst %d: %d left, asked %d; retry after %v",
+		e.Resource, e.NodeName, e.Node, e.Rate.Units, time.Duration(e.Rate.Per), e.Rate.size(), e.Level, e.Amount, e.RetryAfter)
+}
+
+// Is makes errors.Is(e, ErrRateLimited) true.
+func (e *RateError) Is(target error) bool { return target == ErrRateLimited }
+
+// checkRate returns nil when amount of r fits in every bucket of r on n's
+// chain at now. A charge larger than some bucket's size can never fit: it
+// is ErrInvalid, not a wait. Otherwise it returns the *RateError of the
+// bucket that takes longest to hold amount.
+func (n *node) checkRate(r string, amount, now int64) error {
+	var worst *node
+	var wait, level int64
+	for a := n; a != nil; a = a.parent {
+		b := a.rates[r]
+		if b == nil {
+			continue
+		}
+		if amount > b.size() {
+			return invalid("a charge of %d %s can never fit the rate on %q: %d per %v holds at most %d",
+				amount, r, a.name, b.Units, time.Duration(b.Per), b.size())
+		}
+		lv, acc := b.at(now)
+		if lv >= amount {
+			continue
+		}
+		if w := b.wait(amount, lv, acc); worst == nil || w > wait {
+			worst, wait, level = a, w, lv
+		}
+	}
+	if worst == nil {
+		return nil
+	}
+	return &RateError{Resource: r, Node: worst.id, NodeName: worst.name, Rate: worst.rates[r].Rate,
+		Level: level, Amount: amount, RetryAfter: time.Duration(wait)}
+}
+
+// checkRates is checkRate for several charges made together (each names
+// another resource), answering the longest wait.
+func (n *node) checkRates(charges []Charge, now int64) error {
+	var worst *RateError
+	for _, c := range charges {
+		err := n.checkRate(c.Resource, c.Amount, now)
+		var re *RateError
+		if !errors.As(err, &re) {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if worst == nil || re.RetryAfter > worst.RetryAfter {
+			worst = re
+		}
+	}
+	if worst == nil {
+		return nil
+	}
+	return worst
+}
+
+// rateRoom is how many units of r every bucket on n's chain holds at now
+// (math.MaxInt64 when there is none), for a reservation's size.
+func (n *node) rateRoom(r string, now int64) int64 {
+	room := int64(math.MaxInt64)
+	for a := n; a != nil; a = a.parent {
+		if b := a.rates[r]; b != nil {
+			lv, _ := b.at(now)
+			room = min(room, lv)
+		}
+	}
+	return room
+}
+
+// takeRate takes amount of r from every bucket on n's chain at at (apply's
+// time), or, negative, gives it back. Taking nothing changes nothing.
+func (n *node) takeRate(r string, amount, at int64) {
+	if amount == 0 {
+		return
+	}
+	for a := n; a != nil; a = a.parent {
+		if b := a.rates[r]; b != nil {
+			b.take(amount, at)
+		}
+	}
+}
+
+func (n *node) takeRates(charges []Charge, at int64, sign int64) {
+	for _, c := range charges {
+		n.takeRate(c.Resource, sign*c.Amount, at)
+	}
+}
+
+// setRates applies an edit of n's rates at now; NoCap removes one.
+func (n *node) setRates(edit map[string]Rate, now int64) {
+	for k, r := range edit {
+		if r.Units == NoCap {
+			delete(n.rates, k)
+			continue
+		}
+		if n.rates == nil {
+			n.rates = make(map[string]*bucket)
+		}
+		b := n.rates[k]
+		fresh := b == nil
+		if fresh {
+			b = &bucket{}
+			n.rates[k] = b
+		}
+		b.set(r, now, fresh)
+	}
+	if len(n.rates) == 0 {
+		n.rates = nil
+	}
+}
+
+// rateViews is n's buckets as stored, nil when it has none.
+func (n *node) rateViews() map[string]BucketView {
+	if len(n.rates) == 0 {
+		return nil
+	}
+	out := make(map[string]BucketView, len(n.rates))
+	for k, b := range n.rates {
+		out[k] = b.view()
+	}
+	return out
+}
+
+// restoreRates rebuilds n's buckets from a snapshot.
+func (n *node) restoreRates(v map[string]BucketView) error {
+	for k, bv := range v {
+		if err := bv.Rate.validate("rate " + k); err != nil || bv.Units == NoCap ||
+			bv.Level < 0 || bv.Level > bv.size() || bv.Acc < 0 || bv.Acc >= bv.Per {
+			return fmt.Errorf("%w: snapshot node %d has a bad rate on %s", ErrCorrupt, n.id, k)
+		}
+		if n.rates == nil {
+			n.rates = make(map[string]*bucket, len(v))
+		}
+		n.rates[k] = &bucket{Rate: bv.Rate, level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}
+	}
+	return nil
+}
+
+// RateStatus is where one rate stands at the time it is read.
+type RateStatus struct {
+	Node     NodeID
+	NodeName string
+	Name     string // the resource
+	Rate     Rate
+	Size     int64 // the bucket's size (Burst, or Units when Burst is 0)
+	Level    int64 // units in the bucket now
+	// Full is how long until the bucket is full again, 0 when it is.
+	Full time.Duration
+}
+
+// RateStatus lists the rates on id's chain, from id up to the root, each
+// node's sorted by resource, with their fill at the engine's clock. It
+// reads under the lock and emits nothing.
+func (e *Engine) RateStatus(sid SessionID, id NodeID) ([]RateStatus, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	s, err := e.session(sid, now)
+	if err != nil {
+		return nil, err
+	}
+	n, err := e.target(s, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []RateStatus
+	for a := n; a != nil; a = a.parent {
+		for _, k := range slices.Sorted(maps.Keys(a.rates)) {
+			b := a.rates[k]
+			lv, acc := b.at(now)
+			st := RateStatus{Node: a.id, NodeName: a.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv}
+			if lv < b.size() {
+				st.Full = time.Duration(b.wait(b.size(), lv, acc))
+			}
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+func validRateSets(rates, defRates map[string]Rate) error {
+	if err := validRates("rate", rates); err != nil {
+		return err
+	}
+	return validRates("default rate", defRates)
+}
+
+// mergeRates is base with edit applied; NoCap removes a rate.
+func mergeRates(base, edit map[string]Rate) map[string]Rate {
+	out := maps.Clone(base)
+	for k, r := range edit {
+		if r.Units == NoCap {
+			delete(out, k)
+			continue
+		}
+		if out == nil {
+			out = make(map[string]Rate)
+		}
+		out[k] = r
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// fingerprintRates adds rates to a request's fingerprint, only when some
+// are set, so that an edit or spec without them keeps the fingerprint it
+// always had.
+func fingerprintRates(h uint64, sets ...map[string]Rate) uint64 {
+	for i, m := range sets {
+		if m == nil {
+			continue
+		}
+		h = fnvAdd(h, uint64(i+11))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			r := m[k]
+			h = fnvAdd(fnvAdd(fnvAdd(fnvString(h, k), uint64(r.Units)), uint64(r.Per)), uint64(r.Burst))
+		}
+	}
+	return h
+}
+
+// reserveRate sizes a reservation's grant to the rates on n's chain: the
+// units it reserves are taken from every bucket when reserved (the holder
+// spends them without asking), and units returned unspent do not go back,
+// since the time they stood for has passed. An exact reservation takes all
+// of its grant or is refused as a charge of it would be; another takes what
+// the buckets hold, up to grant, and is refused only when they hold none.
+func (n *node) reserveRate(r ReserveRequest, grant, now int64) (int64, error) {
+	if r.Exact {
+		return grant, n.checkRate(r.Resource, grant, now)
+	}
+	room := n.rateRoom(r.Resource, now)
+	if room >= grant {
+		return grant, nil
+	}
+	if room <= 0 {
+		return 0, n.checkRate(r.Resource, 1, now)
+	}
+	return room, nil
+}

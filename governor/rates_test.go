@@ -1,0 +1,53 @@
+package governor_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+)
+
+// A refusal for rate reaches the SDK as ErrRateLimited carrying the wait,
+// and Retry waits that long rather than spending its budget on attempts
+// the bucket cannot hold (a real governord).
+func TestRateLimitedCarriesTheWaitAndRetryHonoursIt(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Quotas: map[string]int64{"retry": 3}})
+	// One call per 300ms, one at a time.
+	if _, err := c.Raw().SetCaps(ctx, &governorpb.SetCapsRequest{NodeId: task.ID(), Rates: map[string]*governorpb.Rate{
+		"calls": {Units: 1, Per: durationpb.New(300 * time.Millisecond)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Consume(ctx, "calls", 1); err != nil {
+		t.Fatal(err)
+	}
+	err := task.Consume(ctx, "calls", 1)
+	var rl *governor.RateLimitedError
+	if !errors.Is(err, governor.ErrRateLimited) || errors.Is(err, governor.ErrQuotaExhausted) || !errors.As(err, &rl) {
+		t.Fatalf("a second call within the period: %v; want ErrRateLimited only", err)
+	}
+	if rl.NodeID != task.ID() || rl.Resource != "calls" || rl.Units != 1 || rl.Per != 300*time.Millisecond ||
+		rl.RetryAfter <= 0 || rl.RetryAfter > 300*time.Millisecond || governor.RetryAfter(err) != rl.RetryAfter {
+		t.Fatalf("the refusal: %+v", rl)
+	}
+
+	// Retry's own backoff (1ms) would spend the three retries before the
+	// bucket refills; honouring the wait, the second attempt fits.
+	attempts := 0
+	start := time.Now()
+	err = governor.Retry(ctx, func(ctx context.Context) error {
+		attempts++
+		return task.Consume(ctx, "calls", 1)
+	}, governor.WithBackoff(time.Millisecond, time.Millisecond))
+	if err != nil || attempts != 2 {
+		t.Fatalf("Retry = %v after %d attempts; want success on the second", err, attempts)
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Fatalf("Retry waited %v; the bucket needed most of 300ms", waited)
+	}
+}
