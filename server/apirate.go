@@ -2,9 +2,9 @@ package server
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/governor-project/governor/api/governorpb"
 )
 
 // APIRate is a tenant's api_rate: how many calls a second its sessions may
@@ -23,35 +23,19 @@ const (
 	MaxAPIBurst         = 1_000_000
 )
 
-// ParseAPIRate reads "N/s", "N/min" or "N/h", N a whole number of calls
-// from 1 on, at most MaxAPIRatePerSecond a second.
+// ParseAPIRate reads a rate as the rates of work are written
+// (governorpb.ParseRate: "N/s", "N/min", "N/h" ...), at most
+// MaxAPIRatePerSecond calls a second, and returns calls a second.
 func ParseAPIRate(text string) (float64, error) {
-	num, unit, ok := strings.Cut(strings.TrimSpace(text), "/")
-	if !ok {
-		return 0, fmt.Errorf("%q is not a rate: want N/s, N/min or N/h", text)
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	n, per, err := governorpb.ParseRate(text)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not a rate: %q is not a whole number of calls", text, num)
+		return 0, err
 	}
-	if n < 1 {
-		return 0, fmt.Errorf("%q admits no calls: the least is 1 call (leave api_rate out for no rate)", text)
-	}
-	var per time.Duration
-	switch strings.TrimSpace(unit) {
-	case "s":
-		per = time.Second
-	case "min":
-		per = time.Minute
-	case "h":
-		per = time.Hour
-	default:
-		return 0, fmt.Errorf("%q is not a rate: the unit %q is not s, min or h", text, unit)
-	}
-	if n > MaxAPIRatePerSecond*int64(per/time.Second) {
+	perSecond := float64(n) / per.Seconds()
+	if perSecond > MaxAPIRatePerSecond {
 		return 0, fmt.Errorf("%q is over %d calls a second", text, MaxAPIRatePerSecond)
 	}
-	return float64(n) / per.Seconds(), nil
+	return perSecond, nil
 }
 
 // tokenBucket is api_rate's bucket. It has no lock of its own: admission
