@@ -223,11 +223,14 @@ func (s *interceptSetup) runClient(t *testing.T, c interceptClient) {
 			detail = fmt.Sprintf("%s (%s), the last with Governor-Denied: %q; %s", statuses.Detail, statuses.Result, got["denied"].Detail, detail)
 		}
 		set(cellDenied, ok, detail)
+		// How many connections a pooling client opens for six sequential
+		// requests varies with timing (undici may open a second while it
+		// releases the first), so the doc records only that it reused one;
+		// the count goes to the test's log.
+		t.Logf("%s: %d TLS handshakes with the sidecar for six requests", c.row, int(handshakes))
 		switch n := int(handshakes); {
-		case n == 1:
+		case n >= 1 && n < interceptQuota+1:
 			set(cellKeepAlive, true, "")
-		case n > 1 && n < interceptQuota+1:
-			set(cellKeepAlive, true, fmt.Sprintf("%d TLS connections for six requests, reused", n))
 		case n == interceptQuota+1:
 			// The client's own way, as through a tunnel that is not
 			// intercepted: each request was still charged.

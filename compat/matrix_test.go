@@ -322,8 +322,11 @@ func TestMain(m *testing.M) {
 	}
 	old, err := os.ReadFile(docFile)
 	if err != nil || compared(old) != compared(doc) {
-		fmt.Fprintf(os.Stderr, "compat: the matrix differs from %s (%v); this run's results:\n%s\n"+
-			"Rerun with %s=1 to rewrite it once the change is understood.\n", docFile, err, doc, writeEnv)
+		// The lines that differ come last: a log shown by its tail shows them.
+		fmt.Fprintf(os.Stderr, "compat: this run's results:\n%s\n", doc)
+		fmt.Fprintf(os.Stderr, "compat: the matrix differs from %s (%v):\n%s"+
+			"Rerun with %s=1 to rewrite it once the change is understood.\n",
+			docFile, err, lineDiff(compared(old), compared(doc)), writeEnv)
 		os.Exit(1)
 	}
 	os.Exit(0)
@@ -342,4 +345,31 @@ func checkCells(t *testing.T, client string, cols []string, cells map[string]res
 			t.Errorf("%s: %s: %s %s", client, col, r.Result, r.Detail)
 		}
 	}
+}
+
+// lineDiff lists the lines only in want ("-") and only in got ("+"), in
+// order: enough to see which cell changed without a diff tool.
+func lineDiff(want, got string) string {
+	count := func(s string) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l]++
+		}
+		return m
+	}
+	inWant, inGot := count(want), count(got)
+	var b strings.Builder
+	for _, side := range []struct {
+		mark       string
+		text       string
+		own, other map[string]int
+	}{{"-", want, inWant, inGot}, {"+", got, inGot, inWant}} {
+		for _, l := range strings.Split(side.text, "\n") {
+			if side.own[l] > side.other[l] {
+				side.own[l]--
+				fmt.Fprintf(&b, "%s %s\n", side.mark, l)
+			}
+		}
+	}
+	return b.String()
 }
