@@ -101,7 +101,7 @@ func (m *metrics) observeCommit(batch int, d time.Duration) {
 func (m *metrics) callTime(tenant, lane string, d time.Duration) {
 	m.callSeconds.WithLabelValues(tenant, lane).Observe(d.Seconds())
 }
-func (m *metrics) refused(tenant, why string)     { m.refusals.WithLabelValues(tenant, why).Inc() }
+func (m *metrics) refused(tenant, why string) { m.refusals.WithLabelValues(tenant, why).Inc() }
 func (m *metrics) rateRefusal(tenant, resource string) {
 	m.rateRefused.WithLabelValues(tenant, resource).Inc()
 }
