@@ -141,8 +141,11 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	if o.config != "" {
 		cfg, err := server.LoadConfig(o.config)
 		if err != nil {
-			out = append(out, finding{Check: "config", Level: levelError, Subject: o.config, Problem: err.Error(),
-				Fix: "correct the key named; governord refuses to start with this file"})
+			fix := "correct the key named; governord refuses to start with this file"
+			if _, perr := proxy.LoadClassification(o.config); perr == nil {
+				fix = "this is governor-proxy's configuration: lint it with -proxy-config " + o.config + " (-config is governord's)"
+			}
+			out = append(out, finding{Check: "config", Level: levelError, Subject: o.config, Problem: err.Error(), Fix: fix})
 		} else {
 			gcfg = &cfg
 			out = append(out, finding{Check: "config", Level: levelOK, Subject: o.config, Problem: "loads"})

@@ -71,8 +71,11 @@ func (l *stringOrList) UnmarshalYAML(n *yaml.Node) error {
 func lintProxy(file string) (*proxyFile, []finding) {
 	cfg, err := proxy.LoadClassification(file)
 	if err != nil {
-		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(),
-			Fix: "correct the key named; governor-proxy refuses to start (or to reload) with this file"}}
+		fix := "correct the key named; governor-proxy refuses to start (or to reload) with this file"
+		if _, gerr := server.LoadConfig(file); gerr == nil {
+			fix = "this is governord's configuration: lint it with -config " + file + " (-proxy-config is governor-proxy's)"
+		}
+		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(), Fix: fix}}
 	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
