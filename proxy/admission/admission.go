@@ -305,6 +305,11 @@ func (d *Denial) Message() string {
 		}
 		return "governor: over a rate; try again shortly"
 	case CauseUnavailable:
+		if err := d.Err; err != nil && (errors.Is(err, governor.ErrPermissionDenied) || errors.Is(err, governor.ErrNotFound)) {
+			// governord answered: saying it cannot be reached would send an
+			// operator to the network instead of the sidecar's key or task.
+			return "governor: governord refused the sidecar's call (" + err.Error() + "), so no new work is admitted (fail closed)"
+		}
 		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"
 	case CauseTaskEnded:
 		if e := d.Ended; e != nil {
