@@ -42,13 +42,19 @@ func NewMetrics() *Metrics {
 		Help: "Subtasks (one per username or application_name) closed after subtask_idle with nothing held or running."})
 	m.heldOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_held_over_estimate_total",
 		Help: "Work admitted with an estimate held (metered LLM calls) that used more than it; the rest is charged as far as the caps allow."})
-	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
-		m.denials.WithLabelValues(c.String())
+	for _, cause := range admission.DeniedLabels() {
+		m.denials.WithLabelValues(cause)
 	}
 	return m
 }
 
-func (m *Metrics) denied(c admission.Cause) { m.denials.WithLabelValues(c.String()).Inc() }
+// denied counts a refusal by its Governor-Denied word; a client that went
+// away was refused nothing.
+func (m *Metrics) denied(c admission.Cause) {
+	if w := c.Wire(); w.Header != "" {
+		m.denials.WithLabelValues(w.Header).Inc()
+	}
+}
 
 // Register registers the series, and the gauges of what is delegated now,
 // read from a at each scrape.
