@@ -315,20 +315,7 @@ func (c *conn) authenticate() error {
 			}
 			switch code {
 			case authCleartextPassword, authMD5Password, authSASL, authSASLContinue, authGSS, authGSSContinue, authSSPI:
-				// Before login, a client's message is held to the server's
-				// own cap on it, not to the cap after login.
-				ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
-				if err != nil {
-					return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
-				}
-				if ct != MsgPassword {
-					return fmt.Errorf("client answered authentication with %q: %w", byte(ct), errProtocol)
-				}
-				cb, err := readBody(c.cr, nil, cn)
-				if err != nil {
-					return err
-				}
-				if _, err := c.server.Write(appendMsg(nil, ct, cb)); err != nil {
+				if err := c.relayAnswer(code); err != nil {
 					return err
 				}
 			}
@@ -370,6 +357,25 @@ func (c *conn) authenticate() error {
 			c.cw.Write(appendMsg(nil, t, body))
 		}
 	}
+}
+
+// relayAnswer relays the client's answer to an authentication request.
+// Before login, a client's message is held to the server's own cap on it,
+// not to the cap after login.
+func (c *conn) relayAnswer(code uint32) error {
+	ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
+	if err != nil {
+		return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
+	}
+	if ct != MsgPassword {
+		return fmt.Errorf("client answered authentication with %q: %w", byte(ct), errProtocol)
+	}
+	cb, err := readBody(c.cr, nil, cn)
+	if err != nil {
+		return err
+	}
+	_, err = c.server.Write(appendMsg(nil, ct, cb))
+	return err
 }
 
 // stripChannelBinding removes SCRAM-SHA-256-PLUS from an AuthenticationSASL
