@@ -44,8 +44,8 @@ const (
 	actEnd                    // end the transaction's leases (end, overloaded)
 )
 
-// action is one thing the shell does. Its slices belong to the machine
-// until the next input from the same side.
+// action is one thing the shell does. The slice of actions, data and ask
+// are read before the next input from the same side; end is the shell's.
 type action struct {
 	kind       actKind
 	data       []byte // actServer, actClient
