@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"reflect"
 	"strings"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/internal/envsubst"
+	"github.com/governor-project/governor/internal/configfile"
 	"github.com/governor-project/governor/pgwire"
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/proxy/httpproxy"
@@ -232,28 +231,19 @@ func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 		RateLimitHeaders: h.RateLimitHeaders, Shadow: h.Shadow}
 }
 
-// ConfigError names the configuration key that is wrong and why. The command
-// exits with status 2 on one.
-type ConfigError struct {
-	Key     string
-	Problem string
-}
-
-func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Problem) }
+// ConfigError names the configuration key that is wrong and why; it is
+// the one config error of all Governor's files (package configfile). The
+// command exits with status 2 on one.
+type ConfigError = configfile.Error
 
 // IsConfigError reports whether err is a configuration problem (exit 2).
-func IsConfigError(err error) bool {
-	var ce *ConfigError
-	return errors.As(err, &ce)
-}
+func IsConfigError(err error) bool { return configfile.IsError(err) }
 
-func keyErr(key, format string, args ...any) error {
-	return &ConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
-}
+func keyErr(key, format string, args ...any) error { return configfile.Errorf(key, format, args...) }
 
 // The file's shape, kept apart from Config: what YAML allows (absent vs
 // zero, a deadline as a duration or a time) differs from what the proxy runs
-// with. Keys are strict: decodeStrict refuses any key not listed here.
+// with. Keys are strict: package configfile refuses any key not listed here.
 type fileConfig struct {
 	Governor      *fileGovernor   `yaml:"governor"`
 	Task          *fileTask       `yaml:"task"`
@@ -404,39 +394,26 @@ func loadConfig(path string, complete bool) (Config, error) {
 }
 
 func parseConfig(text []byte, complete bool) (Config, error) {
-	doc, exps, err := envsubst.Parse(text)
+	doc, err := configfile.Parse(text)
 	if err != nil {
-		return Config{}, keyErr("(file)", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+		return Config{}, err
 	}
-	cfg, err := buildConfig(doc, text, complete)
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		// A value that came from ${VAR} is shown as its reference, never
-		// as what it expanded to, which may be a secret.
-		ce.Problem = exps.Redact(ce.Key, ce.Problem)
+	if doc.Empty() {
+		return Config{}, keyErr(configfile.FileKey, "the document is empty")
 	}
-	return cfg, err
-}
-
-func buildConfig(doc *yaml.Node, text []byte, complete bool) (Config, error) {
 	var raw fileConfig
-	if len(doc.Content) == 0 {
-		return Config{}, keyErr("(file)", "the document is empty")
-	}
-	if err := decodeStrict(doc.Content[0], reflect.ValueOf(&raw).Elem(), ""); err != nil {
+	if err := doc.Decode(&raw); err != nil {
 		return Config{}, err
 	}
 	rules, err := classify.Parse(text)
 	if err != nil {
-		var ce *classify.Error
-		if errors.As(err, &ce) {
-			return Config{}, &ConfigError{Key: ce.Key(), Problem: ce.Error()}
-		}
-		return Config{}, keyErr("rules", "%v", err)
+		return Config{}, err
 	}
 	cfg, err := raw.validate(time.Now(), complete)
 	if err != nil {
-		return Config{}, err
+		// A value that came from ${VAR} is shown as its reference, never
+		// as what it expanded to, which may be a secret.
+		return Config{}, doc.Redact(err)
 	}
 	cfg.Rules = rules
 	return cfg, nil
@@ -891,97 +868,4 @@ func set[T any](dst *T, p *T) {
 	if p != nil {
 		*dst = *p
 	}
-}
-
-var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
-
-// decodeStrict decodes n into v, refusing keys the struct has no field for
-// and keys given twice, and naming the key in every error. A key without a
-// value is taken as absent. Values that are neither structs nor lists of structs are decoded by
-// yaml itself.
-func decodeStrict(n *yaml.Node, v reflect.Value, key string) error {
-	n = resolveAlias(n)
-	if isNull(n) {
-		// No value, as when ${VAR} expands to nothing: the key is absent
-		// and its default (or the environment) applies.
-		return nil
-	}
-	if v.Kind() == reflect.Pointer {
-		v.Set(reflect.New(v.Type().Elem()))
-		return decodeStrict(n, v.Elem(), key)
-	}
-	if reflect.PointerTo(v.Type()).Implements(unmarshalerType) || (v.Kind() != reflect.Struct && !(v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct)) {
-		if err := n.Decode(v.Addr().Interface()); err != nil {
-			return keyErr(orFile(key), "%s", yamlProblem(err))
-		}
-		return nil
-	}
-	if v.Kind() == reflect.Slice {
-		if n.Kind != yaml.SequenceNode {
-			return keyErr(orFile(key), "line %d: is not a list", n.Line)
-		}
-		v.Set(reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content)))
-		for i, item := range n.Content {
-			if err := decodeStrict(item, v.Index(i), fmt.Sprintf("%s[%d]", key, i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		return keyErr(orFile(key), "line %d: is not a mapping of keys to values", n.Line)
-	}
-	t := v.Type()
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], resolveAlias(n.Content[i+1])
-		sub := k.Value
-		if key != "" {
-			sub = key + "." + k.Value
-		}
-		field := -1
-		var known []string
-		for f := 0; f < t.NumField(); f++ {
-			name := strings.Split(t.Field(f).Tag.Get("yaml"), ",")[0]
-			known = append(known, name)
-			if name == k.Value {
-				field = f
-			}
-		}
-		if field < 0 {
-			return keyErr(sub, "line %d: unknown key (known here: %s)", k.Line, strings.Join(known, ", "))
-		}
-		if seen[k.Value] {
-			return keyErr(sub, "line %d: the key is given twice", k.Line)
-		}
-		seen[k.Value] = true
-		if err := decodeStrict(val, v.Field(field), sub); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func orFile(key string) string {
-	if key == "" {
-		return "(file)"
-	}
-	return key
-}
-
-func resolveAlias(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
-		n = n.Alias
-	}
-	return n
-}
-
-func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
-
-func yamlProblem(err error) string {
-	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 0 {
-		return te.Errors[0]
-	}
-	return strings.TrimPrefix(err.Error(), "yaml: ")
 }

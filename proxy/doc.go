@@ -31,7 +31,7 @@
 //
 // This package may import the standard library, Prometheus, yaml.v3, the
 // SDK, classify, the internal packages for configuration, keys,
-// certificates and tracing (envsubst, apikey, tlsreload, tracing), its
+// certificates and tracing (configfile, apikey, tlsreload, tracing), its
 // own subpackages and pgwire (the SQL side, a package of its own at the
 // top of the tree, which imports proxy/admission). It must not import the server, the engine or the store:
 // it speaks to governord only through its API.

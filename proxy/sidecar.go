@@ -234,9 +234,8 @@ func (s *Sidecar) watch(opts Options) error {
 	}
 	w, err := classify.NewWatcher(s.cfg.Path, func(r *classify.Rules, err error) { s.reloaded(r, err, opts.OnReload) }, wopts...)
 	if err != nil {
-		var ce *classify.Error
-		if errors.As(err, &ce) {
-			return &ConfigError{Key: ce.Key(), Problem: ce.Error()}
+		if IsConfigError(err) {
+			return err
 		}
 		return &ConfigError{Key: "rules", Problem: err.Error()}
 	}

@@ -1,24 +1,18 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/spf13/viper"
-	"gopkg.in/yaml.v3"
-
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/apikey"
-	"github.com/governor-project/governor/internal/envsubst"
+	"github.com/governor-project/governor/internal/configfile"
 	"github.com/governor-project/governor/store"
 )
 
@@ -185,18 +179,12 @@ func (c Config) shortKeys() []string {
 	return short
 }
 
-// ConfigError names the configuration key that is wrong and why. A daemon
-// that gets one exits with status 2.
-type ConfigError struct {
-	Key     string
-	Problem string
-}
+// ConfigError names the configuration key that is wrong and why; it is
+// the one config error of all Governor's files (package configfile). A
+// daemon that gets one exits with status 2.
+type ConfigError = configfile.Error
 
-func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Problem) }
-
-func keyErr(key, format string, args ...any) error {
-	return &ConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
-}
+func keyErr(key, format string, args ...any) error { return configfile.Errorf(key, format, args...) }
 
 // The file's shape. Kept apart from Config so that what YAML allows and what
 // the daemon runs with can differ (durations as text, absent vs zero).
@@ -320,67 +308,18 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig is LoadConfig for text already read.
 func ParseConfig(text []byte) (Config, error) {
-	doc, exps, err := envsubst.Parse(text)
+	doc, err := configfile.Parse(text)
 	if err != nil {
-		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
-	}
-	cfg, err := decodeConfig(doc, exps)
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		// A value that came from ${VAR} is shown as its reference, never
-		// as what it expanded to, which may be a secret.
-		ce.Problem = exps.Redact(ce.Key, ce.Problem)
-	}
-	return cfg, err
-}
-
-// decodeConfig hands the expanded document to viper as text. Each expanded
-// value goes back as a quoted string, which mapstructure turns into the
-// field's type, so that no value is read as YAML a second time.
-func decodeConfig(doc *yaml.Node, exps envsubst.Expansions) (Config, error) {
-	for _, e := range exps {
-		if e.Node.ShortTag() != "!!null" {
-			e.Node.Tag, e.Node.Style = "!!str", yaml.DoubleQuotedStyle
-		}
-	}
-	var text []byte
-	if doc.Kind != 0 {
-		var err error
-		if text, err = yaml.Marshal(doc); err != nil {
-			return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
-		}
-	}
-	v := viper.New()
-	v.SetConfigType("yaml")
-	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
-		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
+		return Config{}, err
 	}
 	var raw fileConfig
-	if err := v.UnmarshalExact(&raw); err != nil {
-		return Config{}, decodeError(err, fmt.Sprintf("%T", raw))
+	if err := doc.Decode(&raw); err != nil {
+		return Config{}, err
 	}
-	return raw.validate()
-}
-
-// decodeError turns mapstructure's report into a ConfigError naming the key.
-// Since mapstructure 2.5 a key at the top level is reported under the
-// decoded type's name (root, e.g. "server.fileConfig"), which names no key.
-func decodeError(err error, root string) error {
-	msg := err.Error()
-	if m := regexp.MustCompile(`'([^']*)' has invalid keys: ([^\n]*)`).FindStringSubmatch(msg); m != nil {
-		key := strings.TrimSpace(m[2])
-		if m[1] == root {
-			m[1] = ""
-		}
-		if m[1] != "" {
-			key = m[1] + "." + key
-		}
-		return &ConfigError{Key: key, Problem: "unknown key"}
-	}
-	if m := regexp.MustCompile(`'([^']*)'[^:]*: (.*)`).FindStringSubmatch(msg); m != nil {
-		return &ConfigError{Key: m[1], Problem: m[2]}
-	}
-	return &ConfigError{Key: "(file)", Problem: msg}
+	cfg, err := raw.validate()
+	// A value that came from ${VAR} is shown as its reference, never as
+	// what it expanded to, which may be a secret.
+	return cfg, doc.Redact(err)
 }
 
 func (f fileConfig) validate() (Config, error) {
@@ -585,10 +524,7 @@ func isLoopback(hostport string) bool {
 }
 
 // IsConfigError reports whether err is a configuration problem (exit 2).
-func IsConfigError(err error) bool {
-	var ce *ConfigError
-	return errors.As(err, &ce)
-}
+func IsConfigError(err error) bool { return configfile.IsError(err) }
 
 // fillLimits gives the limits a Config built in code left zero their
 // defaults, as the file's validation does.

@@ -22,8 +22,8 @@
 // back (grantCall, and flights for the abandoned ids).
 //
 // It may import the engine, the store, the generated API, the internal
-// packages for configuration, keys and tracing (envsubst, apikey,
-// tlsreload, tracing) and standard libraries for gRPC, Prometheus,
-// OpenTelemetry and configuration; never the SDK or proxies. tracing.go:
+// packages for configuration, keys and tracing (configfile, apikey,
+// tlsreload, tracing) and standard libraries for gRPC, Prometheus and
+// OpenTelemetry; never the SDK or proxies. tracing.go:
 // the span of a call's commit wait, while tracing is on.
 package server
