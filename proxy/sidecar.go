@@ -130,7 +130,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 		return nil, err
 	}
 	hm := httpproxy.NewMetrics()
-	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.proxyConfig(cfg.governordAddrs()),
+	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.ProxyConfig(cfg.GovernordAddrs()),
 		Resolver: opts.Resolver, UpstreamTLS: upstreamTLS, Logger: log, Metrics: hm}
 	if icp != nil {
 		s.http.Intercept = icp

@@ -15,8 +15,8 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/internal/configfile"
-	"github.com/governor-project/governor/proxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A testdata/*.yaml file is one case run through all three configs:
@@ -46,10 +46,10 @@ var crossLoaders = []struct {
 	load func(text []byte) (any, error)
 }{
 	{"governord", func(c crossCase) crossText { return c.Governord }, func(text []byte) (any, error) {
-		return server.ParseConfig(text)
+		return serverconfig.ParseConfig(text)
 	}},
 	{"proxy", func(c crossCase) crossText { return c.Proxy }, func(text []byte) (any, error) {
-		return proxy.ParseConfig(text)
+		return proxyconfig.ParseConfig(text)
 	}},
 	{"rules", func(c crossCase) crossText { return c.Rules }, func(text []byte) (any, error) {
 		rs, err := classify.Parse(text)

@@ -15,7 +15,6 @@ import (
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/configfile"
-	"github.com/governor-project/governor/pgwire"
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/proxy/intercept"
@@ -181,6 +180,10 @@ type PGWireConfig struct {
 const (
 	MinPGWireMaxMessageBytes = 64 << 10
 	MaxPGWireMaxMessageBytes = 1 << 30
+	// DefaultPGWireMaxMessageBytes is pgwire.DefaultMaxMessageSize, written
+	// out so that a reader of the file does not link the wire proxy (a
+	// test in package proxy holds the two equal).
+	DefaultPGWireMaxMessageBytes = 256 << 20
 )
 
 // TLSFiles are a PEM certificate (chain) and its key, read at start.
@@ -220,9 +223,9 @@ type DelegationConfig struct {
 	SettleEvery time.Duration
 }
 
-// proxyConfig is what the HTTP side runs with; governord are governord's
+// ProxyConfig is what the HTTP side runs with; governord are governord's
 // addresses, refused as targets.
-func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
+func (h HTTPConfig) ProxyConfig(governord []string) httpproxy.Config {
 	return httpproxy.Config{WaitTimeout: h.WaitTimeout, DenyUnmatched: h.Unmatched == UnmatchedDeny,
 		TunnelIdleTimeout: h.TunnelIdleTimeout, BodyIdleTimeout: h.BodyIdleTimeout, AllowLinkLocal: h.AllowLinkLocal,
 		ReadHeaderTimeout: h.ReadHeaderTimeout, MaxHeaderBytes: h.MaxHeaderBytes, IdleTimeout: h.IdleTimeout,
@@ -233,7 +236,7 @@ func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 
 // ConfigError names the configuration key that is wrong and why; it is
 // the one config error of all Governor's files (package configfile). The
-// command exits with status 2 on one.
+// sidecar exits with status 2 on one.
 type ConfigError = configfile.Error
 
 // IsConfigError reports whether err is a configuration problem (exit 2).
@@ -522,7 +525,7 @@ func (f *fileConfig) pgwire(wait time.Duration) ([]PGWireConfig, error) {
 	for i, p := range f.PGWire {
 		key := fmt.Sprintf("pgwire[%d]", i)
 		c := PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
-			WaitTimeout: wait, MaxMessageBytes: pgwire.DefaultMaxMessageSize}
+			WaitTimeout: wait, MaxMessageBytes: DefaultPGWireMaxMessageBytes}
 		set(&c.WaitTimeout, p.WaitTimeout)
 		set(&c.MaxMessageBytes, p.MaxMessage)
 		set(&c.CapNotices, p.CapNotices)
@@ -739,11 +742,11 @@ func (c *Config) validateRoutes() error {
 	return nil
 }
 
-// governordAddrs are the host:port pairs governord is reached at, as the
+// GovernordAddrs are the host:port pairs governord is reached at, as the
 // SDK will dial them (governor.addr, else GOVERNOR_ADDR, else the default;
 // a comma-separated list with standbys; a gRPC scheme such as dns:/// is
 // dropped). The HTTP side refuses them as targets.
-func (c *Config) governordAddrs() []string {
+func (c *Config) GovernordAddrs() []string {
 	addr := c.Governor.Addr
 	if addr == "" {
 		addr = os.Getenv(governor.EnvAddr)
