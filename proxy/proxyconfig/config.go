@@ -146,7 +146,7 @@ type InterceptConfig struct {
 func (c InterceptConfig) On() bool { return c.Hosts != nil && c.Hosts.Len() > 0 }
 
 // PGWireConfig is one PostgreSQL wire listener, served by package pgwire
-// (see pgwire.go) under the same rules, session and task as the HTTP side.
+// (proxy/pgwire.go) under the same rules, session and task as the HTTP side.
 type PGWireConfig struct {
 	Listen   string
 	Upstream string

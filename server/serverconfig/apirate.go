@@ -8,7 +8,7 @@ import (
 
 // APIRate is a tenant's api_rate: how many calls a second its sessions may
 // make to governord's API, beyond which a call is refused with a RetryInfo
-// (admission.go). It is a rate on governord itself, not on the tenant's
+// (server/admission.go). It is a rate on governord itself, not on the tenant's
 // work: the rates a tenant sets on its work are caps in the engine.
 type APIRate struct {
 	PerSecond float64 // the refill

@@ -13,7 +13,7 @@ import (
 
 // Caps, minimums and rates as the file writes them (root, tenants and their
 // defaults), read into the engine's types; the server applies them
-// (policy.go, rates.go there).
+// (server/policy.go, server/rates.go).
 
 // fileCapMap is caps as written in the file: each a number, or a mapping
 // {cap: N, mode: hard|soft|warn_only, burst: N}.

@@ -64,7 +64,7 @@ type Config struct {
 	// otherwise. All zero means DefaultBounds.
 	Bounds engine.Bounds
 	// Near are the near-limit thresholds in percent of a cap, ascending
-	// (policy.go); empty means engine.DefaultNear (80 and 90).
+	// (server/policy.go); empty means engine.DefaultNear (80 and 90).
 	Near []int
 
 	// ReapInterval is how often expired sessions, deadlines and tombstones
@@ -74,10 +74,10 @@ type Config struct {
 	// pair. Zero means tlsreload.DefaultInterval.
 	TLSReloadInterval time.Duration
 	// Admission is how calls are let into the engine, per tenant
-	// (admission.go). Zero fields take their defaults.
+	// (server/admission.go). Zero fields take their defaults.
 	Admission AdmissionConfig
 	// HA runs this governord as one of several over one PostgreSQL store:
-	// a fenced leader or a hot standby (ha.go). Off by default.
+	// a fenced leader or a hot standby (server/ha.go). Off by default.
 	HA HAConfig
 	// HATestHooks plant faults in a governord with ha on, for tests; nil
 	// in production.
@@ -104,13 +104,13 @@ type StoreConfig struct {
 }
 
 // Caps are quotas and limits, by resource and class, and how those not
-// hard are enforced (policy.go).
+// hard are enforced (server/policy.go).
 type Caps struct {
 	Quotas     map[string]int64
 	Limits     map[string]int64
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
-	// Rates are token buckets by resource (rates.go).
+	// Rates are token buckets by resource (server/rates.go).
 	Rates map[string]engine.Rate
 }
 
@@ -125,13 +125,13 @@ type TenantConfig struct {
 	Quotas       map[string]int64
 	Limits       map[string]int64
 	// QuotaModes and LimitModes are how the tenant's caps that are not
-	// hard are enforced (policy.go).
+	// hard are enforced (server/policy.go).
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
 	// Minimums are the tenant's reserved minimums by lease class
-	// (policy.go); their sum per class is within root.limits.
+	// (server/policy.go); their sum per class is within root.limits.
 	Minimums map[string]engine.Minimum
-	// Rates are the tenant's token buckets by resource (rates.go).
+	// Rates are the tenant's token buckets by resource (server/rates.go).
 	Rates    map[string]engine.Rate
 	Defaults Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
