@@ -142,7 +142,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 		cfg, err := serverconfig.LoadConfig(o.config)
 		if err != nil {
 			fix := "correct the key named; governord refuses to start with this file"
-			if _, perr := proxy.LoadClassification(o.config); perr == nil {
+			if _, perr := proxyconfig.LoadClassification(o.config); perr == nil {
 				fix = "this is governor-proxy's configuration: lint it with -proxy-config " + o.config + " (-config is governord's)"
 			}
 			out = append(out, finding{Check: "config", Level: levelError, Subject: o.config, Problem: err.Error(), Fix: fix})

@@ -72,7 +72,7 @@ func lintProxy(file string) (*proxyFile, []finding) {
 	cfg, err := proxyconfig.LoadClassification(file)
 	if err != nil {
 		fix := "correct the key named; governor-proxy refuses to start (or to reload) with this file"
-		if _, gerr := server.LoadConfig(file); gerr == nil {
+		if _, gerr := serverconfig.LoadConfig(file); gerr == nil {
 			fix = "this is governord's configuration: lint it with -config " + file + " (-proxy-config is governor-proxy's)"
 		}
 		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(), Fix: fix}}
