@@ -71,8 +71,8 @@ func (m fileCapMap) parse(key string, modes bool) (map[string]int64, map[string]
 func parseCapMapping(k string, spec map[string]any) (int64, engine.CapMode, error) {
 	var cm engine.CapMode
 	for f := range spec {
-		if f != "cap" && f != "mode" && f != "burst" {
-			return 0, cm, keyErr(k+"."+f, "is not a key of a cap (cap, mode, burst)")
+		if f != "cap" && f != "mode" && f != "burst" && f != "period" { // period: periods.go
+			return 0, cm, keyErr(k+"."+f, "is not a key of a cap (cap, mode, burst, period)")
 		}
 	}
 	raw, ok := spec["cap"]
@@ -227,8 +227,13 @@ func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusR
 		if err != nil {
 			return nil, err
 		}
+		periods, err := s.eng.PeriodStatus(sid, engine.NodeID(req.GetNodeId()))
+		if err != nil {
+			return nil, err
+		}
 		out := toCapStatusReport(st)
 		out.Rates = toRateStatus(rates)
+		withPeriods(out, periods)
 		return out, nil
 	})
 }
