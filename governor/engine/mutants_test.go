@@ -63,9 +63,9 @@ var mutants = []mutant{
 	{"a return that refunds spent units", "reserve.go",
 		"\t\tg.n += ev.Spent\n", "\t\tg.n += ev.Spent - ev.Returned\n", `used \(I2\)`},
 	{"reserved units not counted against the cap", "gauge.go",
-		"return ok && amount > eff-g.n-g.r\n", "return ok && amount > eff-g.n\n", `I1 quotas`},
+		"return ok && amount > eff-g.spent()-g.r\n", "return ok && amount > eff-g.spent()\n", `I1 quotas`},
 	{"a denial while reservations could be recalled", "quota.go",
-		"\t\tif eff, _ := g.enforced(); want > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
+		"\t\tif eff, _ := g.enforced(); want > eff-g.spent() { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
 	// The shadow ledger (dryrun.go).
 	{"a shadow request decided without its ledger", "dryrun.go",
 		"dr, n, err := e.dryRun(s, now, r, charges, true)", "dr, n, err := e.dryRun(s, now, r, charges, false)", `I23 shadow`},
