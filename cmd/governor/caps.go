@@ -440,16 +440,7 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	section("quotas (used/cap):", v.Quotas)
 	section("limits (held/limit):", v.Limits)
-	if len(v.Periods) > 0 {
-		fmt.Fprintf(tw, "periods (used counts since the last reset):\n")
-		for _, p := range v.Periods {
-			when := "never"
-			if !p.ResetAt.IsZero() {
-				when = p.ResetAt.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(tw, "  %s\t%s\tresets at %s\n", p.Name, p.Period, when)
-		}
-	}
+	printPeriods(tw, v.Periods)
 	if len(v.Rates) > 0 {
 		fmt.Fprintf(tw, "rates (left/burst):\n")
 		for _, r := range v.Rates {
@@ -947,4 +938,19 @@ func periodsOf(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb
 		}
 	}
 	return nil
+}
+
+// printPeriods writes caps get's periods section, when there are any.
+func printPeriods(w io.Writer, periods []periodLine) {
+	if len(periods) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "periods (used counts since the last reset):\n")
+	for _, p := range periods {
+		when := "never"
+		if !p.ResetAt.IsZero() {
+			when = p.ResetAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "  %s\t%s\tresets at %s\n", p.Name, p.Period, when)
+	}
 }
