@@ -3,6 +3,7 @@ package governor
 import (
 	"context"
 	"maps"
+	"time"
 
 	"github.com/governor-project/governor/api/governorpb"
 )
@@ -110,6 +111,11 @@ type CapStatus struct {
 	// Threshold is the highest near threshold (percent of the cap) Used
 	// has reached; 0 when none.
 	Threshold int
+	// Period is a quota's period ("month", "10s"), and ResetAt when it
+	// next resets it (Used counts since the last reset); empty and zero
+	// for a quota that never resets and for a limit.
+	Period  string
+	ResetAt time.Time
 }
 
 // CapStatus reads where the caps over the task stand, at one instant at
@@ -133,7 +139,10 @@ func (t *Task) CapStatus(ctx context.Context, ledger ShadowLedger) ([]CapStatus,
 	for _, c := range rep.GetCaps() {
 		caps = append(caps, CapStatus{NodeID: c.GetNodeId(), NodeName: c.GetNodeName(), Limit: c.GetLimit(), Name: c.GetName(),
 			Mode: c.GetMode().GetMode(), Burst: c.GetMode().GetBurst(), Cap: c.GetCap(), Used: c.GetUsed(),
-			Remaining: c.GetRemaining(), State: c.GetState(), Threshold: int(c.GetThreshold())})
+			Remaining: c.GetRemaining(), State: c.GetState(), Threshold: int(c.GetThreshold()), Period: c.GetPeriod()})
+		if r := c.GetResetAt(); r != nil {
+			caps[len(caps)-1].ResetAt = r.AsTime()
+		}
 	}
 	return caps, nil
 }

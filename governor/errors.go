@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -118,6 +119,11 @@ type Denial struct {
 	LargestConsumerID   int64
 	LargestConsumerName string
 	LargestConsumerUsed int64
+
+	// ResetAt is when the quota's period resets it (Used is then what was
+	// spent since the last reset): waiting until then helps. Zero for a
+	// quota that never resets.
+	ResetAt time.Time
 }
 
 func (d *Denial) Error() string {
@@ -131,6 +137,9 @@ func (d *Denial) Error() string {
 		s += "; largest consumer: " + d.LargestConsumerName
 	case d.LargestConsumerName != "":
 		s += fmt.Sprintf("; largest consumer %q used %d", d.LargestConsumerName, d.LargestConsumerUsed)
+	}
+	if !d.ResetAt.IsZero() {
+		s += "; resets at " + d.ResetAt.UTC().Format(time.RFC3339Nano)
 	}
 	return s
 }
@@ -320,5 +329,13 @@ func denialFromProto(d *governorpb.Denial) *Denial {
 		LargestConsumerID:   d.GetLargestConsumerId(),
 		LargestConsumerName: d.GetLargestConsumerName(),
 		LargestConsumerUsed: d.GetLargestConsumerUsed(),
+		ResetAt:             resetTime(d),
 	}
+}
+
+func resetTime(d *governorpb.Denial) time.Time {
+	if d.GetResetAt() == nil {
+		return time.Time{}
+	}
+	return d.GetResetAt().AsTime()
 }

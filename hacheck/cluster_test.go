@@ -104,6 +104,14 @@ func freeAddr(t *testing.T) string { return govtest.FreeAddr(t) }
 
 func newNode(t *testing.T, bin, name, dsn string, env []string) *node {
 	t.Helper()
+	return newNodeWith(t, bin, name, dsn, env, "")
+}
+
+// newNodeWith is newNode with tenant, more keys of the tenant's mapping
+// in the config (", quotas: {...}"), since the config is the source of
+// truth for the tenant's caps on every start and takeover.
+func newNodeWith(t *testing.T, bin, name, dsn string, env []string, tenant string) *node {
+	t.Helper()
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -125,8 +133,8 @@ ha: {enabled: true, advertise_addr: %s, lease: %s, drift_allowance: %s}
 root:
   limits: {%s: 1}
 tenants:
-  - {name: payments, api_key: %s}
-`, n.addr, n.metrics, sessionTTL, adminKey, u.String(), n.addr, lease, drift, lockClass, tenantKey)
+  - {name: payments, api_key: %s%s}
+`, n.addr, n.metrics, sessionTTL, adminKey, u.String(), n.addr, lease, drift, lockClass, tenantKey, tenant)
 	if err := os.WriteFile(n.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

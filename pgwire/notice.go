@@ -60,6 +60,9 @@ func capWords(c admission.CapState) string {
 	case admission.StateSoftExceeded:
 		return what + " on " + c.Node + " is over its cap"
 	}
+	if !c.ResetAt.IsZero() {
+		return what + " on " + c.Node + " is at its cap: new work is refused until it resets at " + c.ResetAt.UTC().Format(time.RFC3339)
+	}
 	return what + " on " + c.Node + " is at its cap: new work is refused"
 }
 

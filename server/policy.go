@@ -96,8 +96,13 @@ func (s *Server) GetCapStatus(ctx context.Context, req *governorpb.GetCapStatusR
 		if err != nil {
 			return nil, err
 		}
+		periods, err := s.eng.PeriodStatus(sid, engine.NodeID(req.GetNodeId()))
+		if err != nil {
+			return nil, err
+		}
 		out := toCapStatusReport(st)
 		out.Rates = toRateStatus(rates)
+		withPeriods(out, periods)
 		return out, nil
 	})
 }

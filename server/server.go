@@ -192,7 +192,8 @@ func (s *Server) recover(ctx context.Context) error {
 		tenantBounds[t.Name] = t.Bounds
 	}
 	engCfg := engine.Config{Clock: s.cfg.Clock, Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
-		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near}
+		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near,
+		Location: s.cfg.Location}
 	eng, err := engine.New(engCfg)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
@@ -340,6 +341,9 @@ func (s *Server) configure(ctx context.Context) error {
 	if ratesEdit(&edit, root, s.cfg.Root.Rates, nil, false) {
 		changed = true
 	}
+	if periodsEdit(&edit, root, s.cfg.Root.QuotaPeriods, nil, false) {
+		changed = true
+	}
 	if changed {
 		if _, err := s.eng.SetCaps(engine.System, engine.RootID, edit, ""); err != nil {
 			return fmt.Errorf("configure root: %w", err)
@@ -352,7 +356,7 @@ func (s *Server) configure(ctx context.Context) error {
 	for _, t := range s.cfg.Tenants {
 		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
 			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits),
-			Rates: t.Rates, DefaultRates: t.Defaults.Rates}, "")
+			Rates: t.Rates, DefaultRates: t.Defaults.Rates, QuotaPeriods: t.QuotaPeriods, DefaultQuotaPeriods: t.Defaults.QuotaPeriods}, "")
 		if err != nil {
 			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
 		}
@@ -368,6 +372,9 @@ func (s *Server) configure(ctx context.Context) error {
 			changed = true
 		}
 		if ratesEdit(&edit, v, t.Rates, t.Defaults.Rates, true) {
+			changed = true
+		}
+		if periodsEdit(&edit, v, t.QuotaPeriods, t.Defaults.QuotaPeriods, true) {
 			changed = true
 		}
 		if changed {

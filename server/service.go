@@ -563,6 +563,12 @@ func (s *Server) SetCaps(ctx context.Context, req *governorpb.SetCapsRequest) (*
 	if edit.DefaultRates, err = ratesFromPB("default_rates", req.GetDefaultRates()); err != nil {
 		return nil, err
 	}
+	if edit.QuotaPeriods, err = periodsFromPB("quota_periods", req.GetQuotaPeriods()); err != nil {
+		return nil, err
+	}
+	if edit.DefaultQuotaPeriods, err = periodsFromPB("default_quota_periods", req.GetDefaultQuotaPeriods()); err != nil {
+		return nil, err
+	}
 	return call(s, ctx, req.GetRequestId(), func(sid engine.SessionID) (*governorpb.Node, error) {
 		return nodeOrNil(s.eng.SetCapsAudited(sid, engine.NodeID(req.GetNodeId()), edit, audit, req.GetRequestId()))
 	})
@@ -588,6 +594,12 @@ func nodeSpec(p *governorpb.NodeSpec) (engine.NodeSpec, error) {
 	if spec.DefaultRates, err = ratesFromPB("spec.default_rates", p.GetDefaultRates()); err != nil {
 		return spec, err
 	}
+	if spec.QuotaPeriods, err = periodsFromPB("spec.quota_periods", p.GetQuotaPeriods()); err != nil {
+		return spec, err
+	}
+	if spec.DefaultQuotaPeriods, err = periodsFromPB("spec.default_quota_periods", p.GetDefaultQuotaPeriods()); err != nil {
+		return spec, err
+	}
 	return spec, nil
 }
 
@@ -603,7 +615,8 @@ func toNode(v engine.NodeView) *governorpb.Node {
 		State: nodeState(v.State), Quotas: v.Quotas, Used: v.Used, Reserved: v.Reserved, Limits: v.Limits, Held: v.Held,
 		DefaultQuotas: v.DefaultQuotas, DefaultLimits: v.DefaultLimits, Priority: v.Priority,
 		QuotaModes: toCapModes(v.QuotaModes), LimitModes: toCapModes(v.LimitModes), Shadow: v.Shadow,
-		Rates: bucketRates(v.Rates), DefaultRates: toRates(v.DefaultRates)}
+		Rates: bucketRates(v.Rates), DefaultRates: toRates(v.DefaultRates),
+		QuotaPeriods: toPeriods(windowPeriods(v.Periods)), DefaultQuotaPeriods: toPeriods(v.DefaultQuotaPeriods)}
 	if v.Kind == engine.KindTenant {
 		n.Weight = v.Weight
 		n.TenantState, n.TenantStateReason = v.TenantState.String(), v.TenantStateReason

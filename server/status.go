@@ -15,7 +15,8 @@ import (
 // toDenial is a quota denial as the API carries it.
 func toDenial(d *engine.Denial) *governorpb.Denial {
 	return &governorpb.Denial{Resource: d.Resource, NodeId: int64(d.Node), NodeName: d.NodeName, Used: d.Used, Limit: d.Limit,
-		Amount: d.Amount, LargestConsumerId: int64(d.Largest.Node), LargestConsumerName: d.Largest.Name, LargestConsumerUsed: d.Largest.Used}
+		Amount: d.Amount, LargestConsumerId: int64(d.Largest.Node), LargestConsumerName: d.Largest.Name, LargestConsumerUsed: d.Largest.Used,
+		ResetAt: resetAt(d.ResetAt)}
 }
 
 // toStatus maps an engine error to the gRPC status the API documents, with

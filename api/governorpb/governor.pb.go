@@ -607,9 +607,19 @@ type NodeSpec struct {
 	Rates map[string]*Rate `protobuf:"bytes,9,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Rates each child created under this node later gets (each its own
 	// bucket), for keys the child's own spec does not name.
-	DefaultRates  map[string]*Rate `protobuf:"bytes,10,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DefaultRates map[string]*Rate `protobuf:"bytes,10,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Periods of quotas by resource: a quota with a period resets at each
+	// boundary, "hour", "day", "week" (from Monday 00:00) or "month" in
+	// governord's time_zone, or a duration from 1s to 366 days such as
+	// "10s" (boundaries at its multiples since the Unix epoch). "none"
+	// opts out of an inherited one. A period needs its quota. See GetCapStatus for when each
+	// resets.
+	QuotaPeriods map[string]string `protobuf:"bytes,11,rep,name=quota_periods,json=quotaPeriods,proto3" json:"quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Periods of default_quotas for children created later (replacing the
+	// parent's when set).
+	DefaultQuotaPeriods map[string]string `protobuf:"bytes,12,rep,name=default_quota_periods,json=defaultQuotaPeriods,proto3" json:"default_quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodeSpec) Reset() {
@@ -708,6 +718,20 @@ func (x *NodeSpec) GetRates() map[string]*Rate {
 func (x *NodeSpec) GetDefaultRates() map[string]*Rate {
 	if x != nil {
 		return x.DefaultRates
+	}
+	return nil
+}
+
+func (x *NodeSpec) GetQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.QuotaPeriods
+	}
+	return nil
+}
+
+func (x *NodeSpec) GetDefaultQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.DefaultQuotaPeriods
 	}
 	return nil
 }
@@ -843,10 +867,14 @@ type Node struct {
 	Shadow map[string]int64 `protobuf:"bytes,22,rep,name=shadow,proto3" json:"shadow,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The node's rates by resource, and the rates each new child gets. How
 	// full each bucket is: GetCapStatus.
-	Rates         map[string]*Rate `protobuf:"bytes,23,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	DefaultRates  map[string]*Rate `protobuf:"bytes,24,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rates        map[string]*Rate `protobuf:"bytes,23,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultRates map[string]*Rate `protobuf:"bytes,24,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The quotas' periods (see NodeSpec.quota_periods), and those of the
+	// default quotas. When each resets: GetCapStatus.
+	QuotaPeriods        map[string]string `protobuf:"bytes,25,rep,name=quota_periods,json=quotaPeriods,proto3" json:"quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultQuotaPeriods map[string]string `protobuf:"bytes,26,rep,name=default_quota_periods,json=defaultQuotaPeriods,proto3" json:"default_quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1043,6 +1071,20 @@ func (x *Node) GetRates() map[string]*Rate {
 func (x *Node) GetDefaultRates() map[string]*Rate {
 	if x != nil {
 		return x.DefaultRates
+	}
+	return nil
+}
+
+func (x *Node) GetQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.QuotaPeriods
+	}
+	return nil
+}
+
+func (x *Node) GetDefaultQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.DefaultQuotaPeriods
 	}
 	return nil
 }
@@ -3038,6 +3080,17 @@ type SetCapsRequest struct {
 	Rates map[string]*Rate `protobuf:"bytes,16,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Default rates for children created later, like default_quotas.
 	DefaultRates map[string]*Rate `protobuf:"bytes,17,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Periods of quotas by resource: a quota with a period resets at each
+	// boundary, "hour", "day", "week" (from Monday 00:00) or "month" in
+	// governord's time_zone, or a duration from 1s to 366 days such as
+	// "10s" (boundaries at its multiples since the Unix epoch). "none"
+	// removes one. A period needs its quota. See GetCapStatus for when each
+	// resets.
+	// Setting a period refills nothing: the window holding now opens, and
+	// what was spent counts in it; the same period again keeps its window.
+	// Not with override_for.
+	QuotaPeriods        map[string]string `protobuf:"bytes,18,rep,name=quota_periods,json=quotaPeriods,proto3" json:"quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultQuotaPeriods map[string]string `protobuf:"bytes,19,rep,name=default_quota_periods,json=defaultQuotaPeriods,proto3" json:"default_quota_periods,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How quota caps are enforced, by resource: each needs a cap (set here
 	// or already on the node); {mode: "hard"} makes a cap hard again.
 	// Removing a cap removes its mode. Not with override_for.
@@ -3177,6 +3230,20 @@ func (x *SetCapsRequest) GetRates() map[string]*Rate {
 func (x *SetCapsRequest) GetDefaultRates() map[string]*Rate {
 	if x != nil {
 		return x.DefaultRates
+	}
+	return nil
+}
+
+func (x *SetCapsRequest) GetQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.QuotaPeriods
+	}
+	return nil
+}
+
+func (x *SetCapsRequest) GetDefaultQuotaPeriods() map[string]string {
+	if x != nil {
+		return x.DefaultQuotaPeriods
 	}
 	return nil
 }
@@ -3687,8 +3754,11 @@ type Denial struct {
 	// How much that consumer has used, in the resource's units; 0 for
 	// "another tenant": another tenant's use is not told.
 	LargestConsumerUsed int64 `protobuf:"varint,9,opt,name=largest_consumer_used,json=largestConsumerUsed,proto3" json:"largest_consumer_used,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// When the quota's period next resets it (used is then what was spent
+	// since the last reset); unset for a quota that never resets.
+	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Denial) Reset() {
@@ -3782,6 +3852,13 @@ func (x *Denial) GetLargestConsumerUsed() int64 {
 		return x.LargestConsumerUsed
 	}
 	return 0
+}
+
+func (x *Denial) GetResetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetAt
+	}
+	return nil
 }
 
 // RateLimited is attached as a detail of a RESOURCE_EXHAUSTED status when a
@@ -5020,7 +5097,12 @@ type CapStatus struct {
 	State string `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`
 	// The highest near threshold (percent of the cap) used has reached; 0
 	// when none.
-	Threshold     int32 `protobuf:"varint,10,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	Threshold int32 `protobuf:"varint,10,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// A quota's period (see NodeSpec.quota_periods) and when it next
+	// resets, on governord's clock; used counts what was spent since the
+	// last reset. Unset for a quota that never resets and for limits.
+	Period        string                 `protobuf:"bytes,11,opt,name=period,proto3" json:"period,omitempty"`
+	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5123,6 +5205,20 @@ func (x *CapStatus) GetThreshold() int32 {
 		return x.Threshold
 	}
 	return 0
+}
+
+func (x *CapStatus) GetPeriod() string {
+	if x != nil {
+		return x.Period
+	}
+	return ""
+}
+
+func (x *CapStatus) GetResetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetAt
+	}
+	return nil
 }
 
 type CapStatusReport struct {
@@ -5707,7 +5803,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xc3\a\n" +
+	"\x14CloseSessionResponse\"\xfe\t\n" +
 	"\bNodeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x06quotas\x18\x02 \x03(\v2!.governor.v1.NodeSpec.QuotasEntryR\x06quotas\x129\n" +
@@ -5719,7 +5815,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bpriority\x18\b \x01(\x03R\bpriority\x126\n" +
 	"\x05rates\x18\t \x03(\v2 .governor.v1.NodeSpec.RatesEntryR\x05rates\x12L\n" +
 	"\rdefault_rates\x18\n" +
-	" \x03(\v2'.governor.v1.NodeSpec.DefaultRatesEntryR\fdefaultRates\x1a9\n" +
+	" \x03(\v2'.governor.v1.NodeSpec.DefaultRatesEntryR\fdefaultRates\x12L\n" +
+	"\rquota_periods\x18\v \x03(\v2'.governor.v1.NodeSpec.QuotaPeriodsEntryR\fquotaPeriods\x12b\n" +
+	"\x15default_quota_periods\x18\f \x03(\v2..governor.v1.NodeSpec.DefaultQuotaPeriodsEntryR\x13defaultQuotaPeriods\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -5738,11 +5836,17 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
 	"\x11DefaultRatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
-	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\"_\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1a?\n" +
+	"\x11QuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aF\n" +
+	"\x18DefaultQuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"_\n" +
 	"\x04Rate\x12\x14\n" +
 	"\x05units\x18\x01 \x01(\x03R\x05units\x12+\n" +
 	"\x03per\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03per\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xb8\x10\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xeb\x12\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\x03R\bparentId\x12\x12\n" +
@@ -5770,7 +5874,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\bminimums\x18\x15 \x03(\v2\x1f.governor.v1.Node.MinimumsEntryR\bminimums\x125\n" +
 	"\x06shadow\x18\x16 \x03(\v2\x1d.governor.v1.Node.ShadowEntryR\x06shadow\x122\n" +
 	"\x05rates\x18\x17 \x03(\v2\x1c.governor.v1.Node.RatesEntryR\x05rates\x12H\n" +
-	"\rdefault_rates\x18\x18 \x03(\v2#.governor.v1.Node.DefaultRatesEntryR\fdefaultRates\x1a9\n" +
+	"\rdefault_rates\x18\x18 \x03(\v2#.governor.v1.Node.DefaultRatesEntryR\fdefaultRates\x12H\n" +
+	"\rquota_periods\x18\x19 \x03(\v2#.governor.v1.Node.QuotaPeriodsEntryR\fquotaPeriods\x12^\n" +
+	"\x15default_quota_periods\x18\x1a \x03(\v2*.governor.v1.Node.DefaultQuotaPeriodsEntryR\x13defaultQuotaPeriods\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -5810,7 +5916,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
 	"\x11DefaultRatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
-	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1a?\n" +
+	"\x11QuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aF\n" +
+	"\x18DefaultQuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"z\n" +
 	"\x11CreateNodeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -5952,7 +6064,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x10KIND_UNCONTENDED\x10\x02\x12\x0f\n" +
 	"\vKIND_RECALL\x10\x03\x12\x0e\n" +
 	"\n" +
-	"KIND_ENDED\x10\x04\"\x90\r\n" +
+	"KIND_ENDED\x10\x04\"\xd7\x0f\n" +
 	"\x0eSetCapsRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -5969,7 +6081,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12<\n" +
 	"\foverride_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\voverrideFor\x12<\n" +
 	"\x05rates\x18\x10 \x03(\v2&.governor.v1.SetCapsRequest.RatesEntryR\x05rates\x12R\n" +
-	"\rdefault_rates\x18\x11 \x03(\v2-.governor.v1.SetCapsRequest.DefaultRatesEntryR\fdefaultRates\x12L\n" +
+	"\rdefault_rates\x18\x11 \x03(\v2-.governor.v1.SetCapsRequest.DefaultRatesEntryR\fdefaultRates\x12R\n" +
+	"\rquota_periods\x18\x12 \x03(\v2-.governor.v1.SetCapsRequest.QuotaPeriodsEntryR\fquotaPeriods\x12h\n" +
+	"\x15default_quota_periods\x18\x13 \x03(\v24.governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntryR\x13defaultQuotaPeriods\x12L\n" +
 	"\vquota_modes\x18\r \x03(\v2+.governor.v1.SetCapsRequest.QuotaModesEntryR\n" +
 	"quotaModes\x12L\n" +
 	"\vlimit_modes\x18\x0e \x03(\v2+.governor.v1.SetCapsRequest.LimitModesEntryR\n" +
@@ -5993,7 +6107,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
 	"\x11DefaultRatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
-	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aS\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1a?\n" +
+	"\x11QuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aF\n" +
+	"\x18DefaultQuotaPeriodsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aS\n" +
 	"\x0fQuotaModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aS\n" +
@@ -6077,7 +6197,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"x\n" +
 	"\vCapsHistory\x121\n" +
 	"\achanges\x18\x01 \x03(\v2\x17.governor.v1.CapsChangeR\achanges\x126\n" +
-	"\apending\x18\x02 \x03(\v2\x1c.governor.v1.PendingOverrideR\apending\"\xb4\x02\n" +
+	"\apending\x18\x02 \x03(\v2\x1c.governor.v1.PendingOverrideR\apending\"\xeb\x02\n" +
 	"\x06Denial\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -6087,7 +6207,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12.\n" +
 	"\x13largest_consumer_id\x18\a \x01(\x03R\x11largestConsumerId\x122\n" +
 	"\x15largest_consumer_name\x18\b \x01(\tR\x13largestConsumerName\x122\n" +
-	"\x15largest_consumer_used\x18\t \x01(\x03R\x13largestConsumerUsed\"\xf0\x01\n" +
+	"\x15largest_consumer_used\x18\t \x01(\x03R\x13largestConsumerUsed\x125\n" +
+	"\breset_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\xf0\x01\n" +
 	"\vRateLimited\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -6201,7 +6323,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05burst\x18\x02 \x01(\x03R\x05burst\"F\n" +
 	"\x13GetCapStatusRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x16\n" +
-	"\x06shadow\x18\x02 \x01(\bR\x06shadow\"\x8d\x02\n" +
+	"\x06shadow\x18\x02 \x01(\bR\x06shadow\"\xdc\x02\n" +
 	"\tCapStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +
@@ -6213,7 +6335,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\tremaining\x18\b \x01(\x03R\tremaining\x12\x14\n" +
 	"\x05state\x18\t \x01(\tR\x05state\x12\x1c\n" +
 	"\tthreshold\x18\n" +
-	" \x01(\x05R\tthreshold\"\x82\x01\n" +
+	" \x01(\x05R\tthreshold\x12\x16\n" +
+	"\x06period\x18\v \x01(\tR\x06period\x125\n" +
+	"\breset_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\x82\x01\n" +
 	"\x0fCapStatusReport\x12*\n" +
 	"\x04caps\x18\x01 \x03(\v2\x16.governor.v1.CapStatusR\x04caps\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12-\n" +
@@ -6324,7 +6448,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -6407,233 +6531,247 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	nil,                              // 78: governor.v1.NodeSpec.DefaultLimitsEntry
 	nil,                              // 79: governor.v1.NodeSpec.RatesEntry
 	nil,                              // 80: governor.v1.NodeSpec.DefaultRatesEntry
-	nil,                              // 81: governor.v1.Node.QuotasEntry
-	nil,                              // 82: governor.v1.Node.UsedEntry
-	nil,                              // 83: governor.v1.Node.LimitsEntry
-	nil,                              // 84: governor.v1.Node.HeldEntry
-	nil,                              // 85: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 86: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 87: governor.v1.Node.ReservedEntry
-	nil,                              // 88: governor.v1.Node.QuotaModesEntry
-	nil,                              // 89: governor.v1.Node.LimitModesEntry
-	nil,                              // 90: governor.v1.Node.MinimumsEntry
-	nil,                              // 91: governor.v1.Node.ShadowEntry
-	nil,                              // 92: governor.v1.Node.RatesEntry
-	nil,                              // 93: governor.v1.Node.DefaultRatesEntry
-	nil,                              // 94: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 95: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 96: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 97: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 98: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 99: governor.v1.SetCapsRequest.RatesEntry
-	nil,                              // 100: governor.v1.SetCapsRequest.DefaultRatesEntry
-	nil,                              // 101: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 102: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 103: governor.v1.SetCapsRequest.MinimumsEntry
-	nil,                              // 104: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 105: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 106: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 107: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 108: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 109: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 110: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 111: governor.v1.CapsValues.RatesEntry
-	nil,                              // 112: governor.v1.CapsValues.DefaultRatesEntry
-	nil,                              // 113: governor.v1.UsageLine.SpendEntry
-	nil,                              // 114: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 115: governor.v1.UsageLine.PeakEntry
-	nil,                              // 116: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 117: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 118: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 119: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 120: google.protobuf.Timestamp
+	nil,                              // 81: governor.v1.NodeSpec.QuotaPeriodsEntry
+	nil,                              // 82: governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
+	nil,                              // 83: governor.v1.Node.QuotasEntry
+	nil,                              // 84: governor.v1.Node.UsedEntry
+	nil,                              // 85: governor.v1.Node.LimitsEntry
+	nil,                              // 86: governor.v1.Node.HeldEntry
+	nil,                              // 87: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 88: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 89: governor.v1.Node.ReservedEntry
+	nil,                              // 90: governor.v1.Node.QuotaModesEntry
+	nil,                              // 91: governor.v1.Node.LimitModesEntry
+	nil,                              // 92: governor.v1.Node.MinimumsEntry
+	nil,                              // 93: governor.v1.Node.ShadowEntry
+	nil,                              // 94: governor.v1.Node.RatesEntry
+	nil,                              // 95: governor.v1.Node.DefaultRatesEntry
+	nil,                              // 96: governor.v1.Node.QuotaPeriodsEntry
+	nil,                              // 97: governor.v1.Node.DefaultQuotaPeriodsEntry
+	nil,                              // 98: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 99: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 100: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 101: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 102: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 103: governor.v1.SetCapsRequest.RatesEntry
+	nil,                              // 104: governor.v1.SetCapsRequest.DefaultRatesEntry
+	nil,                              // 105: governor.v1.SetCapsRequest.QuotaPeriodsEntry
+	nil,                              // 106: governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
+	nil,                              // 107: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 108: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 109: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 110: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 111: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 112: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 113: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 114: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 115: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 116: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 117: governor.v1.CapsValues.RatesEntry
+	nil,                              // 118: governor.v1.CapsValues.DefaultRatesEntry
+	nil,                              // 119: governor.v1.UsageLine.SpendEntry
+	nil,                              // 120: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 121: governor.v1.UsageLine.PeakEntry
+	nil,                              // 122: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 123: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 124: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 125: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 126: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	119, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	119, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	119, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	119, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	125, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	125, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	125, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	125, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
 	75,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
 	76,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
 	77,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
 	78,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	120, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	126, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	79,  // 9: governor.v1.NodeSpec.rates:type_name -> governor.v1.NodeSpec.RatesEntry
 	80,  // 10: governor.v1.NodeSpec.default_rates:type_name -> governor.v1.NodeSpec.DefaultRatesEntry
-	119, // 11: governor.v1.Rate.per:type_name -> google.protobuf.Duration
-	0,   // 12: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
-	1,   // 13: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	81,  // 14: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	82,  // 15: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	83,  // 16: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	84,  // 17: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	85,  // 18: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	86,  // 19: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	120, // 20: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	87,  // 21: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	120, // 22: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	88,  // 23: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	89,  // 24: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
-	90,  // 25: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
-	91,  // 26: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
-	92,  // 27: governor.v1.Node.rates:type_name -> governor.v1.Node.RatesEntry
-	93,  // 28: governor.v1.Node.default_rates:type_name -> governor.v1.Node.DefaultRatesEntry
-	10,  // 29: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10,  // 30: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	12,  // 31: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	12,  // 32: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	94,  // 33: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	24,  // 34: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	119, // 35: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	71,  // 36: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
-	71,  // 37: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
-	37,  // 38: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	40,  // 39: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
-	119, // 40: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
-	3,   // 41: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	95,  // 42: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	96,  // 43: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	97,  // 44: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	98,  // 45: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	120, // 46: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	119, // 47: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	99,  // 48: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
-	100, // 49: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
-	101, // 50: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	102, // 51: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	103, // 52: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	104, // 53: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	105, // 54: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	106, // 55: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	107, // 56: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	108, // 57: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	109, // 58: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	110, // 59: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	111, // 60: governor.v1.CapsValues.rates:type_name -> governor.v1.CapsValues.RatesEntry
-	112, // 61: governor.v1.CapsValues.default_rates:type_name -> governor.v1.CapsValues.DefaultRatesEntry
-	120, // 62: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	46,  // 63: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	46,  // 64: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	120, // 65: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	120, // 66: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	47,  // 67: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	48,  // 68: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	11,  // 69: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
-	119, // 70: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
-	2,   // 71: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 72: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	120, // 73: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	120, // 74: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	113, // 75: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	114, // 76: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	115, // 77: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	116, // 78: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	120, // 79: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	120, // 80: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	55,  // 81: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	120, // 82: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	120, // 83: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
-	120, // 84: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
-	120, // 85: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	119, // 86: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	120, // 87: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	120, // 88: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	120, // 89: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	58,  // 90: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	59,  // 91: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	60,  // 92: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	61,  // 93: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	119, // 94: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	12,  // 95: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	117, // 96: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	65,  // 97: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	67,  // 98: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	69,  // 99: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
-	11,  // 100: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
-	119, // 101: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
-	118, // 102: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	50,  // 103: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	71,  // 104: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	120, // 105: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	120, // 106: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	11,  // 107: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 108: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 109: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 110: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 111: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 112: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 113: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 114: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 115: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 116: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 117: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 118: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	65,  // 119: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 120: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 121: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 122: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 123: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	4,   // 124: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 125: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 126: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	13,  // 127: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	14,  // 128: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	15,  // 129: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	17,  // 130: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	19,  // 131: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	20,  // 132: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	21,  // 133: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	23,  // 134: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	25,  // 135: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	27,  // 136: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	29,  // 137: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	30,  // 138: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	32,  // 139: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	34,  // 140: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36,  // 141: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	39,  // 142: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
-	42,  // 143: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	44,  // 144: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	45,  // 145: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	54,  // 146: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	57,  // 147: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	63,  // 148: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	66,  // 149: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	70,  // 150: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	72,  // 151: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 152: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 153: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 154: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	12,  // 155: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	12,  // 156: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	16,  // 157: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	18,  // 158: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	12,  // 159: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	12,  // 160: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	22,  // 161: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	24,  // 162: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	26,  // 163: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	28,  // 164: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	24,  // 165: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	31,  // 166: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	33,  // 167: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35,  // 168: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	38,  // 169: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	41,  // 170: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
-	43,  // 171: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	12,  // 172: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	49,  // 173: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	56,  // 174: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	62,  // 175: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	64,  // 176: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	68,  // 177: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	12,  // 178: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	73,  // 179: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	152, // [152:180] is the sub-list for method output_type
-	124, // [124:152] is the sub-list for method input_type
-	124, // [124:124] is the sub-list for extension type_name
-	124, // [124:124] is the sub-list for extension extendee
-	0,   // [0:124] is the sub-list for field type_name
+	81,  // 11: governor.v1.NodeSpec.quota_periods:type_name -> governor.v1.NodeSpec.QuotaPeriodsEntry
+	82,  // 12: governor.v1.NodeSpec.default_quota_periods:type_name -> governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
+	125, // 13: governor.v1.Rate.per:type_name -> google.protobuf.Duration
+	0,   // 14: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
+	1,   // 15: governor.v1.Node.state:type_name -> governor.v1.NodeState
+	83,  // 16: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	84,  // 17: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	85,  // 18: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	86,  // 19: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	87,  // 20: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	88,  // 21: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	126, // 22: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	89,  // 23: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	126, // 24: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	90,  // 25: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	91,  // 26: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	92,  // 27: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
+	93,  // 28: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
+	94,  // 29: governor.v1.Node.rates:type_name -> governor.v1.Node.RatesEntry
+	95,  // 30: governor.v1.Node.default_rates:type_name -> governor.v1.Node.DefaultRatesEntry
+	96,  // 31: governor.v1.Node.quota_periods:type_name -> governor.v1.Node.QuotaPeriodsEntry
+	97,  // 32: governor.v1.Node.default_quota_periods:type_name -> governor.v1.Node.DefaultQuotaPeriodsEntry
+	10,  // 33: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	10,  // 34: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	12,  // 35: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	12,  // 36: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	98,  // 37: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	24,  // 38: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	125, // 39: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	71,  // 40: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
+	71,  // 41: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
+	37,  // 42: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	40,  // 43: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
+	125, // 44: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
+	3,   // 45: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	99,  // 46: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	100, // 47: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	101, // 48: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	102, // 49: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	126, // 50: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	125, // 51: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	103, // 52: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
+	104, // 53: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
+	105, // 54: governor.v1.SetCapsRequest.quota_periods:type_name -> governor.v1.SetCapsRequest.QuotaPeriodsEntry
+	106, // 55: governor.v1.SetCapsRequest.default_quota_periods:type_name -> governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
+	107, // 56: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	108, // 57: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	109, // 58: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	110, // 59: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	111, // 60: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	112, // 61: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	113, // 62: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	114, // 63: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	115, // 64: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	116, // 65: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	117, // 66: governor.v1.CapsValues.rates:type_name -> governor.v1.CapsValues.RatesEntry
+	118, // 67: governor.v1.CapsValues.default_rates:type_name -> governor.v1.CapsValues.DefaultRatesEntry
+	126, // 68: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	46,  // 69: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	46,  // 70: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	126, // 71: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	126, // 72: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	47,  // 73: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	48,  // 74: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	126, // 75: governor.v1.Denial.reset_at:type_name -> google.protobuf.Timestamp
+	11,  // 76: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
+	125, // 77: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
+	2,   // 78: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 79: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	126, // 80: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	126, // 81: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	119, // 82: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	120, // 83: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	121, // 84: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	122, // 85: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	126, // 86: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	126, // 87: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	55,  // 88: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	126, // 89: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	126, // 90: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	126, // 91: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	126, // 92: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	125, // 93: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	126, // 94: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	126, // 95: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	126, // 96: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	58,  // 97: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	59,  // 98: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	60,  // 99: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	61,  // 100: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	125, // 101: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	12,  // 102: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	123, // 103: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	65,  // 104: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	126, // 105: governor.v1.CapStatus.reset_at:type_name -> google.protobuf.Timestamp
+	67,  // 106: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	69,  // 107: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
+	11,  // 108: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
+	125, // 109: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
+	124, // 110: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	50,  // 111: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	71,  // 112: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	126, // 113: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	126, // 114: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	11,  // 115: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 116: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 117: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 118: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 119: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 120: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 121: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 122: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 123: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 124: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 125: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 126: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	65,  // 127: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 128: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 129: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 130: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 131: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	4,   // 132: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 133: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 134: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	13,  // 135: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	14,  // 136: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	15,  // 137: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	17,  // 138: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	19,  // 139: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	20,  // 140: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	21,  // 141: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	23,  // 142: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	25,  // 143: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	27,  // 144: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	29,  // 145: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	30,  // 146: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	32,  // 147: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	34,  // 148: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36,  // 149: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	39,  // 150: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	42,  // 151: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	44,  // 152: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	45,  // 153: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	54,  // 154: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	57,  // 155: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	63,  // 156: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	66,  // 157: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	70,  // 158: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	72,  // 159: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 160: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 161: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 162: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	12,  // 163: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	12,  // 164: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	16,  // 165: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	18,  // 166: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	12,  // 167: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	12,  // 168: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	22,  // 169: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	24,  // 170: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	26,  // 171: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	28,  // 172: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	24,  // 173: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	31,  // 174: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	33,  // 175: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35,  // 176: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	38,  // 177: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	41,  // 178: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	43,  // 179: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	12,  // 180: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	49,  // 181: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	56,  // 182: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	62,  // 183: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	64,  // 184: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	68,  // 185: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	12,  // 186: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	73,  // 187: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	160, // [160:188] is the sub-list for method output_type
+	132, // [132:160] is the sub-list for method input_type
+	132, // [132:132] is the sub-list for extension type_name
+	132, // [132:132] is the sub-list for extension extendee
+	0,   // [0:132] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -6649,7 +6787,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   115,
+			NumMessages:   121,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

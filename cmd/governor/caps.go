@@ -35,7 +35,10 @@ priority; VALUE "none" (or -1) removes a cap. A rate is N/PERIOD (100/s,
 A quota or limit may add how it is enforced: VALUE:hard (the default),
 VALUE:soft:burst=N (work may go N past the cap, with a warning, then it is
 refused; N > 0) or VALUE:warn_only (never refused; would-be denials are recorded),
-e.g. quota.tokens=50000:soft:burst=5000. min.CLASS=N sets a tenant's
+e.g. quota.tokens=50000:soft:burst=5000. period.RESOURCE=P makes a quota
+reset at each boundary of P: hour, day, week (from Monday), month (in
+governord's time_zone) or a duration from 1s to 366 days such as 10s; none
+removes it (default_period.RESOURCE for the default quotas). min.CLASS=N sets a tenant's
 reserved minimum of a pool class (0 removes it).
 -for makes the change a temporary override that governord reverts by itself.
 Every change is kept in the node's audit trail: who, when, why, old and new.
@@ -134,6 +137,12 @@ func parseCapEdits(args []string) (*governorpb.SetCapsRequest, error) {
 		key, val, ok := strings.Cut(a, "=")
 		if !ok {
 			return nil, fmt.Errorf("%q is not KEY=VALUE", a)
+		}
+		if kind, name, _ := strings.Cut(key, "."); kind == "period" || kind == "default_period" {
+			if err := putPeriod(req, kind, name, val); err != nil {
+				return nil, fmt.Errorf("%s: %w", key, err)
+			}
+			continue
 		}
 		if kind, name, _ := strings.Cut(key, "."); kind == "rate" || kind == "default_rate" {
 			if err := putRate(req, kind, name, val); err != nil {
@@ -254,8 +263,17 @@ type capView struct {
 	Quotas      []capLine    `json:"quotas"`
 	Limits      []capLine    `json:"limits"`
 	// Rates are the node's own rates, with how full each bucket is now.
-	Rates     []rateLine  `json:"rates,omitempty"`
-	Effective []effective `json:"effective"`
+	Rates []rateLine `json:"rates,omitempty"`
+	// Periods are the node's quotas that reset, with when each next does.
+	Periods   []periodLine `json:"periods,omitempty"`
+	Effective []effective  `json:"effective"`
+}
+
+// periodLine is one of a node's quotas with a period, and its next reset.
+type periodLine struct {
+	Name    string    `json:"name"`
+	Period  string    `json:"period"`
+	ResetAt time.Time `json:"reset_at,omitzero"`
 }
 
 // rateLine is one of a node's rates: Rate ("100/s") with a bucket of Size,
@@ -334,6 +352,9 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
 	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
 	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
+		return err
+	}
+	if err := periodsOf(ctx, rpc, n, &v); err != nil {
 		return err
 	}
 	if len(n.GetRates()) > 0 {
@@ -419,6 +440,7 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	section("quotas (used/cap):", v.Quotas)
 	section("limits (held/limit):", v.Limits)
+	printPeriods(tw, v.Periods)
 	if len(v.Rates) > 0 {
 		fmt.Fprintf(tw, "rates (left/burst):\n")
 		for _, r := range v.Rates {
@@ -557,6 +579,9 @@ func capsSet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		fmt.Fprintf(out, "%s\n", c)
 	}
 	for _, c := range rateChanges(n, after, req) {
+		fmt.Fprintf(out, "%s\n", c)
+	}
+	for _, c := range periodChanges(n, after, req) {
 		fmt.Fprintf(out, "%s\n", c)
 	}
 	if d := req.GetOverrideFor(); d != nil {
@@ -857,4 +882,86 @@ func rateText(r *governorpb.Rate) string {
 		s += fmt.Sprintf(" (burst %d)", r.GetBurst())
 	}
 	return s
+}
+
+// putPeriod reads period.RESOURCE's or default_period.RESOURCE's value, a
+// period (governorpb.ParsePeriod) or none, into req.
+func putPeriod(req *governorpb.SetCapsRequest, kind, name, val string) error {
+	if name == "" {
+		return fmt.Errorf("want %s.RESOURCE", kind)
+	}
+	if val == "-1" {
+		val = governorpb.NoPeriod
+	}
+	if _, _, err := governorpb.ParsePeriod(val); err != nil {
+		return err
+	}
+	m := &req.QuotaPeriods
+	if kind == "default_period" {
+		m = &req.DefaultQuotaPeriods
+	}
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	(*m)[name] = strings.TrimSpace(val)
+	return nil
+}
+
+// periodChanges says, for each period req names, what it was and is:
+// "period.tokens: none -> month".
+func periodChanges(before, after *governorpb.Node, req *governorpb.SetCapsRequest) []string {
+	text := func(m map[string]string, k string) string {
+		if p, ok := m[k]; ok {
+			return p
+		}
+		return governorpb.NoPeriod
+	}
+	var out []string
+	for _, side := range []struct {
+		kind          string
+		named, b4, af map[string]string
+	}{{"period", req.GetQuotaPeriods(), before.GetQuotaPeriods(), after.GetQuotaPeriods()},
+		{"default_period", req.GetDefaultQuotaPeriods(), before.GetDefaultQuotaPeriods(), after.GetDefaultQuotaPeriods()}} {
+		for _, k := range slices.Sorted(maps.Keys(side.named)) {
+			out = append(out, fmt.Sprintf("%s.%s: %s -> %s", side.kind, k, text(side.b4, k), text(side.af, k)))
+		}
+	}
+	return out
+}
+
+// periodsOf fills v.Periods with n's own quotas that reset, from
+// GetCapStatus; a node without periods asks nothing.
+func periodsOf(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, v *capView) error {
+	if len(n.GetQuotaPeriods()) == 0 {
+		return nil
+	}
+	rep, err := rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.GetId()})
+	if err != nil {
+		return fmt.Errorf("the periods of %q: %w", n.GetName(), plainStatus(err))
+	}
+	for _, c := range rep.GetCaps() {
+		if c.GetNodeId() == n.GetId() && !c.GetLimit() && c.GetPeriod() != "" {
+			pl := periodLine{Name: c.GetName(), Period: c.GetPeriod()}
+			if c.GetResetAt() != nil {
+				pl.ResetAt = c.GetResetAt().AsTime()
+			}
+			v.Periods = append(v.Periods, pl)
+		}
+	}
+	return nil
+}
+
+// printPeriods writes caps get's periods section, when there are any.
+func printPeriods(w io.Writer, periods []periodLine) {
+	if len(periods) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "periods (used counts since the last reset):\n")
+	for _, p := range periods {
+		when := "never"
+		if !p.ResetAt.IsZero() {
+			when = p.ResetAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "  %s\t%s\tresets at %s\n", p.Name, p.Period, when)
+	}
 }

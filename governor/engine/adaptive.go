@@ -216,7 +216,7 @@ type Sample struct {
 func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := e.session(sid, e.now()); err != nil {
+	if _, err := e.session(sid, e.tick()); err != nil {
 		return err
 	}
 	for _, s := range samples {
@@ -228,7 +228,7 @@ func (e *Engine) Observe(sid SessionID, class string, samples []Sample) error {
 	if c == nil {
 		return nil
 	}
-	now := e.now()
+	now := e.tick()
 	for _, s := range samples {
 		// A slot's call is known only by its end and latency.
 		c.observe(s.Latency, s.Overloaded, now-int64(s.Latency))

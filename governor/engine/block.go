@@ -64,7 +64,7 @@ type BlockGrant struct {
 func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return BlockGrant{}, err

@@ -20,6 +20,9 @@
 //  4. Call Reap periodically. Expiry is also checked lazily on every touch, so
 //     Reap's timing affects only how promptly capacity comes back, never
 //     correctness.
+//     Reap also closes the windows of quotas with a period (period.go) that
+//     are due; DueIn says when the next one is, so a caller that reaps then
+//     logs each reset at its boundary even when no call comes.
 //  5. An Acquire that cannot be granted at once returns a *Wait. Receive its
 //     outcome, or call CancelWait; a grant that races a cancel is given back.
 //

@@ -24,7 +24,7 @@ type DryRun struct {
 func (e *Engine) DryRun(sid SessionID, r AcquireRequest, shadow bool) (DryRun, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return DryRun{}, err
@@ -49,7 +49,7 @@ func (e *Engine) DryRun(sid SessionID, r AcquireRequest, shadow bool) (DryRun, e
 func (e *Engine) Shadow(sid SessionID, r AcquireRequest, requestID string) (DryRun, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return DryRun{}, err

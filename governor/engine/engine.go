@@ -99,6 +99,10 @@ type Config struct {
 	// Near are the near-limit thresholds in percent of a cap, ascending
 	// (policy.go); empty means DefaultNear (80 and 90).
 	Near []int
+	// Location is the time zone of calendar periods (period.go); nil means
+	// UTC. The caller resolves it (binaries embed time/tzdata, so that
+	// every machine computes the same boundaries); replay never reads it.
+	Location *time.Location
 }
 
 // Engine is the governed tree. All methods are safe for concurrent use; they
@@ -136,6 +140,10 @@ type Engine struct {
 	// only move expiries later, leave it early. Restore zeroes it until the
 	// next Reap.
 	soonest int64
+	// nextReset is when the first quota window of an open node ends, or
+	// earlier: resetDue makes it exact, a new window lowers it
+	// (period.go). Every live call compares it with its clock.
+	nextReset int64
 
 	// Ended nodes waiting for their retention to pass (reclaim.go), oldest
 	// first from endedHead, and those found due but still pinned.
@@ -148,6 +156,7 @@ type Engine struct {
 	bounds       Bounds
 	tenantBounds map[string]Bounds
 	near         []int
+	loc          *time.Location
 
 	// Not state: rebuilt empty by a restart.
 	queues   map[string]*classQueue
@@ -182,12 +191,17 @@ func New(cfg Config) (*Engine, error) {
 		queues:    make(map[string]*classQueue),
 		adaptive:  make(map[string]*controller),
 		soonest:   math.MaxInt64,
+		nextReset: math.MaxInt64,
+		loc:       cfg.Location,
 
 		retention:    cfg.Retention,
 		bounds:       cfg.Bounds,
 		tenantBounds: cfg.TenantBounds,
 	}
 	e.nextSession = 1
+	if e.loc == nil {
+		e.loc = time.UTC
+	}
 	e.overridden = make(map[NodeID]*node)
 	if e.retention < 0 {
 		return nil, invalid("retention %v is negative", e.retention)
@@ -284,7 +298,7 @@ func (e *Engine) Apply(events ...Event) error {
 func (e *Engine) Reap() (sessions, nodes int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	// Only the expired sessions are sorted (by id, so the events come in a
 	// deterministic order); this runs every reap interval under the lock.
 	var expired []*session
@@ -339,6 +353,7 @@ func (e *Engine) DueIn() (d time.Duration, ok bool) {
 		next = min(next, e.deadlines.peek().at)
 	}
 	next = e.nextRevert(next)
+	next = min(next, e.nextReset)
 	if next == math.MaxInt64 {
 		return 0, false
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors. Every error the engine returns wraps exactly one of these
@@ -82,6 +83,10 @@ type Denial struct {
 	Limit    int64 // the cap on Node
 	Amount   int64 // what the refused charge asked for
 	Largest  Consumer
+	// ResetAt is when the quota's period starts a new window (unix ns;
+	// period.go), 0 for a quota that never resets. Used is then the
+	// window's spend.
+	ResetAt int64
 }
 
 // OtherTenant is the largest consumer, with node 0 and no usage, of a denial
@@ -93,6 +98,9 @@ const OtherTenant = "another tenant"
 func (d *Denial) Error() string {
 	s := fmt.Sprintf("quota exhausted: %s on %q (node %d) is %d of %d, asked %d more",
 		d.Resource, d.NodeName, d.Node, d.Used, d.Limit, d.Amount)
+	if d.ResetAt != 0 {
+		s += "; resets at " + time.Unix(0, d.ResetAt).UTC().Format(time.RFC3339Nano)
+	}
 	if d.Largest.Node == 0 && d.Largest.Name == OtherTenant {
 		return s + "; largest consumer: " + OtherTenant
 	}

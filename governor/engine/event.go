@@ -27,6 +27,7 @@ const (
 	EvCapsReverted
 	EvTenantStateSet
 	EvShadowCharged
+	EvPeriodReset
 )
 
 var kindNames = [...]string{
@@ -47,6 +48,7 @@ var kindNames = [...]string{
 	EvCapsReverted:   "caps_reverted",
 	EvTenantStateSet: "tenant_state_set",
 	EvShadowCharged:  "shadow_charged",
+	EvPeriodReset:    "period_reset",
 }
 
 func (k EventKind) String() string {
@@ -135,6 +137,12 @@ type Event struct {
 	TenantState TenantState `json:"ts,omitempty"`
 	Revoke      bool        `json:"rv,omitempty"`
 	Write       bool        `json:"wr,omitempty"`
+
+	// Windows are the windows that periods open, by resource, decided
+	// when the event was (EvNodeCreated, EvCapsSet for the periods set or
+	// changed, EvPeriodReset for Resource's next window; period.go).
+	// EvPeriodReset's Amount is what the window ending spent.
+	Windows map[string]Window `json:"win,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes
@@ -171,7 +179,7 @@ func (e *Engine) applyKind(ev *Event) error {
 		if n == nil || ev.Caps == nil {
 			return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
 		}
-		n.applyCaps(ev.Caps, e, ev.At)
+		n.applyCaps(ev.Caps, e, ev.At, ev.Windows)
 		e.record(n, ev)
 	case EvCapsReverted:
 		return e.applyCapsReverted(ev)
@@ -204,6 +212,7 @@ func (e *Engine) applyKind(ev *Event) error {
 		}
 		if ev.GivenBack { // a grant given back undoes its charges
 			for _, c := range ev.Charges {
+				l.node.unchargePeriods(c.Resource, c.Amount, l.granted)
 				l.node.charge(c.Resource, -c.Amount)
 			}
 			l.node.takeRates(ev.Charges, ev.At, -1)
@@ -222,6 +231,8 @@ func (e *Engine) applyKind(ev *Event) error {
 		return e.applyReclaimed(ev)
 	case EvTenantStateSet:
 		return e.applyTenantState(ev)
+	case EvPeriodReset:
+		return e.applyPeriodReset(ev)
 	case EvShadowCharged:
 		n := e.nodes[ev.Node]
 		if n == nil || len(ev.Charges) == 0 {

@@ -16,6 +16,10 @@ type gauge struct {
 	// mode and burst are how the cap is enforced (policy.go).
 	mode  Mode
 	burst int64
+	// base is what earlier windows of a quota's period spent, and per its
+	// period and window (period.go); both zero without one.
+	base int64
+	per  *periodic
 }
 
 // full reports whether amount more would go over the cap, counting what is
@@ -26,7 +30,7 @@ func (g *gauge) full(amount int64) bool {
 		return true
 	}
 	eff, ok := g.enforced()
-	return ok && amount > eff-g.n-g.r
+	return ok && amount > eff-g.spent()-g.r
 }
 
 // room is how much more fits under the cap as enforced (policy.go),
@@ -36,7 +40,7 @@ func (g *gauge) room() (n int64, ok bool) {
 	if !ok {
 		return 0, false
 	}
-	return max(eff-g.n-g.r, 0), true
+	return max(eff-g.spent()-g.r, 0), true
 }
 
 // gauges maps a name to its gauge. An entry exists while it is capped or has
@@ -68,6 +72,7 @@ func (gs *gauges) setCap(k string, v int64) {
 	g.cap, g.capped = v, v != NoCap
 	if !g.capped { // a mode is part of its cap
 		g.cap, g.mode, g.burst = 0, ModeHard, 0
+		g.base, g.per = 0, nil // and so is a period
 	}
 	gs.tidy(k, g)
 }

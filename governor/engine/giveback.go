@@ -27,7 +27,7 @@ import "slices"
 func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (LeaseID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return 0, err
@@ -67,7 +67,7 @@ func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (Lease
 func (e *Engine) GiveBackBlock(sid SessionID, r BlockRequest, added int64) (BlockGrant, int64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return BlockGrant{}, 0, err
@@ -106,7 +106,7 @@ func (e *Engine) GiveBackBlock(sid SessionID, r BlockRequest, added int64) (Bloc
 func (e *Engine) GiveBackReserved(sid SessionID, r ReserveRequest, added int64) (Reservation, int64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return Reservation{}, 0, err

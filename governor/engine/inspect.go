@@ -62,7 +62,7 @@ const DefaultInspectLimit = 1000
 func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return Inspection{}, err
@@ -121,7 +121,7 @@ const DefaultSubtreeLimit = 20000
 func (e *Engine) Subtree(sid SessionID, id NodeID, limit int) (nodes []NodeView, waiting map[NodeID]int, more bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return nil, nil, false, err
 	}

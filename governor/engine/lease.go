@@ -80,7 +80,7 @@ type Wait struct {
 func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return Grant{}, nil, err
@@ -160,7 +160,7 @@ func (e *Engine) CancelWait(wt *Wait) {
 	if l := e.leases[w.granted]; l != nil {
 		// The caller never saw this grant: undo it whole, charges included,
 		// and forget its request id so a retry is decided afresh.
-		e.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,
+		e.emit(Event{Kind: EvLeaseReleased, At: e.tick(), Session: l.session.id, Lease: l.id,
 			Forget: w.requestID, Charges: w.charges, GivenBack: true})
 		e.dispatch(l.class)
 	}
@@ -287,7 +287,7 @@ func (e *Engine) touch(l *lease, now int64) *lease {
 func (e *Engine) Release(sid SessionID, id LeaseID, latency time.Duration, overloaded bool, requestID string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return err
@@ -357,7 +357,7 @@ func leaseNotFound(id LeaseID) error {
 func (e *Engine) Validate(sid SessionID, id LeaseID) (Grant, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return Grant{}, err

@@ -148,7 +148,7 @@ func (m *model) chargesFit(id NodeID, charges map[string]int64) bool {
 			return false
 		}
 		for _, a := range m.chain(id) {
-			if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.used[a][r]-m.reserved[a][r] {
+			if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.spent(a, r)-m.reserved[a][r] {
 				return false
 			}
 		}

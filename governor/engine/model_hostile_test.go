@@ -30,8 +30,8 @@ func (m *model) chainUsage(ev Event) map[usageKey]int64 {
 	}
 	out := map[usageKey]int64{}
 	for _, a := range m.chain(id) {
-		for r, u := range m.used[a] {
-			out[usageKey{a, modeKey{false, r}}] = u
+		for r := range m.used[a] {
+			out[usageKey{a, modeKey{false, r}}] = m.spent(a, r) // what counts against a cap
 		}
 		for r, v := range m.reserved[a] {
 			k := usageKey{a, modeKey{false, r}}

@@ -96,9 +96,9 @@ func (m *model) checkWarnings(ev Event) {
 	for _, a := range m.chain(node) {
 		for _, c := range charges {
 			cm := m.modes[a][modeKey{false, c.Resource}]
-			if q, ok := m.quotas[a][c.Resource]; ok && cm.Mode != ModeHard && m.used[a][c.Resource]+m.reserved[a][c.Resource]+c.Amount > q {
+			if q, ok := m.quotas[a][c.Resource]; ok && cm.Mode != ModeHard && m.spent(a, c.Resource)+m.reserved[a][c.Resource]+c.Amount > q {
 				want = append(want, fmt.Sprint(Warning{Node: a, Name: c.Resource, Mode: cm.Mode,
-					Used: m.used[a][c.Resource] + m.reserved[a][c.Resource] + c.Amount, Cap: q}))
+					Used: m.spent(a, c.Resource) + m.reserved[a][c.Resource] + c.Amount, Cap: q}))
 			}
 		}
 		cm := m.modes[a][modeKey{true, class}]

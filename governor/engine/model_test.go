@@ -47,6 +47,8 @@ type model struct {
 	modelDecide
 	// Rates and their buckets (model_rate_test.go).
 	modelRates
+	// Periods and their windows (model_period_test.go).
+	modelPeriods
 }
 
 type modelLease struct {
@@ -78,6 +80,7 @@ func newModel(retention time.Duration) *model {
 	m.state[RootID] = Open
 	m.decideInit()
 	m.initRates()
+	m.initPeriods(time.UTC)
 	return m
 }
 
@@ -157,6 +160,7 @@ func (m *model) Emit(ev Event) {
 	m.checkTenantState(ev)
 	m.rateEvent(ev)
 	before := m.chainUsage(ev)
+	m.periodEvent(ev)
 	m.applyEvent(ev)
 	m.checkCapsPassed(ev, before)
 	m.decideEvent(ev, l)
@@ -319,7 +323,7 @@ func (m *model) applyEvent(ev Event) {
 			// I1: a new reservation fits under every quota, counting what
 			// is reserved; settling moves units from reserved to used.
 			if q, ok := m.refusesAt(a, false, ev.Resource); ok && ev.Amount > 0 &&
-				m.used[a][ev.Resource]+m.reserved[a][ev.Resource]-ev.Returned+ev.Amount > q {
+				m.spent(a, ev.Resource)+m.reserved[a][ev.Resource]-ev.Returned+ev.Amount > q {
 				m.failf("I1 quotas: event %d reserves %d of %s on node %d; node %d had %d used and %d reserved of %d, %d returned",
 					ev.Seq, ev.Amount, ev.Resource, ev.Node, a, m.used[a][ev.Resource], m.reserved[a][ev.Resource], q, ev.Returned)
 			}
@@ -428,9 +432,9 @@ func (m *model) checkOpen(ev Event, id NodeID) {
 // reserved) and applies it.
 func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.used[a][r]-m.reserved[a][r] {
-			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d used and %d reserved of %d",
-				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], q)
+		if q, ok := m.refusesAt(a, false, r); ok && amount > q-m.spent(a, r)-m.reserved[a][r] {
+			m.failf("I1 quotas: event %d charges %d of %s on node %d; node %d had %d spent and %d reserved of %d",
+				ev.Seq, amount, r, id, a, m.spent(a, r), m.reserved[a][r], q)
 		}
 		m.count(m.used, "used", a, r, amount)
 	}
@@ -441,7 +445,7 @@ func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 // after the shadow charges before it would have) and adds it to the ledger.
 func (m *model) shadowCharge(ev Event, id NodeID, r string, amount int64) {
 	for _, a := range m.chain(id) {
-		if q, ok := m.refusesAt(a, false, r); ok && amount+m.shadow[a][r] > q-m.used[a][r]-m.reserved[a][r] {
+		if q, ok := m.refusesAt(a, false, r); ok && amount+m.shadow[a][r] > q-m.spent(a, r)-m.reserved[a][r] {
 			m.failf("I23 shadow: event %d records %d of %s on node %d; node %d had %d used, %d reserved and %d in its shadow ledger of %d",
 				ev.Seq, amount, r, id, a, m.used[a][r], m.reserved[a][r], m.shadow[a][r], q)
 		}

@@ -49,7 +49,7 @@ var mutants = []mutant{
 	{"accept a request id reused with other arguments", "session.go",
 		"if r.fingerprint != fp {", "if r.fingerprint != fp && false {", `reused with other arguments was accepted`},
 	{"leak a lease granted at the instant of a cancel", "lease.go",
-		"\t\te.emit(Event{Kind: EvLeaseReleased, At: e.now(), Session: l.session.id, Lease: l.id,\n\t\t\tForget: w.requestID, Charges: w.charges, GivenBack: true})\n\t\te.dispatch(l.class)", "\t\t_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
+		"\t\te.emit(Event{Kind: EvLeaseReleased, At: e.tick(), Session: l.session.id, Lease: l.id,\n\t\t\tForget: w.requestID, Charges: w.charges, GivenBack: true})\n\t\te.dispatch(l.class)", "\t\t_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
 	// Delegated budgets: blocks of slots and reservations of quota.
 	{"a block not charged on an ancestor", "block.go",
 		"for a := l.node; a != nil; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount)",
@@ -63,9 +63,9 @@ var mutants = []mutant{
 	{"a return that refunds spent units", "reserve.go",
 		"\t\tg.n += ev.Spent\n", "\t\tg.n += ev.Spent - ev.Returned\n", `used \(I2\)`},
 	{"reserved units not counted against the cap", "gauge.go",
-		"return ok && amount > eff-g.n-g.r\n", "return ok && amount > eff-g.n\n", `I1 quotas`},
+		"return ok && amount > eff-g.spent()-g.r\n", "return ok && amount > eff-g.spent()\n", `I1 quotas`},
 	{"a denial while reservations could be recalled", "quota.go",
-		"\t\tif eff, _ := g.enforced(); want > eff-g.n { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
+		"\t\tif eff, _ := g.enforced(); want > eff-g.spent() { // full, so enforced\n", "\t\tif eff, _ := g.enforced(); true {\n", `I14 denial`},
 	// The shadow ledger (dryrun.go).
 	{"a shadow request decided without its ledger", "dryrun.go",
 		"dr, n, err := e.dryRun(s, now, r, charges, true)", "dr, n, err := e.dryRun(s, now, r, charges, false)", `I23 shadow`},
@@ -143,6 +143,17 @@ var mutants = []mutant{
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",
 		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
+	// Periods (period.go).
+	{"a reset that counts reserved units as the ending window's", "period.go",
+		"\tg.base = g.n\n", "\tg.base = g.n + g.r\n", `I1 quotas|I28 periods|node \d+ period of .*: engine`},
+	{"a reset a nanosecond after the boundary", "period.go",
+		"now >= g.per.win.End {", "now > g.per.win.End {", `I28 periods: .* was not reset first`},
+	{"a window a period too long", "period.go",
+		"return Window{Start: start, End: start + p.Every}", "return Window{Start: start, End: start + 2*p.Every}", `I28 periods`},
+	{"a snapshot that drops what earlier windows spent", "period.go",
+		"\t\tg.base = qw.Base\n", "", `replay from (mid-run|final) snapshot|node \d+ period of .*: engine`},
+	{"a give-back that credits the window it lands in", "period.go",
+		"granted < g.per.win.Start {", "granted < 0 {", `node \d+ period of .*: engine|I1 quotas|I28`},
 }
 
 // TestMutantsAreCaught builds the package with each mutant in place (through

@@ -159,7 +159,7 @@ func sortedReservations(m map[*reservation]struct{}) []*reservation {
 func (e *Engine) Contention(sid SessionID) ([]Notice, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return nil, err
 	}

@@ -110,7 +110,8 @@ func (a *Audit) validate(edit *CapsEdit) error {
 	}
 	if a.For > 0 {
 		if edit.DefaultQuotas != nil || edit.DefaultLimits != nil || edit.Weight != nil || edit.Priority != nil || edit.Deadline != nil ||
-			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil || edit.Rates != nil || edit.DefaultRates != nil {
+			edit.QuotaModes != nil || edit.LimitModes != nil || edit.Minimums != nil || edit.Rates != nil || edit.DefaultRates != nil ||
+			edit.QuotaPeriods != nil || edit.DefaultQuotaPeriods != nil {
 			return invalid("a temporary override sets only quotas and limits")
 		}
 		if len(edit.Quotas)+len(edit.Limits) == 0 {
@@ -297,7 +298,7 @@ func (e *Engine) applyCapsReverted(ev *Event) error {
 			}
 		}
 	}
-	n.applyCaps(ev.Caps, e, ev.At)
+	n.applyCaps(ev.Caps, e, ev.At, nil)
 	e.record(n, ev)
 	return nil
 }
@@ -369,7 +370,7 @@ func (n *node) sortedOverrides() []Override {
 func (e *Engine) CapsHistory(sid SessionID, id NodeID) ([]CapsChange, []Override, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -391,7 +392,7 @@ func (e *Engine) CapsHistory(sid SessionID, id NodeID) ([]CapsChange, []Override
 func (e *Engine) Lookup(sid SessionID, path string) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return NodeView{}, err
 	}

@@ -147,8 +147,8 @@ func (n *node) warnings(charges []Charge, class string, slots int64) []Warning {
 	var out []Warning
 	for a := n; a != nil; a = a.parent {
 		for _, c := range charges {
-			if g := a.quota[c.Resource]; g != nil && g.capped && g.mode != ModeHard && g.n+g.r+c.Amount > g.cap {
-				out = append(out, Warning{Node: a.id, Name: c.Resource, Mode: g.mode, Used: g.n + g.r + c.Amount, Cap: g.cap})
+			if g := a.quota[c.Resource]; g != nil && g.capped && g.mode != ModeHard && g.spent()+g.r+c.Amount > g.cap {
+				out = append(out, Warning{Node: a.id, Name: c.Resource, Mode: g.mode, Used: g.spent() + g.r + c.Amount, Cap: g.cap})
 			}
 		}
 		if slots > 0 {
@@ -209,7 +209,7 @@ type CapStatus struct {
 // counting extra units as used too: a node's shadow ledger, for a shadow
 // rule's requests (ShadowStatus); 0 otherwise.
 func (g *gauge) statusWith(extra int64, near []int) (Overage, int) {
-	used := g.n + g.r + extra
+	used := g.spent() + g.r + extra
 	threshold := 0
 	for _, t := range near {
 		// used/cap >= t/100, in floats so that no product overflows; a cap
@@ -236,7 +236,7 @@ func (e *Engine) capStatus(a *node, limit bool, k string, g *gauge, shadow bool)
 		extra = a.shadow[k] // bounded: Shadow refuses a ledger that would overflow
 	}
 	st, th := g.statusWith(extra, e.near)
-	used := g.n + g.r + extra
+	used := g.spent() + g.r + extra
 	return CapStatus{Node: a.id, NodeName: a.name, Limit: limit, Name: k, Mode: g.mode, Cap: g.cap, Burst: g.burst,
 		Used: used, Remaining: max(g.cap-used, 0), State: st, Threshold: th}
 }
@@ -259,7 +259,7 @@ func (e *Engine) ShadowStatus(sid SessionID, id NodeID) ([]CapStatus, error) {
 func (e *Engine) status(sid SessionID, id NodeID, shadow bool) ([]CapStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return nil, err
 	}

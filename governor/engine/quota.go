@@ -12,7 +12,7 @@ import (
 func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64, requestID string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return err
@@ -85,7 +85,7 @@ func (n *node) checkAs(r string, amount int64, shadow bool) error {
 		if g == nil || denied != nil || !g.full(want) {
 			continue
 		}
-		if eff, _ := g.enforced(); want > eff-g.n { // full, so enforced
+		if eff, _ := g.enforced(); want > eff-g.spent() { // full, so enforced
 			denied, deniedLimit, deniedWant = a, eff, want
 			continue
 		}
@@ -189,6 +189,12 @@ func (n *node) denialWith(r string, amount, limit int64, at *node, extra int64) 
 	d := &Denial{Resource: r, Node: n.id, NodeName: n.name, Used: n.quota.count(r) + extra, Limit: limit, Amount: amount}
 	// What n was charged directly is its usage less its children's.
 	direct := d.Used
+	if g := n.quota[r]; g != nil && g.per != nil { // the window's spend, and when it resets
+		d.Used -= g.base
+		if !g.per.period.IsZero() {
+			d.ResetAt = g.per.win.End
+		}
+	}
 	for _, c := range n.children {
 		u := c.quota.count(r)
 		if at != nil && at != n && at.within(c) {

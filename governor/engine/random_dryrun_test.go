@@ -45,15 +45,17 @@ func (w *world) dryRunOp() {
 			r.Charges[res] = w.hostileAmount(r.Charges[res], w.m.fullest(n, res, shadow))
 		}
 	}
-	want := w.m.dryRun(r, shadow, w.clock.Now().UnixNano())
 	before := w.e.Seq()
 	dr, err := w.e.DryRun(sid, r, shadow)
+	// Decided after the call: the periods' resets due, which the call
+	// emits first, are then in the model too.
+	want := w.m.dryRun(r, shadow, w.clock.Now().UnixNano())
 	what := fmt.Sprintf("dry run s%d n%d %q %v write %v shadow %v", sid, n, r.Class, r.Charges, r.Write, shadow)
 	w.logf("%s -> %+v %v; the model: %s", what, dr, err, want)
 	if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrSessionExpired) {
 		return
 	}
-	if w.e.Seq() != before {
+	if w.e.Seq() != w.afterResets(before) {
 		w.fail("%s emitted events %d..%d", what, before+1, w.e.Seq())
 	}
 	if got := dryRunAnswer(dr, err); got != want {
@@ -211,7 +213,7 @@ func (m *model) chargeRefusal(id NodeID, r string, amount int64, shadow bool) st
 		if shadow {
 			want += m.shadow[a][r]
 		}
-		switch used := m.used[a][r]; {
+		switch used := m.spent(a, r); {
 		case want > q-used:
 			return fmt.Sprintf("denied %d of %s at n%d (%d of %d)", amount, r, a, used+want-amount, q)
 		case want > q-used-m.reserved[a][r]:

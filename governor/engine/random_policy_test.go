@@ -242,14 +242,14 @@ func (w *world) shadowOp() {
 	switch {
 	case errors.As(dr.Err, &d):
 		q, ok := w.m.refusesAt(d.Node, false, d.Resource)
-		if want := w.m.used[d.Node][d.Resource] + w.m.shadow[d.Node][d.Resource]; !ok || d.Limit != q || d.Used != want ||
+		if want := w.m.spent(d.Node, d.Resource) + w.m.shadow[d.Node][d.Resource]; !ok || d.Limit != q || d.Used != want ||
 			d.Amount <= d.Limit-d.Used || !slices.Contains(w.m.chain(r.Node), d.Node) {
 			w.fail("I23 shadow: %s refused by %v; the model has %d spent and in the ledger of %d (enforced %v) there", what, d, want, q, ok)
 		}
 	case dr.Err != nil:
 		w.expect(what, before, dr.Err, ErrTaskEnded, ErrRecalling)
 	}
-	evs := w.rec.events[before:]
+	evs := w.rec.events[w.afterResets(before):]
 	if dr.Err != nil {
 		if len(evs) != 0 {
 			w.fail("%s refused with %v but emitted %d events", what, dr.Err, len(evs))
@@ -303,7 +303,7 @@ func (w *world) shadowRetry() {
 		return
 	}
 	w.expect(what, before, err)
-	if err == nil && (dr.Err != nil || w.e.Seq() != before) {
+	if err == nil && (dr.Err != nil || w.e.Seq() != w.afterResets(before)) {
 		w.fail("%s -> %v, events %d..%d; want admitted and nothing emitted", what, dr.Err, before+1, w.e.Seq())
 	}
 }

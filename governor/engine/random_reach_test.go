@@ -29,6 +29,8 @@ type coverage struct {
 	// Rates (I26, I27): refusals with a wait, charges larger than a
 	// bucket, takes from buckets, and hostile charges decided by a rate.
 	rateRefused, rateNever, rateTaken, rateHostile int
+	// periodResets counts windows closed by a reset (I28).
+	periodResets int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -44,6 +46,7 @@ func (r *reached) add(w *world) {
 	c := w.tally
 	c.agedGrants = w.m.agedGrants
 	c.rateTaken = w.m.rateTaken
+	c.periodResets = w.m.resets
 	for _, ev := range w.rec.events {
 		if ev.Kind == EvCapsReverted {
 			c.reverts++
@@ -59,6 +62,7 @@ func (r *reached) add(w *world) {
 	r.sum.rateNever += c.rateNever
 	r.sum.rateTaken += c.rateTaken
 	r.sum.rateHostile += c.rateHostile
+	r.sum.periodResets += c.periodResets
 	r.seeds++
 }
 
@@ -85,6 +89,7 @@ func (r *reached) check(t *testing.T) {
 		{"a charge larger than a bucket", r.sum.rateNever},
 		{"a charge taken from a bucket", r.sum.rateTaken},
 		{"a hostile charge decided by a rate", r.sum.rateHostile},
+		{"a quota's window closed by a reset", r.sum.periodResets},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

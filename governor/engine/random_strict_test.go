@@ -116,6 +116,11 @@ func (w *world) advance(d time.Duration) {
 				targets = append(targets, at)
 			}
 		}
+		for _, at := range w.m.windowEnds() { // the clock crosses periods' boundaries
+			if in(at) {
+				targets = append(targets, at)
+			}
+		}
 	}
 	exact := false
 	if len(targets) > 0 {

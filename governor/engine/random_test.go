@@ -64,6 +64,7 @@ func TestRandomized(t *testing.T) {
 				w.dryRunOp()
 				w.overrideOp()
 				w.rateOp()
+				w.periodOp()
 				w.respond()
 				w.drain()
 				w.check()
@@ -110,6 +111,7 @@ type world struct {
 	// stream of its own; shadowReqs are those recorded with an id.
 	srng       *rand.Rand
 	rrng       *rand.Rand // rates (random_rate_test.go), a stream of its own
+	prng       *rand.Rand // periods (random_period_test.go), a stream of its own
 	shadowReqs []shadowReq
 	// hrng draws hostile amounts (random_hostile_test.go), a stream of its
 	// own, in the seeds that send any (hostile).
@@ -182,7 +184,7 @@ func newWorld(t *testing.T, seed int64) *world {
 		srng: rand.New(rand.NewSource(seed + 2<<32)), hrng: rand.New(rand.NewSource(seed + 3<<32)),
 		deep: rand.New(rand.NewSource(seed + 4<<32)), aging: rand.New(rand.NewSource(seed + 5<<32)),
 		dry: rand.New(rand.NewSource(seed + 6<<32)), ovr: rand.New(rand.NewSource(seed + 7<<32)),
-		rrng: rand.New(rand.NewSource(seed + 8<<32)), clock: newFakeClock(),
+		rrng: rand.New(rand.NewSource(seed + 8<<32)), prng: rand.New(rand.NewSource(seed + 9<<32)), clock: newFakeClock(),
 		rec: &recorder{}, m: newModel(retention), scope: map[SessionID]NodeID{}, quiet: map[SessionID]bool{},
 		held: map[LeaseID]SessionID{}, local: map[modelRes]*localRes{}, told: map[blockKey2]NoticeKind{},
 		expires: map[SessionID]int64{}}
@@ -191,7 +193,9 @@ func newWorld(t *testing.T, seed int64) *world {
 	w.m.pastBound = w.pastBound
 	w.cfg = Config{Clock: w.clock, Sink: sinks{w.rec, w.m}, Notifier: w, Adaptive: []Adaptive{{Class: "llm",
 		TargetP95: 50 * time.Millisecond, MaxOverload: 0.1, MinLimit: 1, MaxLimit: 6, MinSamples: 5}},
-		Retention: retention, Bounds: w.randBounds(), TenantBounds: map[string]Bounds{"tenant0": w.randBounds()}}
+		Retention: retention, Bounds: w.randBounds(), TenantBounds: map[string]Bounds{"tenant0": w.randBounds()},
+		Location: w.periodZone()}
+	w.m.loc = w.cfg.Location
 	e, err := New(w.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -391,6 +395,7 @@ func (w *world) expect(what string, before uint64, err error, allowed ...error) 
 	// on the way has ended, and that is all.)
 	// What an end found on the way frees is dispatched at once: grants
 	// may follow it.
+	before = w.afterResets(before)
 	if evs := w.rec.events[before:]; errors.Is(err, ErrBound) && (len(evs) == 0 || evs[0].Kind == EvNodeEnded) && !slices.ContainsFunc(evs, func(ev Event) bool {
 		return !(ev.Kind == EvNodeEnded && ev.State == Expired) && ev.Kind != EvLeaseGranted
 	}) {
@@ -648,7 +653,7 @@ func (w *world) randomOp() {
 		if err != nil || got != r.result {
 			w.fail("retry of %q by session %d returned %q, %v; the original returned %q", r.id, r.sid, got, err, r.result)
 		}
-		if e.Seq() != before {
+		if e.Seq() != w.afterResets(before) {
 			w.fail("retry of %q emitted events %d..%d", r.id, before+1, e.Seq())
 		}
 	case op < 95: // an id reused with other arguments
@@ -782,6 +787,7 @@ func (w *world) check() {
 	w.checkCounters()
 	w.checkDecisions()
 	w.checkRates()
+	w.checkPeriods()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
 		ml, ok := m.leases[id]
@@ -1298,7 +1304,7 @@ func (w *world) checkRefusal(sid SessionID, err error, n NodeID, r string, amoun
 	var blocked *node
 	for a := w.e.nodes[n]; a != nil; a = a.parent {
 		q, refuses := w.m.refusesAt(a.id, false, r) // a soft cap refuses past its burst (policy.go)
-		if g := a.quota[r]; g != nil && refuses && amount > q-g.n-g.r+returned && amount <= q-g.n {
+		if g := a.quota[r]; g != nil && refuses && amount > q-g.spent()-g.r+returned && amount <= q-g.spent() {
 			blocked = a
 		}
 	}

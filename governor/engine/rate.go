@@ -340,7 +340,7 @@ type RateStatus struct {
 func (e *Engine) RateStatus(sid SessionID, id NodeID) ([]RateStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return nil, err

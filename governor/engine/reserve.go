@@ -79,7 +79,7 @@ type Reservation struct {
 func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return Reservation{}, err
@@ -212,11 +212,11 @@ func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
 		if !refuses || denied != nil {
 			continue
 		}
-		if g.n+spent >= eff {
+		if g.spent()+spent >= eff {
 			denied, deniedLimit = a, eff
 			continue
 		}
-		free := eff - g.n - g.r + returned
+		free := eff - g.spent() - g.r + returned
 		if free <= 0 {
 			blocked = a
 		}

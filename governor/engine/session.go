@@ -59,7 +59,7 @@ func expiry(now int64, ttl time.Duration) int64 {
 func (e *Engine) OpenSession(scope NodeID, tokenHash string, ttl time.Duration) (SessionID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	if ttl <= 0 {
 		return 0, invalid("session TTL %v is not positive", ttl)
 	}
@@ -121,7 +121,7 @@ func (e *Engine) SessionTokens() map[SessionID]string {
 func (e *Engine) Heartbeat(sid SessionID) (time.Duration, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return 0, err
@@ -136,7 +136,7 @@ func (e *Engine) Heartbeat(sid SessionID) (time.Duration, error) {
 func (e *Engine) CloseSession(sid SessionID) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return err
@@ -322,7 +322,8 @@ func fingerprintSpec(op uint64, parent NodeID, s *NodeSpec) uint64 {
 	for _, m := range []map[string]int64{s.Quotas, s.Limits, s.DefaultQuotas, s.DefaultLimits} {
 		h = fingerprintMap(h, m)
 	}
-	return fingerprintRates(fnvAdd(fnvAdd(h, uint64(s.Weight)), uint64(s.Priority)), s.Rates, s.DefaultRates)
+	h = fingerprintRates(fnvAdd(fnvAdd(h, uint64(s.Weight)), uint64(s.Priority)), s.Rates, s.DefaultRates)
+	return fingerprintPeriods(h, s.QuotaPeriods, s.DefaultQuotaPeriods)
 }
 
 func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
@@ -355,7 +356,7 @@ func fingerprintCaps(node NodeID, c *CapsEdit) uint64 {
 			h = fnvAdd(fnvAdd(fnvAdd(fnvString(h, k), uint64(m.Min)), uint64(m.From)), uint64(m.Until))
 		}
 	}
-	return fingerprintRates(h, c.Rates, c.DefaultRates)
+	return fingerprintPeriods(fingerprintRates(h, c.Rates, c.DefaultRates), c.QuotaPeriods, c.DefaultQuotaPeriods)
 }
 
 const (

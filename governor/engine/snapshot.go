@@ -216,6 +216,13 @@ func (e *Engine) Restore(snap Snapshot) error {
 			n.limit.add(k, h)
 		}
 		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
+		if err := e.restorePeriods(n, v.Periods); err != nil {
+			return err
+		}
+		if err := validPeriods("default quota period", v.DefaultQuotaPeriods); err != nil {
+			return fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
+		}
+		n.defPeriods = maps.Clone(v.DefaultQuotaPeriods)
 		n.endedAt, n.gone, n.created = v.Ended, maps.Clone(v.Reclaimed), v.Created
 		if n.state == Open && n.endedAt != 0 {
 			return fmt.Errorf("%w: snapshot node %d is %s but ended at %d", ErrCorrupt, v.ID, n.state, n.endedAt)

@@ -107,7 +107,7 @@ func (n *node) writesRefused() *TenantStateError {
 func (e *Engine) SetTenantState(sid SessionID, id NodeID, st TenantState, reason string, revoke bool, requestID string) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return NodeView{}, err

@@ -76,6 +76,12 @@ type NodeSpec struct {
 	// (rate.go): a Rate with Units NoCap removes an inherited one.
 	Rates        map[string]Rate `json:"rt,omitempty"`
 	DefaultRates map[string]Rate `json:"drt,omitempty"` // nil inherits the parent's defaults
+	// QuotaPeriods and DefaultQuotaPeriods are as Quotas and
+	// DefaultQuotas, for periods (period.go): a quota inherited from the
+	// parent's defaults takes its default period unless QuotaPeriods
+	// names one (the zero Period: none). A period needs its quota.
+	QuotaPeriods        map[string]Period `json:"qp,omitempty"`
+	DefaultQuotaPeriods map[string]Period `json:"dqp,omitempty"` // nil inherits the parent's
 }
 
 // CapsEdit changes a node's caps. Keys not named are left alone; NoCap
@@ -99,6 +105,11 @@ type CapsEdit struct {
 	// Rate with Units NoCap removes one.
 	Rates        map[string]Rate `json:"rt,omitempty"`
 	DefaultRates map[string]Rate `json:"drt,omitempty"`
+	// QuotaPeriods and DefaultQuotaPeriods set when quotas and default
+	// quotas reset (period.go); the zero Period removes one. A period
+	// needs its quota, and removing the quota removes it.
+	QuotaPeriods        map[string]Period `json:"qp,omitempty"`
+	DefaultQuotaPeriods map[string]Period `json:"dqp,omitempty"`
 }
 
 // NodeView is a copy of a node's state, safe to keep. In a snapshot, zero
@@ -146,6 +157,10 @@ type NodeView struct {
 	// and DefaultRates the rates a new child starts with.
 	Rates        map[string]BucketView `json:",omitempty"`
 	DefaultRates map[string]Rate       `json:",omitempty"`
+	// Periods are the quotas' periods with their windows (period.go), and
+	// DefaultQuotaPeriods the periods a new child's default quotas take.
+	Periods             map[string]QuotaWindow `json:",omitempty"`
+	DefaultQuotaPeriods map[string]Period      `json:",omitempty"`
 }
 
 type node struct {
@@ -196,6 +211,8 @@ type node struct {
 	// rates a new child starts with (rate.go).
 	rates    map[string]*bucket
 	defRates map[string]Rate
+	// defPeriods are the periods of the default quotas (period.go).
+	defPeriods map[string]Period
 
 	// Kept on a tenant for its bounds (bounds.go): open nodes below it, open
 	// sessions scoped inside it, and (not state) its queued acquires.
@@ -233,7 +250,8 @@ func (n *node) view() NodeView {
 		Deadline: n.deadline, Weight: n.weight, Priority: n.priority, Ended: n.endedAt, Reclaimed: maps.Clone(n.gone),
 		Created: n.created, QuotaModes: n.quota.modes(), LimitModes: n.limit.modes(),
 		TenantState: n.tstate, TenantStateReason: n.tstateWhy, Minimums: maps.Clone(n.mins),
-		Shadow: nilIfEmpty(maps.Clone(n.shadow)), Rates: n.rateViews(), DefaultRates: maps.Clone(n.defRates)}
+		Shadow: nilIfEmpty(maps.Clone(n.shadow)), Rates: n.rateViews(), DefaultRates: maps.Clone(n.defRates),
+		Periods: n.periodViews(), DefaultQuotaPeriods: maps.Clone(n.defPeriods)}
 	if n.parent != nil {
 		v.Parent = n.parent.id
 	}
@@ -288,10 +306,11 @@ func mergeCaps(base, edit map[string]int64) map[string]int64 {
 	return out
 }
 
-func (n *node) applyCaps(c *CapsEdit, e *Engine, at int64) {
+func (n *node) applyCaps(c *CapsEdit, e *Engine, at int64, wins map[string]Window) {
 	n.setRates(c.Rates, at)
 	n.defRates = mergeRates(n.defRates, c.DefaultRates)
 	n.quota.setCaps(c.Quotas)
+	e.setPeriods(n, c.QuotaPeriods, wins)
 	n.limit.setCaps(c.Limits)
 	for k, m := range c.QuotaModes {
 		n.quota.setMode(k, m)
@@ -302,6 +321,7 @@ func (n *node) applyCaps(c *CapsEdit, e *Engine, at int64) {
 	n.applyMinimums(c.Minimums)
 	n.defQuotas = mergeCaps(n.defQuotas, c.DefaultQuotas)
 	n.defLimits = mergeCaps(n.defLimits, c.DefaultLimits)
+	n.defPeriods = keepCapped(mergePeriods(n.defPeriods, c.DefaultQuotaPeriods), n.defQuotas)
 	if c.Weight != nil {
 		n.weight = *c.Weight
 	}
@@ -320,6 +340,7 @@ func (s NodeSpec) clone() NodeSpec {
 	s.Quotas, s.Limits = maps.Clone(s.Quotas), maps.Clone(s.Limits)
 	s.DefaultQuotas, s.DefaultLimits = maps.Clone(s.DefaultQuotas), maps.Clone(s.DefaultLimits)
 	s.Rates, s.DefaultRates = maps.Clone(s.Rates), maps.Clone(s.DefaultRates)
+	s.QuotaPeriods, s.DefaultQuotaPeriods = maps.Clone(s.QuotaPeriods), maps.Clone(s.DefaultQuotaPeriods)
 	return s
 }
 
@@ -329,6 +350,7 @@ func (c CapsEdit) clone() CapsEdit {
 	c.QuotaModes, c.LimitModes = maps.Clone(c.QuotaModes), maps.Clone(c.LimitModes)
 	c.Minimums = maps.Clone(c.Minimums)
 	c.Rates, c.DefaultRates = maps.Clone(c.Rates), maps.Clone(c.DefaultRates)
+	c.QuotaPeriods, c.DefaultQuotaPeriods = maps.Clone(c.QuotaPeriods), maps.Clone(c.DefaultQuotaPeriods)
 	for _, p := range []**int64{&c.Weight, &c.Priority, &c.Deadline} {
 		if *p != nil {
 			v := **p
@@ -392,6 +414,9 @@ func (s *NodeSpec) validate() error {
 	if err := validRateSets(s.Rates, s.DefaultRates); err != nil {
 		return err
 	}
+	if err := validPeriodSets(s.QuotaPeriods, s.DefaultQuotaPeriods); err != nil {
+		return err
+	}
 	if s.Weight < 0 {
 		return invalid("weight %d is negative", s.Weight)
 	}
@@ -406,6 +431,9 @@ func (c *CapsEdit) validate() error {
 		return err
 	}
 	if err := validRateSets(c.Rates, c.DefaultRates); err != nil {
+		return err
+	}
+	if err := validPeriodSets(c.QuotaPeriods, c.DefaultQuotaPeriods); err != nil {
 		return err
 	}
 	if c.Weight != nil && *c.Weight < 1 {
@@ -468,7 +496,7 @@ func (e *Engine) FindOrCreate(sid SessionID, parent NodeID, spec NodeSpec, reque
 func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, requestID string, find bool) (NodeView, bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return NodeView{}, false, err
@@ -511,9 +539,14 @@ func (e *Engine) createNode(sid SessionID, parentID NodeID, spec NodeSpec, reque
 			return NodeView{}, false, err
 		}
 	}
+	quotas, err := spec.checkPeriods(parent)
+	if err != nil {
+		return NodeView{}, false, err
+	}
 	id := e.nextNode
 	e.emit(Event{Kind: EvNodeCreated, At: now, Session: s.id, Node: id, Parent: parent.id,
-		Spec: &spec, RequestID: requestID, Fingerprint: fp})
+		Spec: &spec, RequestID: requestID, Fingerprint: fp,
+		Windows: e.windowsFor(nil, keepCapped(childPeriods(parent, &spec), quotas), now, true)})
 	return e.nodes[id].view(), true, nil
 }
 
@@ -538,6 +571,11 @@ func (e *Engine) applyNodeCreated(ev *Event) error {
 	n.defRates = maps.Clone(parent.defRates)
 	if sp.DefaultRates != nil {
 		n.defRates = mergeRates(nil, sp.DefaultRates)
+	}
+	e.setPeriods(n, childPeriods(parent, sp), ev.Windows)
+	n.defPeriods = keepCapped(maps.Clone(parent.defPeriods), n.defQuotas)
+	if sp.DefaultQuotaPeriods != nil {
+		n.defPeriods = keepCapped(mergePeriods(nil, sp.DefaultQuotaPeriods), n.defQuotas)
 	}
 	if sp.Weight > 0 {
 		n.weight = sp.Weight
@@ -578,7 +616,7 @@ func (p *node) adopt(n *node) {
 func (e *Engine) Get(sid SessionID, id NodeID) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return NodeView{}, err
 	}
@@ -594,7 +632,7 @@ func (e *Engine) Get(sid SessionID, id NodeID) (NodeView, error) {
 func (e *Engine) Children(sid SessionID, id, after NodeID, limit int) ([]NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.now())
+	s, err := e.session(sid, e.tick())
 	if err != nil {
 		return nil, err
 	}
@@ -618,7 +656,7 @@ func (e *Engine) Children(sid SessionID, id, after NodeID, limit int) ([]NodeVie
 func (e *Engine) EndNode(sid SessionID, id NodeID, state State, requestID string) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return NodeView{}, err
@@ -747,7 +785,7 @@ func (e *Engine) SetCaps(sid SessionID, id NodeID, edit CapsEdit, requestID stri
 func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, requestID string) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := e.now()
+	now := e.tick()
 	s, err := e.session(sid, now)
 	if err != nil {
 		return NodeView{}, err
@@ -776,6 +814,9 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 	if err := n.checkModes(&edit); err != nil {
 		return NodeView{}, err
 	}
+	if err := n.checkPeriods(&edit); err != nil {
+		return NodeView{}, err
+	}
 	if err := e.checkMinimums(n, &edit); err != nil {
 		return NodeView{}, err
 	}
@@ -789,7 +830,7 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 		audit.Until = now + int64(a.For)
 	}
 	e.emit(Event{Kind: EvCapsSet, At: now, Session: s.id, Node: n.id, Caps: &edit, Audit: audit,
-		RequestID: requestID, Fingerprint: fp})
+		RequestID: requestID, Fingerprint: fp, Windows: e.windowsFor(n, edit.QuotaPeriods, now, false)})
 	// What was delegated below n was sized under the old caps.
 	e.recallUnder(n, "", "")
 	if edit.Weight != nil {

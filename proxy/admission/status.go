@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // CapReader reads, from governord, where the caps over a subtask's node
@@ -36,6 +37,10 @@ type CapState struct {
 	Remaining int64 // before the cap itself
 	State     string
 	Threshold int // the highest near threshold reached, percent
+	// Period is a quota's period ("month", "10s") and ResetAt when it
+	// next resets; empty and zero for one that never resets.
+	Period  string
+	ResetAt time.Time
 }
 
 // The states of a cap, as governord names them; Within is the only one

@@ -56,7 +56,8 @@ func (a *Admitter) CapStatus(ctx context.Context, subtask string, shadow bool) (
 	var out admission.CapReport
 	for _, c := range caps {
 		st := admission.CapState{NodeID: c.NodeID, Node: c.NodeName, Limit: c.Limit, Name: c.Name,
-			Mode: c.Mode, Cap: c.Cap, Used: c.Used, Remaining: c.Remaining, State: c.State, Threshold: c.Threshold}
+			Mode: c.Mode, Cap: c.Cap, Used: c.Used, Remaining: c.Remaining, State: c.State, Threshold: c.Threshold,
+			Period: c.Period, ResetAt: c.ResetAt}
 		if !st.Limit {
 			if own := min(before.under(st.NodeID, st.Name), after.under(st.NodeID, st.Name)); own > 0 {
 				st.Used = max(st.Used-own, 0)

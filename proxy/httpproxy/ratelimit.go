@@ -30,8 +30,10 @@ const statusTimeout = 2 * time.Second
 // over ex's node, as a caller of this sidecar can use them (the sidecar's
 // own unspent reservations are left, not used); for a request of a rule in
 // shadow, as enforcing the rule would meet them (its shadow ledger counts
-// as spent). The quota is a budget that never refills, so the fields carry
-// no window and no reset: q is the cap, r what is left of it. A reading
+// as spent). q is the cap and r what is left of it; a quota with a period
+// adds t, the seconds until it resets (rounded up), and, for a period that
+// is a duration, w, its length in seconds (a calendar period's length
+// varies: no w). A quota that never refills has neither. A reading
 // that fails leaves the headers out (counted): they inform, they never
 // decide.
 func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
@@ -47,13 +49,13 @@ func (p *Proxy) addRateLimit(ctx context.Context, ex *exchange, h http.Header) {
 		p.log.Debug("governor-proxy: reading the caps' state for RateLimit headers failed", "rule", ex.rule, "err", err)
 		return
 	}
-	rateLimitHeaders(h, rep, ex.decision)
+	rateLimitHeaders(h, rep, ex.decision, time.Now())
 }
 
 // rateLimitHeaders writes rep into h for a request under d: the tightest
 // quota over the resources it charges (a metered one's too; any quota when
 // it charges none), and the worst of the caps over it.
-func rateLimitHeaders(h http.Header, rep admission.CapReport, d classify.Decision) {
+func rateLimitHeaders(h http.Header, rep admission.CapReport, d classify.Decision, now time.Time) {
 	charged := d.Charges
 	if d.Meter != nil {
 		charged = maps.Clone(d.Charges)
@@ -64,8 +66,15 @@ func rateLimitHeaders(h http.Header, rep admission.CapReport, d classify.Decisio
 	}
 	if c, ok := rep.Tightest(charged); ok {
 		name := strconv.Quote(c.PolicyName())
-		h.Add(HeaderRateLimitPolicy, fmt.Sprintf("%s;q=%d", name, c.Cap))
-		h.Add(HeaderRateLimit, fmt.Sprintf("%s;r=%d", name, c.Remaining))
+		policy, limit := fmt.Sprintf("%s;q=%d", name, c.Cap), fmt.Sprintf("%s;r=%d", name, c.Remaining)
+		if w, err := time.ParseDuration(c.Period); err == nil && w >= time.Second {
+			policy += fmt.Sprintf(";w=%d", int64(w/time.Second))
+		}
+		if !c.ResetAt.IsZero() {
+			limit += fmt.Sprintf(";t=%d", int64(max(c.ResetAt.Sub(now)+time.Second-1, 0)/time.Second))
+		}
+		h.Add(HeaderRateLimitPolicy, policy)
+		h.Add(HeaderRateLimit, limit)
 	}
 	if c, ok := rep.Worst(charged, d.Class); ok {
 		h.Set(HeaderWarning, c.Warning())

@@ -64,8 +64,8 @@ func (m fileCapMap) parse(key string, modes bool) (map[string]int64, map[string]
 func parseCapMapping(k string, spec map[string]any) (int64, engine.CapMode, error) {
 	var cm engine.CapMode
 	for f := range spec {
-		if f != "cap" && f != "mode" && f != "burst" {
-			return 0, cm, keyErr(k+"."+f, "is not a key of a cap (cap, mode, burst)")
+		if f != "cap" && f != "mode" && f != "burst" && f != "period" { // period: periods.go
+			return 0, cm, keyErr(k+"."+f, "is not a key of a cap (cap, mode, burst, period)")
 		}
 	}
 	raw, ok := spec["cap"]

@@ -52,8 +52,11 @@ type Config struct {
 	AdminKeySHA256 [sha256.Size]byte
 	Store          StoreConfig
 	Root           Caps
-	Adaptive       []engine.Adaptive
-	Tenants        []TenantConfig
+	// Location is the time zone of calendar periods (time_zone; UTC by
+	// default).
+	Location *time.Location
+	Adaptive []engine.Adaptive
+	Tenants  []TenantConfig
 	// MaxSessionTTL is the longest TTL a client may ask for; a longer ask
 	// gets this. Zero means DefaultMaxSessionTTL.
 	MaxSessionTTL time.Duration
@@ -112,6 +115,8 @@ type Caps struct {
 	LimitModes map[string]engine.CapMode
 	// Rates are token buckets by resource (server/rates.go).
 	Rates map[string]engine.Rate
+	// QuotaPeriods are when quotas reset, by resource (server/periods.go).
+	QuotaPeriods map[string]engine.Period
 }
 
 // TenantConfig is one tenant as the operator configures it.
@@ -132,8 +137,10 @@ type TenantConfig struct {
 	// (server/policy.go); their sum per class is within root.limits.
 	Minimums map[string]engine.Minimum
 	// Rates are the tenant's token buckets by resource (server/rates.go).
-	Rates    map[string]engine.Rate
-	Defaults Caps // what each new task of the tenant starts with (no modes)
+	Rates map[string]engine.Rate
+	// QuotaPeriods are when the tenant's quotas reset (server/periods.go).
+	QuotaPeriods map[string]engine.Period
+	Defaults     Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
 	Bounds engine.Bounds
 	// MaxInFlight caps the tenant's calls holding a place in admission;
@@ -202,6 +209,7 @@ type fileConfig struct {
 	HA             fileHA         `mapstructure:"ha"`
 	Admission      fileAdmission  `mapstructure:"admission"`
 	NearThresholds []int          `mapstructure:"near_thresholds"`
+	TimeZone       string         `mapstructure:"time_zone"`
 }
 
 type fileTLS struct {
@@ -231,6 +239,12 @@ func (f fileCaps) caps(key string, modes bool) (Caps, error) {
 		return c, err
 	}
 	if c.Limits, c.LimitModes, err = f.Limits.parse(key+".limits", modes); err != nil {
+		return c, err
+	}
+	if c.QuotaPeriods, err = f.Quotas.periods(key+".quotas", true); err != nil {
+		return c, err
+	}
+	if _, err = f.Limits.periods(key+".limits", false); err != nil {
 		return c, err
 	}
 	c.Rates, err = f.Rates.parse(key + ".rates")
@@ -326,6 +340,9 @@ func (f fileConfig) validate() (Config, error) {
 		return Config{}, err
 	}
 	c.Root = root
+	if c.Location, err = parseTimeZone(f.TimeZone); err != nil {
+		return Config{}, err
+	}
 	if err := checkNear(c.Near); err != nil {
 		return Config{}, err
 	}
@@ -496,7 +513,7 @@ func (t fileTenant) validate(key string, base engine.Bounds, tc *TenantConfig) e
 		return err
 	}
 	tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
-	tc.QuotaModes, tc.LimitModes, tc.Rates = own.QuotaModes, own.LimitModes, own.Rates
+	tc.QuotaModes, tc.LimitModes, tc.Rates, tc.QuotaPeriods = own.QuotaModes, own.LimitModes, own.Rates, own.QuotaPeriods
 	if tc.Minimums, err = t.Minimums.parseMinimums(key + ".minimums"); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@
 
 import { status as Status } from '@grpc/grpc-js';
 import { statusDetails } from './proto.js';
+import { timestampMs } from './time.js';
 
 /** The gRPC status codes, by name, as numbers (err.code is one of them). */
 export const Code = Object.freeze({
@@ -31,7 +32,8 @@ const codeNames = Object.fromEntries(Object.entries(Code).map(([k, v]) => [v, k]
  * codeName spells it), the reason in message, and what the server explained
  * as fields. denied is true when a quota refused the call (the budget is
  * spent: retrying will not help); the denial's cap, node, used/limit and
- * largest consumer are then fields of the error. rateLimited is true when
+ * largest consumer are then fields of the error, and resetAtMs when the
+ * quota has a period (when it resets: waiting until then helps). rateLimited is true when
  * a rate refused it instead (retryable: nothing was charged): the rate's
  * resource, node, level (units in its bucket), amount and retryAfterMs
  * (how long until the bucket holds the amount) are then fields. 64-bit ids
@@ -51,7 +53,7 @@ export class GovernorError extends Error {
     // admitted through it; connect again.
     this.sessionLost = Boolean(fields.sessionLost);
     for (const key of ['resource', 'nodeId', 'nodeName', 'used', 'limit', 'amount',
-      'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'nodeEnded', 'leaseEnded', 'level', 'retryAfterMs']) {
+      'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'resetAtMs', 'nodeEnded', 'leaseEnded', 'level', 'retryAfterMs']) {
       if (fields[key] !== undefined) this[key] = fields[key];
     }
   }
@@ -80,6 +82,9 @@ export function fromGrpc(op, err) {
       largestConsumerName: denial.largestConsumerName,
       largestConsumerUsed: Number(denial.largestConsumerUsed),
     });
+    // A quota with a period: when it resets (ms since the epoch), and
+    // used counts since the last reset. Unset for one that never resets.
+    if (denial.resetAt) fields.resetAtMs = timestampMs(denial.resetAt);
   }
   const rate = details.RateLimited;
   if (code === Status.RESOURCE_EXHAUSTED && rate) {

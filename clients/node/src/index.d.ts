@@ -134,6 +134,8 @@ export declare class GovernorError extends Error {
   readonly largestConsumerId?: string;
   readonly largestConsumerName?: string;
   readonly largestConsumerUsed?: number;
+  /** When a quota with a period resets, in ms since the epoch (used counts since the last reset). */
+  readonly resetAtMs?: number;
   /** FAILED_PRECONDITION because a task ended: which node, and how. */
   readonly nodeEnded?: { nodeId: string; nodeName: string; state: 'CLOSED' | 'CANCELLED' | 'EXPIRED' };
   /** FAILED_PRECONDITION because a lease ended: which, and why. */

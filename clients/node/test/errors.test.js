@@ -43,6 +43,21 @@ describe('codes', () => {
     await task.close();
   });
 
+  test('RESOURCE_EXHAUSTED for a quota with a period: denied, with resetAtMs', async () => {
+    const task = await session.newTask({ name: 'windowed' });
+    await session.rpc('SetCaps', { nodeId: task.id, quotas: { pages: 2 }, quotaPeriods: { pages: 'hour' } });
+    await task.consume('pages', 2);
+    let refusal;
+    await assert.rejects(task.consume('pages'), (err) => {
+      refusal = err;
+      return isError(Code.RESOURCE_EXHAUSTED, { denied: true, resource: 'pages', nodeId: task.id, used: 2, limit: 2 })(err);
+    });
+    const hour = 3600_000;
+    const next = (Math.floor(Date.now() / hour) + 1) * hour; // governord's time_zone is UTC here
+    assert.ok(Math.abs(refusal.resetAtMs - next) <= 1000, `resetAtMs ${refusal.resetAtMs}, want about ${next}`);
+    await task.close();
+  });
+
   test('RESOURCE_EXHAUSTED for a rate: rateLimited, not denied, with the wait; retry() waits it', async () => {
     const task = await session.newTask({ name: 'paced' });
     // One call per 300 ms, one at a time.
