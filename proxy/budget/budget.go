@@ -26,6 +26,10 @@
 // With delegation off, each request is one ChargeAndAcquire and one Release,
 // as before delegation existed.
 //
+// Work a rate refuses is paced (pace.go): held, in arrival order per
+// subtask and resource, until the rate has room, as long as its ctx allows,
+// unless its rule says on_rate: deny.
+//
 // When the session is lost (governord unreachable past the SDK's local
 // deadline) every admission fails closed until a new session is open. During
 // a short outage the sidecar goes on granting from what it holds.
@@ -147,6 +151,8 @@ type Admitter struct {
 	bg background
 
 	local localDenials // refusals decided here, not yet reported (denials.go)
+
+	pace pacer // work a rate refused, waiting for room (pace.go)
 }
 
 // New returns an Admitter with no session yet: until Run opens one, every
@@ -154,7 +160,7 @@ type Admitter struct {
 func New(cfg Config) *Admitter {
 	cfg.fill()
 	return &Admitter{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ready: make(chan struct{}), done: make(chan struct{}),
-		bg: background{idle: make(chan func())}}
+		bg: background{idle: make(chan func())}, pace: pacer{m: cfg.Metrics}}
 }
 
 // Ready is closed once the first session is open and the task found.
@@ -234,7 +240,9 @@ func (a *Admitter) connect(ctx context.Context) (*session, error) {
 
 // Admit admits one unit of work: the charges from the node's reservations,
 // then a slot of the class from its block (or a single lease while the
-// class is contended). See admission.Admitter.
+// class is contended). Work a rate refuses waits for room in arrival order
+// as long as ctx allows, unless r.DenyRate (pace.go). See
+// admission.Admitter.
 func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ticket, error) {
 	var err error
 	if r, err = checkCharges(r); err != nil {
@@ -246,7 +254,13 @@ func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ti
 	if s == nil {
 		return nil, &admission.Denial{Cause: admission.CauseUnavailable, Class: r.Class, Err: errNoSession}
 	}
-	t, node, err := s.admit(ctx, r)
+	var t admission.Ticket
+	var node int64
+	err = a.pace.admit(ctx, r, func() error {
+		var err error
+		t, node, err = s.admit(ctx, r)
+		return err
+	})
 	if err != nil {
 		d := admission.Deny(ctx, err, r.Class, 0)
 		a.m.denied(d.Cause)
