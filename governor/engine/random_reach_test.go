@@ -29,6 +29,9 @@ type coverage struct {
 	// Rates (I26, I27): refusals with a wait, charges larger than a
 	// bucket, takes from buckets, and hostile charges decided by a rate.
 	rateRefused, rateNever, rateTaken, rateHostile int
+	// rateUndelegated counts top-ups of a rated resource answered Rated
+	// with nothing reserved (I26).
+	rateUndelegated int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -59,6 +62,7 @@ func (r *reached) add(w *world) {
 	r.sum.rateNever += c.rateNever
 	r.sum.rateTaken += c.rateTaken
 	r.sum.rateHostile += c.rateHostile
+	r.sum.rateUndelegated += c.rateUndelegated
 	r.seeds++
 }
 
@@ -85,6 +89,7 @@ func (r *reached) check(t *testing.T) {
 		{"a charge larger than a bucket", r.sum.rateNever},
 		{"a charge taken from a bucket", r.sum.rateTaken},
 		{"a hostile charge decided by a rate", r.sum.rateHostile},
+		{"a top-up of a rated resource answered rated", r.sum.rateUndelegated},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

@@ -12,6 +12,11 @@
 // queue at governord anywhere (a Watch notice, or the answer to a top-up),
 // idle slots go back at once and each request takes a single lease through
 // governord's fair queue, so weights hold exactly under contention.
+// A resource that a rate binds on the node's chain is not delegated:
+// governord answers a top-up of it with nothing reserved and Rated, since
+// units spent here later would escape the rate's buckets and the fleet
+// could pass the rate; each request then charges it at governord, as with
+// delegation off, and a top-up asks again after RatedRecheck.
 // Reservations are spent locally, settled every settle interval, topped up
 // in one call, given back when idle and at shutdown, and given back at
 // once when governord recalls them for someone else: a quota of N admits
@@ -78,6 +83,10 @@ const (
 	// DefaultSubtaskIdle is how long a subtask may hold nothing and run
 	// nothing before the sidecar ends it.
 	DefaultSubtaskIdle = 5 * time.Minute
+	// DefaultRatedRecheck is how long a resource that governord would not
+	// reserve, because a rate binds it, is charged per request before a
+	// top-up asks again, so that delegation resumes once the rate is gone.
+	DefaultRatedRecheck = 10 * time.Second
 )
 
 // Config is what the Admitter is built with.
@@ -104,6 +113,10 @@ type Config struct {
 	// before the sidecar closes it at governord and forgets it; its next
 	// use finds or creates it again. Zero: DefaultSubtaskIdle.
 	SubtaskIdle time.Duration
+	// RatedRecheck is how long a resource a rate binds (governord reserves
+	// none of it) is charged per request before the sidecar asks again.
+	// Zero: DefaultRatedRecheck.
+	RatedRecheck time.Duration
 	// Logger receives the session's events. Nil discards.
 	Logger *slog.Logger
 	// Metrics, if not nil, receives the admitter's series.
@@ -125,6 +138,9 @@ func (c *Config) fill() {
 	}
 	if c.SubtaskIdle <= 0 {
 		c.SubtaskIdle = DefaultSubtaskIdle
+	}
+	if c.RatedRecheck <= 0 {
+		c.RatedRecheck = DefaultRatedRecheck
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -35,7 +35,7 @@ func NewMetrics() *Metrics {
 		Help: "Slots granted to work, by how: from a block delegated to the sidecar (no call), or as a single lease from governord's queue."}, []string{"how"})
 	m.blockGrants = m.slotGrants.WithLabelValues("block")
 	m.topUps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_topups_total",
-		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed)."}, []string{"kind", "outcome"})
+		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed; rated: governord reserves none of a resource a rate binds, which is then charged per request)."}, []string{"kind", "outcome"})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_notices_total",
 		Help: "Notices from governord about delegated budgets, by kind, counted once acted on."}, []string{"kind"})
 	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_admission_denials_total",
