@@ -195,9 +195,9 @@ func TestParseEdges(t *testing.T) {
 		{name: "rules null", text: "rules:\n", rules: 0},
 		{name: "rules empty", text: "rules: []\n", rules: 0},
 		{name: "name as number", text: "rules: [{name: 7}]\n", rules: 1},
-		{name: "long name", text: "rules: [{name: " + strings.Repeat("x", MaxNameLen+1) + "}]\n", err: "name: is longer than 256 bytes"},
-		{name: "class bad", text: "rules: [{name: a, class: \"\\0\"}]\n", err: `rules[0] "a": class: contains a NUL byte`},
-		{name: "charge empty resource", text: "rules: [{name: a, charge: {\"\": 1}}]\n", err: "charge: a resource name is empty"},
+		{name: "long name", text: "rules: [{name: " + strings.Repeat("x", MaxNameLen+1) + "}]\n", err: "is longer than 256 bytes"},
+		{name: "class bad", text: "rules: [{name: a, class: \"\\0\"}]\n", err: `rules[0].class (rule "a"): contains a NUL byte`},
+		{name: "charge empty resource", text: "rules: [{name: a, charge: {\"\": 1}}]\n", err: `rules[0].charge (rule "a"): a resource name is empty`},
 		{name: "sql any wins", text: "rules: [{name: a, match: {sql: [select, any]}}]\n", rules: 1},
 		{name: "second document ignored", text: "rules: [{name: a}]\n---\nrules: 3\n", rules: 1},
 		{name: "alias to non-list", text: "x: &x 3\nrules: *x\n", err: "rules: line 1: is not a list of rules"},
@@ -226,19 +226,22 @@ func TestErrorKey(t *testing.T) {
 	if !errors.As(err, &e) {
 		t.Fatalf("%v is not an *Error", err)
 	}
-	if e.Index != 1 || e.Rule != "writes" || e.Field != "match.method" || e.Key() != "rules[1].match.method" {
-		t.Fatalf("%+v, key %q", e, e.Key())
+	if e.Key != "rules[1].match.method" || e.Item != `rule "writes"` {
+		t.Fatalf("%+v", e)
+	}
+	if want := `config: rules[1].match.method (rule "writes"): "FETCH" is not an HTTP method`; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("%q does not start with %q", err, want)
 	}
 	for _, c := range []struct {
-		e    Error
-		want string
+		text, key string
 	}{
-		{Error{Index: -1, Field: "rules"}, "rules"},
-		{Error{Index: -1}, "(file)"},
-		{Error{Index: 3}, "rules[3]"},
+		{"rules: 3\n", "rules"},
+		{"", "(file)"},
+		{"rules: [3]\n", "rules[0]"},
 	} {
-		if got := c.e.Key(); got != c.want {
-			t.Errorf("%+v: key %q, want %q", c.e, got, c.want)
+		_, err := Parse([]byte(c.text))
+		if !errors.As(err, &e) || e.Key != c.key {
+			t.Errorf("%q: %v, want an error on key %q", c.text, err, c.key)
 		}
 	}
 }

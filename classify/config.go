@@ -9,13 +9,12 @@ import (
 	"net/http"
 	"net/textproto"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/governor-project/governor/internal/envsubst"
+	"github.com/governor-project/governor/internal/configfile"
 )
 
 // Limits on what a rule file may hold.
@@ -27,54 +26,20 @@ const (
 	MaxNameLen = 256
 )
 
-// Error is a rule file that fails to load. It names the rule (by index and
-// name) and the field, e.g.
+// Error is a rule file that fails to load: the one config error of all
+// Governor's files (package configfile). Its Key names the key at fault and
+// its Item the rule by name, e.g.
 //
-//	rules[2] "writes": match.method: "FETCH" is not an HTTP method
+//	config: rules[2].match.method (rule "writes"): "FETCH" is not an HTTP method
 //
 // Parse, Load and a Watcher's reload return the first problem they find as an
 // *Error; the file is then rejected as a whole.
-type Error struct {
-	Index   int    // the rule's index in rules:, or -1 when the problem is not in one rule
-	Rule    string // the rule's name, when it has one
-	Field   string // e.g. "match.method"; "" for the rule (or the file) as a whole
-	Problem string
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	if e.Index >= 0 {
-		fmt.Fprintf(&b, "rules[%d]", e.Index)
-		if e.Rule != "" {
-			fmt.Fprintf(&b, " %q", e.Rule)
-		}
-		b.WriteString(": ")
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Problem)
-	return b.String()
-}
-
-// Key returns the config key at fault, e.g. "rules[2].match.method", for a
-// caller that reports config errors by key.
-func (e *Error) Key() string {
-	switch {
-	case e.Index >= 0 && e.Field != "":
-		return fmt.Sprintf("rules[%d].%s", e.Index, e.Field)
-	case e.Index >= 0:
-		return fmt.Sprintf("rules[%d]", e.Index)
-	case e.Field != "":
-		return e.Field
-	}
-	return "(file)"
-}
+type Error = configfile.Error
 
 // The file's shape, kept apart from the compiled rules so that what YAML
 // allows (absent vs empty, one method or a list) and what matching runs on
-// can differ. Every key is strict: decodeStrict refuses one not listed here.
+// can differ. Every key is strict: package configfile refuses one not
+// listed here.
 type fileRule struct {
 	Name             *string            `yaml:"name"`
 	Match            *fileMatch         `yaml:"match"`
@@ -181,7 +146,7 @@ func readFile(path string) ([]byte, error) {
 // Parse compiles the rules: key of a YAML document: the proxy's whole config
 // file, of which it reads only that key and ignores every other top-level
 // key. ${VAR} references in values are expanded after parsing (package
-// envsubst), and an error shows a reference rather than the value it
+// configfile), and an error shows a reference rather than the value it
 // expanded to. A document without a rules: key
 // (or with "rules: []") has no rules and matches nothing; an empty document
 // is an error, so that a file caught half-written is not taken for "no
@@ -202,78 +167,77 @@ func parse(text []byte) (*Rules, bool, error) {
 }
 
 func parseDoc(text []byte) (*Rules, error) {
-	doc, exps, err := envsubst.Parse(text)
+	doc, err := configfile.Parse(text)
 	if err != nil {
-		return nil, &Error{Index: -1, Problem: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		return nil, err
 	}
-	rs, err := parseNode(doc)
-	var e *Error
-	if errors.As(err, &e) {
-		// A value that came from ${VAR} is shown as its reference, never
-		// as what it expanded to, which may be a secret.
-		e.Rule, e.Problem = exps.Redact(e.Key(), e.Rule), exps.Redact(e.Key(), e.Problem)
-	}
-	return rs, err
+	rs, err := parseRules(doc)
+	// A value that came from ${VAR} is shown as its reference, never as
+	// what it expanded to, which may be a secret.
+	return rs, doc.Redact(err)
 }
 
-func parseNode(doc *yaml.Node) (*Rules, error) {
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return nil, &Error{Index: -1, Problem: "the document is empty"}
+func parseRules(doc *configfile.Document) (*Rules, error) {
+	if doc.Empty() {
+		return nil, &Error{Key: configfile.FileKey, Problem: "the document is empty"}
 	}
-	top := resolve(doc.Content[0])
-	if top.Kind != yaml.MappingNode {
-		return nil, &Error{Index: -1, Problem: "the document is not a mapping of keys to values"}
+	if doc.Root().Kind != yaml.MappingNode {
+		return nil, &Error{Key: configfile.FileKey, Problem: "the document is not a mapping of keys to values"}
 	}
-	var rulesNode *yaml.Node
-	for i := 0; i+1 < len(top.Content); i += 2 {
-		if top.Content[i].Value != "rules" {
-			continue
-		}
-		if rulesNode != nil {
-			return nil, &Error{Index: -1, Field: "rules", Problem: fmt.Sprintf("line %d: the key is given twice", top.Content[i].Line)}
-		}
-		rulesNode = resolve(top.Content[i+1])
-	}
-	if rulesNode == nil || isNull(rulesNode) {
+	rulesNode := doc.Lookup("rules")
+	if rulesNode == nil {
 		return &Rules{}, nil
 	}
 	if rulesNode.Kind != yaml.SequenceNode {
-		return nil, &Error{Index: -1, Field: "rules", Problem: fmt.Sprintf("line %d: is not a list of rules", rulesNode.Line)}
+		return nil, &Error{Key: "rules", Problem: fmt.Sprintf("line %d: is not a list of rules", rulesNode.Line)}
 	}
 	rs := &Rules{rules: make([]rule, 0, len(rulesNode.Content)), listed: true}
 	seen := map[string]int{}
 	for i, n := range rulesNode.Content {
 		n = resolve(n)
-		name := peekName(n)
-		fail := func(field, format string, args ...any) error {
-			return &Error{Index: i, Rule: name, Field: field, Problem: fmt.Sprintf(format, args...)}
-		}
+		key, name := fmt.Sprintf("rules[%d]", i), peekName(n)
 		if n.Kind != yaml.MappingNode {
-			return nil, fail("", "line %d: is not a mapping of keys to values", n.Line)
+			return nil, &Error{Key: key, Problem: fmt.Sprintf("line %d: is not a mapping of keys to values", n.Line)}
 		}
 		var fr fileRule
-		if err := decodeStrict(n, reflect.ValueOf(&fr).Elem(), ""); err != nil {
-			var fe *fieldError
-			if errors.As(err, &fe) {
-				return nil, fail(fe.field, "%s", fe.problem)
-			}
-			return nil, fail("", "%v", err)
+		if err := configfile.Decode(n, "", &fr); err != nil {
+			return nil, ruleErr(key, name, err)
 		}
 		r, err := compileRule(&fr)
 		if err != nil {
-			var fe *fieldError
-			if errors.As(err, &fe) {
-				return nil, fail(fe.field, "%s", fe.problem)
-			}
-			return nil, fail("", "%v", err)
+			return nil, ruleErr(key, name, err)
 		}
 		if j, dup := seen[r.decision.Rule]; dup {
-			return nil, fail("name", "%q is the name of rules[%d] too; names are unique", r.decision.Rule, j)
+			return nil, ruleErr(key, name, fieldErr("name", "%q is the name of rules[%d] too; names are unique", r.decision.Rule, j))
 		}
 		seen[r.decision.Rule] = i
 		rs.rules = append(rs.rules, r)
 	}
 	return rs, nil
+}
+
+// ruleErr is err, about a key of the rule at key, as an *Error naming the
+// whole key and the rule.
+func ruleErr(key, name string, err error) error {
+	e := &Error{Key: key, Problem: err.Error()}
+	var fe *fieldError
+	var ce *Error
+	switch {
+	case errors.As(err, &fe):
+		e.Problem = fe.problem
+		if fe.field != "" {
+			e.Key += "." + fe.field
+		}
+	case errors.As(err, &ce):
+		e.Problem = ce.Problem
+		if ce.Key != configfile.FileKey && ce.Key != "" {
+			e.Key += "." + ce.Key
+		}
+	}
+	if name != "" {
+		e.Item = fmt.Sprintf("rule %q", name)
+	}
+	return e
 }
 
 // fieldError is a problem with one field of a rule.
@@ -290,9 +254,6 @@ func fieldErr(field, format string, args ...any) error {
 func resolve(n *yaml.Node) *yaml.Node {
 	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
 		n = n.Alias
-	}
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		return resolve(n.Content[0])
 	}
 	return n
 }
@@ -313,120 +274,6 @@ func peekName(n *yaml.Node) string {
 		}
 	}
 	return ""
-}
-
-// decodeStrict decodes the mapping n into the struct v, refusing keys the
-// struct has no field for, keys given twice and keys without a value, and
-// naming the field in every error. Values that are not structs are decoded
-// by yaml itself.
-func decodeStrict(n *yaml.Node, v reflect.Value, prefix string) error {
-	n = resolve(n)
-	where := strings.TrimSuffix(prefix, ".")
-	if n.Kind != yaml.MappingNode {
-		return fieldErr(where, "line %d: is not a mapping of keys to values", n.Line)
-	}
-	t := v.Type()
-	pairs, err := mergedPairs(n, where, 0)
-	if err != nil {
-		return err
-	}
-	seen := map[string]bool{}
-	for _, p := range pairs {
-		k, val := p.key, p.val
-		key := k.Value
-		if p.merged && seen[key] {
-			continue // a key written out overrides the one merged in
-		}
-		field := -1
-		for f := 0; f < t.NumField(); f++ {
-			if strings.Split(t.Field(f).Tag.Get("yaml"), ",")[0] == key {
-				field = f
-				break
-			}
-		}
-		if field < 0 {
-			return fieldErr(where, "line %d: unknown key %q (known: %s)", k.Line, key, knownKeys(t))
-		}
-		if seen[key] {
-			return fieldErr(prefix+key, "line %d: the key is given twice", k.Line)
-		}
-		seen[key] = true
-		if isNull(val) {
-			return fieldErr(prefix+key, "line %d: has no value", k.Line)
-		}
-		fv := v.Field(field)
-		if fv.Kind() == reflect.Pointer && fv.Type().Elem().Kind() == reflect.Struct {
-			fv.Set(reflect.New(fv.Type().Elem()))
-			if err := decodeStrict(val, fv.Elem(), prefix+key+"."); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := val.Decode(fv.Addr().Interface()); err != nil {
-			return fieldErr(prefix+key, "%s", yamlProblem(err))
-		}
-	}
-	return nil
-}
-
-type pair struct {
-	key, val *yaml.Node
-	merged   bool // came from a "<<" merge key
-}
-
-// mergedPairs lists the key-value pairs of the mapping n: its own first,
-// then those of any YAML merge keys ("<<: *anchor"), marked as merged.
-func mergedPairs(n *yaml.Node, where string, depth int) ([]pair, error) {
-	if depth > 10 {
-		return nil, fieldErr(where, "line %d: merge keys nest too deep", n.Line)
-	}
-	var own, merged []pair
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], resolve(n.Content[i+1])
-		if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!merge" {
-			own = append(own, pair{key: k, val: val})
-			continue
-		}
-		sources := []*yaml.Node{val}
-		if val.Kind == yaml.SequenceNode {
-			sources = val.Content
-		}
-		for _, src := range sources {
-			src = resolve(src)
-			if src.Kind != yaml.MappingNode {
-				return nil, fieldErr(where, "line %d: a merge key (<<) takes a mapping or a list of them", k.Line)
-			}
-			ps, err := mergedPairs(src, where, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			for _, p := range ps {
-				p.merged = true
-				merged = append(merged, p)
-			}
-		}
-	}
-	return append(own, merged...), nil
-}
-
-func knownKeys(t reflect.Type) string {
-	keys := make([]string, t.NumField())
-	for f := range keys {
-		keys[f] = strings.Split(t.Field(f).Tag.Get("yaml"), ",")[0]
-	}
-	return strings.Join(keys, ", ")
-}
-
-// yamlProblem shortens yaml's decode error to its substance.
-func yamlProblem(err error) string {
-	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 0 {
-		if len(te.Errors) > 1 {
-			return fmt.Sprintf("%s (and %d more)", te.Errors[0], len(te.Errors)-1)
-		}
-		return te.Errors[0]
-	}
-	return strings.TrimPrefix(err.Error(), "yaml: ")
 }
 
 var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,

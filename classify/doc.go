@@ -4,7 +4,7 @@
 //
 // It is pure: it does no I/O except reading its rule file (Load) and polling
 // it (Watcher). It may import only the standard library, gopkg.in/yaml.v3,
-// internal/envsubst, internal/filepoll and classify/sqlclass (the kinds of
+// internal/configfile, internal/filepoll and classify/sqlclass (the kinds of
 // statement a rule names are the classifier's); never the proxies, the server,
 // the engine or the SDK.
 //
@@ -13,8 +13,8 @@
 // The rules live under the rules: key of the proxy's config file. Parse
 // reads only that key and ignores every other top-level key, so the proxy
 // decodes the rest of the same file itself. ${VAR} references in values are
-// expanded after parsing, one value at a time (package envsubst), as the
-// proxy does for the whole file.
+// expanded after parsing, one value at a time (package configfile, which
+// reads the proxy's whole file too).
 //
 //	rules:
 //	  - name: llm                      # required, unique
@@ -93,14 +93,16 @@
 // # Errors
 //
 // A rule file is loaded all or nothing: the first problem found rejects it
-// with an *Error that names the rule by index and name, and the field, e.g.
+// with an *Error that names the key and the rule by name, e.g.
 //
-//	rules[2] "writes": match.method: "FETCH" is not an HTTP method
+//	config: rules[2].match.method (rule "writes"): "FETCH" is not an HTTP method
 //
-// Keys are strict: an unknown key, a key given twice or a key with no value
-// is an error, as are a missing or duplicate name, a bad glob, a charge that
-// is not positive, an empty class, an unknown statement kind, a port out of
-// range and a match that mixes HTTP and SQL fields.
+// The file is read as governord's and the rest of the sidecar's are
+// (package configfile): an unknown key (keys match case and all) or a key
+// given twice is an error; a key with no value is absent; merge keys work.
+// So are a missing or duplicate name, a bad glob, a charge that is not
+// positive, an empty class, an unknown statement kind, a port out of range
+// and a match that mixes HTTP and SQL fields.
 //
 // # Reloading
 //

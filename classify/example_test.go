@@ -72,5 +72,5 @@ func ExampleParse_error() {
 `))
 	fmt.Println(err)
 	// Output:
-	// rules[2] "writes": match.method: "FETCH" is not an HTTP method (one of GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS, TRACE)
+	// config: rules[2].match.method (rule "writes"): "FETCH" is not an HTTP method (one of GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT, OPTIONS, TRACE)
 }

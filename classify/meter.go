@@ -2,9 +2,10 @@ package classify
 
 import (
 	"fmt"
-	"reflect"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/governor-project/governor/internal/configfile"
 )
 
 // Meter asks the proxy to meter an LLM call's tokens: reserve an estimate
@@ -70,7 +71,7 @@ func compileMeter(n *yaml.Node) (*Meter, error) {
 	if n.Kind == yaml.ScalarNode {
 		api := n.Value
 		fm.API = &api
-	} else if err := decodeStrict(n, reflect.ValueOf(&fm).Elem(), "meter."); err != nil {
+	} else if err := configfile.Decode(n, "meter", &fm); err != nil {
 		return nil, err
 	}
 	m := &Meter{Resource: DefaultMeterResource, Reserve: DefaultMeterReserve, BytesPerToken: 1, MaxBody: DefaultMeterMaxBody}

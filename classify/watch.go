@@ -111,7 +111,7 @@ func (w *Watcher) apply(file [][]byte, readErr error) {
 	if err == nil && !listed {
 		// A file that lost its rules: list (a half-written one, a bad edit)
 		// must not turn every rule off; removing them all takes "rules: []".
-		err = &Error{Index: -1, Field: "rules", Problem: "the file has no rules: list; the rules in force stay (write \"rules: []\" to remove them all)"}
+		err = &Error{Key: "rules", Problem: "the file has no rules: list; the rules in force stay (write \"rules: []\" to remove them all)"}
 	}
 	if err == nil && w.validate != nil {
 		err = w.validate(text)

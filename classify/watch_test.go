@@ -109,7 +109,7 @@ func TestWatcherKeepsOldRulesOnBrokenFile(t *testing.T) {
 	writeFile(t, path, ruleFile("a", "b")+"  - {name: bad, match: {method: FETCH}}\n")
 	r := next(t, ch)
 	var e *Error
-	if !errors.As(r.err, &e) || e.Rule != "bad" || e.Field != "match.method" || r.rules != nil {
+	if !errors.As(r.err, &e) || e.Item != `rule "bad"` || e.Key != "rules[2].match.method" || r.rules != nil {
 		t.Fatalf("reload: rules %v, error %v; want the validation error only", r.rules, r.err)
 	}
 	if w.Rules() != old {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
 )
 
@@ -21,24 +22,23 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(withServer{m}, goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"))
 }
 
+// The keys of govtest's configuration, under the names these tests use.
 const (
-	paymentsKey = "pay-key"
-	adminKey    = "admin"
+	paymentsKey = govtest.TenantKey
+	adminKey    = govtest.AdminKey
 )
 
 type withServer struct{ m *testing.M }
 
 func (w withServer) Run() int {
-	cfg := server.Config{
-		Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 2 * time.Second,
-		AdminKey: adminKey, Store: server.StoreConfig{Driver: "memory"},
-		Root: server.Caps{Limits: map[string]int64{"db": 4}},
-		Tenants: []server.TenantConfig{{Name: "payments", APIKey: paymentsKey, Weight: 4,
-			Defaults: server.Caps{Quotas: map[string]int64{"retry": 3}}}},
-	}
-	srv, err := server.Start(context.Background(), cfg, nil)
+	srv, err := govtest.StartMain(func(c *server.Config) {
+		c.SessionTTL = 2 * time.Second
+		c.Root = server.Caps{Limits: map[string]int64{"db": 4}}
+		c.Tenants[0].Weight = 4
+		c.Tenants[0].Defaults = server.Caps{Quotas: map[string]int64{"retry": 3}}
+	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "start governord:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer srv.Close()

@@ -6,40 +6,39 @@ import (
 	"github.com/governor-project/governor/proxy/admission"
 )
 
-// SQLSTATEs of a denial (docs/proxy.md, the table of denials).
-const (
-	SQLStateQuota       = "53400" // configuration_limit_exceeded: a quota is spent
-	SQLStateTaskEnded   = "53400" // the task ended or passed its deadline
-	SQLStateWaitTimeout = "55P03" // lock_not_available: waited past wait_timeout
-	SQLStateUnavailable = "53000" // insufficient_resources: governord unreachable
-	SQLStateBadRequest  = "22023" // invalid_parameter_value: an application_name the proxy refuses
-	SQLStateSuspended   = "53400" // configuration_limit_exceeded: the tenant is suspended
-	SQLStateReadOnly    = "25006" // read_only_sql_transaction: a write while the tenant is read-only
-	SQLStateRate        = "53300" // too_many_connections, the closest standard code for "too much, too fast": over a rate, try again
-)
+// SQLStateUnavailable is the SQLSTATE of an ERROR the proxy sends for a
+// connection that is failing: governord's own, as for a denial that fails
+// closed.
+const SQLStateUnavailable = admission.SQLStateUnavailable
 
-// sqlState is the one place a refusal becomes what a SQL client sees: its
-// SQLSTATE, and the failure it is counted as.
+// sqlState is what a SQL client sees of a refusal: the SQLSTATE of its
+// cause (admission's table of causes, the one place causes get their
+// codes), and the failure it is counted as.
 func sqlState(d *admission.Denial) (code string, f Failure) {
-	switch d.Cause {
+	return d.Cause.Wire().SQLState, denyFailure(d.Cause)
+}
+
+// denyFailure is the failure a connection counts a refusal as.
+func denyFailure(c admission.Cause) Failure {
+	switch c {
 	case admission.CauseQuota:
-		return SQLStateQuota, DenyQuota
+		return DenyQuota
 	case admission.CauseTaskEnded:
-		return SQLStateTaskEnded, DenyTaskEnded
+		return DenyTaskEnded
 	case admission.CauseWaitTimeout:
-		return SQLStateWaitTimeout, DenyWaitTimeout
+		return DenyWaitTimeout
 	case admission.CauseBadRequest:
-		return SQLStateBadRequest, DenyBadRequest
+		return DenyBadRequest
 	case admission.CauseSuspended:
-		return SQLStateSuspended, DenySuspended
+		return DenySuspended
 	case admission.CauseReadOnly:
-		return SQLStateReadOnly, DenyReadOnly
+		return DenyReadOnly
 	case admission.CauseRate:
-		return SQLStateRate, DenyRate
+		return DenyRate
 	}
 	// Unavailable, stopping; canceled too (the client is gone and sees
 	// nothing).
-	return SQLStateUnavailable, DenyUnavailable
+	return DenyUnavailable
 }
 
 // overloadedCode reports the SQLSTATEs that mark a transaction overloaded.

@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -58,28 +56,16 @@ type conn struct {
 	upPID uint32    // what the server gave
 	upKey []byte
 
-	mu         sync.Mutex
-	queue      []*pending   // one per ReadyForQuery the server owes
-	status     byte         // from the last ReadyForQuery
-	inBatch    bool         // extended-protocol messages sent since the last Sync
-	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
-	overloaded bool
+	mu sync.Mutex
+	m  *machine // the protocol's state (machine.go)
 	// capNoticed: the transaction has had its NOTICE of a cap near or over
 	// (notice.go).
 	capNoticed bool
-	// What the statements run (statements.go).
-	lex         sqlclass.Settings // how the server lexes text, from ParameterStatus
-	names       names             // its prepared statements and portals
-	batches     uint64            // Queries, FunctionCalls and Syncs sent, each owed a ReadyForQuery
-	done        uint64            // ReadyForQuery received for them
-	answered    chan struct{}     // closed when the server owes nothing more; see settle
-	batchRan    bool              // an Execute was sent since the last Sync
-	sending     bool              // a message admitted and not yet sent (govern.go)
-	unconfirmed atomic.Int32      // len(names.undo), read without mu
-	relaying    bool              // both loops run, or ran (lifecycle.go)
-	stopping    bool              // Proxy.Close is ending the connection
-	clientDone  bool              // clientLoop has returned
-	serverDone  bool              // serverLoop has returned
+	answered   chan struct{} // closed when the server owes nothing more; see settle
+	relaying   bool          // both loops run, or ran (lifecycle.go)
+	stopping   bool          // Proxy.Close is ending the connection
+	clientDone bool          // clientLoop has returned
+	serverDone bool          // serverLoop has returned
 
 	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
 
@@ -88,23 +74,10 @@ type conn struct {
 	connRule    classify.Decision // what they decide by the connection alone,
 	connMatched bool              // whether a rule matched that way,
 	connDecides bool              // and whether that decides every statement
-	// queryText is the text of the Query being admitted, which a text
-	// decided by the connection alone (byConnection) is classified from
-	// only to tell whether it writes (writes).
-	queryText   []byte
-	series      *ruleSeries // the metrics last counted into
-	discarding  bool        // after a denial in the extended protocol, until Sync
-	pendingDeny []byte      // that denial, for the Sync's ReadyForQuery
+	series      *ruleSeries       // the metrics last counted into
+	planBuf     plan              // admit's, reused
 	hdr         [headerLen]byte
 	buf         []byte
-}
-
-// pending is a ReadyForQuery the server owes the client. deny, when set, is
-// the denial to show instead of the server's error for denyStatement.
-// parses and closes count the Parse and Close messages sent up to it.
-type pending struct {
-	deny           []byte
-	parses, closes uint64
 }
 
 func (c *conn) abort() {
@@ -154,9 +127,16 @@ func (c *conn) serve() {
 	c.cw = bufio.NewWriterSize(c.client, bufSize)
 	c.sr = bufio.NewReaderSize(up, bufSize)
 	c.sw = bufio.NewWriterSize(up, bufSize)
-	c.names = names{stmts: make(map[string]*sqlclass.Class), portals: make(map[string]*sqlclass.Class)}
+	c.m = newMachine(c.governs())
 	defer c.p.unregister(c)
+	if c.login(params, minor) {
+		c.relay()
+	}
+}
 
+// login relays the startup and authentication, and reports whether the
+// client is logged in.
+func (c *conn) login(params map[string]string, minor uint16) bool {
 	if minor != 0 {
 		// We speak 3.0 upstream; tell the client so, as a server would.
 		b, _ := (&pgproto3.NegotiateProtocolVersion{NewestMinorProtocol: 0}).Encode(nil)
@@ -164,7 +144,7 @@ func (c *conn) serve() {
 	}
 	if err := c.sendStartup(params); err != nil {
 		c.fail(FailUpstream, err)
-		return
+		return false
 	}
 	if err := c.authenticate(); err != nil {
 		if errors.Is(err, ErrMessageTooLarge) {
@@ -172,12 +152,12 @@ func (c *conn) serve() {
 			c.writeFatalNow("08P01", "governor-proxy: "+err.Error())
 			closeWrite(c.client)
 			c.linger()
-			return
+			return false
 		}
 		if !errors.Is(err, errStopping) {
 			c.fail(FailAuth, err)
 		}
-		return
+		return false
 	}
 	c.client.SetReadDeadline(time.Time{})
 	c.mu.Lock()
@@ -185,19 +165,23 @@ func (c *conn) serve() {
 		c.client.SetWriteDeadline(time.Time{})
 	}
 	c.mu.Unlock()
-	up.SetDeadline(time.Time{})
+	c.server.SetDeadline(time.Time{})
+	return true
+}
 
+// relay runs both directions at once until both have ended.
+func (c *conn) relay() {
 	done := make(chan error, 1)
 	go func() {
 		err := c.serverLoop()
 		c.serverEnded(err)
 		done <- err
 	}()
-	err = c.clientLoop()
+	err := c.clientLoop()
 	c.clientEnded(err)
 	c.abort()
 	serr := <-done
-	c.endTx(true)
+	c.endTx()
 	for _, e := range []error{err, serr} {
 		switch {
 		case e == nil, errors.Is(e, io.EOF), errors.Is(e, net.ErrClosed):
@@ -331,20 +315,7 @@ func (c *conn) authenticate() error {
 			}
 			switch code {
 			case authCleartextPassword, authMD5Password, authSASL, authSASLContinue, authGSS, authGSSContinue, authSSPI:
-				// Before login, a client's message is held to the server's
-				// own cap on it, not to the cap after login.
-				ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
-				if err != nil {
-					return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
-				}
-				if ct != MsgPassword {
-					return fmt.Errorf("client answered authentication with %q: %w", byte(ct), errProtocol)
-				}
-				cb, err := readBody(c.cr, nil, cn)
-				if err != nil {
-					return err
-				}
-				if _, err := c.server.Write(appendMsg(nil, ct, cb)); err != nil {
+				if err := c.relayAnswer(code); err != nil {
 					return err
 				}
 			}
@@ -366,7 +337,9 @@ func (c *conn) authenticate() error {
 			if len(body) != 1 {
 				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 			}
-			c.status = body[0]
+			c.mu.Lock()
+			c.m.status = body[0]
+			c.mu.Unlock()
 			// Relaying from before the client learns it is logged in, so
 			// that a Proxy.Close from then on ends the connection with
 			// FATAL 57P01, never in silence.
@@ -377,11 +350,32 @@ func (c *conn) authenticate() error {
 			return c.cw.Flush()
 		default: // ParameterStatus, NoticeResponse, NegotiateProtocolVersion
 			if t == MsgParameterStatus {
-				c.noteParameter(body)
+				c.mu.Lock()
+				c.m.noteParameter(body)
+				c.mu.Unlock()
 			}
 			c.cw.Write(appendMsg(nil, t, body))
 		}
 	}
+}
+
+// relayAnswer relays the client's answer to an authentication request.
+// Before login, a client's message is held to the server's own cap on it,
+// not to the cap after login.
+func (c *conn) relayAnswer(code uint32) error {
+	ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
+	if err != nil {
+		return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
+	}
+	if ct != MsgPassword {
+		return fmt.Errorf("client answered authentication with %q: %w", byte(ct), errProtocol)
+	}
+	cb, err := readBody(c.cr, nil, cn)
+	if err != nil {
+		return err
+	}
+	_, err = c.server.Write(appendMsg(nil, ct, cb))
+	return err
 }
 
 // stripChannelBinding removes SCRAM-SHA-256-PLUS from an AuthenticationSASL
@@ -427,9 +421,9 @@ func (c *conn) writeClient(b []byte, flush bool) error {
 	return nil
 }
 
-// serverLoop relays the server's messages to the client. It decodes only
-// ReadyForQuery (transaction state, lease release) and ErrorResponse
-// (overload, denial substitution); everything else is streamed.
+// serverLoop relays the server's messages to the client. The machine reads
+// ReadyForQuery and ErrorResponse, and peeks at what confirms prepared
+// statements and reports settings; everything else is streamed.
 func (c *conn) serverLoop() error {
 	max := c.p.maxMessage()
 	var hdr [headerLen]byte
@@ -448,123 +442,114 @@ func (c *conn) serverLoop() error {
 			return err
 		}
 		switch t {
-		case MsgReadyForQuery:
+		case MsgReadyForQuery, MsgErrorResponse:
 			if body, err = readBody(c.sr, body, n); err != nil {
 				return err
 			}
-			if len(body) != 1 {
-				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
-			}
-			// The transaction's state is settled, and its slot given back,
-			// before the client learns it may go on: a client that sends
-			// its next statement at once, on this connection or another,
-			// must find the connection idle and the slot free.
-			c.readyForQuery(body[0])()
-			rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
-			if err := c.writeClient(rfq[:], c.sr.Buffered() == 0); err != nil {
-				return err
-			}
-		case MsgErrorResponse:
-			if body, err = readBody(c.sr, body, n); err != nil {
-				return err
-			}
-			c.srvFatal = fatal(body)
-			out := c.serverError(body)
-			if out == nil {
-				out = appendMsg(nil, t, body)
-			}
-			if err := c.writeClient(out, false); err != nil {
+			if err := c.fromServer(t, &hdr, body); err != nil {
 				return err
 			}
 			body = shrink(body)
-		default:
-			c.noteServer(t, n) // settings, and confirmations of prepared statements
-			c.cwMu.Lock()
-			err := net.ErrClosed
-			if !c.cwDone {
-				_, err = c.cw.Write(hdr[:])
-			}
-			if err == nil {
-				if err = relay(c.cw, c.sr, n); err != nil {
-					err = fmt.Errorf("%w: %w", errCut, err)
-				}
-			}
-			c.cwMu.Unlock()
-			if err != nil {
-				return err
-			}
+			continue
+		case MsgParameterStatus, MsgParseComplete, MsgCloseComplete, MsgCommandComplete:
+			c.peekServer(t, n)
+		}
+		if err := c.streamServer(&hdr, n); err != nil {
+			return err
 		}
 	}
 }
 
-// serverError notes an error's SQLSTATE for the lease's report and returns
-// the denial to show instead, when the error is the server's answer to
-// denyStatement.
-func (c *conn) serverError(body []byte) []byte {
-	code, msg := errorFields(body)
+// fromServer feeds the machine a ReadyForQuery or ErrorResponse and
+// carries out what it says.
+func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
+	if t == MsgReadyForQuery && len(body) != 1 {
+		return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
+	}
+	if t == MsgErrorResponse {
+		c.srvFatal = fatal(body)
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.tickets) > 0 && overloadedCode(code) {
-		c.overloaded = true
+	acts := c.m.server(t, body)
+	if c.m.idle() && c.answered != nil {
+		close(c.answered)
+		c.answered = nil
 	}
-	if c.unconfirmed.Load() > 0 {
-		c.undoBatch() // the rest of the Query or batch is skipped
-	}
-	if len(c.queue) > 0 {
-		if p := c.queue[0]; p.deny != nil && (strings.Contains(msg, denyMarker) || code == "25P02") {
-			d := p.deny
-			p.deny = nil
-			return d
+	c.mu.Unlock()
+	for _, a := range acts {
+		var err error
+		switch a.kind {
+		case actEnd:
+			endTickets(a)
+		case actClient:
+			err = c.writeClient(a.data, false)
+		case actForward:
+			if t == MsgReadyForQuery {
+				rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
+				err = c.writeClient(rfq[:], c.sr.Buffered() == 0)
+			} else {
+				err = c.writeClient(appendMsg(nil, t, body), false)
+			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// readyForQuery records the server's transaction state and ends the
-// admitted transaction when the connection is idle again.
-func (c *conn) readyForQuery(status byte) (end func()) {
-	c.mu.Lock()
-	c.status = status
-	if len(c.queue) > 0 {
-		p := c.queue[0]
-		c.queue[0] = nil
-		c.queue = c.queue[1:]
-		c.noteAnswered(p)
-	}
-	c.mu.Unlock()
-	return c.detachTx(false)
-}
-
-// endTx ends the transaction's ticket when the connection is idle (or,
-// with dropped, regardless).
-func (c *conn) endTx(dropped bool) { c.detachTx(dropped)() }
-
-// detachTx takes the transaction's ticket off the connection when it is
-// idle (or, with dropped, regardless) and returns what ends it, to be
-// called outside c.mu. The serverLoop calls it before it forwards the
-// ReadyForQuery; a shutdown waiting for the last transaction cannot cut that
-// ReadyForQuery off, since Proxy.Close ends a connection by its server leg
-// (conn.stop).
-func (c *conn) detachTx(dropped bool) (end func()) {
-	c.mu.Lock()
-	ts := c.tickets
-	if len(ts) == 0 || (!dropped && (c.status != TxIdle || len(c.queue) > 0 || c.inBatch || c.sending)) {
-		c.mu.Unlock()
-		return func() {}
-	}
-	c.tickets = nil
-	over := c.overloaded
-	c.mu.Unlock()
-	return func() {
-		now := time.Now()
-		for _, h := range ts {
-			h.t.End(now.Sub(h.since), over)
+// peekServer feeds the machine a message it reads without taking it off
+// the stream: its body is small, and still buffered when streamed.
+func (c *conn) peekServer(t MsgType, n int) {
+	var body []byte
+	if n > 0 && n <= c.sr.Size() {
+		if b, err := c.sr.Peek(n); err == nil {
+			body = b
 		}
 	}
+	c.mu.Lock()
+	c.m.server(t, body) // a forward, done by the caller
+	c.mu.Unlock()
 }
 
-// clientLoop relays the client's messages to the server, classifying and
-// admitting the ones that run SQL.
+// streamServer streams a server's message to the client.
+func (c *conn) streamServer(hdr *[headerLen]byte, n int) error {
+	c.cwMu.Lock()
+	defer c.cwMu.Unlock()
+	if c.cwDone {
+		return net.ErrClosed
+	}
+	if _, err := c.cw.Write(hdr[:]); err != nil {
+		return err
+	}
+	if err := relay(c.cw, c.sr, n); err != nil {
+		return fmt.Errorf("%w: %w", errCut, err)
+	}
+	return nil
+}
+
+// endTx ends the transaction's leases, whatever its state: the connection
+// is ending.
+func (c *conn) endTx() {
+	c.mu.Lock()
+	acts := c.m.ended()
+	c.mu.Unlock()
+	for _, a := range acts {
+		endTickets(a)
+	}
+}
+
+// endTickets carries out an actEnd.
+func endTickets(a action) {
+	now := time.Now()
+	for _, h := range a.end {
+		h.t.End(now.Sub(h.since), a.overloaded)
+	}
+}
+
+// clientLoop relays the client's messages to the server: the ones that run
+// SQL or name prepared statements are decoded, classified and fed to the
+// machine, the rest streamed (or dropped) as it says.
 func (c *conn) clientLoop() error {
 	max := c.p.maxMessage()
 	for {
@@ -578,142 +563,141 @@ func (c *conn) clientLoop() error {
 		if err != nil {
 			return err
 		}
-		if c.discarding {
-			switch t {
-			case MsgSync, MsgTerminate:
-			case MsgFlush:
-				if err := c.forwardRaw(t, n); err != nil {
-					return err
-				}
-				continue
-			default:
-				if _, err := c.cr.Discard(n); err != nil {
-					return noEOF(err)
-				}
-				continue
+		msg, read := clientMsg{t: t}, false
+		if decoded(t) && !c.dropping(t) {
+			if msg, err = c.decode(t, n); err != nil {
+				return err
 			}
+			read = true
 		}
-		switch t {
-		case MsgQuery:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			end := bytes.IndexByte(c.buf, 0)
-			if end < 0 {
-				return fmt.Errorf("query without terminator: %w", errProtocol)
-			}
-			cl := c.classifyQuery(c.buf[:end])
-			run, changes := c.toRun(cl)
-			c.queryText = c.buf[:end]
-			deny := c.admit(cl, run)
-			c.queryText = nil
-			if deny != nil {
-				if err := c.denySimple(deny); err != nil {
-					return err
-				}
-				continue
-			}
-			c.commitChanges(changes)
-			c.expect(nil)
-			c.send(t, c.buf)
-		case MsgFunctionCall:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			if deny := c.admit(functionCallClass, functionCallClass.Statements); deny != nil {
-				if err := c.denySimple(deny); err != nil {
-					return err
-				}
-				continue
-			}
-			c.expect(nil)
-			c.send(t, c.buf)
-		case MsgParse:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			name, rest, ok := cstring(c.buf)
-			end := bytes.IndexByte(rest, 0)
-			if !ok || end < 0 {
-				return fmt.Errorf("malformed Parse: %w", errProtocol)
-			}
-			if cl := c.classifyParse(rest[:end]); cl != nil {
-				c.parse(name, cl)
-			}
-			c.batch()
-			c.send(t, c.buf)
-		case MsgBind:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			portal, rest, ok := cstring(c.buf)
-			stmt, _, ok2 := cstring(rest)
-			if !ok || !ok2 {
-				return fmt.Errorf("malformed Bind: %w", errProtocol)
-			}
-			if c.governs() {
-				c.bind(portal, stmt)
-			}
-			c.batch()
-			c.send(t, c.buf)
-		case MsgExecute:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			portal, _, ok := cstring(c.buf)
-			if !ok {
-				return fmt.Errorf("malformed Execute: %w", errProtocol)
-			}
-			c.batch()
-			var cl *sqlclass.Class
-			if c.governs() {
-				cl = c.portal(portal)
-			}
-			run, changes := c.toRun(cl)
-			if deny := c.admit(cl, run); deny != nil {
-				c.discarding, c.pendingDeny = true, deny
-				c.mu.Lock()
-				c.names.parses++
-				c.mu.Unlock()
-				b, _ := (&pgproto3.Parse{Query: denyStatement}).Encode(nil)
-				c.sw.Write(b)
-				continue
-			}
-			c.commitChanges(changes)
-			c.mu.Lock()
-			c.batchRan = true
-			c.mu.Unlock()
-			c.send(t, c.buf)
-		case MsgClose:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			if len(c.buf) > 1 && c.governs() {
-				name, _, _ := cstring(c.buf[1:])
-				c.closeName(c.buf[0], name)
-			}
-			c.batch()
-			c.send(t, c.buf)
-		case MsgSync:
-			if err := c.readBody(n); err != nil {
-				return err
-			}
-			c.expect(c.pendingDeny)
-			c.discarding, c.pendingDeny = false, nil
-			c.send(t, c.buf)
-		case MsgTerminate:
-			c.send(t, nil)
+		c.mu.Lock()
+		acts := c.m.client(msg)
+		c.mu.Unlock()
+		if err := c.apply(acts, t, n, read); err != nil {
+			return err
+		}
+		if t == MsgTerminate {
 			c.sw.Flush()
 			return nil
-		default: // Describe, Flush, CopyData, CopyDone, CopyFail, ...
-			if t == MsgDescribe {
-				c.batch()
-			}
-			if err := c.forwardRaw(t, n); err != nil {
-				return err
-			}
 		}
 	}
+}
+
+// decoded reports the client's messages the proxy reads into memory.
+func decoded(t MsgType) bool {
+	switch t {
+	case MsgQuery, MsgFunctionCall, MsgParse, MsgBind, MsgExecute, MsgClose, MsgSync:
+		return true
+	}
+	return false
+}
+
+func (c *conn) dropping(t MsgType) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.drops(t)
+}
+
+// apply carries out the machine's actions on a client's message of type t
+// and n bytes, in c.buf when read.
+func (c *conn) apply(acts []action, t MsgType, n int, read bool) error {
+	for _, a := range acts {
+		var err error
+		switch a.kind {
+		case actForward:
+			if read {
+				c.send(t, c.buf)
+			} else {
+				err = c.forwardRaw(t, n)
+			}
+		case actDrop:
+			if !read {
+				_, err = c.cr.Discard(n)
+				err = noEOF(err)
+			}
+		case actServer:
+			_, err = c.sw.Write(a.data)
+		case actClient:
+			err = c.writeClient(a.data, true)
+		case actAsk:
+			var buf [2]heldTicket
+			deny, grants := c.admit(a.ask, buf[:0])
+			c.mu.Lock()
+			next := c.m.answered(deny, grants)
+			c.mu.Unlock()
+			return c.apply(next, t, n, read)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decode reads a client's message of type t and n bytes into c.buf, and
+// what it runs or names.
+func (c *conn) decode(t MsgType, n int) (clientMsg, error) {
+	msg := clientMsg{t: t, settled: true}
+	if err := c.readBody(n); err != nil {
+		return msg, err
+	}
+	var ok bool
+	switch t {
+	case MsgQuery:
+		end := bytes.IndexByte(c.buf, 0)
+		if end < 0 {
+			return msg, fmt.Errorf("query without terminator: %w", errProtocol)
+		}
+		msg.text = c.buf[:end]
+		msg.cl = c.classifyQuery(msg.text)
+		msg.run, msg.changes = c.toRun(msg.cl)
+	case MsgFunctionCall:
+		if c.governs() {
+			msg.cl, msg.run = functionCallClass, functionCallClass.Statements
+		}
+	case MsgParse:
+		var rest []byte
+		msg.name, rest, ok = cstring(c.buf)
+		end := bytes.IndexByte(rest, 0)
+		if !ok || end < 0 {
+			return msg, fmt.Errorf("malformed Parse: %w", errProtocol)
+		}
+		if msg.cl = c.classifyParse(rest[:end]); msg.cl != nil {
+			msg.settled = c.settled(msg.name)
+		}
+	case MsgBind:
+		return c.decodeBind(msg)
+	case MsgExecute:
+		if msg.name, _, ok = cstring(c.buf); !ok {
+			return msg, fmt.Errorf("malformed Execute: %w", errProtocol)
+		}
+		if c.governs() {
+			c.mu.Lock()
+			msg.cl = c.m.portal(msg.name)
+			c.mu.Unlock()
+		}
+		msg.run, msg.changes = c.toRun(msg.cl)
+	case MsgClose:
+		if len(c.buf) > 1 && c.governs() {
+			msg.kind = c.buf[0]
+			msg.name, _, _ = cstring(c.buf[1:])
+			msg.settled = msg.kind != 'S' || c.settled(msg.name)
+		}
+	}
+	return msg, nil
+}
+
+func (c *conn) decodeBind(msg clientMsg) (clientMsg, error) {
+	portal, rest, ok := cstring(c.buf)
+	stmt, _, ok2 := cstring(rest)
+	if !ok || !ok2 {
+		return msg, fmt.Errorf("malformed Bind: %w", errProtocol)
+	}
+	msg.name, msg.stmt = portal, stmt
+	if c.governs() {
+		msg.settled = c.settled(stmt)
+	}
+	return msg, nil
 }
 
 var functionCallClass = &sqlclass.Class{Statements: []sqlclass.Statement{sqlclass.FunctionCall}}
@@ -760,21 +744,4 @@ func relay(w *bufio.Writer, r *bufio.Reader, n int) error {
 		n -= len(b)
 	}
 	return nil
-}
-
-// expect records that the server owes a ReadyForQuery for the message about
-// to be sent (a Query, FunctionCall or Sync). It is recorded before the
-// message goes out, so the answer cannot overtake it.
-func (c *conn) expect(deny []byte) {
-	c.mu.Lock()
-	c.queue = append(c.queue, &pending{deny: deny, parses: c.names.parses, closes: c.names.closes})
-	c.batches++
-	c.inBatch, c.batchRan, c.sending = false, false, false
-	c.mu.Unlock()
-}
-
-func (c *conn) batch() {
-	c.mu.Lock()
-	c.inBatch = true
-	c.mu.Unlock()
 }

@@ -30,16 +30,28 @@
 //     then two goroutines relay both directions
 //     at once, streaming raw bytes and decoding only Query, Parse, Bind,
 //     Execute, Close, Sync and FunctionCall from the client and
-//     ReadyForQuery and ErrorResponse from the server.
+//     ReadyForQuery and ErrorResponse from the server. conn is the shell
+//     around the machine: it reads, classifies, admits and writes, feeding
+//     the machine what it decodes and carrying out the actions it returns.
+//   - machine.go: the protocol's logic, as a machine with no I/O, clock or
+//     goroutine (as etcd's raft is): a client's message, a server's
+//     message, admission's answer or the connection's end in; actions out
+//     (forward, drop, send the server or the client a message of the
+//     proxy's, ask admission, end the leases). It holds what the
+//     connection's state is: the ReadyForQuery answers owed, the
+//     transaction's leases, the discard after a denial, the prepared
+//     statements. Its traces are testdata/machine/*.txt (machine_test.go).
 //   - lifecycle.go: how a connection ends, from either side. When the
 //     server's side ends (pg_terminate_backend, a crash, Proxy.Close), the
 //     client gets what the server sent and a FATAL, the transaction's slot
 //     goes back, and the client's connection closes, at once.
 //   - govern.go: each statement matched to its rule; the transaction's
-//     leases (one per class) and the statements' charges admitted.
+//     leases (one per class) and the statements' charges admitted, when
+//     the machine asks.
 //   - statements.go: what a message runs, as the server will run it: the
-//     connection's prepared statements and portals, and the lexing settings
-//     the server reports.
+//     connection's prepared statements and portals (followed by the
+//     machine), and the lexing settings the server reports; the shell's
+//     waits for the server to settle them.
 //   - notice.go: the NOTICE a transaction near or over a cap gets
 //     (cap_notices), and the dry runs of rules in shadow mode.
 //   - admit.go: the one rendering of a denial as a SQLSTATE.

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgproto3"
-
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
 	"github.com/governor-project/governor/proxy/admission"
@@ -110,6 +108,9 @@ type plan struct {
 	charges  map[string]int64
 	owned    bool // charges is the plan's own (a sum), not a rule's
 	chargeBy classify.Decision
+	// Room for the common case, so that planning allocates nothing.
+	heldBuf  [4]string
+	classBuf [2]ask
 }
 
 func (p *plan) add(d classify.Decision, count int) {
@@ -159,53 +160,20 @@ func (p *plan) asks() []ask {
 }
 
 // admit asks the Admitter about the statements of a message about to be
-// sent (cl, as run lists them running). It returns nil to forward them, or
-// the ErrorResponse of the denial; then nothing was charged, and no lease
-// it took is kept. The leases join the transaction's only once all are
-// granted.
-func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
-	if cl == nil || !c.governs() {
-		return nil
-	}
-	var p plan
-	var heldBuf [4]string
-	p.held = heldBuf[:0]
-	c.mu.Lock()
-	for _, h := range c.tickets {
-		p.held = append(p.held, h.class)
-		if !h.write {
-			p.readHeld = append(p.readHeld, h.class)
-		}
-	}
-	// From here until the message is sent (expect, or a Sync after an
-	// Execute), a ReadyForQuery for an earlier message must not end the
-	// leases this one counts on.
-	c.sending = true
-	c.mu.Unlock()
-	var classBuf [2]ask
-	p.classes = classBuf[:0]
-	if cl == byConnection {
-		if c.connMatched {
-			p.add(c.connRule, 1)
-		}
-	} else {
-		rules := c.p.Rules()
-		for i := range run {
-			if d, ok := rules.MatchSQL(c.statement(&run[i])); ok {
-				p.add(d, run[i].Count)
-			}
-		}
-	}
+// sent (the machine's ask). It returns the leases granted, appended to
+// grants, to forward the message; or the ErrorResponse of the denial, and
+// then nothing was charged and no lease it took is kept.
+func (c *conn) admit(q admitReq, grants []heldTicket) ([]byte, []heldTicket) {
+	p := &c.planBuf // the client goroutine's own: a plan on the stack would escape
+	*p = plan{}
+	c.plan(p, q)
 	asks := p.asks()
-	write := (len(asks) > 0 || p.readRule.Rule != "") && c.writes(cl, run)
+	write := (len(asks) > 0 || p.readRule.Rule != "") && c.writes(q.cl, q.run, q.text)
 	if len(asks) == 0 {
 		if write { // nothing to admit, but the lease held was taken for reads
-			if den := c.checkWrite(p.readRule); den != nil {
-				c.notSending()
-				return den
-			}
+			return c.checkWrite(p.readRule), grants
 		}
-		return nil
+		return nil, grants
 	}
 	if write {
 		for i := range asks {
@@ -221,47 +189,71 @@ func (c *conn) admit(cl *sqlclass.Class, run []sqlclass.Statement) []byte {
 		}
 	}
 	if asks = c.shadow(asks); len(asks) == 0 {
-		return nil // rules in dry run only: the statements run unadmitted
+		return nil, grants // rules in dry run only: the statements run unadmitted
 	}
 	if badSubtask != nil {
 		a := asks[0]
-		c.notSending()
-		return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: badSubtask}, 0)
+		return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: badSubtask}, 0), grants
 	}
+	return c.obtain(asks, grants)
+}
+
+// plan fills p with what q's statements need, given the leases the
+// transaction holds.
+func (c *conn) plan(p *plan, q admitReq) {
+	p.held = p.heldBuf[:0]
+	c.mu.Lock()
+	for _, h := range c.m.tickets {
+		p.held = append(p.held, h.class)
+		if !h.write {
+			p.readHeld = append(p.readHeld, h.class)
+		}
+	}
+	c.mu.Unlock()
+	p.classes = p.classBuf[:0]
+	if q.cl == byConnection {
+		if c.connMatched {
+			p.add(c.connRule, 1)
+		}
+		return
+	}
+	rules := c.p.Rules()
+	for i := range q.run {
+		if d, ok := rules.MatchSQL(c.statement(&q.run[i])); ok {
+			p.add(d, q.run[i].Count)
+		}
+	}
+}
+
+// obtain admits asks, all or none, and appends the leases to grants.
+func (c *conn) obtain(asks []ask, grants []heldTicket) ([]byte, []heldTicket) {
 	var w waiter
 	defer w.done()
 	var grantBuf [2]granted
-	grants := grantBuf[:0]
+	gs := grantBuf[:0]
 	for _, a := range asks {
 		t, waited, den := c.admitOne(&w, a)
 		if den != nil {
-			for _, g := range grants {
+			for _, g := range gs {
 				if g.t != nil {
 					g.t.End(0, false) // the message never ran
 				}
 			}
-			c.notSending()
-			return den
+			return den, grants
 		}
-		grants = append(grants, granted{a, t, waited})
+		gs = append(gs, granted{a, t, waited})
 	}
-	c.mu.Lock()
 	now := time.Now()
-	for _, g := range grants {
-		if g.t == nil {
-			continue
+	for _, g := range gs {
+		if g.t != nil {
+			grants = append(grants, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
 		}
-		if len(c.tickets) == 0 {
-			c.overloaded = false
-		}
-		c.tickets = append(c.tickets, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
 	}
-	c.mu.Unlock()
-	for _, g := range grants {
+	for _, g := range gs {
 		c.admitted(g.d, g.req, g.waited)
 	}
 	c.noticeCaps(asks[0].req.Subtask)
-	return nil
+	return nil, grants
 }
 
 // checkWrite asks whether a write may go on in the transaction whose
@@ -284,18 +276,9 @@ func (c *conn) checkWrite(d classify.Decision) []byte {
 		return c.deny(d, req, admission.Deny(ctx, err, d.Class, 0), 0)
 	}
 	c.mu.Lock()
-	for i := range c.tickets {
-		c.tickets[i].write = true
-	}
+	c.m.markWrite()
 	c.mu.Unlock()
 	return nil
-}
-
-// notSending: the message was denied and is not sent.
-func (c *conn) notSending() {
-	c.mu.Lock()
-	c.sending = false
-	c.mu.Unlock()
 }
 
 // granted is an ask that was admitted.
@@ -381,22 +364,4 @@ func checkSubtask(name string) error {
 		return fmt.Errorf("application_name names the subtask and %w", err)
 	}
 	return nil
-}
-
-// denySimple answers a denied Query or FunctionCall. When the connection is
-// idle with nothing in flight, the proxy answers alone: the error and
-// ReadyForQuery(I). Otherwise the server must take part, so that its
-// transaction is aborted and the answers stay in order: it gets
-// denyStatement instead, and its error is replaced by the denial.
-func (c *conn) denySimple(deny []byte) error {
-	c.mu.Lock()
-	quiet := len(c.queue) == 0 && c.status == TxIdle && !c.inBatch && len(c.tickets) == 0
-	c.mu.Unlock()
-	if quiet {
-		return c.writeClient(append(deny, readyForQuery(TxIdle)...), true)
-	}
-	c.expect(deny)
-	b, _ := (&pgproto3.Query{String: denyStatement}).Encode(nil)
-	_, err := c.sw.Write(b)
-	return err
 }

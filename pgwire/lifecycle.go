@@ -83,7 +83,7 @@ func (c *conn) serverEnded(err error) {
 		return // serve is closing both legs
 	}
 	c.cancel() // an admission the client waits on gives up
-	c.endTx(true)
+	c.endTx()
 	c.server.Close()
 	// The client goroutine's read of a silent client ends soon; linger
 	// goes on reading while the client keeps talking.

@@ -29,15 +29,14 @@ func NewMetrics() *Metrics {
 	m.charges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_statement_charges_total",
 		Help: "Quota charges of later statements inside a pgwire transaction, by rule and outcome (charged, denied)."}, []string{"rule", "outcome"})
 	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_denials_total",
-		Help: "pgwire statements refused, by cause: quota and task-ended (53400), wait-timeout (55P03), unavailable and stopping (53000), bad-request (22023)."}, []string{"cause"})
+		Help: "pgwire statements refused, by cause (the Governor-Denied word of admission's table of causes, whose SQLSTATEs docs/proxy.md lists: quota, task-ended and suspended 53400, rate 53300, wait-timeout 55P03, unavailable 53000 (the proxy stopping too), read-only 25006, bad-request 22023)."}, []string{"cause"})
 	m.wait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pgwire_lease_wait_seconds",
 		Help:    "Time a pgwire transaction waited for its slot (admitted or denied), by lease class.",
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}, []string{"class"})
 	m.shadow = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_shadow_denials_total",
 		Help: "pgwire statements of rules in dry run (mode: shadow) that governord would have refused, by rule and cause; they ran all the same."}, []string{"rule", "cause"})
-	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable,
-		admission.CauseTaskEnded, admission.CauseStopping} {
-		m.denials.WithLabelValues(c.String())
+	for _, cause := range admission.DeniedLabels() {
+		m.denials.WithLabelValues(cause)
 	}
 	return m
 }
@@ -89,8 +88,8 @@ func (m *Metrics) denied(rule, class string, cause admission.Cause, waited time.
 	if m == nil {
 		return
 	}
-	if cause != admission.CauseCanceled {
-		m.denials.WithLabelValues(cause.String()).Inc()
+	if w := cause.Wire(); w.Header != "" { // not a client that went away
+		m.denials.WithLabelValues(w.Header).Inc()
 	}
 	if class != "" {
 		m.transactions.WithLabelValues(rule, "denied").Inc()

@@ -24,7 +24,7 @@ func (c *conn) noticeCaps(subtask string) {
 		return
 	}
 	c.mu.Lock()
-	if c.status == TxIdle {
+	if c.m.status == TxIdle {
 		c.capNoticed = false // a new transaction
 	}
 	done := c.capNoticed
@@ -67,14 +67,14 @@ func capWords(c admission.CapState) string {
 // tenant refuses: a statement of a write kind. A Query decided by its
 // connection alone (byConnection) is classified here from its text; with no
 // text at hand, such a message counts as one that may write.
-func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement) bool {
+func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement, text []byte) bool {
 	if cl == byConnection {
 		// Its lease did not need the text, but a read_only tenant's
 		// refusal does: a SELECT must not read as a write.
-		if c.queryText == nil {
+		if text == nil {
 			return true
 		}
-		run, _ = c.toRun(c.classifyText(c.queryText))
+		run, _ = c.toRun(c.classifyText(text))
 	}
 	for i := range run {
 		if classify.WritesSQL(c.statement(&run[i]).Kinds) {

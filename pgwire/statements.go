@@ -37,7 +37,7 @@ import (
 // unknown.
 
 // names is the connection's view of the server's prepared statements and
-// portals. Guarded by conn.mu.
+// portals, the machine's.
 type names struct {
 	stmts   map[string]*sqlclass.Class
 	portals map[string]*sqlclass.Class
@@ -90,23 +90,21 @@ var unknownClass = &sqlclass.Class{Statements: []sqlclass.Statement{sqlclass.Unk
 func (c *conn) lexSettings() sqlclass.Settings {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lex
+	return c.m.lex
 }
 
 // noteParameter follows a ParameterStatus from the server.
-func (c *conn) noteParameter(body []byte) {
+func (m *machine) noteParameter(body []byte) {
 	name, rest, ok := cstring(body)
 	value, _, ok2 := cstring(rest)
 	if !ok || !ok2 {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch name {
 	case "standard_conforming_strings":
-		c.lex.BackslashEscapes = value != "on"
+		m.lex.BackslashEscapes = value != "on"
 	case "client_encoding":
-		c.lex.Encoding = sqlclass.EncodingOf(value)
+		m.lex.Encoding = sqlclass.EncodingOf(value)
 	}
 }
 
@@ -122,7 +120,7 @@ func (c *conn) classifyText(sql []byte) *sqlclass.Class {
 	set := c.lexSettings()
 	cl := c.p.cache.ClassifyBytes(sql, set)
 	c.mu.Lock()
-	ran := c.batchRan
+	ran := c.m.batchRan
 	c.mu.Unlock()
 	if !ran {
 		return cl
@@ -169,7 +167,7 @@ func sameClass(a, b *sqlclass.Class) bool {
 // when the connection ends, and then reports false.
 func (c *conn) settle() bool {
 	c.mu.Lock()
-	idle := len(c.queue) == 0
+	idle := c.m.idle()
 	c.mu.Unlock()
 	if idle {
 		return true
@@ -181,7 +179,7 @@ func (c *conn) settle() bool {
 	defer timer.Stop()
 	for {
 		c.mu.Lock()
-		if len(c.queue) == 0 {
+		if c.m.idle() {
 			c.mu.Unlock()
 			return true
 		}
@@ -205,19 +203,22 @@ func (c *conn) settle() bool {
 // first.
 func (c *conn) settleNames() bool {
 	c.mu.Lock()
-	early := len(c.names.undo) > 0 && c.names.undo[0].batch < c.batches
+	early := len(c.m.names.undo) > 0 && c.m.names.undo[0].batch < c.m.batches
 	c.mu.Unlock()
 	return !early || c.settle()
 }
 
-// parse follows a Parse of text classified as cl into the statement name.
-func (c *conn) parse(name string, cl *sqlclass.Class) {
-	if name != "" && !c.settleNames() {
+// settled settles the connection before a message that touches the
+// prepared statement name (settleNames); the unnamed one needs no wait.
+func (c *conn) settled(name string) bool { return name == "" || c.settleNames() }
+
+// parse follows a Parse of text classified as cl into the statement name;
+// unsettled, what it holds is unknown.
+func (m *machine) parse(name string, cl *sqlclass.Class, settled bool) {
+	if !settled {
 		cl = unknownClass
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := &c.names
+	n := &m.names
 	n.parses++
 	if name == "" {
 		// The server drops the unnamed statement before parsing a new one:
@@ -225,29 +226,21 @@ func (c *conn) parse(name string, cl *sqlclass.Class) {
 		n.stmts[""] = cl
 		return
 	}
-	c.record(change{ack: ackParse, seq: n.parses, name: name, prev: n.stmts[name]})
+	m.record(change{ack: ackParse, seq: n.parses, name: name, prev: n.stmts[name]})
 	n.stmts[name] = cl
 }
 
 // bind follows a Bind of statement stmt into portal.
-func (c *conn) bind(portal, stmt string) {
-	if stmt != "" && !c.settleNames() {
-		c.mu.Lock()
-		c.setPortal(portal, unknownClass)
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cl := c.names.stmts[stmt]
-	if cl == nil {
+func (m *machine) bind(portal, stmt string, settled bool) {
+	cl := m.names.stmts[stmt]
+	if cl == nil || !settled {
 		cl = unknownClass // the server will refuse it, or has a statement the proxy did not see made
 	}
-	c.setPortal(portal, cl)
+	m.setPortal(portal, cl)
 }
 
-func (c *conn) setPortal(portal string, cl *sqlclass.Class) {
-	p := c.names.portals
+func (m *machine) setPortal(portal string, cl *sqlclass.Class) {
+	p := m.names.portals
 	if _, ok := p[portal]; !ok && len(p) >= maxPortals {
 		clear(p)
 	}
@@ -255,21 +248,18 @@ func (c *conn) setPortal(portal string, cl *sqlclass.Class) {
 }
 
 // closeName follows a Close of a statement ('S') or portal ('P').
-func (c *conn) closeName(kind byte, name string) {
-	if kind == 'S' && name != "" && !c.settleNames() {
-		kind = 0 // unconfirmed: forget the name rather than guess
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := &c.names
+func (m *machine) closeName(kind byte, name string, settled bool) {
+	n := &m.names
 	n.closes++
-	switch kind {
-	case 'S':
+	switch {
+	case kind == 'S' && !settled:
+		delete(n.stmts, name) // unconfirmed: forget the name rather than guess
+	case kind == 'S':
 		if prev, ok := n.stmts[name]; ok && name != "" {
-			c.record(change{ack: ackClose, seq: n.closes, name: name, prev: prev})
+			m.record(change{ack: ackClose, seq: n.closes, name: name, prev: prev})
 		}
 		delete(n.stmts, name)
-	case 'P':
+	case kind == 'P':
 		delete(n.portals, name)
 	default:
 		delete(n.stmts, name)
@@ -278,10 +268,8 @@ func (c *conn) closeName(kind byte, name string) {
 
 // portal returns what portal runs; unknownClass for a portal the proxy did
 // not see bound (a cursor DECLAREd in SQL, say).
-func (c *conn) portal(name string) *sqlclass.Class {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cl := c.names.portals[name]; cl != nil {
+func (m *machine) portal(name string) *sqlclass.Class {
+	if cl := m.names.portals[name]; cl != nil {
 		return cl
 	}
 	return unknownClass
@@ -293,18 +281,31 @@ func (c *conn) portal(name string) *sqlclass.Class {
 // to apply (commitChanges) once they are admitted. A text with neither is
 // returned as it is.
 func (c *conn) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) {
-	plain := true
-	for i := range cl.Statements {
-		if s := &cl.Statements[i]; s.Execute != "" || s.Op != sqlclass.OpNone {
-			plain = false
-			break
-		}
-	}
-	if plain {
+	if plain(cl) {
 		return cl.Statements, nil
 	}
 	if !c.settleNames() {
 		return unknownClass.Statements, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.running(cl)
+}
+
+// plain reports whether cl neither runs nor changes prepared statements.
+func plain(cl *sqlclass.Class) bool {
+	for i := range cl.Statements {
+		if s := &cl.Statements[i]; s.Execute != "" || s.Op != sqlclass.OpNone {
+			return false
+		}
+	}
+	return true
+}
+
+// running is conn.running once the prepared statements are settled.
+func (m *machine) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) {
+	if plain(cl) {
+		return cl.Statements, nil
 	}
 	var changes []nameChange
 	lookup := func(name string) *sqlclass.Statement {
@@ -316,9 +317,7 @@ func (c *conn) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) 
 			}
 		}
 		if !found {
-			c.mu.Lock()
-			p = c.names.stmts[name]
-			c.mu.Unlock()
+			p = m.names.stmts[name]
 		}
 		if p == nil || len(p.Statements) != 1 {
 			return nil
@@ -348,20 +347,15 @@ func (c *conn) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) 
 }
 
 // commitChanges applies the changes of a Query or Execute about to be sent.
-func (c *conn) commitChanges(changes []nameChange) {
-	if len(changes) == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := &c.names
+func (m *machine) commitChanges(changes []nameChange) {
+	n := &m.names
 	for _, ch := range changes {
 		if ch.all {
-			c.record(change{ack: ackTag, tag: ch.tag, all: n.stmts})
+			m.record(change{ack: ackTag, tag: ch.tag, all: n.stmts})
 			n.stmts = make(map[string]*sqlclass.Class)
 			continue
 		}
-		c.record(change{ack: ackTag, tag: ch.tag, name: ch.name, prev: n.stmts[ch.name]})
+		m.record(change{ack: ackTag, tag: ch.tag, name: ch.name, prev: n.stmts[ch.name]})
 		if ch.value == nil {
 			delete(n.stmts, ch.name)
 		} else {
@@ -371,20 +365,17 @@ func (c *conn) commitChanges(changes []nameChange) {
 }
 
 // record notes a change about to be applied, in the batch being built.
-// Called with c.mu held.
-func (c *conn) record(ch change) {
-	ch.batch = c.batches
-	c.names.undo = append(c.names.undo, ch)
-	c.unconfirmed.Store(int32(len(c.names.undo)))
+func (m *machine) record(ch change) {
+	ch.batch = m.batches
+	m.names.undo = append(m.names.undo, ch)
 }
 
 // undoBatch undoes the unconfirmed changes of the batch the server is
-// answering, newest first: the server refused or skipped them. Called with
-// c.mu held.
-func (c *conn) undoBatch() {
-	n := &c.names
+// answering, newest first: the server refused or skipped them.
+func (m *machine) undoBatch() {
+	n := &m.names
 	end := 0
-	for end < len(n.undo) && n.undo[end].batch == c.done {
+	for end < len(n.undo) && n.undo[end].batch == m.done {
 		end++
 	}
 	for i := end - 1; i >= 0; i-- {
@@ -399,13 +390,11 @@ func (c *conn) undoBatch() {
 		}
 	}
 	n.undo = n.undo[end:]
-	c.unconfirmed.Store(int32(len(n.undo)))
 }
 
-// confirm drops the changes the server has confirmed. Called with c.mu
-// held.
-func (c *conn) confirm() {
-	n := &c.names
+// confirm drops the changes the server has confirmed.
+func (m *machine) confirm() {
+	n := &m.names
 	i := 0
 	for ; i < len(n.undo); i++ {
 		ch := n.undo[i]
@@ -414,80 +403,42 @@ func (c *conn) confirm() {
 		}
 	}
 	n.undo = n.undo[i:]
-	c.unconfirmed.Store(int32(len(n.undo)))
 }
 
-// noteServer follows the server's messages that confirm or refuse changes
-// and report settings. The relay streams them on; noteServer only peeks at
-// bodies it needs, which are small.
-func (c *conn) noteServer(t MsgType, n int) {
-	switch t {
-	case MsgParameterStatus:
-		if body, err := c.sr.Peek(n); err == nil {
-			c.noteParameter(body)
-		}
-	case MsgParseComplete, MsgCloseComplete, MsgCommandComplete:
-		if c.unconfirmed.Load() == 0 {
-			if t != MsgCommandComplete {
-				c.mu.Lock()
-				c.countAck(t)
-				c.mu.Unlock()
-			}
-			return
-		}
-		var tag []byte
-		if t == MsgCommandComplete {
-			body, err := c.sr.Peek(n)
-			if err != nil {
-				return
-			}
-			tag = bytes.TrimRight(body, "\x00")
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.countAck(t)
-		if u := c.names.undo; t == MsgCommandComplete && len(u) > 0 && u[0].ack == ackTag && u[0].tag == string(tag) {
-			c.names.undo = u[1:]
-		}
-		c.confirm()
-	}
-}
-
-// countAck counts a ParseComplete or CloseComplete. Called with c.mu held.
-func (c *conn) countAck(t MsgType) {
-	switch t {
-	case MsgParseComplete:
-		c.names.parsed++
-	case MsgCloseComplete:
-		c.names.closed++
-	}
-}
-
-// noteError follows an ERROR from the server: the rest of its Query or
-// batch is skipped, and with it the changes not yet confirmed.
-func (c *conn) noteError() {
-	if c.unconfirmed.Load() == 0 {
+// noteAck follows the server's messages that confirm changes:
+// ParseComplete, CloseComplete, and a CommandComplete (body, its tag).
+func (m *machine) noteAck(t MsgType, body []byte) {
+	m.countAck(t)
+	u := m.names.undo
+	if len(u) == 0 {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.undoBatch()
+	if t == MsgCommandComplete && u[0].ack == ackTag && u[0].tag == string(bytes.TrimRight(body, "\x00")) {
+		m.names.undo = u[1:]
+	}
+	m.confirm()
+}
+
+// countAck counts a ParseComplete or CloseComplete.
+func (m *machine) countAck(t MsgType) {
+	switch t {
+	case MsgParseComplete:
+		m.names.parsed++
+	case MsgCloseComplete:
+		m.names.closed++
+	}
 }
 
 // noteAnswered follows the ReadyForQuery that ends a Query or batch
-// (whose entry was p). Called with c.mu held.
-func (c *conn) noteAnswered(p *pending) {
-	c.undoBatch() // left unconfirmed: they never happened
-	c.done++
-	n := &c.names
+// (whose entry was p).
+func (m *machine) noteAnswered(p pending) {
+	m.undoBatch() // left unconfirmed: they never happened
+	m.done++
+	n := &m.names
 	// Messages skipped after an error are answered by nothing: count them
 	// as answered.
 	n.parsed, n.closed = max(n.parsed, p.parses), max(n.closed, p.closes)
-	if len(c.queue) == 0 && c.answered != nil {
-		close(c.answered)
-		c.answered = nil
-	}
-	if c.status == TxIdle && len(c.queue) == 0 && !c.inBatch && len(n.portals) > 1 {
+	if m.status == TxIdle && len(m.queue) == 0 && !m.inBatch && len(n.portals) > 1 {
 		// Portals end with their transaction.
 		clear(n.portals)
 	}

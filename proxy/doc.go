@@ -21,7 +21,8 @@
 //
 // # Files
 //
-//   - config.go: the YAML file (strict keys, ${VAR}) and the validated Config.
+//   - configtypes.go: the names of package proxyconfig's types, where the
+//     YAML file (strict keys, ${VAR}) and the validated Config live.
 //   - sidecar.go: Start (build, listen, serve) and Shutdown; the rule watcher.
 //   - pgwire.go: the pgwire listeners, and the gate that drains their
 //     transactions at shutdown.
@@ -30,8 +31,8 @@
 // # Imports
 //
 // This package may import the standard library, Prometheus, yaml.v3, the
-// SDK, classify, the internal packages for configuration, keys,
-// certificates and tracing (envsubst, apikey, tlsreload, tracing), its
+// SDK, classify, the internal packages for keys, certificates and tracing
+// (apikey, tlsreload, tracing), its
 // own subpackages and pgwire (the SQL side, a package of its own at the
 // top of the tree, which imports proxy/admission). It must not import the server, the engine or the store:
 // it speaks to governord only through its API.

@@ -51,6 +51,8 @@ const (
 	adminKey  = govtest.AdminKey
 	// waitFor bounds every wait for a condition in these tests.
 	waitFor = 10 * time.Second
+	// minimal is the least config file that loads.
+	minimal = "governor: {api_key: k}\ntask: {name: pod-7}\n"
 )
 
 // startGovernord starts an in-process governord with one tenant,

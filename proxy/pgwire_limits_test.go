@@ -7,7 +7,17 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/governor-project/governor/pgwire"
 )
+
+// The config's default is pgwire's, written out in package proxyconfig so
+// that a reader of the file does not link the wire proxy.
+func TestPGWireDefaultMaxMessageBytesIsPGWires(t *testing.T) {
+	if DefaultPGWireMaxMessageBytes != pgwire.DefaultMaxMessageSize {
+		t.Fatalf("proxyconfig says %d, pgwire %d", DefaultPGWireMaxMessageBytes, pgwire.DefaultMaxMessageSize)
+	}
+}
 
 // pgwire[i].max_message_bytes: 256 MiB unless set, bounded, and what the
 // listener's proxy enforces.

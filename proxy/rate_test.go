@@ -194,7 +194,7 @@ func TestBadOnRateExitsTwo(t *testing.T) {
 	cmd.Stderr = &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "config: rules[0].on_rate: ") {
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "config: rules[0].on_rate") {
 		t.Errorf("got %v, want exit 2 naming rules[0].on_rate\n%s", err, stderr.String())
 	}
 }

@@ -130,7 +130,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 		return nil, err
 	}
 	hm := httpproxy.NewMetrics()
-	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.proxyConfig(cfg.governordAddrs()),
+	s.http = &httpproxy.Proxy{Admitter: s.admitter, Rules: s.rules, Routes: cfg.Routes, Config: cfg.HTTP.ProxyConfig(cfg.GovernordAddrs()),
 		Resolver: opts.Resolver, UpstreamTLS: upstreamTLS, Logger: log, Metrics: hm}
 	if icp != nil {
 		s.http.Intercept = icp
@@ -234,9 +234,8 @@ func (s *Sidecar) watch(opts Options) error {
 	}
 	w, err := classify.NewWatcher(s.cfg.Path, func(r *classify.Rules, err error) { s.reloaded(r, err, opts.OnReload) }, wopts...)
 	if err != nil {
-		var ce *classify.Error
-		if errors.As(err, &ce) {
-			return &ConfigError{Key: ce.Key(), Problem: ce.Error()}
+		if IsConfigError(err) {
+			return err
 		}
 		return &ConfigError{Key: "rules", Problem: err.Error()}
 	}

@@ -147,7 +147,25 @@ func (s *Server) admitUnary(ctx context.Context, req any, info *grpc.UnaryServer
 		defer t.finish()
 		a.ticket = t
 	}
-	return h(context.WithValue(ctx, admittedKey{}, &a), req)
+	resp, err := h(context.WithValue(ctx, admittedKey{}, &a), req)
+	if err != nil {
+		s.countRateRefusal(l.name, err)
+	}
+	return resp, err
+}
+
+// countRateRefusal counts a call refused for rate, by the caller's tenant.
+func (s *Server) countRateRefusal(tenant string, err error) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return
+	}
+	for _, d := range st.Details() {
+		if r, ok := d.(*governorpb.RateLimited); ok {
+			s.metrics.rateRefusal(tenant, r.GetResource())
+			return
+		}
+	}
 }
 
 // sessionOf resolves the call's session without answering: the handler

@@ -69,5 +69,6 @@ func (s *Server) GetCapsHistory(ctx context.Context, req *governorpb.GetCapsHist
 func capsValues(c engine.CapsEdit) *governorpb.CapsValues {
 	return &governorpb.CapsValues{Quotas: c.Quotas, Limits: c.Limits, DefaultQuotas: c.DefaultQuotas,
 		DefaultLimits: c.DefaultLimits, Weight: c.Weight, Priority: c.Priority, DeadlineUnixNano: c.Deadline,
-		QuotaModes: toCapModes(c.QuotaModes), LimitModes: toCapModes(c.LimitModes), Minimums: toMinimums(c.Minimums)}
+		QuotaModes: toCapModes(c.QuotaModes), LimitModes: toCapModes(c.LimitModes), Minimums: toMinimums(c.Minimums),
+		Rates: toRates(c.Rates), DefaultRates: toRates(c.DefaultRates)}
 }

@@ -10,7 +10,7 @@
 // A request's life: admission (admission.go, admitcall.go) puts a call of
 // new work in its tenant's lane and lets it in by weighted round robin, or
 // refuses it with a RetryInfo past its tenant's cap, queue or api_rate
-// (apirate.go; its keys in admission_config.go); heartbeats, releases and
+// (apirate.go; its keys in package serverconfig); heartbeats, releases and
 // give-backs never wait there → authenticate (the session token in the "authorization"
 // metadata, hashed and looked up in the engine) → call the engine under its
 // lock, which queues the change's event on the store's log → wait, outside
@@ -21,9 +21,11 @@
 // during the wait for the commit, or it abandoned the request id) is given
 // back (grantCall, and flights for the abandoned ids).
 //
-// It may import the engine, the store, the generated API, the internal
-// packages for configuration, keys and tracing (envsubst, apikey,
-// tlsreload, tracing) and standard libraries for gRPC, Prometheus,
-// OpenTelemetry and configuration; never the SDK or proxies. tracing.go:
+// Its configuration, the file and the validated Config, is package
+// serverconfig (configtypes.go keeps the names it had here).
+//
+// It may import the engine, the store, the generated API, serverconfig,
+// the internal packages for keys and tracing (apikey, tlsreload, tracing) and standard libraries for gRPC, Prometheus and
+// OpenTelemetry; never the SDK or proxies. tracing.go:
 // the span of a call's commit wait, while tracing is on.
 package server

@@ -128,8 +128,7 @@ func TestGrantCommittedAfterItsCallerLeftIsGivenBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			hs := newHoldingStore()
 			cfg := testConfig()
-			cfg.OpenStore = func(context.Context) (store.Store, error) { return hs, nil }
-			srv := start(t, cfg)
+			srv := start(t, cfg, WithStore(func(context.Context) (store.Store, error) { return hs, nil }))
 			t.Cleanup(hs.let) // before the server's Close, so a failure cannot hang it
 			// A long TTL: no expiry moves Seq while the test watches it.
 			pay := session(t, srv.Addr(), "pay-key", time.Minute)

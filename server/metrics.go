@@ -42,6 +42,7 @@ type metrics struct {
 	// the calls refused.
 	callSeconds *prometheus.HistogramVec
 	refusals    *prometheus.CounterVec
+	rateRefused *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -76,7 +77,9 @@ func newMetrics(s *Server) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"tenant", "lane"})
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_admission_refused_total",
 		Help: "Calls refused with RESOURCE_EXHAUSTED and a RetryInfo by admission, by tenant and why (busy: its calls in flight and queue were full; api_rate: over its api_rate)."}, []string{"tenant", "why"})
-	m.reg.MustRegister(m.callSeconds, m.refusals, admissionCollector{s})
+	m.rateRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_rate_refusals_total",
+		Help: "Calls refused for rate (a token bucket on the caller's node or an ancestor had no room), by the caller's tenant (\"\" is the admin key's sessions) and resource."}, []string{"tenant", "resource"})
+	m.reg.MustRegister(m.callSeconds, m.refusals, m.rateRefused, admissionCollector{s})
 	m.reg.MustRegister(m.warnings, m.dryRuns, policyCollector{s})
 	m.reg.MustRegister(m.calls, events, m.commit, m.batch, m.waitTime, m.waiters, m.notices, m.given, m.snapSize, treeCollector{m}, haCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -98,7 +101,10 @@ func (m *metrics) observeCommit(batch int, d time.Duration) {
 func (m *metrics) callTime(tenant, lane string, d time.Duration) {
 	m.callSeconds.WithLabelValues(tenant, lane).Observe(d.Seconds())
 }
-func (m *metrics) refused(tenant, why string)     { m.refusals.WithLabelValues(tenant, why).Inc() }
+func (m *metrics) refused(tenant, why string) { m.refusals.WithLabelValues(tenant, why).Inc() }
+func (m *metrics) rateRefusal(tenant, resource string) {
+	m.rateRefused.WithLabelValues(tenant, resource).Inc()
+}
 func (m *metrics) waiting(d float64)              { m.waiters.Add(d) }
 func (m *metrics) noticeSent(k engine.NoticeKind) { m.notices.WithLabelValues(k.String()).Inc() }
 func (m *metrics) waited(d time.Duration)         { m.waitTime.Observe(d.Seconds()) }
@@ -152,6 +158,9 @@ var (
 	descQuota    = prometheus.NewDesc("governor_quota", "Quota caps, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
 	descReserved = prometheus.NewDesc("governor_reserved", "Quota reserved by sessions and not yet spent, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
 	descBlocks   = prometheus.NewDesc("governor_delegated_slots", "Slots held in blocks delegated to sessions (sidecars), by class; also counted in governor_pool_held.", []string{"class"}, nil)
+	descRateLeft = prometheus.NewDesc("governor_rate_available", "Units in a rate's token bucket now, by tenant (\"\" is the root) and resource: 0 while the rate refuses.", []string{"tenant", "resource"}, nil)
+	descRateSize = prometheus.NewDesc("governor_rate_burst", "The size of a rate's token bucket (its burst), by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
+	descRatePerS = prometheus.NewDesc("governor_rate_per_second", "A rate's refill in units a second, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
 	descSessions = prometheus.NewDesc("governor_sessions", "Open sessions.", nil, nil)
 	descLeases   = prometheus.NewDesc("governor_leases", "Live leases.", nil, nil)
 	descNodes    = prometheus.NewDesc("governor_nodes", "Nodes held: open, and ended but not yet reclaimed (node_retention).", nil, nil)
@@ -159,7 +168,7 @@ var (
 )
 
 func (treeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descSessions, descLeases, descNodes, descSeq} {
+	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descRateLeft, descRateSize, descRatePerS, descSessions, descLeases, descNodes, descSeq} {
 		ch <- d
 	}
 }
@@ -196,6 +205,17 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit("", st.Root)
 	for _, t := range st.Tenants {
 		emit(t.Name, t)
+	}
+	for _, r := range st.Rates {
+		tenant := r.NodeName
+		if r.Node == st.Root.ID {
+			tenant = ""
+		}
+		ch <- prometheus.MustNewConstMetric(descRateLeft, prometheus.GaugeValue, float64(r.Level), tenant, r.Name)
+		ch <- prometheus.MustNewConstMetric(descRateSize, prometheus.GaugeValue, float64(r.Size), tenant, r.Name)
+		if r.Rate.Per > 0 {
+			ch <- prometheus.MustNewConstMetric(descRatePerS, prometheus.GaugeValue, float64(r.Rate.Units)/time.Duration(r.Rate.Per).Seconds(), tenant, r.Name)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(st.Sessions))
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases))

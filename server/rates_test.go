@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,57 @@ func TestRatesSurviveARestart(t *testing.T) {
 	_, err = pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "calls", Amount: 1})
 	if _, wait := rateRefusal(t, err); wait <= 19*time.Minute {
 		t.Fatalf("after a restart the bucket refills in %v; want about 20m", wait)
+	}
+}
+
+// What /metrics says of rates is what the buckets hold: the root's and
+// each tenant's rates with their units left, burst and refill a second,
+// and each refusal for rate counted for the caller's tenant and resource
+// (what the alert GovernorRateSaturated reads).
+func TestRateMetricsTellTheTruth(t *testing.T) {
+	cfg := testConfig()
+	cfg.Root.Rates = map[string]engine.Rate{"requests": {Units: 600, Per: int64(time.Minute), Burst: 50}}
+	cfg.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 3, Per: int64(time.Hour)}}
+	srv := start(t, cfg)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	task := pay.task(t, "job", nil)
+	consume := func(resource string, n int64) error {
+		_, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: resource, Amount: n})
+		return err
+	}
+	if err := consume("calls", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := consume("requests", 20); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rateRefusal(t, consume("calls", 2))
+	}
+	text := scrape(t, srv)
+	for _, want := range []string{
+		`governor_rate_available{resource="calls",tenant="payments"} 1`,
+		`governor_rate_burst{resource="calls",tenant="payments"} 3`,
+		`governor_rate_burst{resource="requests",tenant=""} 50`,
+		`governor_rate_per_second{resource="requests",tenant=""} 10`,
+		`governor_rate_refusals_total{resource="calls",tenant="payments"} 3`,
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// The root's bucket refills at 10 a second from 30 left: read it
+	// whole, as the scrape saw it.
+	var left float64
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, `governor_rate_available{resource="requests",tenant=""} `); ok {
+			left, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if left < 30 || left > 50 {
+		t.Errorf("the root's requests bucket reads %v, want 30 left plus what refilled since, at most its burst of 50", left)
+	}
+	if strings.Contains(text, `governor_rate_refusals_total{resource="requests"`) {
+		t.Error("a refusal counted for a resource that refused nothing")
 	}
 }

@@ -77,9 +77,24 @@ type Server struct {
 	ha     *haState      // nil without ha (ha.go)
 }
 
+// Option changes how Start builds the server in a way the configuration
+// file cannot say.
+type Option func(*startOptions)
+
+type startOptions struct {
+	openStore func(ctx context.Context) (store.Store, error)
+}
+
+// WithStore opens the store with open instead of from Store.Driver and
+// Store.DSN; tests use it to inject a store that fails. It is an option,
+// not a field of Config, so that the configuration links no store.
+func WithStore(open func(ctx context.Context) (store.Store, error)) Option {
+	return func(o *startOptions) { o.openStore = open }
+}
+
 // Start recovers the state from the store, applies the configuration, and
 // serves. It returns once the server is listening and ready.
-func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
+func Start(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -95,12 +110,16 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	if cfg.Clock == nil {
 		cfg.Clock = engine.WallClock{}
 	}
-	cfg.fillLimits()
+	cfg.FillLimits()
 	s := &Server{cfg: cfg, log: logger, keys: make(map[[sha256.Size]byte]engine.NodeID),
 		stopping: make(chan struct{}), fatal: make(chan error, 1), newSession: make(chan struct{}, 1)}
 	s.admLanes = s.admissionLanes()
 	s.metrics = newMetrics(s)
-	open := cfg.OpenStore
+	var o startOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	open := o.openStore
 	if open == nil {
 		open = func(ctx context.Context) (store.Store, error) {
 			return store.Open(ctx, cfg.Store.Driver, cfg.Store.DSN)
@@ -326,7 +345,7 @@ func (s *Server) configure(ctx context.Context) error {
 			return fmt.Errorf("configure root: %w", err)
 		}
 	}
-	if h, ok := s.cfg.adminKeyHash(); ok {
+	if h, ok := s.cfg.AdminKeyHash(); ok {
 		s.keys[h] = engine.RootID
 	}
 	s.adm.bind(int64(engine.RootID), s.admLanes[""])
@@ -357,16 +376,16 @@ func (s *Server) configure(ctx context.Context) error {
 			}
 		}
 		s.adm.bind(int64(v.ID), s.admLanes[t.Name])
-		if h, ok := t.keyHash(); ok {
+		if h, ok := t.KeyHash(); ok {
 			s.keys[h] = v.ID
 		} else {
 			s.log.Warn("tenant has no api_key; it cannot open sessions", "tenant", t.Name)
 		}
 	}
-	if _, ok := s.cfg.adminKeyHash(); !ok {
+	if _, ok := s.cfg.AdminKeyHash(); !ok {
 		s.log.Warn("no admin_key; no operator sessions can be opened")
 	}
-	for _, key := range s.cfg.shortKeys() {
+	for _, key := range s.cfg.ShortKeys() {
 		s.log.Warn(fmt.Sprintf("an API key shorter than %d bytes can be guessed; use %d random bytes or more (openssl rand -hex %d)",
 			apikey.MinLen, apikey.MinLen, apikey.MinLen), "key", key)
 	}

@@ -40,9 +40,9 @@ func testConfig() Config {
 		}}
 }
 
-func start(t *testing.T, cfg Config) *Server {
+func start(t *testing.T, cfg Config, opts ...Option) *Server {
 	t.Helper()
-	srv, err := Start(context.Background(), cfg, nil)
+	srv, err := Start(context.Background(), cfg, nil, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,8 +430,7 @@ func TestCommitFailureStopsServing(t *testing.T) {
 	mem := store.NewMemory()
 	gate := &gatedStore{Memory: mem, entered: make(chan struct{}), release: make(chan struct{})}
 	cfg := testConfig()
-	cfg.OpenStore = func(context.Context) (store.Store, error) { return gate, nil }
-	srv := start(t, cfg)
+	srv := start(t, cfg, WithStore(func(context.Context) (store.Store, error) { return gate, nil }))
 	var once sync.Once
 	release := func() { once.Do(func() { close(gate.release) }) }
 	t.Cleanup(release) // runs before the server's Close, so a failure cannot hang

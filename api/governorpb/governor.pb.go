@@ -3277,7 +3277,10 @@ type CapsValues struct {
 	QuotaModes map[string]*CapMode `protobuf:"bytes,8,rep,name=quota_modes,json=quotaModes,proto3" json:"quota_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	LimitModes map[string]*CapMode `protobuf:"bytes,9,rep,name=limit_modes,json=limitModes,proto3" json:"limit_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Minimums set or replaced (min 0: none).
-	Minimums      map[string]*Minimum `protobuf:"bytes,10,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Minimums map[string]*Minimum `protobuf:"bytes,10,rep,name=minimums,proto3" json:"minimums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Rates and default rates set or replaced (units -1: none).
+	Rates         map[string]*Rate `protobuf:"bytes,11,rep,name=rates,proto3" json:"rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultRates  map[string]*Rate `protobuf:"bytes,12,rep,name=default_rates,json=defaultRates,proto3" json:"default_rates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3378,6 +3381,20 @@ func (x *CapsValues) GetLimitModes() map[string]*CapMode {
 func (x *CapsValues) GetMinimums() map[string]*Minimum {
 	if x != nil {
 		return x.Minimums
+	}
+	return nil
+}
+
+func (x *CapsValues) GetRates() map[string]*Rate {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *CapsValues) GetDefaultRates() map[string]*Rate {
+	if x != nil {
+		return x.DefaultRates
 	}
 	return nil
 }
@@ -6004,7 +6021,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\a_weightB\v\n" +
 	"\t_priority\"0\n" +
 	"\x15GetCapsHistoryRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\x9a\t\n" +
+	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\"\xc5\v\n" +
 	"\n" +
 	"CapsValues\x12;\n" +
 	"\x06quotas\x18\x01 \x03(\v2#.governor.v1.CapsValues.QuotasEntryR\x06quotas\x12;\n" +
@@ -6019,7 +6036,9 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\vlimit_modes\x18\t \x03(\v2'.governor.v1.CapsValues.LimitModesEntryR\n" +
 	"limitModes\x12A\n" +
 	"\bminimums\x18\n" +
-	" \x03(\v2%.governor.v1.CapsValues.MinimumsEntryR\bminimums\x1a9\n" +
+	" \x03(\v2%.governor.v1.CapsValues.MinimumsEntryR\bminimums\x128\n" +
+	"\x05rates\x18\v \x03(\v2\".governor.v1.CapsValues.RatesEntryR\x05rates\x12N\n" +
+	"\rdefault_rates\x18\f \x03(\v2).governor.v1.CapsValues.DefaultRatesEntryR\fdefaultRates\x1a9\n" +
 	"\vQuotasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a9\n" +
@@ -6040,7 +6059,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.CapModeR\x05value:\x028\x01\x1aQ\n" +
 	"\rMinimumsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01B\t\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.governor.v1.MinimumR\x05value:\x028\x01\x1aK\n" +
+	"\n" +
+	"RatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01\x1aR\n" +
+	"\x11DefaultRatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
+	"\x05value\x18\x02 \x01(\v2\x11.governor.v1.RateR\x05value:\x028\x01B\t\n" +
 	"\a_weightB\v\n" +
 	"\t_priorityB\x15\n" +
 	"\x13_deadline_unix_nano\"\xe8\x02\n" +
@@ -6313,7 +6339,7 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 }
 
 var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
@@ -6426,28 +6452,30 @@ var file_api_governorpb_governor_proto_goTypes = []any{
 	nil,                              // 108: governor.v1.CapsValues.QuotaModesEntry
 	nil,                              // 109: governor.v1.CapsValues.LimitModesEntry
 	nil,                              // 110: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 111: governor.v1.UsageLine.SpendEntry
-	nil,                              // 112: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 113: governor.v1.UsageLine.PeakEntry
-	nil,                              // 114: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 115: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 116: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 117: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 118: google.protobuf.Timestamp
+	nil,                              // 111: governor.v1.CapsValues.RatesEntry
+	nil,                              // 112: governor.v1.CapsValues.DefaultRatesEntry
+	nil,                              // 113: governor.v1.UsageLine.SpendEntry
+	nil,                              // 114: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 115: governor.v1.UsageLine.PeakEntry
+	nil,                              // 116: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 117: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 118: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 119: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 120: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	117, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	117, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	117, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	117, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	119, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	119, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	119, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	119, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
 	75,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
 	76,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
 	77,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
 	78,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	118, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	120, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
 	79,  // 9: governor.v1.NodeSpec.rates:type_name -> governor.v1.NodeSpec.RatesEntry
 	80,  // 10: governor.v1.NodeSpec.default_rates:type_name -> governor.v1.NodeSpec.DefaultRatesEntry
-	117, // 11: governor.v1.Rate.per:type_name -> google.protobuf.Duration
+	119, // 11: governor.v1.Rate.per:type_name -> google.protobuf.Duration
 	0,   // 12: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 13: governor.v1.Node.state:type_name -> governor.v1.NodeState
 	81,  // 14: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
@@ -6456,9 +6484,9 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	84,  // 17: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
 	85,  // 18: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
 	86,  // 19: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	118, // 20: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	120, // 20: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
 	87,  // 21: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	118, // 22: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	120, // 22: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
 	88,  // 23: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
 	89,  // 24: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
 	90,  // 25: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
@@ -6471,19 +6499,19 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	12,  // 32: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
 	94,  // 33: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
 	24,  // 34: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	117, // 35: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	119, // 35: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
 	71,  // 36: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
 	71,  // 37: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
 	37,  // 38: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
 	40,  // 39: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
-	117, // 40: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
+	119, // 40: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
 	3,   // 41: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
 	95,  // 42: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
 	96,  // 43: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
 	97,  // 44: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
 	98,  // 45: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	118, // 46: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	117, // 47: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	120, // 46: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	119, // 47: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
 	99,  // 48: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
 	100, // 49: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
 	101, // 50: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
@@ -6496,127 +6524,131 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	108, // 57: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
 	109, // 58: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
 	110, // 59: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	118, // 60: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	46,  // 61: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	46,  // 62: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	118, // 63: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	118, // 64: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	47,  // 65: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	48,  // 66: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	11,  // 67: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
-	117, // 68: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
-	2,   // 69: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 70: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	118, // 71: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	118, // 72: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	111, // 73: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	112, // 74: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	113, // 75: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	114, // 76: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	118, // 77: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	118, // 78: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	55,  // 79: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	118, // 80: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	118, // 81: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
-	118, // 82: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
-	118, // 83: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	117, // 84: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	118, // 85: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	118, // 86: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	118, // 87: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	58,  // 88: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	59,  // 89: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	60,  // 90: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	61,  // 91: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	117, // 92: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	12,  // 93: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	115, // 94: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	65,  // 95: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	67,  // 96: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	69,  // 97: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
-	11,  // 98: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
-	117, // 99: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
-	116, // 100: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	50,  // 101: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	71,  // 102: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	118, // 103: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	118, // 104: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	11,  // 105: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 106: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 107: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 108: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 109: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 110: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 111: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 112: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 113: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 114: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 115: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 116: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	65,  // 117: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 118: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 119: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	4,   // 120: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 121: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 122: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	13,  // 123: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	14,  // 124: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	15,  // 125: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	17,  // 126: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	19,  // 127: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	20,  // 128: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	21,  // 129: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	23,  // 130: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	25,  // 131: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	27,  // 132: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	29,  // 133: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	30,  // 134: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	32,  // 135: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	34,  // 136: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36,  // 137: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	39,  // 138: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
-	42,  // 139: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	44,  // 140: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	45,  // 141: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	54,  // 142: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	57,  // 143: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	63,  // 144: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	66,  // 145: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	70,  // 146: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	72,  // 147: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 148: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 149: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 150: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	12,  // 151: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	12,  // 152: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	16,  // 153: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	18,  // 154: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	12,  // 155: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	12,  // 156: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	22,  // 157: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	24,  // 158: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	26,  // 159: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	28,  // 160: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	24,  // 161: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	31,  // 162: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	33,  // 163: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35,  // 164: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	38,  // 165: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	41,  // 166: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
-	43,  // 167: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	12,  // 168: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	49,  // 169: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	56,  // 170: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	62,  // 171: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	64,  // 172: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	68,  // 173: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	12,  // 174: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	73,  // 175: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	148, // [148:176] is the sub-list for method output_type
-	120, // [120:148] is the sub-list for method input_type
-	120, // [120:120] is the sub-list for extension type_name
-	120, // [120:120] is the sub-list for extension extendee
-	0,   // [0:120] is the sub-list for field type_name
+	111, // 60: governor.v1.CapsValues.rates:type_name -> governor.v1.CapsValues.RatesEntry
+	112, // 61: governor.v1.CapsValues.default_rates:type_name -> governor.v1.CapsValues.DefaultRatesEntry
+	120, // 62: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	46,  // 63: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	46,  // 64: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	120, // 65: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	120, // 66: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	47,  // 67: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	48,  // 68: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	11,  // 69: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
+	119, // 70: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
+	2,   // 71: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 72: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	120, // 73: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	120, // 74: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	113, // 75: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	114, // 76: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	115, // 77: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	116, // 78: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	120, // 79: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	120, // 80: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	55,  // 81: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	120, // 82: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	120, // 83: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	120, // 84: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	120, // 85: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	119, // 86: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	120, // 87: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	120, // 88: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	120, // 89: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	58,  // 90: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	59,  // 91: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	60,  // 92: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	61,  // 93: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	119, // 94: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	12,  // 95: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	117, // 96: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	65,  // 97: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	67,  // 98: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	69,  // 99: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
+	11,  // 100: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
+	119, // 101: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
+	118, // 102: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	50,  // 103: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	71,  // 104: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	120, // 105: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	120, // 106: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	11,  // 107: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 108: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 109: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 110: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 111: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 112: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 113: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 114: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 115: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 116: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 117: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 118: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	65,  // 119: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 120: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 121: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 122: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 123: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	4,   // 124: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 125: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 126: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	13,  // 127: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	14,  // 128: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	15,  // 129: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	17,  // 130: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	19,  // 131: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	20,  // 132: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	21,  // 133: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	23,  // 134: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	25,  // 135: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	27,  // 136: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	29,  // 137: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	30,  // 138: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	32,  // 139: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	34,  // 140: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36,  // 141: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	39,  // 142: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	42,  // 143: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	44,  // 144: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	45,  // 145: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	54,  // 146: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	57,  // 147: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	63,  // 148: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	66,  // 149: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	70,  // 150: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	72,  // 151: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 152: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 153: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 154: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	12,  // 155: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	12,  // 156: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	16,  // 157: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	18,  // 158: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	12,  // 159: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	12,  // 160: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	22,  // 161: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	24,  // 162: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	26,  // 163: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	28,  // 164: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	24,  // 165: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	31,  // 166: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	33,  // 167: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35,  // 168: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	38,  // 169: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	41,  // 170: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	43,  // 171: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	12,  // 172: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	49,  // 173: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	56,  // 174: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	62,  // 175: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	64,  // 176: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	68,  // 177: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	12,  // 178: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	73,  // 179: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	152, // [152:180] is the sub-list for method output_type
+	124, // [124:152] is the sub-list for method input_type
+	124, // [124:124] is the sub-list for extension type_name
+	124, // [124:124] is the sub-list for extension extendee
+	0,   // [0:124] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -6632,7 +6664,7 @@ func file_api_governorpb_governor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   113,
+			NumMessages:   115,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

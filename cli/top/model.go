@@ -53,11 +53,12 @@ type Model struct {
 	width, height int
 
 	tree     *governorpb.ListTreeResponse
-	inspect  *governorpb.Inspection // the selected node's
-	state    *tenantstate.State     // the selected node's, when it is a tenant
-	pool     *governorpb.Inspection // the whole view's
-	treeAt   time.Time              // when tree last arrived
-	err      error                  // the last fetch's failure; nil once one works
+	inspect  *governorpb.Inspection      // the selected node's
+	state    *tenantstate.State          // the selected node's, when it is a tenant
+	caps     *governorpb.CapStatusReport // the selected node's chain
+	pool     *governorpb.Inspection      // the whole view's
+	treeAt   time.Time                   // when tree last arrived
+	err      error                       // the last fetch's failure; nil once one works
 	fetching bool
 
 	rows     []row
@@ -101,9 +102,10 @@ type (
 	tickMsg  struct{}
 	frameMsg struct {
 		tree    *governorpb.ListTreeResponse
-		inspect *governorpb.Inspection // the selected node's
-		state   *tenantstate.State     // the selected node's, when it is a tenant
-		pool    *governorpb.Inspection // the whole view's, for the header
+		inspect *governorpb.Inspection      // the selected node's
+		state   *tenantstate.State          // the selected node's, when it is a tenant
+		caps    *governorpb.CapStatusReport // the selected node's chain
+		pool    *governorpb.Inspection      // the whole view's, for the header
 		err     error
 		at      time.Time
 	}
@@ -148,6 +150,9 @@ func (m *Model) fetch() tea.Cmd {
 			}
 		}
 		f := frameMsg{tree: tree, inspect: in, pool: pool, at: now()}
+		if f.caps, err = src.CapStatus(ctx, cmp.Or(sel, top)); err != nil {
+			f.caps = nil // as for the inspection: the node may have just ended
+		}
 		for _, n := range tree.GetNodes() {
 			if id := n.GetId(); (id == sel || sel == 0 && id == top) && n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
 				if st, err := src.TenantState(ctx, n); err == nil {
@@ -211,6 +216,7 @@ func (m *Model) apply(f frameMsg) {
 		m.prevSeq, m.prevAt = f.pool.GetSeq(), f.at
 	}
 	m.tree, m.inspect, m.state, m.pool, m.treeAt = f.tree, f.inspect, f.state, f.pool, f.at
+	m.caps = f.caps
 	m.rebuild()
 }
 
@@ -583,6 +589,9 @@ func (m *Model) detail() []string {
 		}
 		add("quotas: %s", cmp.Or(strings.Join(quotas, "  "), "none"))
 		add("limits: %s", cmp.Or(strings.Join(limits, "  "), "none"))
+		if rates := m.rateText(n.GetId()); rates != "" && m.selected == n.GetId() {
+			add("rates (left/burst): %s", rates)
+		}
 		if in := m.inspect; in != nil && m.selected == n.GetId() {
 			now := in.GetServerTime().AsTime()
 			held := heldNow(in.GetLeases(), now)
@@ -614,6 +623,30 @@ func (m *Model) detail() []string {
 		out = append(out, "")
 	}
 	return out
+}
+
+// rateText is the rates on node's chain as the last cap status read them:
+// what each bucket holds of its burst, the rate, how long until it is
+// full, and the node it is on when that is an ancestor.
+func (m *Model) rateText(node int64) string {
+	rep := m.caps
+	if rep == nil {
+		return ""
+	}
+	var parts []string
+	for _, r := range rep.GetRates() {
+		s := fmt.Sprintf("%s %d/%d (%s", r.GetName(), r.GetLevel(), r.GetSize(),
+			governorpb.FormatRate(r.GetRate().GetUnits(), r.GetRate().GetPer().AsDuration()))
+		if d := r.GetFullIn().AsDuration(); d > 0 {
+			s += ", full in " + shortDuration(d)
+		}
+		s += ")"
+		if r.GetNodeId() != node {
+			s += " on " + r.GetNodeName()
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "  ")
 }
 
 // heldNow lists the leases and the blocks that hold slots, the work held

@@ -33,6 +33,10 @@ func (f *fakeSource) TenantState(context.Context, *governorpb.Node) (tenantstate
 	return tenantstate.State{}, errors.New("not used")
 }
 
+func (f *fakeSource) CapStatus(context.Context, int64) (*governorpb.CapStatusReport, error) {
+	return nil, errors.New("not used")
+}
+
 func (f *fakeSource) SetCap(_ context.Context, node int64, limit bool, name string, value int64, reason string) error {
 	f.sets = append(f.sets, fmt.Sprintf("%d %v %s=%d %q", node, limit, name, value, reason))
 	return nil
@@ -170,6 +174,33 @@ func TestSortFilterAndDetail(t *testing.T) {
 	}
 	if strings.Contains(v, "block 70") {
 		t.Errorf("a block of no slots is listed:\n%s", v)
+	}
+}
+
+// The detail panel shows the rates on the selected node's chain as the
+// cap status reads them: each bucket's units left of its burst, the rate,
+// how long until it is full, and the node of an ancestor's rate; nothing
+// when the node has none.
+func TestDetailShowsRates(t *testing.T) {
+	m, _ := newTestModel(t, 10)
+	keys(m, "down", "down") // payments/task-0
+	sel := m.selected
+	frame := func(caps *governorpb.CapStatusReport) string {
+		m.Update(frameMsg{tree: bigTree(10), at: epoch.Add(time.Second), caps: caps,
+			inspect: &governorpb.Inspection{ServerTime: timestamppb.New(epoch), Seq: 1000}})
+		return m.View()
+	}
+	v := frame(&governorpb.CapStatusReport{Rates: []*governorpb.RateStatus{
+		{NodeId: sel, NodeName: "task-0", Name: "calls", Rate: &governorpb.Rate{Units: 2, Per: durationpb.New(time.Hour)},
+			Size: 3, Level: 1, FullIn: durationpb.New(40 * time.Minute)},
+		{NodeId: 2, NodeName: "payments", Name: "requests", Rate: &governorpb.Rate{Units: 100, Per: durationpb.New(time.Second)},
+			Size: 100, Level: 100}}})
+	want := "rates (left/burst): calls 1/3 (2/h, full in 40m00s)  requests 100/100 (100/s) on payments"
+	if !strings.Contains(v, want) {
+		t.Errorf("view lacks %q:\n%s", want, v)
+	}
+	if v := frame(&governorpb.CapStatusReport{}); strings.Contains(v, "rates (left/burst)") {
+		t.Errorf("a node without rates shows a rates line:\n%s", v)
 	}
 }
 

@@ -33,6 +33,8 @@ type Source interface {
 	SetCap(ctx context.Context, node int64, limit bool, name string, value int64, reason string) error
 	// TenantState reads tenant n's state: why, who set it and since when.
 	TenantState(ctx context.Context, n *governorpb.Node) (tenantstate.State, error)
+	// CapStatus reads where the caps and rates on a node's chain stand now.
+	CapStatus(ctx context.Context, node int64) (*governorpb.CapStatusReport, error)
 }
 
 // GRPCSource reads a governord. It dials on first use and again after a
@@ -146,6 +148,23 @@ func (s *GRPCSource) SetCap(ctx context.Context, node int64, limit bool, name st
 		return fmt.Errorf("set %s: %w", name, err)
 	}
 	return nil
+}
+
+// CapStatus implements Source.
+func (s *GRPCSource) CapStatus(ctx context.Context, node int64) (*governorpb.CapStatusReport, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if node == 0 {
+		node = s.root(c)
+	}
+	rep, err := c.Raw().GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: node})
+	if err != nil {
+		s.drop(c, err)
+		return nil, err
+	}
+	return rep, nil
 }
 
 // TenantState implements Source.

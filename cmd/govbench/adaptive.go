@@ -115,6 +115,9 @@ tenants:
   - {name: shop, api_key: bench-shop-key}
 `
 
+// adaptiveSideRun runs one side, the fixed limit or the adaptive one, on a
+// governord of its own: the workers against the downstream, whose capacity
+// drops after p.Before, while the pool's limit is sampled.
 func adaptiveSideRun(ctx context.Context, e *env, p adaptiveParams, adaptive bool) (*adaptiveSide, error) {
 	cfg := adaptiveConfigFixed
 	if adaptive {
@@ -138,30 +141,77 @@ func adaptiveSideRun(ctx context.Context, e *env, p adaptiveParams, adaptive boo
 
 	d := &capDownstream{capacity: 20}
 	side := &adaptiveSide{Adaptive: adaptive}
-	runCtx, stop := context.WithCancel(tctx)
-	defer stop()
-	var wg sync.WaitGroup
-	errs := make(chan error, p.Workers)
-	for range p.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for runCtx.Err() == nil {
-				l, err := task.Acquire(runCtx, "psp")
-				if err != nil {
-					if runCtx.Err() == nil {
-						errs <- fmt.Errorf("acquire: %w", err)
-					}
-					return
-				}
-				took, over := d.call(p)
-				if err := l.Release(context.WithoutCancel(runCtx), took, over); err != nil {
-					errs <- fmt.Errorf("release: %w", err)
-					return
-				}
-			}
-		}()
+	w := startAdaptiveWorkers(tctx, task, d, p)
+	defer w.stop()
+	if err := sampleTheLimit(ctx, gov, d, p, w, side); err != nil {
+		return nil, err
 	}
+	if err := w.halt(); err != nil {
+		return nil, err
+	}
+	side.ShedBefore, side.ServedBefore = d.shed[0], d.served[0]
+	side.ShedAfter, side.ServedAfter = d.shed[1], d.served[1]
+	return side, nil
+}
+
+// adaptiveWorkers are one side's workers: each call to the downstream
+// holds a lease of the psp pool, released with how long the call took and
+// whether it was refused.
+type adaptiveWorkers struct {
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	errs chan error
+}
+
+func startAdaptiveWorkers(ctx context.Context, task *governor.Task, d *capDownstream, p adaptiveParams) *adaptiveWorkers {
+	ctx, stop := context.WithCancel(ctx)
+	w := &adaptiveWorkers{stop: stop, errs: make(chan error, p.Workers)}
+	for range p.Workers {
+		w.wg.Add(1)
+		go w.work(ctx, task, d, p)
+	}
+	return w
+}
+
+func (w *adaptiveWorkers) work(ctx context.Context, task *governor.Task, d *capDownstream, p adaptiveParams) {
+	defer w.wg.Done()
+	for ctx.Err() == nil {
+		l, err := task.Acquire(ctx, "psp")
+		if err != nil {
+			if ctx.Err() == nil {
+				w.errs <- fmt.Errorf("acquire: %w", err)
+			}
+			return
+		}
+		took, over := d.call(p)
+		if err := l.Release(context.WithoutCancel(ctx), took, over); err != nil {
+			w.errs <- fmt.Errorf("release: %w", err)
+			return
+		}
+	}
+}
+
+// halt stops the workers, waits for them and returns what stopped one of
+// them, if anything did other than the stop.
+func (w *adaptiveWorkers) halt() error {
+	w.stop()
+	w.wg.Wait()
+	select {
+	case err := <-w.errs:
+		if !errors.Is(err, context.Canceled) {
+			return err
+		}
+	default:
+	}
+	return nil
+}
+
+// sampleTheLimit is the measured phase: for p.Before+p.After it reads the
+// pool's limit from governord's metrics every 50 ms into side.Limit,
+// dropping the downstream's capacity to 5 once p.Before is over, and sets
+// side.MeanLimit to the mean of the samples after the drop. A worker's
+// error ends it, the workers halted.
+func sampleTheLimit(ctx context.Context, gov *governord, d *capDownstream, p adaptiveParams, w *adaptiveWorkers, side *adaptiveSide) error {
 	began := time.Now()
 	series := fmt.Sprintf("governor_pool_limit{class=%q,tenant=%q}", "psp", "")
 	var sum float64
@@ -170,12 +220,12 @@ func adaptiveSideRun(ctx context.Context, e *env, p adaptiveParams, adaptive boo
 	defer tick.Stop()
 	for time.Since(began) < p.Before+p.After {
 		select {
-		case err := <-errs:
-			stop()
-			wg.Wait()
-			return nil, err
+		case err := <-w.errs:
+			w.stop()
+			w.wg.Wait()
+			return err
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-tick.C:
 		}
 		if !d.dropped && time.Since(began) >= p.Before {
@@ -183,7 +233,7 @@ func adaptiveSideRun(ctx context.Context, e *env, p adaptiveParams, adaptive boo
 		}
 		v, err := gov.metric(series)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		at := time.Since(began)
 		side.Limit = append(side.Limit, [2]float64{float64(at.Milliseconds()), v})
@@ -192,21 +242,10 @@ func adaptiveSideRun(ctx context.Context, e *env, p adaptiveParams, adaptive boo
 			samples++
 		}
 	}
-	stop()
-	wg.Wait()
-	select {
-	case err := <-errs:
-		if !errors.Is(err, context.Canceled) {
-			return nil, err
-		}
-	default:
-	}
-	side.ShedBefore, side.ServedBefore = d.shed[0], d.served[0]
-	side.ShedAfter, side.ServedAfter = d.shed[1], d.served[1]
 	if samples > 0 {
 		side.MeanLimit = sum / float64(samples)
 	}
-	return side, nil
+	return nil
 }
 
 func runAdaptive(ctx context.Context, e *env) (*result, error) {

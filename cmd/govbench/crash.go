@@ -65,6 +65,9 @@ func runCrash(ctx context.Context, e *env) (*result, error) {
 	return res, nil
 }
 
+// crashOnce runs load against governord, kills it with SIGKILL, starts it
+// again on the same store and checks the acknowledged consumes against what
+// is on record.
 func crashOnce(ctx context.Context, e *env, callers int, before time.Duration) (*crashRun, error) {
 	store := e.store
 	if store == "memory" {
@@ -75,102 +78,143 @@ func crashOnce(ctx context.Context, e *env, callers int, before time.Duration) (
 	if err != nil {
 		return nil, err
 	}
+	// A closure, so that it stops the governord running at the end: the
+	// restart replaces the process.
 	defer func() { gov.stop() }()
-	conn, err := grpc.NewClient(gov.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	acked, began, killed, err := killUnderLoad(ctx, gov, callers, before)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	cli := governorpb.NewGovernorClient(conn)
-
-	var mu sync.Mutex
-	var acked []ackedConsume
-	var wg sync.WaitGroup
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
-	startErr := make(chan error, callers)
-	for w := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; loadCtx.Err() == nil; {
-				s, err := cli.OpenSession(loadCtx, &governorpb.OpenSessionRequest{ApiKey: "bench-jobs-key"})
-				if err != nil {
-					if n == 0 {
-						startErr <- err
-					}
-					return // governord is gone
-				}
-				sctx := metadata.AppendToOutgoingContext(loadCtx, "authorization", "Bearer "+s.GetSessionToken())
-				for range crashIDsPerSession {
-					n++
-					rid := fmt.Sprintf("c%d-%d", w, n)
-					_, err := cli.Consume(sctx, &governorpb.ConsumeRequest{RequestId: rid, NodeId: s.GetScopeNodeId(),
-						Resource: "tokens", Amount: 1})
-					if err != nil {
-						return // governord is gone
-					}
-					mu.Lock()
-					acked = append(acked, ackedConsume{s.GetSessionToken(), rid, s.GetScopeNodeId()})
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	began := time.Now()
-	select {
-	case err := <-startErr:
-		return nil, fmt.Errorf("load: %w", err)
-	case <-time.After(before):
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	killed := time.Now()
-	if err := gov.cmd.Process.Kill(); err != nil {
-		return nil, fmt.Errorf("kill -9 governord: %w", err)
-	}
-	<-gov.done
-	wg.Wait()
 	r := &crashRun{Store: store, Callers: callers, KilledAfterS: killed.Sub(began).Seconds(), Acked: len(acked)}
 
 	if err := gov.start(e); err != nil {
 		return nil, fmt.Errorf("restart: %w", err)
 	}
 	r.RestartMs = float64(time.Since(killed).Microseconds()) / 1000
-	conn2, err := grpc.NewClient(gov.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err := checkAcknowledged(ctx, gov.addr, acked, r); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "govbench: %d consumes acknowledged before the kill, %d on record after the restart, %d lost\n", r.Acked, r.OnRecord, r.Lost)
+	return r, nil
+}
+
+// killUnderLoad runs callers against gov for before, then kills it with
+// SIGKILL and waits for the callers to see it gone. It returns the consumes
+// acknowledged by then, when the load began and when governord was killed.
+func killUnderLoad(ctx context.Context, gov *governord, callers int, before time.Duration) (acked []ackedConsume, began, killed time.Time, err error) {
+	conn, err := grpc.NewClient(gov.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, err
+		return nil, began, killed, err
 	}
-	defer conn2.Close()
-	cli = governorpb.NewGovernorClient(conn2)
-	used := func() (int64, error) {
-		admin, err := cli.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-admin-key"})
-		if err != nil {
-			return 0, err
-		}
-		actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+admin.GetSessionToken())
-		defer cli.CloseSession(actx, &governorpb.CloseSessionRequest{})
-		root, err := cli.GetNode(actx, &governorpb.GetNodeRequest{NodeId: 1})
-		if err != nil {
-			return 0, err
-		}
-		return root.GetUsed()["tokens"], nil
+	defer conn.Close()
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	load := startCrashLoad(loadCtx, governorpb.NewGovernorClient(conn), callers)
+	began = time.Now()
+	select {
+	case err := <-load.startErr:
+		return nil, began, killed, fmt.Errorf("load: %w", err)
+	case <-time.After(before):
+	case <-ctx.Done():
+		return nil, began, killed, ctx.Err()
 	}
-	if r.OnRecord, err = used(); err != nil {
-		return nil, err
+	killed = time.Now()
+	if err := gov.cmd.Process.Kill(); err != nil {
+		return nil, began, killed, fmt.Errorf("kill -9 governord: %w", err)
+	}
+	<-gov.done
+	load.wg.Wait()
+	return load.acked, began, killed, nil
+}
+
+// crashLoad is the scenario's callers: each consumes one token at a time,
+// each call with a request id of its own, and records the acknowledged ones.
+type crashLoad struct {
+	wg       sync.WaitGroup
+	startErr chan error // a caller's first session refused: the load never started
+
+	mu    sync.Mutex
+	acked []ackedConsume
+}
+
+func startCrashLoad(ctx context.Context, cli governorpb.GovernorClient, callers int) *crashLoad {
+	l := &crashLoad{startErr: make(chan error, callers)}
+	for w := range callers {
+		l.wg.Add(1)
+		go l.caller(ctx, cli, w)
+	}
+	return l
+}
+
+// caller w consumes until governord is gone, on a new session every
+// crashIDsPerSession request ids.
+func (l *crashLoad) caller(ctx context.Context, cli governorpb.GovernorClient, w int) {
+	defer l.wg.Done()
+	for n := 0; ctx.Err() == nil; {
+		s, err := cli.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-jobs-key"})
+		if err != nil {
+			if n == 0 {
+				l.startErr <- err
+			}
+			return // governord is gone
+		}
+		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+s.GetSessionToken())
+		for range crashIDsPerSession {
+			n++
+			rid := fmt.Sprintf("c%d-%d", w, n)
+			_, err := cli.Consume(sctx, &governorpb.ConsumeRequest{RequestId: rid, NodeId: s.GetScopeNodeId(),
+				Resource: "tokens", Amount: 1})
+			if err != nil {
+				return // governord is gone
+			}
+			l.mu.Lock()
+			l.acked = append(l.acked, ackedConsume{s.GetSessionToken(), rid, s.GetScopeNodeId()})
+			l.mu.Unlock()
+		}
+	}
+}
+
+// checkAcknowledged reads what the restarted governord at addr has on
+// record, sends every acknowledged consume again with its request id, and
+// fills in r's OnRecord, Lost and Unacked: a consume that charges again was
+// lost.
+func checkAcknowledged(ctx context.Context, addr string, acked []ackedConsume, r *crashRun) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cli := governorpb.NewGovernorClient(conn)
+	if r.OnRecord, err = tokensUsed(ctx, cli); err != nil {
+		return err
 	}
 	for _, a := range acked {
 		actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.token)
 		if _, err := cli.Consume(actx, &governorpb.ConsumeRequest{RequestId: a.rid, NodeId: a.node, Resource: "tokens", Amount: 1}); err != nil {
-			return nil, fmt.Errorf("acknowledged consume %s sent again after the restart: %w", a.rid, err)
+			return fmt.Errorf("acknowledged consume %s sent again after the restart: %w", a.rid, err)
 		}
 	}
-	after, err := used()
+	after, err := tokensUsed(ctx, cli)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.Lost = after - r.OnRecord
 	r.Unacked = r.OnRecord - int64(r.Acked) + r.Lost
-	fmt.Fprintf(e.log, "govbench: %d consumes acknowledged before the kill, %d on record after the restart, %d lost\n", r.Acked, r.OnRecord, r.Lost)
-	return r, nil
+	return nil
+}
+
+// tokensUsed is the tokens the root has on record as used, read on an
+// admin session of its own.
+func tokensUsed(ctx context.Context, cli governorpb.GovernorClient) (int64, error) {
+	admin, err := cli.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-admin-key"})
+	if err != nil {
+		return 0, err
+	}
+	actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+admin.GetSessionToken())
+	defer cli.CloseSession(actx, &governorpb.CloseSessionRequest{})
+	root, err := cli.GetNode(actx, &governorpb.GetNodeRequest{NodeId: 1})
+	if err != nil {
+		return 0, err
+	}
+	return root.GetUsed()["tokens"], nil
 }

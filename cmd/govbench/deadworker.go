@@ -75,6 +75,8 @@ func runDeadWorker(ctx context.Context, e *env) (*result, error) {
 	return res, nil
 }
 
+// deadWorkerOnce runs the scenario once on a governord of its own: A takes
+// the pool and dies, B waits for it, then A's late calls.
 func deadWorkerOnce(ctx context.Context, e *env) (*deadRun, error) {
 	gov, err := e.startGovernord(ctx, fmt.Sprintf(deadConfig, deadSlots))
 	if err != nil {
@@ -97,23 +99,55 @@ func deadWorkerOnce(ctx context.Context, e *env) (*deadRun, error) {
 		return nil, err
 	}
 
-	// A: a session of one TTL, every slot, then nothing.
+	a, err := takeThePoolAndDie(ctx, raw)
+	if err != nil {
+		return nil, err
+	}
+	r := &deadRun{LateReleases: len(a.leases), OpenSessionMs: float64(a.opened.Microseconds()) / 1000}
+	bLeases, err := waitForThePool(ctx, bTask, a.began, r)
+	if err != nil {
+		return nil, err
+	}
+	if err := callLate(ctx, raw, a, bLeases, r); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "govbench: B had the pool after %v; %d of %d late releases refused %v\n",
+		r.poolAfter.Round(time.Millisecond), r.Refused, r.LateReleases, r.RefusedWith)
+	return r, nil
+}
+
+// deadSession is A's: a session of one TTL that took every slot, then
+// went silent.
+type deadSession struct {
+	ctx    context.Context // carries the session's token
+	leases []int64
+	began  time.Time     // just before its OpenSession was sent
+	opened time.Duration // how long that OpenSession took
+}
+
+// takeThePoolAndDie is A: a session of one TTL, every slot, then nothing.
+func takeThePoolAndDie(ctx context.Context, raw governorpb.GovernorClient) (*deadSession, error) {
 	began := time.Now()
 	a, err := raw.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-a-key", Ttl: durationpb.New(deadTTL)})
 	if err != nil {
 		return nil, err
 	}
-	opened := time.Since(began)
-	actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.GetSessionToken())
-	var aLeases []int64
+	s := &deadSession{began: began, opened: time.Since(began)}
+	s.ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.GetSessionToken())
 	for range deadSlots {
-		l, err := raw.Acquire(actx, &governorpb.AcquireRequest{NodeId: a.GetScopeNodeId(), Class: "db"})
+		l, err := raw.Acquire(s.ctx, &governorpb.AcquireRequest{NodeId: a.GetScopeNodeId(), Class: "db"})
 		if err != nil {
 			return nil, fmt.Errorf("A's acquire: %w", err)
 		}
-		aLeases = append(aLeases, l.GetId())
+		s.leases = append(s.leases, l.GetId())
 	}
+	return s, nil
+}
 
+// waitForThePool is B asking for every slot at once; it returns B's leases
+// and sets r's poolAfter: since began, when B had them all. A slot granted
+// before A's TTL is over is an error.
+func waitForThePool(ctx context.Context, bTask *governor.Task, began time.Time, r *deadRun) ([]*governor.Lease, error) {
 	type grant struct {
 		lease *governor.Lease
 		at    time.Duration
@@ -128,7 +162,6 @@ func deadWorkerOnce(ctx context.Context, e *env) (*deadRun, error) {
 			grants <- grant{l, time.Since(began), err}
 		}()
 	}
-	r := &deadRun{LateReleases: len(aLeases), OpenSessionMs: float64(opened.Microseconds()) / 1000}
 	var bLeases []*governor.Lease
 	for range deadSlots {
 		g := <-grants
@@ -142,15 +175,21 @@ func deadWorkerOnce(ctx context.Context, e *env) (*deadRun, error) {
 		r.poolAfter = max(r.poolAfter, g.at)
 	}
 	r.PoolAfterMs = float64(r.poolAfter) / 1e6
+	return bLeases, nil
+}
 
-	for _, id := range aLeases {
-		_, err := raw.Release(actx, &governorpb.ReleaseRequest{LeaseId: id})
+// callLate is A back from the dead: its releases and a heartbeat on its
+// old token, whose outcomes go into r, and then whether B's leases still
+// hold and what the root holds.
+func callLate(ctx context.Context, raw governorpb.GovernorClient, a *deadSession, bLeases []*governor.Lease, r *deadRun) error {
+	for _, id := range a.leases {
+		_, err := raw.Release(a.ctx, &governorpb.ReleaseRequest{LeaseId: id})
 		if err != nil {
 			r.Refused++
 			r.RefusedWith = append(r.RefusedWith, status.Code(err).String())
 		}
 	}
-	_, err = raw.Heartbeat(actx, &governorpb.HeartbeatRequest{})
+	_, err := raw.Heartbeat(a.ctx, &governorpb.HeartbeatRequest{})
 	r.LateHeartbeat = status.Code(err).String()
 	for _, l := range bLeases {
 		if l.Validate(ctx) == nil {
@@ -159,15 +198,13 @@ func deadWorkerOnce(ctx context.Context, e *env) (*deadRun, error) {
 	}
 	admin, err := raw.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-admin-key"})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	root, err := raw.GetNode(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+admin.GetSessionToken()),
 		&governorpb.GetNodeRequest{NodeId: 1})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.RootHolds = int(root.GetHeld()["db"])
-	fmt.Fprintf(e.log, "govbench: B had the pool after %v; %d of %d late releases refused %v\n",
-		r.poolAfter.Round(time.Millisecond), r.Refused, r.LateReleases, r.RefusedWith)
-	return r, nil
+	return nil
 }

@@ -128,43 +128,24 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+
 	dir, err := os.MkdirTemp("", "govbench-fair-")
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench fair:", err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildGovernord(dir)
+	bin, err := buildFairGovernord(dir, *cpu)
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench fair:", err)
 		return 1
 	}
-	if *cpu != "" {
-		// governord under taskset: a wrapper the scenario starts as if it
-		// were governord.
-		wrapper := filepath.Join(dir, "governord-pinned")
-		script := fmt.Sprintf("#!/bin/sh\nexec taskset -c %s %s \"$@\"\n", *cpu, bin)
-		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-			fmt.Fprintln(stderr, "govbench fair:", err)
-			return 1
-		}
-		if _, err := exec.LookPath("taskset"); err != nil {
-			fmt.Fprintln(stderr, "govbench fair: -governord-cpu needs taskset:", err)
-			return 1
-		}
-		bin = wrapper
-	}
 	e := &env{dir: dir, governord: bin, pgDSN: *pgDSN, log: stderr}
 	defer e.dropDatabases()
-	places := ""
-	if *tenantCap > 0 {
-		places = fmt.Sprintf("admission: {tenant_max_in_flight: %d}", *tenantCap)
-	}
-	if *admission == "off" {
-		places = "admission: {max_in_flight: 100000, tenant_max_in_flight: 100000, tenant_max_queued: 1000000}"
-	}
+	places := admissionPlaces(*admission, *tenantCap)
 	fmt.Fprintf(stdout, "govbench fair: A %d callers (create, consume, close a task), B 1 caller (consume, acquire, release); %v a phase; admission %s %s; governord on CPU %q\n\n",
 		*flood, *phase, *admission, places, *cpu)
+
 	var runs []fairRun
 	for _, store := range list {
 		r, err := fairOnce(context.Background(), e, store, fmt.Sprintf(fairConfig, places), *flood, *phase, *ttlFor, *ttl, stdout)
@@ -185,6 +166,39 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// buildFairGovernord builds governord into dir and returns what to start
+// as governord: with cpu, a wrapper that pins it there with taskset.
+func buildFairGovernord(dir, cpu string) (string, error) {
+	bin, err := buildGovernord(dir)
+	if err != nil || cpu == "" {
+		return bin, err
+	}
+	// governord under taskset: a wrapper the scenario starts as if it
+	// were governord.
+	wrapper := filepath.Join(dir, "governord-pinned")
+	script := fmt.Sprintf("#!/bin/sh\nexec taskset -c %s %s \"$@\"\n", cpu, bin)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		return "", err
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		return "", fmt.Errorf("-governord-cpu needs taskset: %w", err)
+	}
+	return wrapper, nil
+}
+
+// admissionPlaces is the admission block of governord's config for
+// -admission and -tenant-max-in-flight; empty for governord's defaults.
+func admissionPlaces(admission string, tenantCap int) string {
+	places := ""
+	if tenantCap > 0 {
+		places = fmt.Sprintf("admission: {tenant_max_in_flight: %d}", tenantCap)
+	}
+	if admission == "off" {
+		places = "admission: {max_in_flight: 100000, tenant_max_in_flight: 100000, tenant_max_queued: 1000000}"
+	}
+	return places
 }
 
 func printFair(w io.Writer, runs []fairRun) {
@@ -479,56 +493,85 @@ func fairQuiet(args []string, stdout, stderr io.Writer) int {
 		return report(quietResult{Err: err.Error()})
 	}
 	defer b.c.Close()
-	var api governorpb.GovernorClient
-	var hctx context.Context
+	var beats *heartbeats
 	if *ttl > 0 {
-		conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
-		if err != nil {
+		if beats, err = openHeartbeats(ctx, *addr, *ttl); err != nil {
 			return report(quietResult{Err: err.Error()})
 		}
-		defer conn.Close()
-		api = governorpb.NewGovernorClient(conn)
-		open, err := api.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-b-key", Ttl: durationpb.New(*ttl)})
-		if err != nil {
-			return report(quietResult{Err: err.Error()})
-		}
-		hctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+open.GetSessionToken())
+		defer beats.conn.Close()
 	}
 	fmt.Fprintln(stdout, "ready")
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return report(quietResult{Err: err.Error()})
 	}
-	var r quietResult
+	return report(measureQuiet(ctx, b, beats, *d))
+}
+
+// heartbeats is B's second session in the TTL run, of the same TTL, whose
+// heartbeats are timed.
+type heartbeats struct {
+	conn *grpc.ClientConn
+	api  governorpb.GovernorClient
+	ctx  context.Context // carries the session's token
+}
+
+func openHeartbeats(ctx context.Context, addr string, ttl time.Duration) (*heartbeats, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
+	if err != nil {
+		return nil, err
+	}
+	api := governorpb.NewGovernorClient(conn)
+	open, err := api.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: "bench-b-key", Ttl: durationpb.New(ttl)})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	hctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+open.GetSessionToken())
+	return &heartbeats{conn: conn, api: api, ctx: hctx}, nil
+}
+
+// run heartbeats every 100 ms until ctx ends and returns how long each
+// took, and the error of one that failed before then: the session lapsed.
+func (h *heartbeats) run(ctx context.Context) ([]time.Duration, error) {
 	var beats []time.Duration
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return beats, nil
+		case <-tick.C:
+		}
+		began := time.Now()
+		if _, err := h.api.Heartbeat(h.ctx, &governorpb.HeartbeatRequest{}); err != nil {
+			if ctx.Err() == nil {
+				return beats, err
+			}
+			return beats, nil // cut short by the run's end, not lapsed
+		}
+		beats = append(beats, time.Since(began))
+	}
+}
+
+// measureQuiet is B's measured phase: its calls for d, and with beats its
+// heartbeats alongside. A session of B's that lapsed counts in Lapsed; only
+// another error is the result's Err.
+func measureQuiet(ctx context.Context, b *quiet, beats *heartbeats, d time.Duration) quietResult {
+	var r quietResult
+	var beatsTook []time.Duration
 	var herr error
 	var wg sync.WaitGroup
-	rctx, cancel := context.WithTimeout(ctx, *d)
+	rctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if api != nil {
+	if beats != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-rctx.Done():
-					return
-				case <-tick.C:
-				}
-				began := time.Now()
-				if _, err := api.Heartbeat(hctx, &governorpb.HeartbeatRequest{}); err != nil {
-					if rctx.Err() == nil {
-						herr = err
-					}
-					return
-				}
-				beats = append(beats, time.Since(began))
-			}
+			beatsTook, herr = beats.run(rctx)
 		}()
 	}
-	calls, err := b.run(rctx, *d)
+	calls, err := b.run(rctx, d)
 	wg.Wait()
 	if b.c.Err() != nil {
 		r.Lapsed++
@@ -539,8 +582,8 @@ func fairQuiet(args []string, stdout, stderr io.Writer) int {
 	if err != nil && rctx.Err() == nil && !errors.Is(err, governor.ErrSessionLost) {
 		r.Err = err.Error()
 	}
-	r.Calls, r.Heartbeats = summarise(calls), summarise(beats)
-	return report(r)
+	r.Calls, r.Heartbeats = summarise(calls), summarise(beatsTook)
+	return r
 }
 
 // msf is d in milliseconds.

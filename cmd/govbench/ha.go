@@ -217,129 +217,165 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 	if _, err := waitLeader(nodes, time.Minute); err != nil {
 		return nil, err
 	}
-	addrs := nodes[0].addr + "," + nodes[1].addr
+	load, err := b.startFailoverLoad(nodes[0].addr + "," + nodes[1].addr)
+	if err != nil {
+		return nil, err
+	}
+	defer load.stop()
+	fmt.Fprintf(b.stdout, "failover: the leader killed with SIGKILL %d times (lease 2s, drift allowance 250ms)\n", n)
+	var res []haFailover
+	for i := 0; i < n; i++ {
+		time.Sleep(2 * time.Second) // load at the leader before the next kill
+		f, err := killLeader(nodes, load)
+		if err != nil {
+			return nil, fmt.Errorf("failover %d: %w", i+1, err)
+		}
+		res = append(res, f)
+	}
+	reportFailovers(b.stdout, res)
+	return res, nil
+}
+
+// failoverLoad is the load a failover is timed by: one HTTP client through
+// a sidecar and one SDK consumer, each keeping the time of its newest
+// success.
+type failoverLoad struct {
+	viaSidecar, viaSDK atomic.Int64
+	lastSDKErr         atomic.Value
+	stops              []func()
+}
+
+func (l *failoverLoad) stop() {
+	for i := len(l.stops) - 1; i >= 0; i-- {
+		l.stops[i]()
+	}
+}
+
+// startFailoverLoad starts the origin, a sidecar over governords addrs,
+// and the two loops.
+func (b *haBench) startFailoverLoad(addrs string) (_ *failoverLoad, err error) {
+	l := &failoverLoad{}
+	defer func() {
+		if err != nil {
+			l.stop()
+		}
+	}()
 	origin, originAddr, err := startSelf("serve-origin")
 	if err != nil {
 		return nil, err
 	}
-	defer origin.stop()
+	l.stops = append(l.stops, origin.stop)
 	sc, err := startSidecar(b.proxy, b.dir, "sidecar", fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: failover}\n", addrs, haKey)+
 		"rules:\n  - {name: http, match: {host: 127.0.0.1}, class: bench, charge: {calls: 1}}\n")
 	if err != nil {
 		return nil, err
 	}
-	defer sc.stop()
-
-	// Load: one HTTP client through the sidecar, one SDK consumer; each
-	// keeps the time of its newest success.
-	var viaSidecar, viaSDK atomic.Int64
-	var lastSDKErr atomic.Value
+	l.stops = append(l.stops, sc.stop)
+	c, err := governor.Dial(context.Background(), governor.WithAddr(addrs), governor.WithAPIKey(haKey))
+	if err != nil {
+		return nil, err
+	}
+	l.stops = append(l.stops, func() { c.Close() })
+	ctx, task, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: "sdk"})
+	if err != nil {
+		return nil, err
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	l.stops = append(l.stops, func() { close(stop); wg.Wait() })
 	proxyURL, _ := url.Parse("http://" + sc.addr)
 	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}, Timeout: 5 * time.Second}
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		for running(stop) {
 			r, err := hc.Get("http://" + originAddr + "/")
 			if err == nil {
 				io.Copy(io.Discard, r.Body)
 				r.Body.Close()
 				if r.StatusCode == http.StatusOK {
-					viaSidecar.Store(time.Now().UnixNano())
+					l.viaSidecar.Store(time.Now().UnixNano())
 				}
 			}
 		}
 	}()
-	c, err := governor.Dial(context.Background(), governor.WithAddr(addrs), governor.WithAPIKey(haKey))
-	if err != nil {
-		close(stop)
-		wg.Wait()
-		return nil, err
-	}
-	defer c.Close()
-	ctx, task, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: "sdk"})
-	if err != nil {
-		close(stop)
-		wg.Wait()
-		return nil, err
-	}
-	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		for running(stop) {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			if err := task.Consume(cctx, "calls", 1); err == nil {
-				viaSDK.Store(time.Now().UnixNano())
+				l.viaSDK.Store(time.Now().UnixNano())
 			} else {
-				lastSDKErr.Store(err.Error())
+				l.lastSDKErr.Store(err.Error())
 			}
 			cancel()
 		}
 	}()
-	defer func() { close(stop); wg.Wait() }()
+	return l, nil
+}
 
-	var res []haFailover
-	fmt.Fprintf(b.stdout, "failover: the leader killed with SIGKILL %d times (lease 2s, drift allowance 250ms)\n", n)
-	for i := 0; i < n; i++ {
-		time.Sleep(2 * time.Second) // load at the leader before the next kill
-		leader, err := waitLeader(nodes, time.Minute)
-		if err != nil {
-			return nil, err
+// running reports whether stop is still open.
+func running(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return false
+	default:
+		return true
+	}
+}
+
+// killLeader kills the leader with SIGKILL, starts it again (as a
+// standby), and times the first success through the sidecar and through
+// the SDK after the kill, and the new leader's /readyz.
+func killLeader(nodes []*haNode, load *failoverLoad) (haFailover, error) {
+	leader, err := waitLeader(nodes, time.Minute)
+	if err != nil {
+		return haFailover{}, err
+	}
+	killed := time.Now()
+	leader.p.cmd.Process.Signal(syscall.SIGKILL)
+	<-leader.p.done
+	if err := leader.start(); err != nil {
+		return haFailover{}, err
+	}
+	var f haFailover
+	deadline := time.Now().Add(time.Minute)
+	for f.Sidecar == 0 || f.SDK == 0 || f.Leads == 0 {
+		if time.Now().After(deadline) {
+			return f, fmt.Errorf("no success within a minute: %+v (the SDK's last error: %v)\n%s:\n%s\n%s:\n%s", f, load.lastSDKErr.Load(),
+				nodes[0].cfg, lastLines(nodes[0].p.logText(), 15), nodes[1].cfg, lastLines(nodes[1].p.logText(), 15))
 		}
-		killed := time.Now()
-		leader.p.cmd.Process.Signal(syscall.SIGKILL)
-		<-leader.p.done
-		if err := leader.start(); err != nil {
-			return nil, err
+		if t := load.viaSidecar.Load(); f.Sidecar == 0 && t > killed.UnixNano() {
+			f.Sidecar = time.Duration(t - killed.UnixNano())
 		}
-		var f haFailover
-		deadline := time.Now().Add(time.Minute)
-		for f.Sidecar == 0 || f.SDK == 0 || f.Leads == 0 {
-			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("failover %d: no success within a minute: %+v (the SDK's last error: %v)\n%s:\n%s\n%s:\n%s", i+1, f, lastSDKErr.Load(),
-					nodes[0].cfg, lastLines(nodes[0].p.logText(), 15), nodes[1].cfg, lastLines(nodes[1].p.logText(), 15))
-			}
-			if t := viaSidecar.Load(); f.Sidecar == 0 && t > killed.UnixNano() {
-				f.Sidecar = time.Duration(t - killed.UnixNano())
-			}
-			if t := viaSDK.Load(); f.SDK == 0 && t > killed.UnixNano() {
-				f.SDK = time.Duration(t - killed.UnixNano())
-			}
-			if f.Leads == 0 {
-				for _, nd := range nodes {
-					if nd.leads() { // the restarted one may win again
-						f.Leads = time.Since(killed)
-					}
+		if t := load.viaSDK.Load(); f.SDK == 0 && t > killed.UnixNano() {
+			f.SDK = time.Duration(t - killed.UnixNano())
+		}
+		if f.Leads == 0 {
+			for _, nd := range nodes {
+				if nd.leads() { // the restarted one may win again
+					f.Leads = time.Since(killed)
 				}
 			}
-			time.Sleep(2 * time.Millisecond)
 		}
-		res = append(res, f)
+		time.Sleep(2 * time.Millisecond)
 	}
+	return f, nil
+}
+
+// reportFailovers prints each timing's median and maximum.
+func reportFailovers(w io.Writer, res []haFailover) {
 	row := func(name string, pick func(haFailover) time.Duration) {
 		var d []time.Duration
 		for _, f := range res {
 			d = append(d, pick(f))
 		}
 		slices.Sort(d)
-		fmt.Fprintf(b.stdout, "  %-46s median %7v   max %7v\n", name, d[len(d)/2].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond))
+		fmt.Fprintf(w, "  %-46s median %7v   max %7v\n", name, d[len(d)/2].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond))
 	}
 	row("kill to the new leader's /readyz", func(f haFailover) time.Duration { return f.Leads })
 	row("kill to the first consume via the SDK", func(f haFailover) time.Duration { return f.SDK })
 	row("kill to the first request via the sidecar", func(f haFailover) time.Duration { return f.Sidecar })
-	return res, nil
 }
 
 // standbys measures consumes per second at the leader with 0, 1 and 2
@@ -357,67 +393,13 @@ func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (ma
 	if _, err := waitLeader([]*haNode{leader}, time.Minute); err != nil {
 		return nil, err
 	}
-	var cs []*governor.Client
-	var tasks []*governor.Task
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
-	for i := 0; i < clients; i++ {
-		c, err := governor.Dial(context.Background(), governor.WithAddr(leader.addr), governor.WithAPIKey(haKey))
-		if err != nil {
-			return nil, err
-		}
-		cs = append(cs, c)
-		_, t, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: fmt.Sprint("c", i)})
-		if err != nil {
-			return nil, err
-		}
-		tasks = append(tasks, t)
+	tasks, closeClients, err := consumerTasks(leader.addr, clients)
+	defer closeClients()
+	if err != nil {
+		return nil, err
 	}
-	load := func() float64 {
-		var n atomic.Int64
-		ctx, cancel := context.WithTimeout(context.Background(), d)
-		defer cancel()
-		var wg sync.WaitGroup
-		for _, t := range tasks {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					if t.Consume(ctx, "calls", 1) == nil {
-						n.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(n.Load()) / d.Seconds()
-	}
-	var standbys []*haNode
-	defer func() {
-		for _, s := range standbys {
-			s.p.stop()
-		}
-	}()
-	setStandbys := func(k int) error {
-		for len(standbys) > k {
-			standbys[len(standbys)-1].p.stop()
-			standbys = standbys[:len(standbys)-1]
-		}
-		for len(standbys) < k {
-			s, err := b.node(dsn, fmt.Sprint("standby", len(standbys)))
-			if err != nil {
-				return err
-			}
-			standbys = append(standbys, s)
-			if _, err := s.p.logLine("governord standing by", time.Minute); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	set := &standbySet{b: b, dsn: dsn}
+	defer set.resize(0)
 	res := map[int][]float64{}
 	// CPU used meanwhile, in cores: the leader's and each standby's (the
 	// machine's cores are shared by all of them, the clients and PostgreSQL).
@@ -425,35 +407,115 @@ func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (ma
 	fmt.Fprintf(b.stdout, "standbys: consumes/s at the leader, %d clients, %v per measurement, %d rounds\n", clients, d, rounds)
 	for r := 0; r < rounds; r++ {
 		for _, k := range []int{0, 1, 2} {
-			if err := setStandbys(k); err != nil {
+			if err := set.resize(k); err != nil {
 				return nil, err
 			}
-			l0 := leader.p.cpu()
-			var s0 time.Duration
-			for _, s := range standbys {
-				s0 += s.p.cpu()
-			}
-			res[k] = append(res[k], load())
+			l0, s0 := leader.p.cpu(), set.cpu()
+			res[k] = append(res[k], consumeFor(tasks, d))
 			leaderCPU[k] = append(leaderCPU[k], (leader.p.cpu()-l0).Seconds()/d.Seconds())
 			if k > 0 {
-				var s1 time.Duration
-				for _, s := range standbys {
-					s1 += s.p.cpu()
-				}
-				standbyCPU[k] = append(standbyCPU[k], (s1-s0).Seconds()/d.Seconds()/float64(k))
+				standbyCPU[k] = append(standbyCPU[k], (set.cpu()-s0).Seconds()/d.Seconds()/float64(k))
 			}
 		}
 	}
+	reportStandbys(b.stdout, res, leaderCPU, standbyCPU)
+	return res, nil
+}
+
+// consumerTasks opens n SDK clients at addr, each with a task of its own.
+func consumerTasks(addr string, n int) ([]*governor.Task, func(), error) {
+	var cs []*governor.Client
+	closeAll := func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+	var tasks []*governor.Task
+	for i := 0; i < n; i++ {
+		c, err := governor.Dial(context.Background(), governor.WithAddr(addr), governor.WithAPIKey(haKey))
+		if err != nil {
+			return nil, closeAll, err
+		}
+		cs = append(cs, c)
+		_, t, _, err := c.FindOrCreateTask(context.Background(), governor.Spec{Name: fmt.Sprint("c", i)})
+		if err != nil {
+			return nil, closeAll, err
+		}
+		tasks = append(tasks, t)
+	}
+	return tasks, closeAll, nil
+}
+
+// consumeFor has every task consume as fast as it can for d and returns
+// the consumes a second.
+func consumeFor(tasks []*governor.Task, d time.Duration) float64 {
+	var n atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, t := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if t.Consume(ctx, "calls", 1) == nil {
+					n.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n.Load()) / d.Seconds()
+}
+
+// standbySet is the standbys following the leader, started and stopped
+// to a number.
+type standbySet struct {
+	b     *haBench
+	dsn   string
+	nodes []*haNode
+}
+
+// resize stops or starts standbys until k follow.
+func (s *standbySet) resize(k int) error {
+	for len(s.nodes) > k {
+		s.nodes[len(s.nodes)-1].p.stop()
+		s.nodes = s.nodes[:len(s.nodes)-1]
+	}
+	for len(s.nodes) < k {
+		n, err := s.b.node(s.dsn, fmt.Sprint("standby", len(s.nodes)))
+		if err != nil {
+			return err
+		}
+		s.nodes = append(s.nodes, n)
+		if _, err := n.p.logLine("governord standing by", time.Minute); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cpu is the CPU time the standbys have used.
+func (s *standbySet) cpu() time.Duration {
+	var t time.Duration
+	for _, n := range s.nodes {
+		t += n.p.cpu()
+	}
+	return t
+}
+
+// reportStandbys prints each number of standbys' median rate against
+// none, with the CPU the leader and each standby used.
+func reportStandbys(w io.Writer, res, leaderCPU, standbyCPU map[int][]float64) {
 	base := median(res[0])
 	for _, k := range []int{0, 1, 2} {
 		m := median(res[k])
-		fmt.Fprintf(b.stdout, "  %d standbys: median %8.0f/s  (%+.1f%%)  rounds %s; leader %.2f cores", k, m, (m/base-1)*100, fmtRates(res[k]), median(leaderCPU[k]))
+		fmt.Fprintf(w, "  %d standbys: median %8.0f/s  (%+.1f%%)  rounds %s; leader %.2f cores", k, m, (m/base-1)*100, fmtRates(res[k]), median(leaderCPU[k]))
 		if k > 0 {
-			fmt.Fprintf(b.stdout, ", each standby %.2f cores", median(standbyCPU[k]))
+			fmt.Fprintf(w, ", each standby %.2f cores", median(standbyCPU[k]))
 		}
-		fmt.Fprintln(b.stdout)
+		fmt.Fprintln(w)
 	}
-	return res, nil
 }
 
 func median(v []float64) float64 {

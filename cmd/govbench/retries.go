@@ -41,34 +41,11 @@ func runRetries(ctx context.Context, e *env) (*result, error) {
 	if e.short {
 		calls = 5
 	}
-	var hits atomic.Int64
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	down, err := startDownDownstream()
 	if err != nil {
 		return nil, err
 	}
-	down := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		http.Error(w, "down", http.StatusServiceUnavailable)
-	})}
-	go down.Serve(ln)
-	defer down.Close()
-	url := "http://" + ln.Addr().String() + "/"
-	errDown := errors.New("downstream answered 503")
-	request := func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%w (%d)", errDown, resp.StatusCode)
-		}
-		return nil
-	}
+	defer down.close()
 
 	gov, err := e.startGovernord(ctx, retriesConfig)
 	if err != nil {
@@ -83,31 +60,90 @@ func runRetries(ctx context.Context, e *env) (*result, error) {
 
 	var sides []retriesSide
 	for _, governed := range []bool{false, true} {
-		side := retriesSide{Governor: governed, Calls: calls, ErrorsPreserved: true}
-		if governed {
-			side.Budget = budget
+		side, err := retriesSideRun(ctx, client, down, governed, calls, budget)
+		if err != nil {
+			return nil, err
 		}
-		for n := range calls {
-			before := hits.Load()
-			var err error
-			if governed {
-				err = governedCall(ctx, client, "call-"+strconv.Itoa(n), budget, request)
-			} else {
-				err = nestedLoops(ctx, 3, request)
-			}
-			if !errors.Is(err, errDown) {
-				side.ErrorsPreserved = false
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			side.MaxPerCall = max(side.MaxPerCall, hits.Load()-before)
-		}
-		side.Requests = hits.Load()
-		hits.Store(0)
-		side.PerCall = float64(side.Requests) / float64(calls)
 		sides = append(sides, side)
 	}
+	return retriesReport(sides), nil
+}
+
+// errDown is what a request to the downstream that is down returns.
+var errDown = errors.New("downstream answered 503")
+
+// downDownstream is the downstream that is down: a real HTTP server that
+// answers 503 to every request and counts them.
+type downDownstream struct {
+	srv  *http.Server
+	url  string
+	hits atomic.Int64
+}
+
+func startDownDownstream() (*downDownstream, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	d := &downDownstream{url: "http://" + ln.Addr().String() + "/"}
+	d.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.hits.Add(1)
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	})}
+	go d.srv.Serve(ln)
+	return d, nil
+}
+
+func (d *downDownstream) close() { d.srv.Close() }
+
+// request is one attempt at the downstream: errDown for its 503.
+func (d *downDownstream) request(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%w (%d)", errDown, resp.StatusCode)
+	}
+	return nil
+}
+
+// retriesSideRun makes calls calls through the nested loops, governed by a
+// retry budget of budget each or not, and counts the downstream's requests.
+func retriesSideRun(ctx context.Context, client *governor.Client, down *downDownstream, governed bool, calls int, budget int64) (retriesSide, error) {
+	side := retriesSide{Governor: governed, Calls: calls, ErrorsPreserved: true}
+	if governed {
+		side.Budget = budget
+	}
+	for n := range calls {
+		before := down.hits.Load()
+		var err error
+		if governed {
+			err = governedCall(ctx, client, "call-"+strconv.Itoa(n), budget, down.request)
+		} else {
+			err = nestedLoops(ctx, 3, down.request)
+		}
+		if !errors.Is(err, errDown) {
+			side.ErrorsPreserved = false
+		}
+		if ctx.Err() != nil {
+			return side, ctx.Err()
+		}
+		side.MaxPerCall = max(side.MaxPerCall, down.hits.Load()-before)
+	}
+	side.Requests = down.hits.Load()
+	down.hits.Store(0)
+	side.PerCall = float64(side.Requests) / float64(calls)
+	return side, nil
+}
+
+// retriesReport is the scenario's table: without Governor, then with it.
+func retriesReport(sides []retriesSide) *result {
 	r := &result{Header: []string{"", "calls", "downstream requests", "per call", "most in one call"},
 		Raw: sides}
 	for _, s := range sides {
@@ -120,7 +156,7 @@ func runRetries(ctx context.Context, e *env) (*result, error) {
 	}
 	r.Notes = []string{"Three nested loops of three attempts; the downstream answers 503 to every request. Every call returned the downstream's last error: " +
 		strconv.FormatBool(sides[0].ErrorsPreserved && sides[1].ErrorsPreserved) + "."}
-	return r, nil
+	return r
 }
 
 // nestedLoops retries fn depth loops deep, three attempts each, with no

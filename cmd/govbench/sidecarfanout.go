@@ -341,74 +341,117 @@ const busySQL = "SELECT count(*) FROM generate_series(1, 100000);\n"
 // pool of pool connections at governord.
 func sidecarFanoutPG(ctx context.Context, e *env, seconds, busyClients, pool int) ([]*pgSide, error) {
 	port := os.Getenv("GOVERNOR_TEST_PG_PORT")
+	load, err := preparePgbench(ctx, e, port, seconds, busyClients)
+	if err != nil {
+		return nil, err
+	}
+	without, err := load.bothTenants(ctx, false, port, port)
+	if err != nil {
+		return nil, fmt.Errorf("without: %w", err)
+	}
+	with, err := pgbenchThroughSidecars(ctx, e, load, port, pool)
+	if err != nil {
+		return nil, err
+	}
+	return []*pgSide{without, with}, nil
+}
+
+// pgbenchLoad is what the pgbench part runs: on which database, the busy
+// tenant's script, for how long and with how many busy clients.
+type pgbenchLoad struct {
+	dbname      string
+	script      string // busySQL, as a file for pgbench -f
+	seconds     int
+	busyClients int
+}
+
+// preparePgbench creates the part's database in the PostgreSQL on port and
+// fills it with pgbench -i.
+func preparePgbench(ctx context.Context, e *env, port string, seconds, busyClients int) (*pgbenchLoad, error) {
 	db, err := e.freshDatabase(ctx, "fanout")
 	if err != nil {
 		return nil, err
 	}
 	u, _ := url.Parse(db)
-	dbname := strings.TrimPrefix(u.Path, "/")
-	script := filepath.Join(e.dir, "busy.sql")
-	if err := os.WriteFile(script, []byte(busySQL), 0o644); err != nil {
+	load := &pgbenchLoad{dbname: strings.TrimPrefix(u.Path, "/"), script: filepath.Join(e.dir, "busy.sql"),
+		seconds: seconds, busyClients: busyClients}
+	if err := os.WriteFile(load.script, []byte(busySQL), 0o644); err != nil {
 		return nil, err
 	}
-	pgbench := func(port string, args ...string) (string, error) {
-		bin := "pgbench"
-		if d := os.Getenv("GOVERNOR_TEST_PG_BIN"); d != "" {
-			bin = filepath.Join(d, "pgbench")
-		}
-		cmd := exec.CommandContext(ctx, bin, append([]string{"-h", "127.0.0.1", "-p", port, "-U", "governor"}, append(args, dbname)...)...)
-		cmd.Env = append(os.Environ(), "PGPASSWORD=governor")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("pgbench %v: %v: %s", args, err, lastLines(string(out), 3))
-		}
-		return string(out), nil
-	}
-	if _, err := pgbench(port, "-i", "-q", "-s", "1"); err != nil {
+	if _, err := load.pgbench(ctx, port, "-i", "-q", "-s", "1"); err != nil {
 		return nil, err
 	}
-	run := func(governed bool, busyPort, quietPort string) (*pgSide, error) {
-		side := &pgSide{Governor: governed}
-		var wg sync.WaitGroup
-		var busyOut, quietOut string
-		var busyErr, quietErr error
-		T := strconv.Itoa(seconds)
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			busyOut, busyErr = pgbench(busyPort, "-n", "-f", script, "-T", T, "-c", strconv.Itoa(busyClients), "-j", "2")
-		}()
-		go func() {
-			defer wg.Done()
-			quietOut, quietErr = pgbench(quietPort, "-n", "-S", "-T", T, "-c", "2", "-j", "1")
-		}()
-		wg.Wait()
-		if err := errors.Join(busyErr, quietErr); err != nil {
-			return nil, err
-		}
-		for _, x := range []struct {
-			out string
-			tps *float64
-		}{{busyOut, &side.BusyTPS}, {quietOut, &side.QuietTPS}} {
-			m := reTPS.FindStringSubmatch(x.out)
-			if m == nil {
-				return nil, fmt.Errorf("no tps in pgbench's output: %s", lastLines(x.out, 3))
-			}
-			*x.tps, _ = strconv.ParseFloat(m[1], 64)
-			if f := reFailed.FindStringSubmatch(x.out); f != nil {
-				n, _ := strconv.ParseInt(f[1], 10, 64)
-				side.Failed += n
-			}
-		}
-		if m := reLatency.FindStringSubmatch(quietOut); m != nil {
-			side.QuietLatMs, _ = strconv.ParseFloat(m[1], 64)
-		}
-		return side, nil
+	return load, nil
+}
+
+// pgbench runs pgbench with args against the database through port and
+// returns its output.
+func (l *pgbenchLoad) pgbench(ctx context.Context, port string, args ...string) (string, error) {
+	bin := "pgbench"
+	if d := os.Getenv("GOVERNOR_TEST_PG_BIN"); d != "" {
+		bin = filepath.Join(d, "pgbench")
 	}
-	without, err := run(false, port, port)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"-h", "127.0.0.1", "-p", port, "-U", "governor"}, append(args, l.dbname)...)...)
+	cmd.Env = append(os.Environ(), "PGPASSWORD=governor")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("without: %w", err)
+		return "", fmt.Errorf("pgbench %v: %v: %s", args, err, lastLines(string(out), 3))
 	}
+	return string(out), nil
+}
+
+// bothTenants runs the busy tenant's pgbench through busyPort and the quiet
+// one's through quietPort at once, and reads their figures.
+func (l *pgbenchLoad) bothTenants(ctx context.Context, governed bool, busyPort, quietPort string) (*pgSide, error) {
+	var wg sync.WaitGroup
+	var busyOut, quietOut string
+	var busyErr, quietErr error
+	T := strconv.Itoa(l.seconds)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		busyOut, busyErr = l.pgbench(ctx, busyPort, "-n", "-f", l.script, "-T", T, "-c", strconv.Itoa(l.busyClients), "-j", "2")
+	}()
+	go func() {
+		defer wg.Done()
+		quietOut, quietErr = l.pgbench(ctx, quietPort, "-n", "-S", "-T", T, "-c", "2", "-j", "1")
+	}()
+	wg.Wait()
+	if err := errors.Join(busyErr, quietErr); err != nil {
+		return nil, err
+	}
+	return parsePgbench(governed, busyOut, quietOut)
+}
+
+// parsePgbench reads both tenants' TPS, their failed transactions and the
+// quiet one's latency from pgbench's outputs.
+func parsePgbench(governed bool, busyOut, quietOut string) (*pgSide, error) {
+	side := &pgSide{Governor: governed}
+	for _, x := range []struct {
+		out string
+		tps *float64
+	}{{busyOut, &side.BusyTPS}, {quietOut, &side.QuietTPS}} {
+		m := reTPS.FindStringSubmatch(x.out)
+		if m == nil {
+			return nil, fmt.Errorf("no tps in pgbench's output: %s", lastLines(x.out, 3))
+		}
+		*x.tps, _ = strconv.ParseFloat(m[1], 64)
+		if f := reFailed.FindStringSubmatch(x.out); f != nil {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			side.Failed += n
+		}
+	}
+	if m := reLatency.FindStringSubmatch(quietOut); m != nil {
+		side.QuietLatMs, _ = strconv.ParseFloat(m[1], 64)
+	}
+	return side, nil
+}
+
+// pgbenchThroughSidecars is the governed side: a governord with a pool of
+// pool db connections, and each tenant's pgbench through the pgwire
+// listener of a governor-proxy of its own, in front of the PostgreSQL on
+// port.
+func pgbenchThroughSidecars(ctx context.Context, e *env, load *pgbenchLoad, port string, pool int) (*pgSide, error) {
 	proxyBin, err := e.buildProxy()
 	if err != nil {
 		return nil, err
@@ -430,9 +473,9 @@ func sidecarFanoutPG(ctx context.Context, e *env, seconds, busyClients, pool int
 		defer s.stop()
 		ports[tenant] = portOf(s.pg)
 	}
-	with, err := run(true, ports["busy"], ports["quiet"])
+	with, err := load.bothTenants(ctx, true, ports["busy"], ports["quiet"])
 	if err != nil {
 		return nil, fmt.Errorf("through governor-proxy: %w", err)
 	}
-	return []*pgSide{without, with}, nil
+	return with, nil
 }

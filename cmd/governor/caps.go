@@ -635,6 +635,14 @@ func changeLines(old, new *governorpb.CapsValues) []string {
 			out = append(out, fmt.Sprintf("%s%s mode: %s -> %s", m.prefix, k, modeText(m.old[k]), modeText(m.new[k])))
 		}
 	}
+	for _, m := range []struct {
+		prefix   string
+		old, new map[string]*governorpb.Rate
+	}{{"rate.", old.GetRates(), new.GetRates()}, {"default_rate.", old.GetDefaultRates(), new.GetDefaultRates()}} {
+		for _, k := range slices.Sorted(maps.Keys(m.new)) {
+			out = append(out, fmt.Sprintf("%s%s: %s -> %s", m.prefix, k, rateText(m.old[k]), rateText(m.new[k])))
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(new.GetMinimums())) {
 		out = append(out, fmt.Sprintf("min.%s: %d -> %d", k, old.GetMinimums()[k].GetMin(), new.GetMinimums()[k].GetMin()))
 	}
@@ -825,16 +833,6 @@ func putRate(req *governorpb.SetCapsRequest, kind, name, val string) error {
 // rateChanges says, for each rate req names, what it was and is:
 // "rate.calls: none -> 100/s (burst 200)".
 func rateChanges(before, after *governorpb.Node, req *governorpb.SetCapsRequest) []string {
-	text := func(r *governorpb.Rate) string {
-		if r == nil {
-			return "none"
-		}
-		s := governorpb.FormatRate(r.GetUnits(), r.GetPer().AsDuration())
-		if r.GetBurst() > 0 {
-			s += fmt.Sprintf(" (burst %d)", r.GetBurst())
-		}
-		return s
-	}
 	var out []string
 	for _, side := range []struct {
 		kind          string
@@ -842,8 +840,21 @@ func rateChanges(before, after *governorpb.Node, req *governorpb.SetCapsRequest)
 	}{{"rate", req.GetRates(), before.GetRates(), after.GetRates()},
 		{"default_rate", req.GetDefaultRates(), before.GetDefaultRates(), after.GetDefaultRates()}} {
 		for _, k := range slices.Sorted(maps.Keys(side.named)) {
-			out = append(out, fmt.Sprintf("%s.%s: %s -> %s", side.kind, k, text(side.b4[k]), text(side.af[k])))
+			out = append(out, fmt.Sprintf("%s.%s: %s -> %s", side.kind, k, rateText(side.b4[k]), rateText(side.af[k])))
 		}
 	}
 	return out
+}
+
+// rateText is a rate as caps prints it: "100/s (burst 200)", or "none"
+// (no rate, or units -1 in the audit trail).
+func rateText(r *governorpb.Rate) string {
+	if r == nil || r.GetUnits() < 0 {
+		return "none"
+	}
+	s := governorpb.FormatRate(r.GetUnits(), r.GetPer().AsDuration())
+	if r.GetBurst() > 0 {
+		s += fmt.Sprintf(" (burst %d)", r.GetBurst())
+	}
+	return s
 }

@@ -15,8 +15,8 @@ import (
 // how full its bucket is, and a rate the CLI cannot read exits 2 before
 // any call (the built command against a real governord).
 func TestCapsSetAndGetARate(t *testing.T) {
-	srv := startDurable(t, filepath.Join(t.TempDir(), "governor.db"))
-	t.Cleanup(func() { srv.Close() })
+	db := filepath.Join(t.TempDir(), "governor.db")
+	srv := startDurable(t, db)
 	ctx := context.Background()
 	admin := adminRPC(t, srv.Addr())
 	task, err := admin.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: 2,
@@ -54,5 +54,16 @@ func TestCapsSetAndGetARate(t *testing.T) {
 	code, out, _ = cli(t, "caps", "set", "payments/crawl", "rate.calls=none", "-reason", "provider lifted it")
 	if code != 0 || !strings.Contains(out, "rate.calls: 2/min (burst 3) -> none") {
 		t.Fatalf("removing the rate: exit %d: %s", code, out)
+	}
+	// The audit trail has each rate change, with what it replaced, and
+	// keeps it across a restart (the store replays the events).
+	srv.Close()
+	startDurable(t, db)
+	code, out, errOut = cli(t, "caps", "history", "payments/crawl")
+	for _, want := range []string{"provider limit", "rate.calls: none -> 2/min (burst 3)", "default_rate.calls: none -> 10/s",
+		"provider lifted it", "rate.calls: 2/min (burst 3) -> none"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("caps history lacks %q: exit %d:\n%s%s", want, code, out, errOut)
+		}
 	}
 }

@@ -15,8 +15,8 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/proxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 const doctorUsage = `usage: governor doctor [-config governord.yaml] [-proxy-config proxy.yaml]... [-json] [flags]
@@ -137,12 +137,15 @@ func printFindings(out io.Writer, findings []finding) {
 
 func runDoctor(ctx context.Context, o doctorOptions) []finding {
 	var out []finding
-	var gcfg *server.Config
+	var gcfg *serverconfig.Config
 	if o.config != "" {
-		cfg, err := server.LoadConfig(o.config)
+		cfg, err := serverconfig.LoadConfig(o.config)
 		if err != nil {
-			out = append(out, finding{Check: "config", Level: levelError, Subject: o.config, Problem: err.Error(),
-				Fix: "correct the key named; governord refuses to start with this file"})
+			fix := "correct the key named; governord refuses to start with this file"
+			if _, perr := proxyconfig.LoadClassification(o.config); perr == nil {
+				fix = "this is governor-proxy's configuration: lint it with -proxy-config " + o.config + " (-config is governord's)"
+			}
+			out = append(out, finding{Check: "config", Level: levelError, Subject: o.config, Problem: err.Error(), Fix: fix})
 		} else {
 			gcfg = &cfg
 			out = append(out, finding{Check: "config", Level: levelOK, Subject: o.config, Problem: "loads"})
@@ -160,7 +163,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []finding {
 		}
 	}
 	if o.waitTimeout == 0 {
-		o.waitTimeout = proxy.DefaultWaitTimeout
+		o.waitTimeout = proxyconfig.DefaultWaitTimeout
 	}
 	for _, p := range proxies {
 		out = append(out, checkUpstreams(ctx, p)...)

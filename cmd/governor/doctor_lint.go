@@ -10,14 +10,14 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/governor-project/governor/proxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // proxyFile is a sidecar config that loaded, with its rules as written.
 type proxyFile struct {
 	path  string
-	cfg   proxy.Config
+	cfg   proxyconfig.Config
 	rules []lintRule
 	task  lintTask
 }
@@ -69,10 +69,13 @@ func (l *stringOrList) UnmarshalYAML(n *yaml.Node) error {
 // lintAgainstCaps checks them against governord's caps later, once it is
 // known whether governord can say what they are.
 func lintProxy(file string) (*proxyFile, []finding) {
-	cfg, err := proxy.LoadClassification(file)
+	cfg, err := proxyconfig.LoadClassification(file)
 	if err != nil {
-		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(),
-			Fix: "correct the key named; governor-proxy refuses to start (or to reload) with this file"}}
+		fix := "correct the key named; governor-proxy refuses to start (or to reload) with this file"
+		if _, gerr := serverconfig.LoadConfig(file); gerr == nil {
+			fix = "this is governord's configuration: lint it with -config " + file + " (-proxy-config is governor-proxy's)"
+		}
+		return nil, []finding{{Check: "config", Level: levelError, Subject: file, Problem: err.Error(), Fix: fix}}
 	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
@@ -236,7 +239,7 @@ func liveCaps(w *treeWalk) *capNames {
 
 // configCaps are the caps governord's config file sets, for when governord
 // cannot be asked.
-func configCaps(g *server.Config) *capNames {
+func configCaps(g *serverconfig.Config) *capNames {
 	c := &capNames{limits: map[string]bool{}, quotas: map[string]bool{}, source: "the caps in governord's config file (governord was not reached)"}
 	c.add(c.limits, g.Root.Limits)
 	c.add(c.quotas, g.Root.Quotas)

@@ -295,3 +295,36 @@ func TestDoctorLintReadsLiveCaps(t *testing.T) {
 		t.Fatalf("doctor with governord away: exit %d\n%s", code, out)
 	}
 }
+
+// Each configuration given to the other's flag: the doctor says which
+// flag the file belongs to, not only that its keys are unknown (the
+// example files, as a new operator would pass them).
+func TestDoctorNamesTheFlagOfAConfigGivenToTheOther(t *testing.T) {
+	t.Setenv("GOVERNOR_ADMIN_KEY", "admin")
+	t.Setenv("PAYMENTS_KEY", "pay")
+	t.Setenv("RECON_KEY", "recon")
+	for _, c := range []struct{ flag, file, fix string }{
+		{"-config", "../../proxy.example.yaml", "this is governor-proxy's configuration: lint it with -proxy-config ../../proxy.example.yaml"},
+		{"-proxy-config", "../../governor.example.yaml", "this is governord's configuration: lint it with -config ../../governor.example.yaml"},
+	} {
+		code, doc, out := runDoctorCLI(t, c.flag, c.file, "-timeout", "200ms")
+		found := false
+		for _, f := range doc.Findings {
+			if f.Check == "config" && f.Level == levelError && strings.HasPrefix(f.Fix, c.fix) {
+				found = true
+			}
+		}
+		if code != 1 || !found {
+			t.Errorf("doctor %s %s: exit %d, want a config error whose fix starts %q\n%s", c.flag, c.file, code, c.fix, out)
+		}
+	}
+	// A file that is neither keeps the plain advice.
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("listne: 127.0.0.1:7600\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, doc, _ := runDoctorCLI(t, "-config", bad, "-timeout", "200ms")
+	if len(doc.Findings) == 0 || doc.Findings[0].Fix != "correct the key named; governord refuses to start with this file" {
+		t.Errorf("a file with a typo: %+v", doc.Findings)
+	}
+}

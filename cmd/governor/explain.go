@@ -16,10 +16,10 @@ import (
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	llmmeter "github.com/governor-project/governor/proxy/meter"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // headerFlags collects repeated -H "Name: value" flags.
@@ -70,7 +70,7 @@ func explain(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cfg, err := proxy.LoadClassification(*configPath)
+	cfg, err := proxyconfig.LoadClassification(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "governor explain:", err)
 		return 2
@@ -197,7 +197,7 @@ func requestFrom(args []string, h http.Header) (*http.Request, error) {
 	return r, nil
 }
 
-func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request, body []byte, hasBody bool) int {
+func explainHTTP(w io.Writer, cfg proxyconfig.Config, r *http.Request, body []byte, hasBody bool) int {
 	routed := false
 	if r.Method != http.MethodConnect && r.URL.IsAbs() && r.URL.Scheme == "http" && ownAddress(cfg.HTTP.Listen, r.URL) {
 		// A worker given a base URL calls the sidecar itself: it sends the
@@ -236,7 +236,7 @@ func explainHTTP(w io.Writer, cfg proxy.Config, r *http.Request, body []byte, ha
 	d, ok := rules.MatchHTTP(q)
 	fmt.Fprintln(w)
 	if !ok {
-		if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+		if cfg.HTTP.Unmatched == proxyconfig.UnmatchedDeny {
 			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is deny, so the proxy answers 403 (Governor-Denied: unmatched)")
 		} else {
 			fmt.Fprintln(w, "decision: no rule matches; http.unmatched is forward, so the proxy forwards it ungoverned (counted under rule \"(unmatched)\")")
@@ -283,7 +283,7 @@ func ownAddress(listen string, u *url.URL) bool {
 
 // tunnelNote says what happens to the same https URL sent through
 // HTTPS_PROXY: it arrives as a CONNECT tunnel, matched on host and port only.
-func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
+func tunnelNote(w io.Writer, cfg proxyconfig.Config, u *url.URL) {
 	host := u.Host
 	if u.Port() == "" {
 		host += ":443"
@@ -296,7 +296,7 @@ func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
 	fmt.Fprintf(w, "\nnote: a worker that sends this through HTTPS_PROXY opens a tunnel, CONNECT %s, and only host and port are seen:\n", host)
 	if d, ok := cfg.Rules.MatchHTTP(q); ok {
 		fmt.Fprintf(w, "  the tunnel matches rule %q (class %q) instead; method and path rules need plain HTTP or a base-URL route\n", d.Rule, d.Class)
-	} else if cfg.HTTP.Unmatched == proxy.UnmatchedDeny {
+	} else if cfg.HTTP.Unmatched == proxyconfig.UnmatchedDeny {
 		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is deny: it is refused (403)")
 	} else {
 		fmt.Fprintln(w, "  no rule matches the tunnel, and http.unmatched is forward: it goes through ungoverned; use a base-URL route to govern it by path")
@@ -304,7 +304,7 @@ func tunnelNote(w io.Writer, cfg proxy.Config, u *url.URL) {
 }
 
 // describe says in words what the proxy does with a decision.
-func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxy.Config) {
+func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxyconfig.Config) {
 	holds := "until the response body ends or the client goes away"
 	if tunnel {
 		holds = "until the tunnel's connection closes"
@@ -445,7 +445,7 @@ func chargeList(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func explainSQL(w io.Writer, cfg proxy.Config, stmt string, given classify.SQLStatement) int {
+func explainSQL(w io.Writer, cfg proxyconfig.Config, stmt string, given classify.SQLStatement) int {
 	fmt.Fprintf(w, "statement: %s\n", stmt)
 	if len(given.Kinds) > 0 {
 		explainStatement(w, cfg, "as given by hand", given)
@@ -474,7 +474,7 @@ func explainSQL(w io.Writer, cfg proxy.Config, stmt string, given classify.SQLSt
 	return 0
 }
 
-func explainStatement(w io.Writer, cfg proxy.Config, how string, st classify.SQLStatement) {
+func explainStatement(w io.Writer, cfg proxyconfig.Config, how string, st classify.SQLStatement) {
 	fmt.Fprintf(w, "\n%s: kinds %v, tables %v, database %q, user %q, application_name %q\n",
 		how, st.Kinds, st.Tables, st.Database, st.User, st.ApplicationName)
 	rules := cfg.Rules

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/govtest"
 )
@@ -100,7 +102,8 @@ func TestTopInTmux(t *testing.T) {
 	admin := adminRPC(t, srv.Addr())
 	ctx := context.Background()
 	task, err := admin.CreateNode(ctx, &governorpb.CreateNodeRequest{ParentId: 2,
-		Spec: &governorpb.NodeSpec{Name: "crawl", Quotas: map[string]int64{"tokens": 100}, Limits: map[string]int64{"db": 4}}})
+		Spec: &governorpb.NodeSpec{Name: "crawl", Quotas: map[string]int64{"tokens": 100}, Limits: map[string]int64{"db": 4},
+			Rates: map[string]*governorpb.Rate{"pages": {Units: 5, Per: durationpb.New(time.Hour)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +114,10 @@ func TestTopInTmux(t *testing.T) {
 	s := startTop(t, srv.Addr(), govtest.AdminKey)
 	s.waitFor("the tree", "governor top", "root", "payments", "crawl", "tokens 30/100", "db 0/4")
 	s.run("send-keys", "-t", "top", "Down", "Down")
-	s.waitFor("the selection", "payments/crawl  (id")
+	if _, err := admin.Consume(ctx, &governorpb.ConsumeRequest{NodeId: task.GetId(), Resource: "pages", Amount: 2}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the selection and its rate", "payments/crawl  (id", "rates (left/burst): pages 3/5 (5/h, full in")
 	s.run("send-keys", "-t", "top", "e")
 	s.waitFor("the cap prompt", "set a cap on payments/crawl")
 	s.run("send-keys", "-t", "top", "-l", "quota.tokens=777")

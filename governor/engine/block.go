@@ -69,17 +69,8 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	if err != nil {
 		return BlockGrant{}, err
 	}
-	if s.id == System {
-		return BlockGrant{}, invalid("the system session holds no blocks")
-	}
-	if err := validName("lease class", r.Class); err != nil {
+	if err := r.check(s); err != nil {
 		return BlockGrant{}, err
-	}
-	switch {
-	case r.Want < 0 || r.Return < 0:
-		return BlockGrant{}, invalid("want %d and return %d cannot be negative", r.Want, r.Return)
-	case r.Want > 0 && r.Return > 0:
-		return BlockGrant{}, invalid("a block request either grows (want) or shrinks (return), not both")
 	}
 	fp := uint64(0)
 	if r.RequestID != "" {
@@ -88,13 +79,7 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 			if err != nil {
 				return BlockGrant{}, err
 			}
-			g := BlockGrant{Lease: res.lease, Node: r.Node, Class: r.Class, Granted: max(res.amount, 0),
-				Contended: e.contended(r.Class), Adaptive: e.adaptive[r.Class] != nil}
-			if l := e.leases[res.lease]; l != nil {
-				g.Count = l.count
-				g.ReadOnly = l.node.writesRefused()
-			}
-			return g, nil
+			return e.blockRetried(r, res), nil
 		}
 	}
 	n, err := e.target(s, r.Node)
@@ -106,31 +91,75 @@ func (e *Engine) Block(sid SessionID, r BlockRequest) (BlockGrant, error) {
 	}
 	l := s.blocks[blockKey{n.id, r.Class}]
 	if r.Return > 0 {
-		if l == nil {
-			if err := e.checkOpen(n, now); err != nil {
-				return BlockGrant{}, err
-			}
-			return BlockGrant{}, fmt.Errorf("%w: the session holds no block of %s on node %d", ErrNotFound, r.Class, n.id)
-		}
-		id := l.id
-		if l = e.touch(l, now); l == nil {
-			return BlockGrant{}, e.ended(s, id, now)
-		}
-		if r.Return > l.count {
-			return BlockGrant{}, invalid("cannot give back %d slots of a block of %d", r.Return, l.count)
-		}
-		e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
-			Amount: -r.Return, RequestID: r.RequestID, Fingerprint: fp})
-		e.dispatch(l.class)
-		return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class),
-			Adaptive: e.adaptive[l.class] != nil, ReadOnly: n.writesRefused()}, nil
+		return e.shrinkBlock(s, n, l, r, fp, now)
 	}
+	return e.growBlock(s, n, l, r, fp, now)
+}
+
+// check refuses what no block request may ask, before anything is looked
+// up.
+func (r *BlockRequest) check(s *session) error {
+	if s.id == System {
+		return invalid("the system session holds no blocks")
+	}
+	if err := validName("lease class", r.Class); err != nil {
+		return err
+	}
+	switch {
+	case r.Want < 0 || r.Return < 0:
+		return invalid("want %d and return %d cannot be negative", r.Want, r.Return)
+	case r.Want > 0 && r.Return > 0:
+		return invalid("a block request either grows (want) or shrinks (return), not both")
+	}
+	return nil
+}
+
+// blockRetried is the answer to a retry of a request already made: its
+// original grant, with the block as it stands now.
+func (e *Engine) blockRetried(r BlockRequest, res requestResult) BlockGrant {
+	g := BlockGrant{Lease: res.lease, Node: r.Node, Class: r.Class, Granted: max(res.amount, 0),
+		Contended: e.contended(r.Class), Adaptive: e.adaptive[r.Class] != nil}
+	if l := e.leases[res.lease]; l != nil {
+		g.Count = l.count
+		g.ReadOnly = l.node.writesRefused()
+	}
+	return g
+}
+
+// shrinkBlock gives r.Return idle slots of s's block l back and hands them
+// to waiters.
+func (e *Engine) shrinkBlock(s *session, n *node, l *lease, r BlockRequest, fp uint64, now int64) (BlockGrant, error) {
+	if l == nil {
+		if err := e.checkOpen(n, now); err != nil {
+			return BlockGrant{}, err
+		}
+		return BlockGrant{}, fmt.Errorf("%w: the session holds no block of %s on node %d", ErrNotFound, r.Class, n.id)
+	}
+	id := l.id
+	if l = e.touch(l, now); l == nil {
+		return BlockGrant{}, e.ended(s, id, now)
+	}
+	if r.Return > l.count {
+		return BlockGrant{}, invalid("cannot give back %d slots of a block of %d", r.Return, l.count)
+	}
+	e.emit(Event{Kind: EvBlockResized, At: now, Session: s.id, Node: n.id, Lease: l.id, Resource: l.class,
+		Amount: -r.Return, RequestID: r.RequestID, Fingerprint: fp})
+	e.dispatch(l.class)
+	return BlockGrant{Lease: l.id, Node: n.id, Class: l.class, Count: l.count, Contended: e.contended(l.class),
+		Adaptive: e.adaptive[l.class] != nil, ReadOnly: n.writesRefused()}, nil
+}
+
+// growBlock adds to s's block of r.Class on n (l, or a new one) the slots
+// that fit under every limit on the chain now, up to r.Want; none while
+// anyone waits for the class.
+func (e *Engine) growBlock(s *session, n *node, l *lease, r BlockRequest, fp uint64, now int64) (BlockGrant, error) {
 	if err := e.checkOpen(n, now); err != nil {
 		return BlockGrant{}, err
 	}
 	if err := n.admits(false, false); err != nil {
 		return BlockGrant{}, err
 	}
+	var err error
 	grow := int64(0)
 	contended := e.contended(r.Class)
 	if !contended {

@@ -168,7 +168,39 @@ func (n *node) oldValues(edit *CapsEdit) CapsEdit {
 			old.Minimums[k] = n.mins[k]
 		}
 	}
+	old.Rates, old.DefaultRates = n.oldRates(edit.Rates), oldRates(edit.DefaultRates, n.defRates)
 	return old
+}
+
+// oldRates is what a rates edit would replace on n: each rate edited with
+// n's rate now, NoCap units where n has none.
+func (n *node) oldRates(edited map[string]Rate) map[string]Rate {
+	return pickRates(edited, func(k string) (Rate, bool) {
+		b, ok := n.rates[k]
+		if !ok {
+			return Rate{}, false
+		}
+		return b.Rate, true
+	})
+}
+
+func oldRates(edited, cur map[string]Rate) map[string]Rate {
+	return pickRates(edited, func(k string) (Rate, bool) { r, ok := cur[k]; return r, ok })
+}
+
+func pickRates(edited map[string]Rate, cur func(string) (Rate, bool)) map[string]Rate {
+	if edited == nil {
+		return nil
+	}
+	out := make(map[string]Rate, len(edited))
+	for k := range edited {
+		r, ok := cur(k)
+		if !ok {
+			r = Rate{Units: NoCap}
+		}
+		out[k] = r
+	}
+	return out
 }
 
 func int64p(v int64) *int64 { return &v }

@@ -338,17 +338,24 @@ func (e *Engine) RateStatus(sid SessionID, id NodeID) ([]RateStatus, error) {
 	}
 	var out []RateStatus
 	for a := n; a != nil; a = a.parent {
-		for _, k := range slices.Sorted(maps.Keys(a.rates)) {
-			b := a.rates[k]
-			lv, acc := b.at(now)
-			st := RateStatus{Node: a.id, NodeName: a.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv}
-			if lv < b.size() {
-				st.Full = time.Duration(b.wait(b.size(), lv, acc))
-			}
-			out = append(out, st)
-		}
+		out = a.appendRateStatus(out, now)
 	}
 	return out, nil
+}
+
+// appendRateStatus appends n's own rates, sorted by resource, with their
+// fill at now.
+func (n *node) appendRateStatus(out []RateStatus, now int64) []RateStatus {
+	for _, k := range slices.Sorted(maps.Keys(n.rates)) {
+		b := n.rates[k]
+		lv, acc := b.at(now)
+		st := RateStatus{Node: n.id, NodeName: n.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv}
+		if lv < b.size() {
+			st.Full = time.Duration(b.wait(b.size(), lv, acc))
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 func validRateSets(rates, defRates map[string]Rate) error {

@@ -14,6 +14,9 @@ type Stats struct {
 	// Nodes is how many nodes are held: open, and ended but not yet
 	// reclaimed.
 	Nodes int
+	// Rates are the root's and the tenants' own rates, with their fill at
+	// the engine's clock (each names its node).
+	Rates []RateStatus
 }
 
 // Stats returns the root, the tenants and the queue depths.
@@ -22,8 +25,11 @@ func (e *Engine) Stats() Stats {
 	defer e.mu.Unlock()
 	st := Stats{Root: e.root.view(), Waiting: make(map[string]int, len(e.queues)),
 		Leases: len(e.leases), Sessions: len(e.sessions), Nodes: len(e.nodes)}
+	now := e.now()
+	st.Rates = e.root.appendRateStatus(nil, now)
 	for _, t := range e.root.children {
 		st.Tenants = append(st.Tenants, t.view())
+		st.Rates = t.appendRateStatus(st.Rates, now)
 	}
 	for class, q := range e.queues {
 		st.Waiting[class] = q.waiting

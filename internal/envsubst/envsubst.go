@@ -1,5 +1,6 @@
 // Package envsubst reads YAML configuration with ${VAR} references in its
-// values: the one way governord, the proxy and the rules read their files.
+// values, for package configfile, the one loader of governord's, the
+// proxy's and the rules' files.
 // References are expanded after parsing, in one scalar value at a time, so a
 // variable's value is only ever data: a "#", ":", "{" or newline in a secret
 // can neither cut the value short, start a comment nor add a key. What it

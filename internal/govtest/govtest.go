@@ -8,6 +8,7 @@ package govtest
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -57,6 +58,20 @@ func StartConfig(t testing.TB, cfg server.Config) *server.Server {
 	}
 	t.Cleanup(func() { srv.Close() })
 	return srv
+}
+
+// StartMain is Start for a TestMain, which has no test to fail or clean up
+// after: the caller closes the server once m.Run returns.
+func StartMain(edit func(*server.Config)) (*server.Server, error) {
+	cfg := Config()
+	if edit != nil {
+		edit(&cfg)
+	}
+	srv, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("start governord: %w", err)
+	}
+	return srv, nil
 }
 
 // Metric returns the value of one series of srv's /metrics, as its

@@ -2,8 +2,9 @@
 // and its PostgreSQL side both see it: a Request for a unit of work (a class
 // to hold a slot of while it runs, quota to charge first, the subtask it is
 // for), an Admitter that grants it or refuses it, a Ticket that ends it,
-// and a Denial whose Cause each side renders in exactly one place (as an
-// HTTP status with Governor-Denied, or as a SQLSTATE).
+// and a Denial whose Cause reads on the wire as the table of causes says
+// (wire.go: its HTTP status, Governor-Denied word, retry headers and
+// SQLSTATE; the metrics' cause labels come from it too).
 //
 // It may import the standard library and the Go SDK (for the details of a
 // denial) only. The Admitter governor-proxy runs is package budget's.
@@ -126,12 +127,6 @@ func (c Cause) String() string {
 		return causeNames[c]
 	}
 	return fmt.Sprintf("cause(%d)", uint8(c))
-}
-
-// Causes lists every cause, for metrics that start at zero.
-func Causes() []Cause {
-	return []Cause{CauseQuota, CauseWaitTimeout, CauseUnavailable, CauseTaskEnded, CauseUnmatched,
-		CauseBadRequest, CauseCanceled, CauseStopping, CauseSuspended, CauseReadOnly, CauseRate}
 }
 
 // Denial is work that was refused.
@@ -310,6 +305,11 @@ func (d *Denial) Message() string {
 		}
 		return "governor: over a rate; try again shortly"
 	case CauseUnavailable:
+		if err := d.Err; err != nil && (errors.Is(err, governor.ErrPermissionDenied) || errors.Is(err, governor.ErrNotFound)) {
+			// governord answered: saying it cannot be reached would send an
+			// operator to the network instead of the sidecar's key or task.
+			return "governor: governord refused the sidecar's call (" + err.Error() + "), so no new work is admitted (fail closed)"
+		}
 		return "governor: governord cannot be reached, so no new work is admitted (fail closed)"
 	case CauseTaskEnded:
 		if e := d.Ended; e != nil {

@@ -52,13 +52,19 @@ func NewMetrics() *Metrics {
 	m.pacingWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pacing_wait_seconds",
 		Help:    "How long paced work waited for a rate to have room, by resource.",
 		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"resource"})
-	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
-		m.denials.WithLabelValues(c.String())
+	for _, cause := range admission.DeniedLabels() {
+		m.denials.WithLabelValues(cause)
 	}
 	return m
 }
 
-func (m *Metrics) denied(c admission.Cause) { m.denials.WithLabelValues(c.String()).Inc() }
+// denied counts a refusal by its Governor-Denied word; a client that went
+// away was refused nothing.
+func (m *Metrics) denied(c admission.Cause) {
+	if w := c.Wire(); w.Header != "" {
+		m.denials.WithLabelValues(w.Header).Inc()
+	}
+}
 
 // paced counts paced work as it ends, and how long it waited (work refused
 // before it waited observes no wait).

@@ -40,31 +40,21 @@ const (
 	causeProxyAuth = "proxy-auth"
 )
 
-// denial renders a refusal of the admission layer as HTTP: this is the one
-// place a Cause becomes a status, a Governor-Denied value (the cause's
-// name), a CONNECT status line and a JSON body.
+// denial renders a refusal of the admission layer as HTTP: its status,
+// Governor-Denied value and retry headers as admission's table of causes
+// says (Cause.Wire), and here the CONNECT status line and the JSON body.
 type denial struct{ *admission.Denial }
 
-// wireCause is the Governor-Denied value; a shutdown reads as governord
-// being away, which is what it means to the client.
+// wireCause is the Governor-Denied value (admission's table of causes);
+// a client gone away, which is sent nothing, is named for the log.
 func (d denial) wireCause() string {
-	if d.Cause == admission.CauseStopping {
-		return admission.CauseUnavailable.String()
+	if h := d.Cause.Wire().Header; h != "" {
+		return h
 	}
 	return d.Cause.String()
 }
 
-func (d denial) status() int {
-	switch d.Cause {
-	case admission.CauseQuota, admission.CauseRate:
-		return http.StatusTooManyRequests
-	case admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseStopping, admission.CauseCanceled:
-		return http.StatusServiceUnavailable
-	case admission.CauseTaskEnded, admission.CauseUnmatched, admission.CauseSuspended, admission.CauseReadOnly:
-		return http.StatusForbidden
-	}
-	return http.StatusBadRequest
-}
+func (d denial) status() int { return d.Cause.Wire().Status }
 
 // reason is the reason phrase of a CONNECT denial's status line, which is
 // all most clients show of a failed tunnel, e.g.
@@ -176,13 +166,14 @@ func (d denial) header() http.Header {
 		return h
 	}
 	h.Set(HeaderDenied, d.wireCause())
-	switch d.Cause {
-	case admission.CauseQuota, admission.CauseTaskEnded:
-		h.Set("X-Should-Retry", "false") // read by the OpenAI and Anthropic SDKs
-	case admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseStopping:
+	w := d.Cause.Wire()
+	if w.ShouldRetry != "" {
+		h.Set("X-Should-Retry", w.ShouldRetry) // read by the OpenAI and Anthropic SDKs
+	}
+	switch w.RetryAfter {
+	case admission.RetryAfterSoon:
 		h.Set("Retry-After", retryAfter)
-	case admission.CauseRate:
-		h.Set("X-Should-Retry", "true")
+	case admission.RetryAfterRate:
 		h.Set("Retry-After", rateRetryAfter(d.Rate))
 	}
 	return h

@@ -88,8 +88,8 @@ func NewMetrics() *Metrics {
 	}
 	m.intercepted = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_intercepted_connections",
 		Help: "Intercepted CONNECT tunnels open now, each served as a decrypted HTTP/1.1 or HTTP/2 connection."})
-	for _, c := range []admission.Cause{admission.CauseQuota, admission.CauseWaitTimeout, admission.CauseUnavailable, admission.CauseTaskEnded} {
-		m.denials.WithLabelValues(c.String())
+	for _, cause := range admission.DeniedLabels() {
+		m.denials.WithLabelValues(cause)
 	}
 	m.denials.WithLabelValues(causeForbiddenTarget)
 	m.denials.WithLabelValues(causeProxyAuth)

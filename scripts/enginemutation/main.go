@@ -82,9 +82,44 @@ func run(dir, only string, seeds, ops, parallel int, timeout timeouts, out strin
 	if err != nil {
 		return err
 	}
-	files, err := filepath.Glob(filepath.Join(abs, "*.go"))
+	mutants, err := findAll(abs, only)
 	if err != nil {
 		return err
+	}
+	if list {
+		printByFile(mutants)
+		return nil
+	}
+	if skip > 0 {
+		mutants = mutants[min(skip, len(mutants)):]
+	}
+	if max > 0 && len(mutants) > max {
+		mutants = mutants[:max]
+	}
+	tmp, err := os.MkdirTemp("", "enginemutation")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	fmt.Fprintf(os.Stderr, "%d mutants in %s\n", len(mutants), dir)
+	took := tryAll(abs, tmp, mutants, seeds, ops, parallel, timeout)
+	report(mutants, took)
+	if out != "" {
+		raw, err := json.MarshalIndent(mutants, "", "  ")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(out, raw, 0o644)
+	}
+	return nil
+}
+
+// findAll lists the mutants of the package in dir: of every non-test file,
+// or of those only names (comma-separated base names), in a fixed order.
+func findAll(dir, only string) ([]*mutant, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return nil, err
 	}
 	want := map[string]bool{}
 	for _, f := range strings.Split(only, ",") {
@@ -100,33 +135,29 @@ func run(dir, only string, seeds, ops, parallel int, timeout timeouts, out strin
 		}
 		ms, err := find(f)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		mutants = append(mutants, ms...)
 	}
-	if list {
-		byFile := map[string]int{}
-		for _, m := range mutants {
-			byFile[m.File]++
-		}
-		for f, n := range byFile {
-			fmt.Printf("%s\t%d\n", f, n)
-		}
-		fmt.Printf("total\t%d\n", len(mutants))
-		return nil
+	return mutants, nil
+}
+
+// printByFile is -list: how many mutants each file has, and the total.
+func printByFile(mutants []*mutant) {
+	byFile := map[string]int{}
+	for _, m := range mutants {
+		byFile[m.File]++
 	}
-	if skip > 0 {
-		mutants = mutants[min(skip, len(mutants)):]
+	for f, n := range byFile {
+		fmt.Printf("%s\t%d\n", f, n)
 	}
-	if max > 0 && len(mutants) > max {
-		mutants = mutants[:max]
-	}
-	tmp, err := os.MkdirTemp("", "enginemutation")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	fmt.Fprintf(os.Stderr, "%d mutants in %s\n", len(mutants), dir)
+	fmt.Printf("total\t%d\n", len(mutants))
+}
+
+// tryAll tries every mutant, parallel at once, each built in tmp, filling
+// in its Result and Detail and printing a line of progress as each ends.
+// It returns how long they took.
+func tryAll(dir, tmp string, mutants []*mutant, seeds, ops, parallel int, timeout timeouts) time.Duration {
 	start := time.Now()
 	jobs := make(chan int)
 	var wg sync.WaitGroup
@@ -138,7 +169,7 @@ func run(dir, only string, seeds, ops, parallel int, timeout timeouts, out strin
 			defer wg.Done()
 			for i := range jobs {
 				m := mutants[i]
-				m.Result, m.Detail = try(abs, tmp, i, m, seeds, ops, timeout)
+				m.Result, m.Detail = try(dir, tmp, i, m, seeds, ops, timeout)
 				mu.Lock()
 				done++
 				fmt.Fprintf(os.Stderr, "[%d/%d %v] %s:%d %s -> %s: %s\n", done, len(mutants), time.Since(start).Round(time.Second),
@@ -152,15 +183,7 @@ func run(dir, only string, seeds, ops, parallel int, timeout timeouts, out strin
 	}
 	close(jobs)
 	wg.Wait()
-	report(mutants, time.Since(start))
-	if out != "" {
-		raw, err := json.MarshalIndent(mutants, "", "  ")
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(out, raw, 0o644)
-	}
-	return nil
+	return time.Since(start)
 }
 
 // find lists the mutants of one file: every swappable operator inside a

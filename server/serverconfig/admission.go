@@ -1,11 +1,11 @@
-package server
+package serverconfig
 
 import (
 	"strconv"
 	"strings"
 )
 
-// Admission's configuration (admission.go): the top-level admission block
+// Admission's configuration (server/admission.go): the top-level admission block
 // and each tenant's max_in_flight, max_queued, api_rate and api_burst.
 
 // Defaults and bounds of admission's keys.

@@ -1,4 +1,4 @@
-package proxy
+package proxyconfig
 
 import (
 	"errors"
@@ -111,14 +111,14 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 func TestExampleDocumentsEveryKey(t *testing.T) {
 	t.Setenv("GOVERNOR_API_KEY", "k")
 	t.Setenv("POD_NAME", "pod-7")
-	cfg, err := LoadConfig("../proxy.example.yaml")
+	cfg, err := LoadConfig("../../proxy.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Rules.Len() == 0 || len(cfg.Routes) == 0 || len(cfg.PGWire) == 0 {
 		t.Errorf("the example should show rules, routes and pgwire: %+v", cfg)
 	}
-	text, _ := os.ReadFile("../proxy.example.yaml")
+	text, _ := os.ReadFile("../../proxy.example.yaml")
 	var keys []string
 	var walk func(t reflect.Type)
 	walk = func(t reflect.Type) {

@@ -1,4 +1,4 @@
-package proxy
+package proxyconfig
 
 import (
 	"errors"
@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"reflect"
 	"strings"
 	"time"
 
@@ -15,8 +14,7 @@ import (
 
 	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/governor"
-	"github.com/governor-project/governor/internal/envsubst"
-	"github.com/governor-project/governor/pgwire"
+	"github.com/governor-project/governor/internal/configfile"
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/proxy/intercept"
@@ -148,7 +146,7 @@ type InterceptConfig struct {
 func (c InterceptConfig) On() bool { return c.Hosts != nil && c.Hosts.Len() > 0 }
 
 // PGWireConfig is one PostgreSQL wire listener, served by package pgwire
-// (see pgwire.go) under the same rules, session and task as the HTTP side.
+// (proxy/pgwire.go) under the same rules, session and task as the HTTP side.
 type PGWireConfig struct {
 	Listen   string
 	Upstream string
@@ -182,6 +180,10 @@ type PGWireConfig struct {
 const (
 	MinPGWireMaxMessageBytes = 64 << 10
 	MaxPGWireMaxMessageBytes = 1 << 30
+	// DefaultPGWireMaxMessageBytes is pgwire.DefaultMaxMessageSize, written
+	// out so that a reader of the file does not link the wire proxy (a
+	// test in package proxy holds the two equal).
+	DefaultPGWireMaxMessageBytes = 256 << 20
 )
 
 // TLSFiles are a PEM certificate (chain) and its key, read at start.
@@ -221,9 +223,9 @@ type DelegationConfig struct {
 	SettleEvery time.Duration
 }
 
-// proxyConfig is what the HTTP side runs with; governord are governord's
+// ProxyConfig is what the HTTP side runs with; governord are governord's
 // addresses, refused as targets.
-func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
+func (h HTTPConfig) ProxyConfig(governord []string) httpproxy.Config {
 	return httpproxy.Config{WaitTimeout: h.WaitTimeout, DenyUnmatched: h.Unmatched == UnmatchedDeny,
 		TunnelIdleTimeout: h.TunnelIdleTimeout, BodyIdleTimeout: h.BodyIdleTimeout, AllowLinkLocal: h.AllowLinkLocal,
 		ReadHeaderTimeout: h.ReadHeaderTimeout, MaxHeaderBytes: h.MaxHeaderBytes, IdleTimeout: h.IdleTimeout,
@@ -232,28 +234,19 @@ func (h HTTPConfig) proxyConfig(governord []string) httpproxy.Config {
 		RateLimitHeaders: h.RateLimitHeaders, Shadow: h.Shadow}
 }
 
-// ConfigError names the configuration key that is wrong and why. The command
-// exits with status 2 on one.
-type ConfigError struct {
-	Key     string
-	Problem string
-}
-
-func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Problem) }
+// ConfigError names the configuration key that is wrong and why; it is
+// the one config error of all Governor's files (package configfile). The
+// sidecar exits with status 2 on one.
+type ConfigError = configfile.Error
 
 // IsConfigError reports whether err is a configuration problem (exit 2).
-func IsConfigError(err error) bool {
-	var ce *ConfigError
-	return errors.As(err, &ce)
-}
+func IsConfigError(err error) bool { return configfile.IsError(err) }
 
-func keyErr(key, format string, args ...any) error {
-	return &ConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
-}
+func keyErr(key, format string, args ...any) error { return configfile.Errorf(key, format, args...) }
 
 // The file's shape, kept apart from Config: what YAML allows (absent vs
 // zero, a deadline as a duration or a time) differs from what the proxy runs
-// with. Keys are strict: decodeStrict refuses any key not listed here.
+// with. Keys are strict: package configfile refuses any key not listed here.
 type fileConfig struct {
 	Governor      *fileGovernor   `yaml:"governor"`
 	Task          *fileTask       `yaml:"task"`
@@ -404,39 +397,26 @@ func loadConfig(path string, complete bool) (Config, error) {
 }
 
 func parseConfig(text []byte, complete bool) (Config, error) {
-	doc, exps, err := envsubst.Parse(text)
+	doc, err := configfile.Parse(text)
 	if err != nil {
-		return Config{}, keyErr("(file)", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+		return Config{}, err
 	}
-	cfg, err := buildConfig(doc, text, complete)
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		// A value that came from ${VAR} is shown as its reference, never
-		// as what it expanded to, which may be a secret.
-		ce.Problem = exps.Redact(ce.Key, ce.Problem)
+	if doc.Empty() {
+		return Config{}, keyErr(configfile.FileKey, "the document is empty")
 	}
-	return cfg, err
-}
-
-func buildConfig(doc *yaml.Node, text []byte, complete bool) (Config, error) {
 	var raw fileConfig
-	if len(doc.Content) == 0 {
-		return Config{}, keyErr("(file)", "the document is empty")
-	}
-	if err := decodeStrict(doc.Content[0], reflect.ValueOf(&raw).Elem(), ""); err != nil {
+	if err := doc.Decode(&raw); err != nil {
 		return Config{}, err
 	}
 	rules, err := classify.Parse(text)
 	if err != nil {
-		var ce *classify.Error
-		if errors.As(err, &ce) {
-			return Config{}, &ConfigError{Key: ce.Key(), Problem: ce.Error()}
-		}
-		return Config{}, keyErr("rules", "%v", err)
+		return Config{}, err
 	}
 	cfg, err := raw.validate(time.Now(), complete)
 	if err != nil {
-		return Config{}, err
+		// A value that came from ${VAR} is shown as its reference, never
+		// as what it expanded to, which may be a secret.
+		return Config{}, doc.Redact(err)
 	}
 	cfg.Rules = rules
 	return cfg, nil
@@ -545,7 +525,7 @@ func (f *fileConfig) pgwire(wait time.Duration) ([]PGWireConfig, error) {
 	for i, p := range f.PGWire {
 		key := fmt.Sprintf("pgwire[%d]", i)
 		c := PGWireConfig{Listen: deref(p.Listen), Upstream: deref(p.Upstream), TaskFrom: deref(p.TaskFrom),
-			WaitTimeout: wait, MaxMessageBytes: pgwire.DefaultMaxMessageSize}
+			WaitTimeout: wait, MaxMessageBytes: DefaultPGWireMaxMessageBytes}
 		set(&c.WaitTimeout, p.WaitTimeout)
 		set(&c.MaxMessageBytes, p.MaxMessage)
 		set(&c.CapNotices, p.CapNotices)
@@ -762,11 +742,11 @@ func (c *Config) validateRoutes() error {
 	return nil
 }
 
-// governordAddrs are the host:port pairs governord is reached at, as the
+// GovernordAddrs are the host:port pairs governord is reached at, as the
 // SDK will dial them (governor.addr, else GOVERNOR_ADDR, else the default;
 // a comma-separated list with standbys; a gRPC scheme such as dns:/// is
 // dropped). The HTTP side refuses them as targets.
-func (c *Config) governordAddrs() []string {
+func (c *Config) GovernordAddrs() []string {
 	addr := c.Governor.Addr
 	if addr == "" {
 		addr = os.Getenv(governor.EnvAddr)
@@ -891,97 +871,4 @@ func set[T any](dst *T, p *T) {
 	if p != nil {
 		*dst = *p
 	}
-}
-
-var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
-
-// decodeStrict decodes n into v, refusing keys the struct has no field for
-// and keys given twice, and naming the key in every error. A key without a
-// value is taken as absent. Values that are neither structs nor lists of structs are decoded by
-// yaml itself.
-func decodeStrict(n *yaml.Node, v reflect.Value, key string) error {
-	n = resolveAlias(n)
-	if isNull(n) {
-		// No value, as when ${VAR} expands to nothing: the key is absent
-		// and its default (or the environment) applies.
-		return nil
-	}
-	if v.Kind() == reflect.Pointer {
-		v.Set(reflect.New(v.Type().Elem()))
-		return decodeStrict(n, v.Elem(), key)
-	}
-	if reflect.PointerTo(v.Type()).Implements(unmarshalerType) || (v.Kind() != reflect.Struct && !(v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct)) {
-		if err := n.Decode(v.Addr().Interface()); err != nil {
-			return keyErr(orFile(key), "%s", yamlProblem(err))
-		}
-		return nil
-	}
-	if v.Kind() == reflect.Slice {
-		if n.Kind != yaml.SequenceNode {
-			return keyErr(orFile(key), "line %d: is not a list", n.Line)
-		}
-		v.Set(reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content)))
-		for i, item := range n.Content {
-			if err := decodeStrict(item, v.Index(i), fmt.Sprintf("%s[%d]", key, i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		return keyErr(orFile(key), "line %d: is not a mapping of keys to values", n.Line)
-	}
-	t := v.Type()
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], resolveAlias(n.Content[i+1])
-		sub := k.Value
-		if key != "" {
-			sub = key + "." + k.Value
-		}
-		field := -1
-		var known []string
-		for f := 0; f < t.NumField(); f++ {
-			name := strings.Split(t.Field(f).Tag.Get("yaml"), ",")[0]
-			known = append(known, name)
-			if name == k.Value {
-				field = f
-			}
-		}
-		if field < 0 {
-			return keyErr(sub, "line %d: unknown key (known here: %s)", k.Line, strings.Join(known, ", "))
-		}
-		if seen[k.Value] {
-			return keyErr(sub, "line %d: the key is given twice", k.Line)
-		}
-		seen[k.Value] = true
-		if err := decodeStrict(val, v.Field(field), sub); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func orFile(key string) string {
-	if key == "" {
-		return "(file)"
-	}
-	return key
-}
-
-func resolveAlias(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
-		n = n.Alias
-	}
-	return n
-}
-
-func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
-
-func yamlProblem(err error) string {
-	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 0 {
-		return te.Errors[0]
-	}
-	return strings.TrimPrefix(err.Error(), "yaml: ")
 }

@@ -1,25 +1,17 @@
-package server
+package serverconfig
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/spf13/viper"
-	"gopkg.in/yaml.v3"
-
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/apikey"
-	"github.com/governor-project/governor/internal/envsubst"
-	"github.com/governor-project/governor/store"
+	"github.com/governor-project/governor/internal/configfile"
 )
 
 // Defaults for everything the configuration may leave out.
@@ -72,7 +64,7 @@ type Config struct {
 	// otherwise. All zero means DefaultBounds.
 	Bounds engine.Bounds
 	// Near are the near-limit thresholds in percent of a cap, ascending
-	// (policy.go); empty means engine.DefaultNear (80 and 90).
+	// (server/policy.go); empty means engine.DefaultNear (80 and 90).
 	Near []int
 
 	// ReapInterval is how often expired sessions, deadlines and tombstones
@@ -82,17 +74,14 @@ type Config struct {
 	// pair. Zero means tlsreload.DefaultInterval.
 	TLSReloadInterval time.Duration
 	// Admission is how calls are let into the engine, per tenant
-	// (admission.go). Zero fields take their defaults.
+	// (server/admission.go). Zero fields take their defaults.
 	Admission AdmissionConfig
 	// HA runs this governord as one of several over one PostgreSQL store:
-	// a fenced leader or a hot standby (ha.go). Off by default.
+	// a fenced leader or a hot standby (server/ha.go). Off by default.
 	HA HAConfig
 	// HATestHooks plant faults in a governord with ha on, for tests; nil
 	// in production.
 	HATestHooks *HATestHooks
-	// OpenStore, when set, opens the store instead of Store.Driver and
-	// Store.DSN; tests use it to inject a store that fails.
-	OpenStore func(ctx context.Context) (store.Store, error)
 	// Clock tells the engine, and the usage records, the time; nil is the
 	// wall clock. Tests move it on to pass a retention without waiting.
 	Clock engine.Clock
@@ -110,18 +99,18 @@ type StoreConfig struct {
 	DSN           string
 	SnapshotEvery int // events between snapshots; zero means DefaultSnapshotEvery
 	// UsageRetention is how long usage records are kept (governor usage);
-	// zero means DefaultUsageRetention.
+	// zero means server.DefaultUsageRetention.
 	UsageRetention time.Duration
 }
 
 // Caps are quotas and limits, by resource and class, and how those not
-// hard are enforced (policy.go).
+// hard are enforced (server/policy.go).
 type Caps struct {
 	Quotas     map[string]int64
 	Limits     map[string]int64
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
-	// Rates are token buckets by resource (rates.go).
+	// Rates are token buckets by resource (server/rates.go).
 	Rates map[string]engine.Rate
 }
 
@@ -136,13 +125,13 @@ type TenantConfig struct {
 	Quotas       map[string]int64
 	Limits       map[string]int64
 	// QuotaModes and LimitModes are how the tenant's caps that are not
-	// hard are enforced (policy.go).
+	// hard are enforced (server/policy.go).
 	QuotaModes map[string]engine.CapMode
 	LimitModes map[string]engine.CapMode
 	// Minimums are the tenant's reserved minimums by lease class
-	// (policy.go); their sum per class is within root.limits.
+	// (server/policy.go); their sum per class is within root.limits.
 	Minimums map[string]engine.Minimum
-	// Rates are the tenant's token buckets by resource (rates.go).
+	// Rates are the tenant's token buckets by resource (server/rates.go).
 	Rates    map[string]engine.Rate
 	Defaults Caps // what each new task of the tenant starts with (no modes)
 	// Bounds are what the tenant may hold. All zero means Config.Bounds.
@@ -156,12 +145,12 @@ type TenantConfig struct {
 	APIRate *APIRate
 }
 
-// keyHash is the SHA-256 of the tenant's key, whichever way it was given.
-func (t TenantConfig) keyHash() ([sha256.Size]byte, bool) { return hashOf(t.APIKey, t.APIKeySHA256) }
+// KeyHash is the SHA-256 of the tenant's key, whichever way it was given.
+func (t TenantConfig) KeyHash() ([sha256.Size]byte, bool) { return hashOf(t.APIKey, t.APIKeySHA256) }
 
-// adminKeyHash is the SHA-256 of the operator's key, whichever way it was
+// AdminKeyHash is the SHA-256 of the operator's key, whichever way it was
 // given.
-func (c Config) adminKeyHash() ([sha256.Size]byte, bool) { return hashOf(c.AdminKey, c.AdminKeySHA256) }
+func (c Config) AdminKeyHash() ([sha256.Size]byte, bool) { return hashOf(c.AdminKey, c.AdminKeySHA256) }
 
 func hashOf(key string, sum [sha256.Size]byte) ([sha256.Size]byte, bool) {
 	if key != "" {
@@ -170,9 +159,9 @@ func hashOf(key string, sum [sha256.Size]byte) ([sha256.Size]byte, bool) {
 	return sum, sum != [sha256.Size]byte{}
 }
 
-// shortKeys names the keys given in the clear that are shorter than
+// ShortKeys names the keys given in the clear that are shorter than
 // apikey.MinLen, for a warning at start.
-func (c Config) shortKeys() []string {
+func (c Config) ShortKeys() []string {
 	var short []string
 	if c.AdminKey != "" && len(c.AdminKey) < apikey.MinLen {
 		short = append(short, "admin_key")
@@ -185,18 +174,12 @@ func (c Config) shortKeys() []string {
 	return short
 }
 
-// ConfigError names the configuration key that is wrong and why. A daemon
-// that gets one exits with status 2.
-type ConfigError struct {
-	Key     string
-	Problem string
-}
+// ConfigError names the configuration key that is wrong and why; it is
+// the one config error of all Governor's files (package configfile). A
+// daemon that gets one exits with status 2.
+type ConfigError = configfile.Error
 
-func (e *ConfigError) Error() string { return fmt.Sprintf("config: %s: %s", e.Key, e.Problem) }
-
-func keyErr(key, format string, args ...any) error {
-	return &ConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
-}
+func keyErr(key, format string, args ...any) error { return configfile.Errorf(key, format, args...) }
 
 // The file's shape. Kept apart from Config so that what YAML allows and what
 // the daemon runs with can differ (durations as text, absent vs zero).
@@ -320,67 +303,18 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig is LoadConfig for text already read.
 func ParseConfig(text []byte) (Config, error) {
-	doc, exps, err := envsubst.Parse(text)
+	doc, err := configfile.Parse(text)
 	if err != nil {
-		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
-	}
-	cfg, err := decodeConfig(doc, exps)
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		// A value that came from ${VAR} is shown as its reference, never
-		// as what it expanded to, which may be a secret.
-		ce.Problem = exps.Redact(ce.Key, ce.Problem)
-	}
-	return cfg, err
-}
-
-// decodeConfig hands the expanded document to viper as text. Each expanded
-// value goes back as a quoted string, which mapstructure turns into the
-// field's type, so that no value is read as YAML a second time.
-func decodeConfig(doc *yaml.Node, exps envsubst.Expansions) (Config, error) {
-	for _, e := range exps {
-		if e.Node.ShortTag() != "!!null" {
-			e.Node.Tag, e.Node.Style = "!!str", yaml.DoubleQuotedStyle
-		}
-	}
-	var text []byte
-	if doc.Kind != 0 {
-		var err error
-		if text, err = yaml.Marshal(doc); err != nil {
-			return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
-		}
-	}
-	v := viper.New()
-	v.SetConfigType("yaml")
-	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
-		return Config{}, &ConfigError{Key: "(file)", Problem: "not valid YAML: " + err.Error()}
+		return Config{}, err
 	}
 	var raw fileConfig
-	if err := v.UnmarshalExact(&raw); err != nil {
-		return Config{}, decodeError(err, fmt.Sprintf("%T", raw))
+	if err := doc.Decode(&raw); err != nil {
+		return Config{}, err
 	}
-	return raw.validate()
-}
-
-// decodeError turns mapstructure's report into a ConfigError naming the key.
-// Since mapstructure 2.5 a key at the top level is reported under the
-// decoded type's name (root, e.g. "server.fileConfig"), which names no key.
-func decodeError(err error, root string) error {
-	msg := err.Error()
-	if m := regexp.MustCompile(`'([^']*)' has invalid keys: ([^\n]*)`).FindStringSubmatch(msg); m != nil {
-		key := strings.TrimSpace(m[2])
-		if m[1] == root {
-			m[1] = ""
-		}
-		if m[1] != "" {
-			key = m[1] + "." + key
-		}
-		return &ConfigError{Key: key, Problem: "unknown key"}
-	}
-	if m := regexp.MustCompile(`'([^']*)'[^:]*: (.*)`).FindStringSubmatch(msg); m != nil {
-		return &ConfigError{Key: m[1], Problem: m[2]}
-	}
-	return &ConfigError{Key: "(file)", Problem: msg}
+	cfg, err := raw.validate()
+	// A value that came from ${VAR} is shown as its reference, never as
+	// what it expanded to, which may be a secret.
+	return cfg, doc.Redact(err)
 }
 
 func (f fileConfig) validate() (Config, error) {
@@ -395,6 +329,21 @@ func (f fileConfig) validate() (Config, error) {
 	if err := checkNear(c.Near); err != nil {
 		return Config{}, err
 	}
+	for _, check := range []func(*Config) error{
+		f.listeners, f.sessions, f.limits, checkTLS, checkStore, f.HA.validate,
+		func(c *Config) (err error) { c.Admission, err = f.Admission.parse(); return err },
+		func(c *Config) error { return checkCaps("root", c.Root.Quotas, c.Root.Limits) },
+		f.adaptive, f.tenants, checkMinimums,
+	} {
+		if err := check(&c); err != nil {
+			return Config{}, err
+		}
+	}
+	return c, nil
+}
+
+// listeners validates the gRPC and metrics addresses, with their defaults.
+func (f fileConfig) listeners(c *Config) error {
 	if f.MetricsListen != nil {
 		c.MetricsListen = *f.MetricsListen
 	}
@@ -402,142 +351,159 @@ func (f fileConfig) validate() (Config, error) {
 		c.Listen = DefaultListen
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return Config{}, keyErr("listen", "%q is not host:port", c.Listen)
+		return keyErr("listen", "%q is not host:port", c.Listen)
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return Config{}, keyErr("metrics_listen", "%q is not host:port", c.MetricsListen)
+			return keyErr("metrics_listen", "%q is not host:port", c.MetricsListen)
 		}
 	}
+	return nil
+}
+
+// sessions validates the sessions' default TTL and the reaper's interval.
+func (f fileConfig) sessions(c *Config) error {
 	switch {
 	case c.SessionTTL == 0:
 		c.SessionTTL = DefaultSessionTTL
 	case c.SessionTTL < MinSessionTTL || c.SessionTTL > MaxSessionTTL:
-		return Config{}, keyErr("session_ttl", "%v is outside [%v, %v]", c.SessionTTL, MinSessionTTL, MaxSessionTTL)
-	}
-	if err := f.limits(&c); err != nil {
-		return Config{}, err
+		return keyErr("session_ttl", "%v is outside [%v, %v]", c.SessionTTL, MinSessionTTL, MaxSessionTTL)
 	}
 	if c.ReapInterval < 0 {
-		return Config{}, keyErr("reap_interval", "%v is negative", c.ReapInterval)
+		return keyErr("reap_interval", "%v is negative", c.ReapInterval)
 	}
+	return nil
+}
+
+// checkTLS refuses half a certificate, and plaintext off loopback unless
+// allowed.
+func checkTLS(c *Config) error {
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		return Config{}, keyErr("tls", "cert_file and key_file go together; one is empty")
+		return keyErr("tls", "cert_file and key_file go together; one is empty")
 	}
 	if c.TLS.CertFile == "" && !c.AllowPlaintext && !isLoopback(c.Listen) {
-		return Config{}, keyErr("allow_plaintext", "listen %q is not a loopback address and tls has no certificate; configure tls or set allow_plaintext: true", c.Listen)
+		return keyErr("allow_plaintext", "listen %q is not a loopback address and tls has no certificate; configure tls or set allow_plaintext: true", c.Listen)
 	}
+	return nil
+}
+
+// checkStore validates the store block, with its defaults.
+func checkStore(c *Config) error {
 	if c.Store.Driver == "" {
 		c.Store.Driver = DefaultStoreDriver
 	}
 	switch c.Store.Driver {
 	case "sqlite", "postgres", "memory":
 	default:
-		return Config{}, keyErr("store.driver", "%q is not sqlite, postgres or memory", c.Store.Driver)
+		return keyErr("store.driver", "%q is not sqlite, postgres or memory", c.Store.Driver)
 	}
 	if c.Store.DSN == "" && c.Store.Driver == "sqlite" {
 		c.Store.DSN = DefaultStoreDSN
 	}
 	if c.Store.DSN == "" && c.Store.Driver == "postgres" {
-		return Config{}, keyErr("store.dsn", "postgres needs a dsn")
+		return keyErr("store.dsn", "postgres needs a dsn")
 	}
 	if c.Store.SnapshotEvery < 0 {
-		return Config{}, keyErr("store.snapshot_every", "%d is negative", c.Store.SnapshotEvery)
+		return keyErr("store.snapshot_every", "%d is negative", c.Store.SnapshotEvery)
 	}
 	if c.Store.UsageRetention < 0 {
-		return Config{}, keyErr("store.usage_retention", "%v is negative", c.Store.UsageRetention)
+		return keyErr("store.usage_retention", "%v is negative", c.Store.UsageRetention)
 	}
-	if err := f.HA.validate(&c); err != nil {
-		return Config{}, err
-	}
-	if c.Admission, err = f.Admission.parse(); err != nil {
-		return Config{}, err
-	}
-	if err := checkCaps("root", c.Root.Quotas, c.Root.Limits); err != nil {
-		return Config{}, err
-	}
+	return nil
+}
+
+// adaptive validates the adaptive limits as the engine would take them,
+// one per class.
+func (f fileConfig) adaptive(c *Config) error {
 	for i, a := range f.Adaptive {
 		key := fmt.Sprintf("adaptive[%d]", i)
 		ad := engine.Adaptive{Class: a.Class, TargetP95: a.TargetP95, MaxOverload: a.MaxOverload,
 			MinLimit: a.MinLimit, MaxLimit: a.MaxLimit, Interval: a.Interval, MinSamples: a.MinSamples}
 		if _, err := engine.New(engine.Config{Adaptive: []engine.Adaptive{ad}}); err != nil {
-			return Config{}, keyErr(key, "%s", strings.TrimPrefix(err.Error(), "invalid argument: "))
+			return keyErr(key, "%s", strings.TrimPrefix(err.Error(), "invalid argument: "))
 		}
 		for _, prev := range c.Adaptive {
 			if prev.Class == a.Class {
-				return Config{}, keyErr(key+".class", "%q is configured twice", a.Class)
+				return keyErr(key+".class", "%q is configured twice", a.Class)
 			}
 		}
 		c.Adaptive = append(c.Adaptive, ad)
 	}
+	return nil
+}
+
+// tenants validates the admin key and the tenants: names and keys unique,
+// each tenant's own keys valid.
+func (f fileConfig) tenants(c *Config) error {
 	names, keys := map[string]bool{}, map[[sha256.Size]byte]string{}
 	if err := parseKeyHash("admin_key", f.AdminKey, f.AdminKeySHA256, &c.AdminKeySHA256); err != nil {
-		return Config{}, err
+		return err
 	}
-	if h, ok := c.adminKeyHash(); ok {
+	if h, ok := c.AdminKeyHash(); ok {
 		keys[h] = "admin_key"
 	}
 	for i, t := range f.Tenants {
 		key := fmt.Sprintf("tenants[%d]", i)
 		if t.Name == "" {
-			return Config{}, keyErr(key+".name", "is empty")
+			return keyErr(key+".name", "is empty")
 		}
 		if len(t.Name) > engine.MaxNameLen {
-			return Config{}, keyErr(key+".name", "is longer than %d bytes", engine.MaxNameLen)
+			return keyErr(key+".name", "is longer than %d bytes", engine.MaxNameLen)
 		}
 		if names[t.Name] {
-			return Config{}, keyErr(key+".name", "%q is used by another tenant", t.Name)
+			return keyErr(key+".name", "%q is used by another tenant", t.Name)
 		}
 		names[t.Name] = true
 		tc := TenantConfig{Name: t.Name, APIKey: t.APIKey}
 		if err := parseKeyHash(key+".api_key", t.APIKey, t.KeyHash, &tc.APIKeySHA256); err != nil {
-			return Config{}, err
+			return err
 		}
-		if h, ok := tc.keyHash(); ok {
+		if h, ok := tc.KeyHash(); ok {
 			if other, dup := keys[h]; dup {
-				return Config{}, keyErr(key+".api_key", "is the same key as %s", other)
+				return keyErr(key+".api_key", "is the same key as %s", other)
 			}
 			keys[h] = key + ".api_key"
 		}
-		switch {
-		case t.Weight == 0:
-			t.Weight = 1
-		case t.Weight < 0:
-			return Config{}, keyErr(key+".weight", "%d is below 1", t.Weight)
-		}
-		own, err := fileCaps{Quotas: t.Quotas, Limits: t.Limits, Rates: t.Rates}.caps(key, true)
-		if err != nil {
-			return Config{}, err
-		}
-		if err := checkCaps(key, own.Quotas, own.Limits); err != nil {
-			return Config{}, err
-		}
-		defaults, err := t.Defaults.caps(key+".defaults", false)
-		if err != nil {
-			return Config{}, err
-		}
-		if err := checkCaps(key+".defaults", defaults.Quotas, defaults.Limits); err != nil {
-			return Config{}, err
-		}
-		tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
-		tc.QuotaModes, tc.LimitModes, tc.Rates = own.QuotaModes, own.LimitModes, own.Rates
-		if tc.Minimums, err = t.Minimums.parseMinimums(key + ".minimums"); err != nil {
-			return Config{}, err
-		}
-		bounds, err := t.Bounds.over(key+".bounds", c.Bounds)
-		if err != nil {
-			return Config{}, err
-		}
-		tc.Bounds = bounds
-		if err := t.fileTenantAdmission.parse(key, &tc); err != nil {
-			return Config{}, err
+		if err := t.validate(key, c.Bounds, &tc); err != nil {
+			return err
 		}
 		c.Tenants = append(c.Tenants, tc)
 	}
-	if err := checkMinimums(&c); err != nil {
-		return Config{}, err
+	return nil
+}
+
+// validate reads the tenant at key's weight, caps, minimums, bounds (over
+// base) and admission keys into tc.
+func (t fileTenant) validate(key string, base engine.Bounds, tc *TenantConfig) error {
+	switch {
+	case t.Weight == 0:
+		t.Weight = 1
+	case t.Weight < 0:
+		return keyErr(key+".weight", "%d is below 1", t.Weight)
 	}
-	return c, nil
+	own, err := fileCaps{Quotas: t.Quotas, Limits: t.Limits, Rates: t.Rates}.caps(key, true)
+	if err != nil {
+		return err
+	}
+	if err := checkCaps(key, own.Quotas, own.Limits); err != nil {
+		return err
+	}
+	defaults, err := t.Defaults.caps(key+".defaults", false)
+	if err != nil {
+		return err
+	}
+	if err := checkCaps(key+".defaults", defaults.Quotas, defaults.Limits); err != nil {
+		return err
+	}
+	tc.Weight, tc.Quotas, tc.Limits, tc.Defaults = t.Weight, own.Quotas, own.Limits, defaults
+	tc.QuotaModes, tc.LimitModes, tc.Rates = own.QuotaModes, own.LimitModes, own.Rates
+	if tc.Minimums, err = t.Minimums.parseMinimums(key + ".minimums"); err != nil {
+		return err
+	}
+	if tc.Bounds, err = t.Bounds.over(key+".bounds", base); err != nil {
+		return err
+	}
+	return t.fileTenantAdmission.parse(key, tc)
 }
 
 // parseKeyHash reads KEY_sha256, the hex SHA-256 that stands for KEY, into
@@ -585,14 +551,11 @@ func isLoopback(hostport string) bool {
 }
 
 // IsConfigError reports whether err is a configuration problem (exit 2).
-func IsConfigError(err error) bool {
-	var ce *ConfigError
-	return errors.As(err, &ce)
-}
+func IsConfigError(err error) bool { return configfile.IsError(err) }
 
-// fillLimits gives the limits a Config built in code left zero their
+// FillLimits gives the limits a Config built in code left zero their
 // defaults, as the file's validation does.
-func (c *Config) fillLimits() {
+func (c *Config) FillLimits() {
 	if c.MaxSessionTTL == 0 {
 		c.MaxSessionTTL = max(DefaultMaxSessionTTL, c.SessionTTL)
 	}
