@@ -49,6 +49,7 @@ type fileRule struct {
 	Meter            yaml.Node          `yaml:"meter"`
 	Read             *bool              `yaml:"read"`
 	Mode             *string            `yaml:"mode"`
+	OnRate           *string            `yaml:"on_rate"`
 }
 
 type fileMatch struct {
@@ -312,6 +313,15 @@ func compileRule(fr *fileRule) (rule, error) {
 			r.decision.Shadow = true
 		default:
 			return r, fieldErr("mode", "%q is not enforce or shadow", *fr.Mode)
+		}
+	}
+	if fr.OnRate != nil {
+		switch *fr.OnRate {
+		case "wait":
+		case "deny":
+			r.decision.DenyRate = true
+		default:
+			return r, fieldErr("on_rate", "%q is not wait or deny", *fr.OnRate)
 		}
 	}
 	if len(fr.Charge) > 0 {

@@ -40,6 +40,10 @@ type Decision struct {
 	// about, never charged or held, and always forwarded; a would-be
 	// denial is logged and counted (docs/policy.md).
 	Shadow bool
+	// DenyRate (on_rate: deny) refuses what a rate has no room for at
+	// once; by default (on_rate: wait) the sidecar paces it: it waits
+	// until the rate has room, within its wait timeout.
+	DenyRate bool
 }
 
 // WritesSQL reports whether a statement of these kinds may write, as a

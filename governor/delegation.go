@@ -88,6 +88,11 @@ type Reservation struct {
 	// work classified as a write gets: spend none of the units on a write
 	// (as Block.ReadOnly).
 	ReadOnly *TenantStateError
+	// Rated says that a rate binds the resource on the task's chain, so
+	// nothing was reserved: units spent later without asking would escape
+	// the rate. Charge it per unit of work (ChargeAndAcquire, Consume)
+	// instead, and ask again later, as the rate may be removed.
+	Rated bool
 }
 
 // Reserve settles and tops up the session's reservation of resource on the
@@ -149,7 +154,8 @@ func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Res
 		}
 		return Reservation{}, err
 	}
-	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted(), ReadOnly: tenantRefusal(resp.GetReadOnly())}, nil
+	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted(), ReadOnly: tenantRefusal(resp.GetReadOnly()),
+		Rated: resp.GetRated()}, nil
 }
 
 // Sample is how one call made in a slot of a block went, for adaptive

@@ -51,3 +51,39 @@ func TestRateLimitedCarriesTheWaitAndRetryHonoursIt(t *testing.T) {
 		t.Fatalf("Retry waited %v; the bucket needed most of 300ms", waited)
 	}
 }
+
+// TestAReservationCannotPassARate: whatever the sidecars do, they may never
+// take more than rate × window + burst in any window. Units reserved are
+// taken from the buckets when reserved but spent whenever their holder
+// likes: under 20 calls per 200ms (burst 20), 20 reserved at t=0 and spent
+// once the bucket is full again, while another charge takes those 20, make
+// 40 in an instant. So governord reserves nothing of a rated resource and
+// says so (Rated); the holder charges it per call, and the charge meets
+// the rate (a real governord).
+func TestAReservationCannotPassARate(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
+	if _, err := c.Raw().SetCaps(ctx, &governorpb.SetCapsRequest{NodeId: task.ID(), Rates: map[string]*governorpb.Rate{
+		"calls": {Units: 20, Per: durationpb.New(200 * time.Millisecond)}}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := task.Reserve(ctx, "calls", 0, 0, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bucket's period passes: it is full again (governord's own clock).
+	time.Sleep(250 * time.Millisecond)
+	taken := int64(0)
+	for range 20 {
+		if task.Consume(ctx, "calls", 1) == nil {
+			taken++
+		}
+	}
+	if res.Granted+taken > 20 {
+		t.Fatalf("%d units reserved (spendable at any time) and %d charged after a refill: %d at once, past the burst of 20",
+			res.Granted, taken, res.Granted+taken)
+	}
+	if !res.Rated {
+		t.Errorf("the reservation of a rated resource: %+v; want Rated", res)
+	}
+}

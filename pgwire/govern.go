@@ -153,9 +153,9 @@ func (p *plan) asks() []ask {
 		return p.classes
 	}
 	if len(p.classes) == 0 {
-		return []ask{{req: admission.Request{Charges: p.charges}, d: p.chargeBy}}
+		return []ask{{req: admission.Request{Charges: p.charges, DenyRate: p.chargeBy.DenyRate}, d: p.chargeBy}}
 	}
-	p.classes[len(p.classes)-1].req.Charges = p.charges
+	p.classes[len(p.classes)-1].req.Charges, p.classes[len(p.classes)-1].req.DenyRate = p.charges, p.chargeBy.DenyRate
 	return p.classes
 }
 

@@ -113,8 +113,11 @@ func startSidecarProc(t *testing.T, g *govProc, key, task, yaml string) *sidecar
 // list several (governords with standbys).
 func startSidecarProcAt(t *testing.T, addr, key, task, yaml string) *sidecarProc {
 	t.Helper()
-	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: %s}\nhttp: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], shutdown_timeout: 2s}\nmetrics_listen: 127.0.0.1:0\n",
-		addr, key, task) + strings.ReplaceAll(yaml, "listen: PG", "listen: 127.0.0.1:0")
+	text := fmt.Sprintf("governor: {addr: %q, api_key: %s}\ntask: {name: %s}\nmetrics_listen: 127.0.0.1:0\n", addr, key, task)
+	if !strings.Contains(yaml, "\nhttp:") && !strings.HasPrefix(yaml, "http:") {
+		text += "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], shutdown_timeout: 2s}\n"
+	}
+	text += strings.ReplaceAll(yaml, "listen: PG", "listen: 127.0.0.1:0")
 	cfgPath := filepath.Join(t.TempDir(), "proxy.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(text), 0o600))
 	cmd := exec.Command(buildSidecar(t), "-config", cfgPath)

@@ -18,7 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/testcert"
+	"github.com/governor-project/governor/server"
 )
 
 // The pgwire listeners of the real sidecar (Start, the HTTP side's session
@@ -419,5 +421,49 @@ pgwire:
 	must(t, err)
 	if c.PGWire[0].WaitTimeout != 7*time.Second || c.PGWire[1].WaitTimeout != 2*time.Second {
 		t.Errorf("wait_timeout: %v %v, want http's 7s, then 2s", c.PGWire[0].WaitTimeout, c.PGWire[1].WaitTimeout)
+	}
+}
+
+// TestPGWirePacesARate: pgwire statements go through the one admission
+// path, so they are paced too. Under 2 db_writes a second, 5 inserts all
+// succeed, the last ones after waiting for the rate (bounded by the
+// listener's wait_timeout); with on_rate: deny the third is refused at
+// once with 53300.
+func TestPGWirePacesARate(t *testing.T) {
+	pgUpstream(t)
+	for _, onRate := range []string{"wait", "deny"} {
+		t.Run(onRate, func(t *testing.T) {
+			g := startGovernord(t, func(c *server.Config) {
+				c.Tenants[0].Rates = map[string]engine.Rate{"db_writes": {Units: 2, Per: int64(time.Second)}}
+			})
+			table := "pgrate_" + onRate
+			freshPGTable(t, table)
+			p := startProxy(t, proxyOpts{gaddr: g.Addr(), task: table, yaml: pgListenerYAML(t, ", wait_timeout: 5s") + `
+rules:
+  - {name: writes, match: {sql: [insert]}, charge: {db_writes: 1}, on_rate: ` + onRate + `}
+`})
+			c := pgConnect(t, pgDSN(p.PGWireAddrs()[0], ""))
+			if onRate == "deny" {
+				for i := range 2 {
+					pgExec(t, c, fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, i))
+				}
+				began := time.Now()
+				wantPGError(t, c, "53300", "db_writes", "INSERT INTO "+table+" VALUES (2)")
+				if took := time.Since(began); took > 400*time.Millisecond {
+					t.Errorf("the refusal took %v, want at once", took)
+				}
+				return
+			}
+			began := time.Now()
+			for i := range 5 {
+				pgExec(t, c, fmt.Sprintf("INSERT INTO %s VALUES (%d)", table, i))
+			}
+			if took := time.Since(began); took < 1200*time.Millisecond {
+				t.Errorf("5 inserts took %v under 2 a second with a burst of 2, want at least 1.5s", took)
+			}
+			if n := pgRows(t, table); n != 5 {
+				t.Errorf("rows: %d, want 5", n)
+			}
+		})
 	}
 }

@@ -105,7 +105,7 @@ func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*
 }
 
 func toReservation(r engine.Reservation) *governorpb.Reservation {
-	res := &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted}
+	res := &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted, Rated: r.Rated}
 	if r.ReadOnly != nil {
 		res.ReadOnly = tenantRefusal(r.ReadOnly)
 	}

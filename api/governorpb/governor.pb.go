@@ -2455,7 +2455,14 @@ type Reservation struct {
 	Granted int64 `protobuf:"varint,4,opt,name=granted,proto3" json:"granted,omitempty"`
 	// Set while the node's tenant is read_only: the refusal work marked as a
 	// write gets. Spend none of the units on a write. As Block.read_only.
-	ReadOnly      *TenantRefusal `protobuf:"bytes,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	ReadOnly *TenantRefusal `protobuf:"bytes,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Set when a rate on the node's chain binds the resource: nothing was
+	// reserved (granted is 0), because units spent later by their holder would
+	// escape the rate's buckets and the fleet could pass the rate. Charge the
+	// resource per unit of work instead (ChargeAndAcquire, Consume), and ask
+	// again later: the rate may be removed. An exact reservation is never
+	// refused this way.
+	Rated         bool `protobuf:"varint,6,opt,name=rated,proto3" json:"rated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2523,6 +2530,13 @@ func (x *Reservation) GetReadOnly() *TenantRefusal {
 		return x.ReadOnly
 	}
 	return nil
+}
+
+func (x *Reservation) GetRated() bool {
+	if x != nil {
+		return x.Rated
+	}
+	return false
 }
 
 type ReportSamplesRequest struct {
@@ -6023,13 +6037,14 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x18\n" +
 	"\aabandon\x18\a \x01(\bR\aabandon\x12\x14\n" +
-	"\x05exact\x18\b \x01(\bR\x05exact\"\xb1\x01\n" +
+	"\x05exact\x18\b \x01(\bR\x05exact\"\xc7\x01\n" +
 	"\vReservation\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +
 	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x18\n" +
 	"\agranted\x18\x04 \x01(\x03R\agranted\x127\n" +
-	"\tread_only\x18\x05 \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\"o\n" +
+	"\tread_only\x18\x05 \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\x12\x14\n" +
+	"\x05rated\x18\x06 \x01(\bR\x05rated\"o\n" +
 	"\x14ReportSamplesRequest\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12!\n" +
 	"\flatencies_ns\x18\x02 \x03(\x03R\vlatenciesNs\x12\x1e\n" +

@@ -139,6 +139,8 @@ var mutants = []mutant{
 		"lo, c = bits.Add64(lo, uint64(b.Units)-1, 0)", "lo, c = bits.Add64(lo, 0, 0)", `I27 .*retry after`},
 	{"a reservation takes nothing from the buckets", "reserve.go",
 		"\tn.takeRate(ev.Resource, ev.Amount, ev.At)\n", "", `I26 rates|node \d+ rate .*: engine holds`},
+	{"a rated resource reserved to a session", "reserve.go",
+		"if !r.Exact && n.rated(r.Resource) {", "if false && n.rated(r.Resource) {", `I26 rates`},
 	{"a snapshot drops the credit toward the next unit", "rate.go",
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",

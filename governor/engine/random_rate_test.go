@@ -74,3 +74,23 @@ func (w *world) rateOp() {
 		}
 	}
 }
+
+// checkRated checks I26's delegation rule on a reservation that succeeded:
+// one that is not exact and wants units is answered Rated, with nothing
+// granted, exactly when the model has a bucket of its resource on its
+// node's chain; any other is never Rated.
+func (w *world) checkRated(req ReserveRequest, res Reservation) {
+	rated := false
+	for _, a := range w.m.chain(req.Node) {
+		rated = rated || w.m.rates[a][req.Resource] != nil
+	}
+	want := rated && !req.Exact && req.Want > 0
+	switch {
+	case res.Rated != want:
+		w.fail("I26 rates: reserve %+v answered rated=%v; the model has a rate of %s on the chain: %v", req, res.Rated, req.Resource, rated)
+	case want && res.Granted != 0:
+		w.fail("I26 rates: reserve %+v granted %d of a rated resource", req, res.Granted)
+	case want:
+		w.tally.rateUndelegated++
+	}
+}

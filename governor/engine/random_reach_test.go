@@ -31,6 +31,9 @@ type coverage struct {
 	rateRefused, rateNever, rateTaken, rateHostile int
 	// periodResets counts windows closed by a reset (I28).
 	periodResets int
+	// rateUndelegated counts top-ups of a rated resource answered Rated
+	// with nothing reserved (I26).
+	rateUndelegated int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -63,6 +66,7 @@ func (r *reached) add(w *world) {
 	r.sum.rateTaken += c.rateTaken
 	r.sum.rateHostile += c.rateHostile
 	r.sum.periodResets += c.periodResets
+	r.sum.rateUndelegated += c.rateUndelegated
 	r.seeds++
 }
 
@@ -90,6 +94,7 @@ func (r *reached) check(t *testing.T) {
 		{"a charge taken from a bucket", r.sum.rateTaken},
 		{"a hostile charge decided by a rate", r.sum.rateHostile},
 		{"a quota's window closed by a reset", r.sum.periodResets},
+		{"a top-up of a rated resource answered rated", r.sum.rateUndelegated},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

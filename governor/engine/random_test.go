@@ -1198,6 +1198,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	if req.Exact && res.Granted != req.Want {
 		w.fail("an exact reservation of %d %s on n%d granted %d", req.Want, req.Resource, req.Node, res.Granted)
 	}
+	w.checkRated(req, res)
 	loc := w.local[k]
 	if loc == nil {
 		loc = &localRes{}

@@ -240,19 +240,6 @@ func (n *node) checkRates(charges []Charge, now int64) error {
 	return worst
 }
 
-// rateRoom is how many units of r every bucket on n's chain holds at now
-// (math.MaxInt64 when there is none), for a reservation's size.
-func (n *node) rateRoom(r string, now int64) int64 {
-	room := int64(math.MaxInt64)
-	for a := n; a != nil; a = a.parent {
-		if b := a.rates[r]; b != nil {
-			lv, _ := b.at(now)
-			room = min(room, lv)
-		}
-	}
-	return room
-}
-
 // takeRate takes amount of r from every bucket on n's chain at at (apply's
 // time), or, negative, gives it back. Taking nothing changes nothing.
 func (n *node) takeRate(r string, amount, at int64) {
@@ -414,22 +401,26 @@ func fingerprintRates(h uint64, sets ...map[string]Rate) uint64 {
 	return h
 }
 
-// reserveRate sizes a reservation's grant to the rates on n's chain: the
-// units it reserves are taken from every bucket when reserved (the holder
-// spends them without asking), and units returned unspent do not go back,
-// since the time they stood for has passed. An exact reservation takes all
-// of its grant or is refused as a charge of it would be; another takes what
-// the buckets hold, up to grant, and is refused only when they hold none.
+// rated reports whether a rate binds r on n's chain: a bucket of r on n or
+// an ancestor. Such a resource is not delegated (Reservation.Rated).
+func (n *node) rated(r string) bool {
+	for a := n; a != nil; a = a.parent {
+		if a.rates[r] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// reserveRate checks an exact reservation's grant (one call's hold) against
+// the rates on n's chain: it takes all of it from every bucket when
+// reserved, or is refused as a charge of it would be. Units returned
+// unspent do not go back, since the time they stood for has passed. A
+// reservation that is not exact never meets a rate: a rated resource is
+// not delegated (reserveWant).
 func (n *node) reserveRate(r ReserveRequest, grant, now int64) (int64, error) {
 	if r.Exact {
 		return grant, n.checkRate(r.Resource, grant, now)
 	}
-	room := n.rateRoom(r.Resource, now)
-	if room >= grant {
-		return grant, nil
-	}
-	if room <= 0 {
-		return 0, n.checkRate(r.Resource, 1, now)
-	}
-	return room, nil
+	return grant, nil
 }

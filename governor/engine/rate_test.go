@@ -69,13 +69,19 @@ func TestRateOnEveryLevelAllOrNone(t *testing.T) {
 	if v.Used["calls"] != 4 {
 		t.Fatalf("used %d, want 4", v.Used["calls"])
 	}
-	// Acquire with charges, and a reservation, take from the buckets too.
+	// Acquire with charges, and an exact reservation (one call's hold),
+	// take from the buckets too. A reservation that is not exact reserves
+	// nothing of a rated resource (TestRatedResourceIsNotDelegated).
 	if _, _, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job2, Charges: map[string]int64{"calls": 2}}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job2, Resource: "calls", Want: 10})
-	if err != nil || res.Granted != 1 { // the quota's headroom is 1
-		t.Fatalf("reserve: %+v %v", res, err)
+	if err != nil || res.Granted != 0 || !res.Rated {
+		t.Fatalf("reserve of a rated resource: %+v %v; want nothing granted, rated", res, err)
+	}
+	res, err = f.e.Reserve(f.sA, ReserveRequest{Node: f.job2, Resource: "calls", Want: 1, Exact: true})
+	if err != nil || res.Granted != 1 || res.Rated { // the quota's headroom is 1
+		t.Fatalf("exact reserve: %+v %v", res, err)
 	}
 	if st := f.rates(f.job2); st[0].Level != 2 || st[1].Level != 97 {
 		t.Fatalf("after a charge of 2 and a reservation of 1: %+v", st)
@@ -240,5 +246,58 @@ func TestRateGivenBackGrantReturnsItsUnits(t *testing.T) {
 	}
 	if st := f.rates(f.job); st[0].Level != 5 {
 		t.Fatalf("a grant its caller never saw kept its units: %+v", st)
+	}
+}
+
+// TestRatedResourceIsNotDelegated: units reserved are taken from the
+// buckets when reserved but spent by their holder whenever it likes, so a
+// reservation of a rated resource would let the fleet pass the rate: under
+// 50/s (burst 50), a session reserving 50 at t=0 and spending them at t=10s,
+// when the bucket is full again and another session takes 50, makes 100 in
+// an instant. So a reservation that is not exact reserves nothing of a
+// resource a rate binds anywhere on the chain, says Rated, and emits
+// nothing unless it settles; once the rate is removed, reservations are
+// granted again.
+func TestRatedResourceIsNotDelegated(t *testing.T) {
+	f := newFixture(t)
+	sA2 := f.open(f.acme, longTTL)
+	// A reservation made before the rate exists is settled after it.
+	res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 8})
+	if err != nil || res.Granted != 8 || res.Rated {
+		t.Fatalf("reserve before any rate: %+v %v", res, err)
+	}
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": {Units: 50, Per: int64(time.Second)}}})
+
+	before := f.e.Seq()
+	res, err = f.e.Reserve(f.sA, ReserveRequest{Node: f.step, Resource: "calls", Want: 50})
+	if err != nil || res.Granted != 0 || !res.Rated {
+		t.Fatalf("reserve under a rate on the tenant: %+v %v; want nothing granted, rated", res, err)
+	}
+	if f.e.Seq() != before {
+		t.Errorf("a reservation that reserved and settled nothing emitted %d events", f.e.Seq()-before)
+	}
+	f.clock.Advance(10 * time.Second)
+	if err := f.e.Consume(sA2, f.job2, "calls", 50, ""); err != nil {
+		t.Fatalf("the other session's 50 in the full bucket: %v", err)
+	}
+	// The first session holds only what it reserved before the rate: it
+	// settles, and its top-up is refused as rated, in one event.
+	res, err = f.e.Reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Spent: 3, Return: 5, Want: 50})
+	if err != nil || res.Granted != 0 || !res.Rated || res.Reserved != 0 {
+		t.Fatalf("settle and top up under the rate: %+v %v", res, err)
+	}
+	if f.e.Seq() != before+2 { // the consume, the settlement
+		t.Errorf("%d events since, want 2", f.e.Seq()-before)
+	}
+	// A charge still meets the rate: the bucket is empty.
+	rateErr(t, f.e.Consume(f.sA, f.job, "calls", 1, ""), f.acme, 20*time.Millisecond)
+
+	// Another resource, and another tenant, are not rated.
+	if res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job, Resource: "tokens", Want: 5}); err != nil || res.Granted != 5 || res.Rated {
+		t.Fatalf("an unrated resource: %+v %v", res, err)
+	}
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": {Units: NoCap}}})
+	if res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5}); err != nil || res.Granted != 5 || res.Rated {
+		t.Fatalf("reserve once the rate is removed: %+v %v", res, err)
 	}
 }

@@ -69,6 +69,13 @@ type Reservation struct {
 	// ReadOnly, set while the node's tenant is read_only, is the refusal a
 	// write gets: the holder spends none of the units on a write.
 	ReadOnly *TenantStateError
+	// Rated says that a rate on the node's chain binds the resource, so
+	// none of it is reserved (Want is not granted): units spent later by
+	// their holder would not be taken from the buckets at the time of
+	// their spending, and the fleet could pass the rate. The holder charges
+	// the resource per unit of work instead, and may ask again later (the
+	// rate may be removed).
+	Rated bool
 }
 
 // Reserve settles what the session spent of its reservation of
@@ -125,21 +132,13 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	if r.Spent > have || r.Return > have-r.Spent {
 		return Reservation{}, invalid("spent %d and return %d settle more than the %d units reserved", r.Spent, r.Return, have)
 	}
-	grant := int64(0)
-	if r.Want > 0 {
-		if err := e.checkOpen(n, now); err != nil {
-			return Reservation{}, err
-		}
-		if err := n.admits(false, false); err != nil {
-			return Reservation{}, err
-		}
-		grant, err = n.reserveGrant(r)
-		if err != nil {
-			return Reservation{}, e.refused(s, err)
-		}
-		if grant, err = n.reserveRate(r, grant, now); err != nil {
-			return Reservation{}, err
-		}
+	grant, rated, err := e.reserveWant(s, n, r, now)
+	if err != nil {
+		return Reservation{}, err
+	}
+	if rated && r.Spent == 0 && r.Return == 0 {
+		// Nothing changes: no event.
+		return Reservation{Node: n.id, Resource: r.Resource, Reserved: have, Rated: true, ReadOnly: n.writesRefused()}, nil
 	}
 	var warn []Warning
 	if grant > 0 {
@@ -150,7 +149,34 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
 		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp, Warnings: warn})
 	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant,
-		ReadOnly: n.writesRefused()}, nil
+		Rated: rated, ReadOnly: n.writesRefused()}, nil
+}
+
+// reserveWant decides what r's Want adds on n at now: nothing without a
+// Want; nothing, and rated, for a resource a rate binds on n's chain
+// (unless exact: one call's hold is taken as its charge would be);
+// otherwise the grant, sized to quotas and rates, or the refusal.
+func (e *Engine) reserveWant(s *session, n *node, r ReserveRequest, now int64) (grant int64, rated bool, err error) {
+	if r.Want == 0 {
+		return 0, false, nil
+	}
+	if err := e.checkOpen(n, now); err != nil {
+		return 0, false, err
+	}
+	if err := n.admits(false, false); err != nil {
+		return 0, false, err
+	}
+	if !r.Exact && n.rated(r.Resource) {
+		return 0, true, nil
+	}
+	grant, err = n.reserveGrant(r)
+	if err != nil {
+		return 0, false, e.refused(s, err)
+	}
+	if grant, err = n.reserveRate(r, grant, now); err != nil {
+		return 0, false, err
+	}
+	return grant, false, nil
 }
 
 // reserveGrant is how many units r adds on n: all of Want or a refusal for

@@ -45,6 +45,11 @@ type Request struct {
 	// GET, HEAD, OPTIONS unless the rule says read; a SQL statement that
 	// may write), which a read-only tenant refuses.
 	Write bool
+	// DenyRate refuses work a rate has no room for at once (a rule's
+	// on_rate: deny). Otherwise the Admitter paces it: it waits until the
+	// rate has room, as long as ctx allows, and refuses it for rate only
+	// when that wait cannot fit.
+	DenyRate bool
 }
 
 // Ticket is admitted work. End it once, when the work is done.

@@ -12,6 +12,11 @@
 // queue at governord anywhere (a Watch notice, or the answer to a top-up),
 // idle slots go back at once and each request takes a single lease through
 // governord's fair queue, so weights hold exactly under contention.
+// A resource that a rate binds on the node's chain is not delegated:
+// governord answers a top-up of it with nothing reserved and Rated, since
+// units spent here later would escape the rate's buckets and the fleet
+// could pass the rate; each request then charges it at governord, as with
+// delegation off, and a top-up asks again after RatedRecheck.
 // Reservations are spent locally, settled every settle interval, topped up
 // in one call, given back when idle and at shutdown, and given back at
 // once when governord recalls them for someone else: a quota of N admits
@@ -25,6 +30,10 @@
 //
 // With delegation off, each request is one ChargeAndAcquire and one Release,
 // as before delegation existed.
+//
+// Work a rate refuses is paced (pace.go): held, in arrival order per
+// subtask and resource, until the rate has room, as long as its ctx allows,
+// unless its rule says on_rate: deny.
 //
 // When the session is lost (governord unreachable past the SDK's local
 // deadline) every admission fails closed until a new session is open. During
@@ -74,6 +83,10 @@ const (
 	// DefaultSubtaskIdle is how long a subtask may hold nothing and run
 	// nothing before the sidecar ends it.
 	DefaultSubtaskIdle = 5 * time.Minute
+	// DefaultRatedRecheck is how long a resource that governord would not
+	// reserve, because a rate binds it, is charged per request before a
+	// top-up asks again, so that delegation resumes once the rate is gone.
+	DefaultRatedRecheck = 10 * time.Second
 )
 
 // Config is what the Admitter is built with.
@@ -100,6 +113,10 @@ type Config struct {
 	// before the sidecar closes it at governord and forgets it; its next
 	// use finds or creates it again. Zero: DefaultSubtaskIdle.
 	SubtaskIdle time.Duration
+	// RatedRecheck is how long a resource a rate binds (governord reserves
+	// none of it) is charged per request before the sidecar asks again.
+	// Zero: DefaultRatedRecheck.
+	RatedRecheck time.Duration
 	// Logger receives the session's events. Nil discards.
 	Logger *slog.Logger
 	// Metrics, if not nil, receives the admitter's series.
@@ -121,6 +138,9 @@ func (c *Config) fill() {
 	}
 	if c.SubtaskIdle <= 0 {
 		c.SubtaskIdle = DefaultSubtaskIdle
+	}
+	if c.RatedRecheck <= 0 {
+		c.RatedRecheck = DefaultRatedRecheck
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -147,6 +167,8 @@ type Admitter struct {
 	bg background
 
 	local localDenials // refusals decided here, not yet reported (denials.go)
+
+	pace pacer // work a rate refused, waiting for room (pace.go)
 }
 
 // New returns an Admitter with no session yet: until Run opens one, every
@@ -154,7 +176,7 @@ type Admitter struct {
 func New(cfg Config) *Admitter {
 	cfg.fill()
 	return &Admitter{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ready: make(chan struct{}), done: make(chan struct{}),
-		bg: background{idle: make(chan func())}}
+		bg: background{idle: make(chan func())}, pace: pacer{m: cfg.Metrics}}
 }
 
 // Ready is closed once the first session is open and the task found.
@@ -234,7 +256,9 @@ func (a *Admitter) connect(ctx context.Context) (*session, error) {
 
 // Admit admits one unit of work: the charges from the node's reservations,
 // then a slot of the class from its block (or a single lease while the
-// class is contended). See admission.Admitter.
+// class is contended). Work a rate refuses waits for room in arrival order
+// as long as ctx allows, unless r.DenyRate (pace.go). See
+// admission.Admitter.
 func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ticket, error) {
 	var err error
 	if r, err = checkCharges(r); err != nil {
@@ -246,7 +270,13 @@ func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ti
 	if s == nil {
 		return nil, &admission.Denial{Cause: admission.CauseUnavailable, Class: r.Class, Err: errNoSession}
 	}
-	t, node, err := s.admit(ctx, r)
+	var t admission.Ticket
+	var node int64
+	err = a.pace.admit(ctx, r, func() error {
+		var err error
+		t, node, err = s.admit(ctx, r)
+		return err
+	})
 	if err != nil {
 		d := admission.Deny(ctx, err, r.Class, 0)
 		a.m.denied(d.Cause)

@@ -1,6 +1,8 @@
 package budget
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/governor-project/governor/proxy/admission"
@@ -18,6 +20,8 @@ type Metrics struct {
 	releaseFailures prometheus.Counter
 	subtasksIdle    prometheus.Counter
 	heldOver        prometheus.Counter
+	pacedTotal      *prometheus.CounterVec
+	pacingWait      *prometheus.HistogramVec
 
 	a *Admitter // for the gauges read at each scrape
 }
@@ -31,7 +35,7 @@ func NewMetrics() *Metrics {
 		Help: "Slots granted to work, by how: from a block delegated to the sidecar (no call), or as a single lease from governord's queue."}, []string{"how"})
 	m.blockGrants = m.slotGrants.WithLabelValues("block")
 	m.topUps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_topups_total",
-		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed)."}, []string{"kind", "outcome"})
+		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed; rated: governord reserves none of a resource a rate binds, which is then charged per request)."}, []string{"kind", "outcome"})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_notices_total",
 		Help: "Notices from governord about delegated budgets, by kind, counted once acted on."}, []string{"kind"})
 	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_admission_denials_total",
@@ -42,6 +46,12 @@ func NewMetrics() *Metrics {
 		Help: "Subtasks (one per username or application_name) closed after subtask_idle with nothing held or running."})
 	m.heldOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_held_over_estimate_total",
 		Help: "Work admitted with an estimate held (metered LLM calls) that used more than it; the rest is charged as far as the caps allow."})
+	m.pacedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_paced_total",
+		Help: "Work a rate refused that the sidecar held until the rate had room (on_rate: wait), by resource and how it ended: admitted, refused (the wait did not fit in the wait timeout), canceled (the client went away) or denied (for another cause)."},
+		[]string{"resource", "status"})
+	m.pacingWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pacing_wait_seconds",
+		Help:    "How long paced work waited for a rate to have room, by resource.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"resource"})
 	for _, cause := range admission.DeniedLabels() {
 		m.denials.WithLabelValues(cause)
 	}
@@ -56,11 +66,20 @@ func (m *Metrics) denied(c admission.Cause) {
 	}
 }
 
+// paced counts paced work as it ends, and how long it waited (work refused
+// before it waited observes no wait).
+func (m *Metrics) paced(resource, status string, waited time.Duration) {
+	m.pacedTotal.WithLabelValues(resource, status).Inc()
+	if status != "refused" || waited > 0 {
+		m.pacingWait.WithLabelValues(resource).Observe(waited.Seconds())
+	}
+}
+
 // Register registers the series, and the gauges of what is delegated now,
 // read from a at each scrape.
 func (m *Metrics) Register(reg prometheus.Registerer, a *Admitter) error {
 	m.a = a
-	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, m.heldOver, delegated{a}} {
+	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, m.heldOver, m.pacedTotal, m.pacingWait, delegated{a}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -40,7 +40,18 @@ type reservation struct {
 	// to governord, not to unspent, so that after a recall only units of
 	// later top-ups are spent (tenantstate.go).
 	owed int64
+	// ratedUntil: governord said a rate binds the resource (it reserves
+	// none of it, since units spent here later would escape the rate's
+	// buckets), so until then each request charges it at governord, and
+	// the next top-up after it asks again (the rate may be gone).
+	ratedUntil time.Time
 }
+
+// errRated: see take.
+var errRated = errors.New("budget: a rate binds the resource; it is charged per request")
+
+// ratedLocked says whether the resource is charged per request now.
+func (q *reservation) ratedLocked(now time.Time) bool { return now.Before(q.ratedUntil) }
 
 // errShortTopUp: see take.
 var errShortTopUp = errors.New("budget: a top-up came back short of the charge")
@@ -53,11 +64,18 @@ var errShortTopUp = errors.New("budget: a top-up came back short of the charge")
 // what the request needs: governord reserves a share of what is left, so
 // the quota is near its edge, and gathering the rest a share at a time
 // could go on for as long as other sessions' recalls take this one's units.
+//
+// It returns errRated while governord says a rate binds the resource: the
+// request is charged at governord instead, as with delegation off.
 func (q *reservation) take(ctx context.Context, amount int64) error {
 	var mine *flight
 	var needed int64
 	for {
 		q.mu.Lock()
+		if q.ratedLocked(time.Now()) {
+			q.mu.Unlock()
+			return errRated
+		}
 		if q.unspent >= amount {
 			q.unspent -= amount
 			q.held += amount
@@ -86,7 +104,7 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 				}
 				return f.err
 			}
-			if f == mine && f.granted < needed {
+			if f == mine && f.granted < needed && !f.rated {
 				return errShortTopUp
 			}
 			continue
@@ -111,7 +129,7 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 // half of its last grant is left, so that requests rarely wait for a top-up
 // and a short governord outage finds units in hand.
 func (q *reservation) refillLocked() {
-	if q.topUp != nil || q.lastGrant == 0 || q.unspent >= q.lastGrant/2 {
+	if q.topUp != nil || q.lastGrant == 0 || q.unspent >= q.lastGrant/2 || q.ratedLocked(time.Now()) {
 		return
 	}
 	want := min(2*q.lastGrant, q.n.s.a.cfg.MaxReservation)
@@ -136,7 +154,7 @@ func (q *reservation) unspentNow() (units int64, moving bool) {
 func (q *reservation) tryTake(amount int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.unspent < amount {
+	if q.unspent < amount || q.ratedLocked(time.Now()) {
 		return false
 	}
 	q.unspent -= amount
@@ -185,6 +203,10 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 		return
 	}
 	q.lastSettle = time.Now()
+	if r.Rated {
+		q.learnRated(f)
+		return
+	}
 	if q.n.ts.learn(f.epoch, r.ReadOnly) { // before any unit can be taken
 		q.unspent += r.Granted
 	} else if r.Granted > 0 {
@@ -200,6 +222,25 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 	q.lastGrant = r.Granted
 	f.granted = r.Granted
 	q.n.s.a.m.topUps.WithLabelValues("quota", "granted").Inc()
+}
+
+// learnRated acts on governord's answer that a rate binds the resource:
+// nothing was reserved, requests charge it at governord until the recheck
+// is due, and units still unspent from before the rate go back, so that
+// none is spent here past the rate. q.mu is held.
+func (q *reservation) learnRated(f *flight) {
+	q.ratedUntil = time.Now().Add(q.n.s.a.cfg.RatedRecheck)
+	q.lastGrant, f.granted, f.rated = 0, 0, true
+	q.n.s.a.m.topUps.WithLabelValues("quota", "rated").Inc()
+	spent, ret, ok := q.startSettle(true)
+	if !ok {
+		return
+	}
+	q.n.s.a.bg.Spawn(func() { // q.mu is held
+		ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
+		defer cancel()
+		q.finishSettle(ctx, spent, ret)
+	})
 }
 
 // spend marks held units as spent: their request was admitted.

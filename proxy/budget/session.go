@@ -255,6 +255,13 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			}
 			return n.admitDirect(ctx, r)
 		}
+		if errors.Is(err, errRated) {
+			// A rate binds the resource, so governord delegates none of
+			// it: the request is charged there, with its slot, as with
+			// delegation off, and the rate decides it exactly.
+			n.untake(resources[:i], r.Charges)
+			return n.admitDirect(ctx, r)
+		}
 		if err != nil {
 			n.untake(resources[:i], r.Charges)
 			return nil, err

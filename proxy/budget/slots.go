@@ -41,6 +41,7 @@ type flight struct {
 	done    chan struct{}
 	granted int64
 	err     error
+	rated   bool // a reservation's top-up that governord answered Rated
 	// epoch is the node's tenantView epoch when the call began: its answer
 	// is stale if a recall of everything came since.
 	epoch uint64

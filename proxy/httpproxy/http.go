@@ -129,7 +129,7 @@ func (p *Proxy) match(ctx context.Context, q classify.HTTPRequest, traced bool) 
 // timeout. A non-nil error is the *admission.Denial the exchange ends with.
 func (p *Proxy) admit(ctx context.Context, r *http.Request, q classify.HTTPRequest, ex *exchange) error {
 	d := ex.decision
-	req := admission.Request{Subtask: ex.subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d)}
+	req := admission.Request{Subtask: ex.subtask, Class: d.Class, Charges: d.Charges, Write: classify.WritesHTTP(q.Method, d), DenyRate: d.DenyRate}
 	if d.Meter != nil {
 		mt, err := p.prepareMeter(r, ex, d.Meter)
 		if err != nil {

@@ -168,7 +168,7 @@ func setBody(r *http.Request, body []byte) {
 // and the estimate held on the metered resource; write as the call is
 // classified.
 func (mt *metered) request(subtask string, d classify.Decision, write bool) admission.Request {
-	return admission.Request{Subtask: subtask, Class: d.Class, Charges: MeteredCharges(d, mt.estimate), Held: true, Write: write}
+	return admission.Request{Subtask: subtask, Class: d.Class, Charges: MeteredCharges(d, mt.estimate), Held: true, Write: write, DenyRate: d.DenyRate}
 }
 
 // meterBody wraps an admitted call's response body so that its usage is read
