@@ -333,75 +333,111 @@ type effective struct {
 }
 
 func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, asJSON bool, out io.Writer) error {
-	path, chain := pathOf(ctx, rpc, n)
-	v := capView{ID: n.GetId(), Path: path, Kind: kindName(n.GetKind()), State: stateName(n.GetState())}
-	lines := func(caps, used, reserved, shadow map[string]int64, modes map[string]*governorpb.CapMode) []capLine {
-		var out []capLine
-		for _, k := range slices.Sorted(maps.Keys(union(union(caps, used), shadow))) {
-			l := capLine{Name: k, Used: used[k], Reserved: reserved[k], Shadow: shadow[k]}
-			if c, ok := caps[k]; ok {
-				l.Cap = &c
-			}
-			if m := modes[k]; m != nil && modeText(m) != "hard" {
-				l.Mode = modeText(m)
-			}
-			out = append(out, l)
-		}
-		return out
-	}
-	v.Quotas = lines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
-	v.Limits = lines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
-	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
+	v, chain, err := capsView(ctx, rpc, n)
+	if err != nil {
 		return err
-	}
-	if err := periodsOf(ctx, rpc, n, &v); err != nil {
-		return err
-	}
-	if len(n.GetRates()) > 0 {
-		rep, err := rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.GetId()})
-		if err != nil {
-			return fmt.Errorf("the rates of %q: %w", n.GetName(), plainStatus(err))
-		}
-		for _, r := range rep.GetRates() {
-			if r.GetNodeId() == n.GetId() {
-				v.Rates = append(v.Rates, rateLine{Name: r.GetName(), Rate: governorpb.FormatRate(r.GetRate().GetUnits(),
-					r.GetRate().GetPer().AsDuration()), Size: r.GetSize(), Level: r.GetLevel(), FullIn: r.GetFullIn().AsDuration()})
-			}
-		}
-	}
-	v.Effective = tightest(chain)
-	v.Priority = n.GetPriority()
-	v.Defaults = defaultCaps{Quotas: orEmpty(n.GetDefaultQuotas()), Limits: orEmpty(n.GetDefaultLimits())}
-	if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
-		v.Weight = n.GetWeight()
-		for _, class := range slices.Sorted(maps.Keys(n.GetMinimums())) {
-			m := n.GetMinimums()[class]
-			ml := minimumLine{Class: class, Min: m.GetMin()}
-			if m.GetValidFrom() != nil {
-				t := m.GetValidFrom().AsTime()
-				ml.From = &t
-			}
-			if m.GetValidUntil() != nil {
-				t := m.GetValidUntil().AsTime()
-				ml.Until = &t
-			}
-			v.Minimums = append(v.Minimums, ml)
-		}
-	}
-	for _, a := range chain {
-		st, ok, err := tenantstate.Of(ctx, rpc, a)
-		if err != nil {
-			return err
-		}
-		if ok {
-			v.TenantState = &tenantState{Tenant: a.GetName(), State: st}
-		}
 	}
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
+	return printCapsView(out, v, n, chain)
+}
+
+// capsView reads what caps get shows of n: its caps and use, how its
+// slots are held, its periods and rates, the tightest caps up its chain,
+// its tenant's minimums and state; and the chain it read them from.
+func capsView(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node) (capView, []*governorpb.Node, error) {
+	path, chain := pathOf(ctx, rpc, n)
+	v := capView{ID: n.GetId(), Path: path, Kind: kindName(n.GetKind()), State: stateName(n.GetState())}
+	v.Quotas = capLines(n.GetQuotas(), n.GetUsed(), n.GetReserved(), n.GetShadow(), n.GetQuotaModes())
+	v.Limits = capLines(n.GetLimits(), n.GetHeld(), nil, nil, n.GetLimitModes())
+	if err := heldBy(ctx, rpc, n, v.Limits); err != nil {
+		return v, nil, err
+	}
+	if err := periodsOf(ctx, rpc, n, &v); err != nil {
+		return v, nil, err
+	}
+	if err := ratesOf(ctx, rpc, n, &v); err != nil {
+		return v, nil, err
+	}
+	v.Effective = tightest(chain)
+	v.Priority = n.GetPriority()
+	v.Defaults = defaultCaps{Quotas: orEmpty(n.GetDefaultQuotas()), Limits: orEmpty(n.GetDefaultLimits())}
+	if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
+		v.Weight = n.GetWeight()
+		v.Minimums = minimumLines(n.GetMinimums())
+	}
+	for _, a := range chain {
+		st, ok, err := tenantstate.Of(ctx, rpc, a)
+		if err != nil {
+			return v, nil, err
+		}
+		if ok {
+			v.TenantState = &tenantState{Tenant: a.GetName(), State: st}
+		}
+	}
+	return v, chain, nil
+}
+
+// capLines is one line per cap or use: a quota's or a limit's.
+func capLines(caps, used, reserved, shadow map[string]int64, modes map[string]*governorpb.CapMode) []capLine {
+	var out []capLine
+	for _, k := range slices.Sorted(maps.Keys(union(union(caps, used), shadow))) {
+		l := capLine{Name: k, Used: used[k], Reserved: reserved[k], Shadow: shadow[k]}
+		if c, ok := caps[k]; ok {
+			l.Cap = &c
+		}
+		if m := modes[k]; m != nil && modeText(m) != "hard" {
+			l.Mode = modeText(m)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// ratesOf reads n's own rates with how full each bucket is now.
+func ratesOf(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.Node, v *capView) error {
+	if len(n.GetRates()) == 0 {
+		return nil
+	}
+	rep, err := rpc.GetCapStatus(ctx, &governorpb.GetCapStatusRequest{NodeId: n.GetId()})
+	if err != nil {
+		return fmt.Errorf("the rates of %q: %w", n.GetName(), plainStatus(err))
+	}
+	for _, r := range rep.GetRates() {
+		if r.GetNodeId() == n.GetId() {
+			v.Rates = append(v.Rates, rateLine{Name: r.GetName(), Rate: governorpb.FormatRate(r.GetRate().GetUnits(),
+				r.GetRate().GetPer().AsDuration()), Size: r.GetSize(), Level: r.GetLevel(), FullIn: r.GetFullIn().AsDuration()})
+		}
+	}
+	return nil
+}
+
+// minimumLines is a tenant's reserved minimums, by class.
+func minimumLines(mins map[string]*governorpb.Minimum) []minimumLine {
+	var out []minimumLine
+	for _, class := range slices.Sorted(maps.Keys(mins)) {
+		m := mins[class]
+		ml := minimumLine{Class: class, Min: m.GetMin()}
+		if m.GetValidFrom() != nil {
+			t := m.GetValidFrom().AsTime()
+			ml.From = &t
+		}
+		if m.GetValidUntil() != nil {
+			t := m.GetValidUntil().AsTime()
+			ml.Until = &t
+		}
+		out = append(out, ml)
+	}
+	return out
+}
+
+// printCapsView writes caps get's text: the node, its tenant's state, what
+// it shares, then a section each for quotas, limits, periods, rates and
+// the effective caps.
+func printCapsView(out io.Writer, v capView, n *governorpb.Node, chain []*governorpb.Node) error {
 	fmt.Fprintf(out, "%s  (id %d, %s, %s)\n", v.Path, v.ID, v.Kind, v.State)
 	if ts := v.TenantState; ts != nil {
 		if n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT {
@@ -412,34 +448,8 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	printSharing(out, v, n.GetKind() == governorpb.NodeKind_NODE_KIND_TENANT)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	section := func(title string, ls []capLine) {
-		fmt.Fprintf(tw, "%s\n", title)
-		if len(ls) == 0 {
-			fmt.Fprintf(tw, "  (none)\n")
-		}
-		for _, l := range ls {
-			capText, bar := "no cap", ""
-			if l.Cap != nil {
-				capText, bar = strconv.FormatInt(*l.Cap, 10), meter(l.Used+l.Reserved, *l.Cap, 20)
-			}
-			extra := ""
-			if l.Reserved != 0 {
-				extra = fmt.Sprintf("reserved %d", l.Reserved)
-			}
-			if l.Mode != "" {
-				extra = strings.TrimSpace(extra + " " + l.Mode)
-			}
-			if l.Shadow != 0 {
-				extra = strings.TrimSpace(fmt.Sprintf("%s shadow %d", extra, l.Shadow))
-			}
-			if l.Held != nil {
-				extra = strings.TrimSpace(extra + " " + l.Held.Text())
-			}
-			fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
-		}
-	}
-	section("quotas (used/cap):", v.Quotas)
-	section("limits (held/limit):", v.Limits)
+	printCapSection(tw, "quotas (used/cap):", v.Quotas)
+	printCapSection(tw, "limits (held/limit):", v.Limits)
 	printPeriods(tw, v.Periods)
 	if len(v.Rates) > 0 {
 		fmt.Fprintf(tw, "rates (left/burst):\n")
@@ -466,6 +476,36 @@ func capsGet(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 		fmt.Fprintf(tw, "  (caps above %s are outside this key's scope)\n", top.GetName())
 	}
 	return tw.Flush()
+}
+
+// printCapSection writes one section of caps: each line's use of its cap,
+// with a bar, and what is reserved, the mode, the shadow ledger and how its
+// slots are held.
+func printCapSection(tw io.Writer, title string, ls []capLine) {
+	fmt.Fprintf(tw, "%s\n", title)
+	if len(ls) == 0 {
+		fmt.Fprintf(tw, "  (none)\n")
+	}
+	for _, l := range ls {
+		capText, bar := "no cap", ""
+		if l.Cap != nil {
+			capText, bar = strconv.FormatInt(*l.Cap, 10), meter(l.Used+l.Reserved, *l.Cap, 20)
+		}
+		extra := ""
+		if l.Reserved != 0 {
+			extra = fmt.Sprintf("reserved %d", l.Reserved)
+		}
+		if l.Mode != "" {
+			extra = strings.TrimSpace(extra + " " + l.Mode)
+		}
+		if l.Shadow != 0 {
+			extra = strings.TrimSpace(fmt.Sprintf("%s shadow %d", extra, l.Shadow))
+		}
+		if l.Held != nil {
+			extra = strings.TrimSpace(extra + " " + l.Held.Text())
+		}
+		fmt.Fprintf(tw, "  %s\t%d/%s\t%s\t%s\n", l.Name, l.Used, capText, bar, extra)
+	}
 }
 
 // heldBy says, for each limit line with slots held, how they are held:
