@@ -321,6 +321,39 @@ func (s *Server) configure(ctx context.Context) error {
 	if err := s.lowerMinimums(); err != nil {
 		return err
 	}
+	if err := s.configureRoot(); err != nil {
+		return err
+	}
+	if h, ok := s.cfg.AdminKeyHash(); ok {
+		s.keys[h] = engine.RootID
+	}
+	s.adm.bind(int64(engine.RootID), s.admLanes[""])
+	for _, t := range s.cfg.Tenants {
+		id, err := s.configureTenant(t)
+		if err != nil {
+			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
+		}
+		s.adm.bind(int64(id), s.admLanes[t.Name])
+		if h, ok := t.KeyHash(); ok {
+			s.keys[h] = id
+		} else {
+			s.log.Warn("tenant has no api_key; it cannot open sessions", "tenant", t.Name)
+		}
+	}
+	if _, ok := s.cfg.AdminKeyHash(); !ok {
+		s.log.Warn("no admin_key; no operator sessions can be opened")
+	}
+	for _, key := range s.cfg.ShortKeys() {
+		s.log.Warn(fmt.Sprintf("an API key shorter than %d bytes can be guessed; use %d random bytes or more (openssl rand -hex %d)",
+			apikey.MinLen, apikey.MinLen, apikey.MinLen), "key", key)
+	}
+	return s.events.WaitDurable(ctx, s.eng.Seq())
+}
+
+// configureRoot sets the root's caps, modes, rates and periods to the
+// configuration's; a limit of an adaptive class keeps the value the
+// controller reached.
+func (s *Server) configureRoot() error {
 	root, err := s.eng.Get(engine.System, engine.RootID)
 	if err != nil {
 		return err
@@ -349,54 +382,41 @@ func (s *Server) configure(ctx context.Context) error {
 			return fmt.Errorf("configure root: %w", err)
 		}
 	}
-	if h, ok := s.cfg.AdminKeyHash(); ok {
-		s.keys[h] = engine.RootID
+	return nil
+}
+
+// configureTenant creates tenant t, or sets its caps, modes, minimums,
+// rates and periods to the configuration's, and returns its node.
+func (s *Server) configureTenant(t TenantConfig) (engine.NodeID, error) {
+	v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
+		Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits),
+		Rates: t.Rates, DefaultRates: t.Defaults.Rates, QuotaPeriods: t.QuotaPeriods, DefaultQuotaPeriods: t.Defaults.QuotaPeriods}, "")
+	if err != nil {
+		return 0, err
 	}
-	s.adm.bind(int64(engine.RootID), s.admLanes[""])
-	for _, t := range s.cfg.Tenants {
-		v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
-			Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits),
-			Rates: t.Rates, DefaultRates: t.Defaults.Rates, QuotaPeriods: t.QuotaPeriods, DefaultQuotaPeriods: t.Defaults.QuotaPeriods}, "")
-		if err != nil {
-			return fmt.Errorf("configure tenant %q: %w", t.Name, err)
-		}
-		var edit engine.CapsEdit
-		changed := false
-		if !created {
-			edit, changed = capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight)
-		}
-		if modesEdit(&edit, v, t.Quotas, t.Limits, t.QuotaModes, t.LimitModes) {
-			changed = true
-		}
-		if minimumsEdit(&edit, v, t.Minimums, false) {
-			changed = true
-		}
-		if ratesEdit(&edit, v, t.Rates, t.Defaults.Rates, true) {
-			changed = true
-		}
-		if periodsEdit(&edit, v, t.QuotaPeriods, t.Defaults.QuotaPeriods, true) {
-			changed = true
-		}
-		if changed {
-			if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
-				return fmt.Errorf("configure tenant %q: %w", t.Name, err)
-			}
-		}
-		s.adm.bind(int64(v.ID), s.admLanes[t.Name])
-		if h, ok := t.KeyHash(); ok {
-			s.keys[h] = v.ID
-		} else {
-			s.log.Warn("tenant has no api_key; it cannot open sessions", "tenant", t.Name)
+	var edit engine.CapsEdit
+	changed := false
+	if !created {
+		edit, changed = capsEdit(v, t.Quotas, t.Limits, &t.Defaults, t.Weight)
+	}
+	if modesEdit(&edit, v, t.Quotas, t.Limits, t.QuotaModes, t.LimitModes) {
+		changed = true
+	}
+	if minimumsEdit(&edit, v, t.Minimums, false) {
+		changed = true
+	}
+	if ratesEdit(&edit, v, t.Rates, t.Defaults.Rates, true) {
+		changed = true
+	}
+	if periodsEdit(&edit, v, t.QuotaPeriods, t.Defaults.QuotaPeriods, true) {
+		changed = true
+	}
+	if changed {
+		if _, err := s.eng.SetCaps(engine.System, v.ID, edit, ""); err != nil {
+			return 0, err
 		}
 	}
-	if _, ok := s.cfg.AdminKeyHash(); !ok {
-		s.log.Warn("no admin_key; no operator sessions can be opened")
-	}
-	for _, key := range s.cfg.ShortKeys() {
-		s.log.Warn(fmt.Sprintf("an API key shorter than %d bytes can be guessed; use %d random bytes or more (openssl rand -hex %d)",
-			apikey.MinLen, apikey.MinLen, apikey.MinLen), "key", key)
-	}
-	return s.events.WaitDurable(ctx, s.eng.Seq())
+	return v.ID, nil
 }
 
 func orEmpty(m map[string]int64) map[string]int64 {
