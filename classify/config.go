@@ -295,40 +295,11 @@ func compileRule(fr *fileRule) (rule, error) {
 		}
 		r.decision.Class = *fr.Class
 	}
-	for _, res := range sortedKeys(fr.Charge) {
-		if err := checkName(res); err != nil {
-			return r, fieldErr("charge", "a resource name %v", err)
-		}
-		if amt := fr.Charge[res]; amt <= 0 {
-			return r, fieldErr("charge."+res, "%d is not a positive amount", amt)
-		}
+	if err := compileCharges(&r, fr); err != nil {
+		return r, err
 	}
-	if fr.Read != nil {
-		r.decision.Read = *fr.Read
-	}
-	if fr.Mode != nil {
-		switch *fr.Mode {
-		case "enforce":
-		case "shadow":
-			r.decision.Shadow = true
-		default:
-			return r, fieldErr("mode", "%q is not enforce or shadow", *fr.Mode)
-		}
-	}
-	if fr.OnRate != nil {
-		switch *fr.OnRate {
-		case "wait":
-		case "deny":
-			r.decision.DenyRate = true
-		default:
-			return r, fieldErr("on_rate", "%q is not wait or deny", *fr.OnRate)
-		}
-	}
-	if len(fr.Charge) > 0 {
-		r.decision.Charges = make(map[string]int64, len(fr.Charge))
-		for res, amt := range fr.Charge {
-			r.decision.Charges[res] = int64(amt)
-		}
+	if err := compileModes(&r, fr); err != nil {
+		return r, err
 	}
 	if hc := fr.ChargeFromHeader; hc != nil {
 		switch {
@@ -363,6 +334,52 @@ func compileRule(fr *fileRule) (rule, error) {
 		return r, nil // no match: matches everything, like match: {}
 	}
 	return r, compileMatch(&r, fr.Match)
+}
+
+// compileCharges checks and copies the rule's fixed charges.
+func compileCharges(r *rule, fr *fileRule) error {
+	for _, res := range sortedKeys(fr.Charge) {
+		if err := checkName(res); err != nil {
+			return fieldErr("charge", "a resource name %v", err)
+		}
+		if amt := fr.Charge[res]; amt <= 0 {
+			return fieldErr("charge."+res, "%d is not a positive amount", amt)
+		}
+	}
+	if len(fr.Charge) > 0 {
+		r.decision.Charges = make(map[string]int64, len(fr.Charge))
+		for res, amt := range fr.Charge {
+			r.decision.Charges[res] = int64(amt)
+		}
+	}
+	return nil
+}
+
+// compileModes reads how the rule's requests are decided: read (not
+// writes), mode (enforce or shadow) and on_rate (wait or deny).
+func compileModes(r *rule, fr *fileRule) error {
+	if fr.Read != nil {
+		r.decision.Read = *fr.Read
+	}
+	if fr.Mode != nil {
+		switch *fr.Mode {
+		case "enforce":
+		case "shadow":
+			r.decision.Shadow = true
+		default:
+			return fieldErr("mode", "%q is not enforce or shadow", *fr.Mode)
+		}
+	}
+	if fr.OnRate != nil {
+		switch *fr.OnRate {
+		case "wait":
+		case "deny":
+			r.decision.DenyRate = true
+		default:
+			return fieldErr("on_rate", "%q is not wait or deny", *fr.OnRate)
+		}
+	}
+	return nil
 }
 
 func compileMatch(r *rule, m *fileMatch) error {
