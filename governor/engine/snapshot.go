@@ -168,144 +168,17 @@ func (e *Engine) Restore(snap Snapshot) error {
 			snap.NextNode, snap.NextSession, snap.NextLease)
 	}
 	now := e.now()
-	nodes := make(map[NodeID]*node, len(snap.Nodes))
-	var deadlines deadlineHeap
-	for i, v := range snap.Nodes {
-		var parent *node
-		if i > 0 {
-			parent = nodes[v.Parent]
-			if parent == nil || v.ID <= snap.Nodes[i-1].ID || v.ID >= snap.NextNode {
-				return fmt.Errorf("%w: snapshot node %d (parent %d) out of order", ErrCorrupt, v.ID, v.Parent)
-			}
-			if parent.depth+1 >= MaxDepth {
-				return fmt.Errorf("%w: snapshot node %d is deeper than %d", ErrCorrupt, v.ID, MaxDepth)
-			}
-		}
-		n := newNode(v.ID, parent, v.Name)
-		n.state, n.deadline, n.weight, n.priority = v.State, v.Deadline, v.Weight, v.Priority
-		n.quota.setCaps(v.Quotas)
-		n.limit.setCaps(v.Limits)
-		if err := restoreModes(n, v); err != nil {
-			return err
-		}
-		if v.TenantState > Closing || (v.TenantState != Active && v.Parent != RootID) {
-			return fmt.Errorf("%w: snapshot node %d has tenant state %v", ErrCorrupt, v.ID, v.TenantState)
-		}
-		n.tstate, n.tstateWhy = v.TenantState, v.TenantStateReason
-		n.mins = maps.Clone(v.Minimums)
-		for k, v := range v.Shadow {
-			if v <= 0 {
-				return fmt.Errorf("%w: snapshot node %d has a shadow ledger of %d %s", ErrCorrupt, n.id, v, k)
-			}
-		}
-		n.shadow = maps.Clone(v.Shadow)
-		if err := n.restoreRates(v.Rates); err != nil {
-			return err
-		}
-		if err := validRates("default rate", v.DefaultRates); err != nil {
-			return fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
-		}
-		n.defRates = maps.Clone(v.DefaultRates)
-		for k, u := range v.Used {
-			n.quota.add(k, u)
-		}
-		for k, r := range v.Reserved {
-			n.quota.at(k).r = r
-		}
-		for k, h := range v.Held {
-			n.limit.add(k, h)
-		}
-		n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
-		if err := e.restorePeriods(n, v.Periods); err != nil {
-			return err
-		}
-		if err := validPeriods("default quota period", v.DefaultQuotaPeriods); err != nil {
-			return fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
-		}
-		n.defPeriods = maps.Clone(v.DefaultQuotaPeriods)
-		n.endedAt, n.gone, n.created = v.Ended, maps.Clone(v.Reclaimed), v.Created
-		if n.state == Open && n.endedAt != 0 {
-			return fmt.Errorf("%w: snapshot node %d is %s but ended at %d", ErrCorrupt, v.ID, n.state, n.endedAt)
-		}
-		nodes[n.id] = n
-		if parent != nil {
-			if n.state == Open && parent.open[n.name] != nil {
-				return fmt.Errorf("%w: snapshot has two open nodes named %q under %d", ErrCorrupt, n.name, parent.id)
-			}
-			parent.adopt(n)
-		}
-		if n.deadline != 0 && n.state == Open {
-			deadlines = append(deadlines, deadlineEntry{at: n.deadline, node: n.id})
-		}
+	nodes, deadlines, err := e.restoreNodes(snap)
+	if err != nil {
+		return err
 	}
-	sessions := make(map[SessionID]*session, len(snap.Sessions))
-	byToken := make(map[string]*session, len(snap.Sessions))
-	reserved := make(map[string]map[*reservation]struct{})
-	reservedSums := make(map[NodeID]map[string]int64)
-	for _, ss := range snap.Sessions {
-		scope := nodes[ss.Scope]
-		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
-			return fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
-		}
-		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: expiry(now, ss.TTL),
-			leases: make(map[LeaseID]*lease)}
-		for _, r := range ss.Requests {
-			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
-		}
-		for _, rs := range ss.Reservations {
-			n := nodes[rs.Node]
-			if n == nil || rs.Amount <= 0 || rs.Resource == "" || s.reservations[resKey{rs.Node, rs.Resource}] != nil {
-				return fmt.Errorf("%w: snapshot reservation of %s on node %d by session %d", ErrCorrupt, rs.Resource, rs.Node, ss.ID)
-			}
-			res := &reservation{session: s, node: n, resource: rs.Resource, amount: rs.Amount}
-			n.pins++
-			if s.reservations == nil {
-				s.reservations = make(map[resKey]*reservation)
-			}
-			s.reservations[resKey{n.id, res.resource}] = res
-			if reserved[res.resource] == nil {
-				reserved[res.resource] = make(map[*reservation]struct{})
-			}
-			reserved[res.resource][res] = struct{}{}
-			for a := n; a != nil; a = a.parent {
-				if reservedSums[a.id] == nil {
-					reservedSums[a.id] = make(map[string]int64)
-				}
-				reservedSums[a.id][res.resource] += res.amount
-			}
-		}
-		sessions[s.id] = s
-		scope.pinSession()
-		if s.token != "" {
-			if byToken[s.token] != nil {
-				return fmt.Errorf("%w: snapshot sessions share a token", ErrCorrupt)
-			}
-			byToken[s.token] = s
-		}
+	sessions, byToken, reserved, err := restoreSessions(snap, nodes, now)
+	if err != nil {
+		return err
 	}
-	for id, n := range nodes {
-		if !maps.Equal(n.quota.reservedCounts(), nilIfEmpty(reservedSums[id])) {
-			return fmt.Errorf("%w: snapshot node %d reserves %v, its reservations %v", ErrCorrupt, id, n.quota.reservedCounts(), reservedSums[id])
-		}
-	}
-	leases := make(map[LeaseID]*lease, len(snap.Leases))
-	blocks := make(map[string]map[LeaseID]*lease)
-	for _, ls := range snap.Leases {
-		s, n := sessions[ls.Session], nodes[ls.Node]
-		if s == nil || n == nil || ls.ID < 1 || ls.ID >= snap.NextLease || leases[ls.ID] != nil || ls.Count < 0 ||
-			(ls.Block && s.blocks[blockKey{n.id, ls.Class}] != nil) {
-			return fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
-		}
-		for _, c := range ls.Charges {
-			if validName("resource", c.Resource) != nil || c.Amount <= 0 {
-				return fmt.Errorf("%w: snapshot lease %d charged %d of %q", ErrCorrupt, ls.ID, c.Amount, c.Resource)
-			}
-		}
-		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted, count: 1, charges: slices.Clone(ls.Charges)}
-		if ls.Block {
-			l.block, l.count = true, ls.Count
-		}
-		attachLease(l, leases, blocks)
+	leases, blocks, err := restoreLeases(snap, sessions, nodes)
+	if err != nil {
+		return err
 	}
 	tombs := make(map[LeaseID]tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {
@@ -331,6 +204,174 @@ func (e *Engine) Restore(snap Snapshot) error {
 	e.startAdaptive()
 	e.seq, e.nextNode, e.nextSession, e.nextLease = snap.Seq, snap.NextNode, snap.NextSession, snap.NextLease
 	return nil
+}
+
+// restoreNodes builds the snapshot's tree, each node after its parent, and
+// the deadlines of its open nodes.
+func (e *Engine) restoreNodes(snap Snapshot) (map[NodeID]*node, deadlineHeap, error) {
+	nodes := make(map[NodeID]*node, len(snap.Nodes))
+	var deadlines deadlineHeap
+	for i, v := range snap.Nodes {
+		var parent *node
+		if i > 0 {
+			parent = nodes[v.Parent]
+			if parent == nil || v.ID <= snap.Nodes[i-1].ID || v.ID >= snap.NextNode {
+				return nil, nil, fmt.Errorf("%w: snapshot node %d (parent %d) out of order", ErrCorrupt, v.ID, v.Parent)
+			}
+			if parent.depth+1 >= MaxDepth {
+				return nil, nil, fmt.Errorf("%w: snapshot node %d is deeper than %d", ErrCorrupt, v.ID, MaxDepth)
+			}
+		}
+		n, err := e.restoreNode(v, parent)
+		if err != nil {
+			return nil, nil, err
+		}
+		nodes[n.id] = n
+		if parent != nil {
+			if n.state == Open && parent.open[n.name] != nil {
+				return nil, nil, fmt.Errorf("%w: snapshot has two open nodes named %q under %d", ErrCorrupt, n.name, parent.id)
+			}
+			parent.adopt(n)
+		}
+		if n.deadline != 0 && n.state == Open {
+			deadlines = append(deadlines, deadlineEntry{at: n.deadline, node: n.id})
+		}
+	}
+	return nodes, deadlines, nil
+}
+
+// restoreNode is one node of a snapshot, checked, under parent (nil for
+// the root); its parent does not adopt it yet.
+func (e *Engine) restoreNode(v NodeView, parent *node) (*node, error) {
+	n := newNode(v.ID, parent, v.Name)
+	n.state, n.deadline, n.weight, n.priority = v.State, v.Deadline, v.Weight, v.Priority
+	n.quota.setCaps(v.Quotas)
+	n.limit.setCaps(v.Limits)
+	if err := restoreModes(n, v); err != nil {
+		return nil, err
+	}
+	if v.TenantState > Closing || (v.TenantState != Active && v.Parent != RootID) {
+		return nil, fmt.Errorf("%w: snapshot node %d has tenant state %v", ErrCorrupt, v.ID, v.TenantState)
+	}
+	n.tstate, n.tstateWhy = v.TenantState, v.TenantStateReason
+	n.mins = maps.Clone(v.Minimums)
+	for k, v := range v.Shadow {
+		if v <= 0 {
+			return nil, fmt.Errorf("%w: snapshot node %d has a shadow ledger of %d %s", ErrCorrupt, n.id, v, k)
+		}
+	}
+	n.shadow = maps.Clone(v.Shadow)
+	if err := n.restoreRates(v.Rates); err != nil {
+		return nil, err
+	}
+	if err := validRates("default rate", v.DefaultRates); err != nil {
+		return nil, fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
+	}
+	n.defRates = maps.Clone(v.DefaultRates)
+	for k, u := range v.Used {
+		n.quota.add(k, u)
+	}
+	for k, r := range v.Reserved {
+		n.quota.at(k).r = r
+	}
+	for k, h := range v.Held {
+		n.limit.add(k, h)
+	}
+	n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
+	if err := e.restorePeriods(n, v.Periods); err != nil {
+		return nil, err
+	}
+	if err := validPeriods("default quota period", v.DefaultQuotaPeriods); err != nil {
+		return nil, fmt.Errorf("%w: snapshot node %d: %v", ErrCorrupt, n.id, err)
+	}
+	n.defPeriods = maps.Clone(v.DefaultQuotaPeriods)
+	n.endedAt, n.gone, n.created = v.Ended, maps.Clone(v.Reclaimed), v.Created
+	if n.state == Open && n.endedAt != 0 {
+		return nil, fmt.Errorf("%w: snapshot node %d is %s but ended at %d", ErrCorrupt, v.ID, n.state, n.endedAt)
+	}
+	return n, nil
+}
+
+// restoreSessions builds the snapshot's sessions, each with one fresh TTL
+// from now, and their reservations, which must add up to what each node
+// counts as reserved.
+func restoreSessions(snap Snapshot, nodes map[NodeID]*node, now int64) (map[SessionID]*session, map[string]*session, map[string]map[*reservation]struct{}, error) {
+	sessions := make(map[SessionID]*session, len(snap.Sessions))
+	byToken := make(map[string]*session, len(snap.Sessions))
+	reserved := make(map[string]map[*reservation]struct{})
+	reservedSums := make(map[NodeID]map[string]int64)
+	for _, ss := range snap.Sessions {
+		scope := nodes[ss.Scope]
+		if scope == nil || ss.ID < 1 || ss.ID >= snap.NextSession || ss.TTL <= 0 || sessions[ss.ID] != nil {
+			return nil, nil, nil, fmt.Errorf("%w: snapshot session %d", ErrCorrupt, ss.ID)
+		}
+		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: expiry(now, ss.TTL),
+			leases: make(map[LeaseID]*lease)}
+		for _, r := range ss.Requests {
+			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
+		}
+		for _, rs := range ss.Reservations {
+			n := nodes[rs.Node]
+			if n == nil || rs.Amount <= 0 || rs.Resource == "" || s.reservations[resKey{rs.Node, rs.Resource}] != nil {
+				return nil, nil, nil, fmt.Errorf("%w: snapshot reservation of %s on node %d by session %d", ErrCorrupt, rs.Resource, rs.Node, ss.ID)
+			}
+			res := &reservation{session: s, node: n, resource: rs.Resource, amount: rs.Amount}
+			n.pins++
+			if s.reservations == nil {
+				s.reservations = make(map[resKey]*reservation)
+			}
+			s.reservations[resKey{n.id, res.resource}] = res
+			if reserved[res.resource] == nil {
+				reserved[res.resource] = make(map[*reservation]struct{})
+			}
+			reserved[res.resource][res] = struct{}{}
+			for a := n; a != nil; a = a.parent {
+				if reservedSums[a.id] == nil {
+					reservedSums[a.id] = make(map[string]int64)
+				}
+				reservedSums[a.id][res.resource] += res.amount
+			}
+		}
+		sessions[s.id] = s
+		scope.pinSession()
+		if s.token != "" {
+			if byToken[s.token] != nil {
+				return nil, nil, nil, fmt.Errorf("%w: snapshot sessions share a token", ErrCorrupt)
+			}
+			byToken[s.token] = s
+		}
+	}
+	for id, n := range nodes {
+		if !maps.Equal(n.quota.reservedCounts(), nilIfEmpty(reservedSums[id])) {
+			return nil, nil, nil, fmt.Errorf("%w: snapshot node %d reserves %v, its reservations %v", ErrCorrupt, id, n.quota.reservedCounts(), reservedSums[id])
+		}
+	}
+	return sessions, byToken, reserved, nil
+}
+
+// restoreLeases attaches the snapshot's leases and blocks to their
+// sessions and nodes.
+func restoreLeases(snap Snapshot, sessions map[SessionID]*session, nodes map[NodeID]*node) (map[LeaseID]*lease, map[string]map[LeaseID]*lease, error) {
+	leases := make(map[LeaseID]*lease, len(snap.Leases))
+	blocks := make(map[string]map[LeaseID]*lease)
+	for _, ls := range snap.Leases {
+		s, n := sessions[ls.Session], nodes[ls.Node]
+		if s == nil || n == nil || ls.ID < 1 || ls.ID >= snap.NextLease || leases[ls.ID] != nil || ls.Count < 0 ||
+			(ls.Block && s.blocks[blockKey{n.id, ls.Class}] != nil) {
+			return nil, nil, fmt.Errorf("%w: snapshot lease %d", ErrCorrupt, ls.ID)
+		}
+		for _, c := range ls.Charges {
+			if validName("resource", c.Resource) != nil || c.Amount <= 0 {
+				return nil, nil, fmt.Errorf("%w: snapshot lease %d charged %d of %q", ErrCorrupt, ls.ID, c.Amount, c.Resource)
+			}
+		}
+		l := &lease{id: ls.ID, session: s, node: n, class: ls.Class, granted: ls.Granted, count: 1, charges: slices.Clone(ls.Charges)}
+		if ls.Block {
+			l.block, l.count = true, ls.Count
+		}
+		attachLease(l, leases, blocks)
+	}
+	return leases, blocks, nil
 }
 
 func (e *Engine) sortedSessions() []*session {
