@@ -175,48 +175,15 @@ func (e *Engine) applyKind(ev *Event) error {
 		}
 		e.applyNodeEnded(n, ev)
 	case EvCapsSet:
-		n := e.nodes[ev.Node]
-		if n == nil || ev.Caps == nil {
-			return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
-		}
-		n.applyCaps(ev.Caps, e, ev.At, ev.Windows)
-		e.record(n, ev)
+		return e.applyCapsSet(ev)
 	case EvCapsReverted:
 		return e.applyCapsReverted(ev)
-	case EvConsumed:
-		n := e.nodes[ev.Node]
-		if n == nil || ev.Amount <= 0 {
-			return fmt.Errorf("%w: consume on node %d", ErrCorrupt, ev.Node)
-		}
-		n.charge(ev.Resource, ev.Amount)
-		n.takeRate(ev.Resource, ev.Amount, ev.At)
-	case EvCharged:
-		n := e.nodes[ev.Node]
-		if n == nil {
-			return fmt.Errorf("%w: charge on node %d", ErrCorrupt, ev.Node)
-		}
-		for _, c := range ev.Charges {
-			n.charge(c.Resource, c.Amount)
-		}
-		n.takeRates(ev.Charges, ev.At, 1)
+	case EvConsumed, EvCharged:
+		return e.applyCharged(ev)
 	case EvLeaseGranted:
 		return e.applyGrant(ev)
 	case EvLeaseReleased:
-		l := e.leases[ev.Lease]
-		if l == nil {
-			return fmt.Errorf("%w: release of lease %d not held", ErrCorrupt, ev.Lease)
-		}
-		e.endLease(l, EndReleased, ev.At)
-		if ev.Forget != "" {
-			l.session.requests.forget(ev.Forget)
-		}
-		if ev.GivenBack { // a grant given back undoes its charges
-			for _, c := range ev.Charges {
-				l.node.unchargePeriods(c.Resource, c.Amount, l.granted)
-				l.node.charge(c.Resource, -c.Amount)
-			}
-			l.node.takeRates(ev.Charges, ev.At, -1)
-		}
+		return e.applyReleased(ev)
 	case EvLimitAdjusted:
 		n := e.nodes[ev.Node]
 		if n == nil || ev.Amount < 0 {
@@ -243,6 +210,56 @@ func (e *Engine) applyKind(ev *Event) error {
 		}
 	default:
 		return fmt.Errorf("%w: unknown event kind %v", ErrCorrupt, ev.Kind)
+	}
+	return nil
+}
+
+func (e *Engine) applyCapsSet(ev *Event) error {
+	n := e.nodes[ev.Node]
+	if n == nil || ev.Caps == nil {
+		return fmt.Errorf("%w: caps for node %d", ErrCorrupt, ev.Node)
+	}
+	n.applyCaps(ev.Caps, e, ev.At, ev.Windows)
+	e.record(n, ev)
+	return nil
+}
+
+// applyCharged applies a consume (one resource) or a charge (several).
+func (e *Engine) applyCharged(ev *Event) error {
+	n := e.nodes[ev.Node]
+	if ev.Kind == EvConsumed {
+		if n == nil || ev.Amount <= 0 {
+			return fmt.Errorf("%w: consume on node %d", ErrCorrupt, ev.Node)
+		}
+		n.charge(ev.Resource, ev.Amount)
+		n.takeRate(ev.Resource, ev.Amount, ev.At)
+		return nil
+	}
+	if n == nil {
+		return fmt.Errorf("%w: charge on node %d", ErrCorrupt, ev.Node)
+	}
+	for _, c := range ev.Charges {
+		n.charge(c.Resource, c.Amount)
+	}
+	n.takeRates(ev.Charges, ev.At, 1)
+	return nil
+}
+
+func (e *Engine) applyReleased(ev *Event) error {
+	l := e.leases[ev.Lease]
+	if l == nil {
+		return fmt.Errorf("%w: release of lease %d not held", ErrCorrupt, ev.Lease)
+	}
+	e.endLease(l, EndReleased, ev.At)
+	if ev.Forget != "" {
+		l.session.requests.forget(ev.Forget)
+	}
+	if ev.GivenBack { // a grant given back undoes its charges
+		for _, c := range ev.Charges {
+			l.node.unchargePeriods(c.Resource, c.Amount, l.granted)
+			l.node.charge(c.Resource, -c.Amount)
+		}
+		l.node.takeRates(ev.Charges, ev.At, -1)
 	}
 	return nil
 }
