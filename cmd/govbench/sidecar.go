@@ -199,34 +199,21 @@ func (b *sidecarBench) run(rounds int, pgClients, httpClients []int, stores []st
 	return nil
 }
 
-// setup starts every process the runs need.
-func (b *sidecarBench) setup(stores []string, pg, web bool) error {
-	later := func(f func()) { b.stops = append(b.stops, f) }
-	if web {
-		o, addr, err := startSelf("serve-origin")
-		if err != nil {
-			return err
-		}
-		later(o.stop)
-		b.originAddr = addr
-		g, addr, err := startSelf("serve-goproxy")
-		if err != nil {
-			return err
-		}
-		later(g.stop)
-		b.goproxyAddr, b.goproxyCPU = addr, g.cpu
-		slow, addr, err := startSelf("serve-origin", "-delay", "5ms")
-		if err != nil {
-			return err
-		}
-		later(slow.stop)
-		b.contendedOrigin = addr
-	}
-	tenants := fmt.Sprintf(`admin_key: bench-admin-key-0123456789
+// The tenants every governord of the sidecar runs has: two of weights 3
+// and 1, whose quotas never bind.
+var sidecarBenchTenants = fmt.Sprintf(`admin_key: bench-admin-key-0123456789
 tenants:
   - {name: heavy, api_key: %s, weight: 3, quotas: {calls: 1000000000000}}
   - {name: light, api_key: %s, weight: 1, quotas: {calls: 1000000000000}}
 `, heavyKey, lightKey)
+
+// setup starts every process the runs need.
+func (b *sidecarBench) setup(stores []string, pg, web bool) error {
+	if web {
+		if err := b.startOrigins(); err != nil {
+			return err
+		}
+	}
 	pgwire := ""
 	if pg {
 		pgwire = fmt.Sprintf("pgwire:\n  - {listen: 127.0.0.1:0, upstream: 127.0.0.1:%s}\n", b.pgPort)
@@ -235,67 +222,120 @@ tenants:
   - {name: sql, match: {sql: any}, class: db}
   - {name: http, match: {host: 127.0.0.1}, class: bench, charge: {calls: 1}}
 `
+	memory, err := b.startGoverned(stores, governed)
+	if err != nil {
+		return err
+	}
+	if pg {
+		if err := b.startPGTargets(stores, memory, pgwire); err != nil {
+			return err
+		}
+	}
+	return b.startContended(governed)
+}
+
+// later stops f's process when the runs end.
+func (b *sidecarBench) later(f func()) { b.stops = append(b.stops, f) }
+
+// startOrigins starts the HTTP origin, bare goproxy in front of it, and a
+// slow origin for the contended runs.
+func (b *sidecarBench) startOrigins() error {
+	o, addr, err := startSelf("serve-origin")
+	if err != nil {
+		return err
+	}
+	b.later(o.stop)
+	b.originAddr = addr
+	g, addr, err := startSelf("serve-goproxy")
+	if err != nil {
+		return err
+	}
+	b.later(g.stop)
+	b.goproxyAddr, b.goproxyCPU = addr, g.cpu
+	slow, addr, err := startSelf("serve-origin", "-delay", "5ms")
+	if err != nil {
+		return err
+	}
+	b.later(slow.stop)
+	b.contendedOrigin = addr
+	return nil
+}
+
+// startGoverned starts a governord on each store and a governed sidecar in
+// front of each, and returns the memory store's governord (nil without
+// one).
+func (b *sidecarBench) startGoverned(stores []string, governed string) (*daemon, error) {
 	var memory *daemon
 	for _, store := range stores {
 		st := "store: {driver: memory}\n"
 		if store == "sqlite" {
 			st = fmt.Sprintf("store: {driver: sqlite, dsn: %s}\n", filepath.Join(b.dir, "governor.db"))
 		} else if store != "memory" {
-			return fmt.Errorf("unknown store %q", store)
+			return nil, fmt.Errorf("unknown store %q", store)
 		}
-		g, err := startGovernord(b.governord, b.dir, "governord-"+store, st+"root:\n  limits: {db: 1000, bench: 1000}\n"+tenants)
+		g, err := startGovernord(b.governord, b.dir, "governord-"+store, st+"root:\n  limits: {db: 1000, bench: 1000}\n"+sidecarBenchTenants)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		later(g.stop)
+		b.later(g.stop)
 		if store == "memory" {
 			memory = g
 			if b.withHTTPS {
 				if err := b.httpsSetup(governed, g); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
 		s, err := startSidecar(b.proxy, b.dir, "gov-"+store, b.sidecarYAML(g, heavyKey, "gov-"+store)+governed)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		later(s.stop)
+		b.later(s.stop)
 		b.httpTargets["gov-"+store] = s
 	}
-	if pg {
-		b.pgTargets = append(b.pgTargets, pgTarget{name: "direct", port: b.pgPort})
-		if out, err := b.pgbenchCmd(b.pgPort, "-i", "-q", "-s", "10"); err != nil {
-			return fmt.Errorf("pgbench -i: %v\n%s", err, out)
-		}
-		if bp, port, err := startPgbouncer(b.dir, b.pgPort); err != nil {
-			b.printf("govbench: no pgbouncer target: %v\n", err)
-		} else {
-			later(bp.stop)
-			b.pgTargets = append(b.pgTargets, pgTarget{name: "pgbouncer", port: port, cpu: bp.cpu})
-		}
-		if memory != nil {
-			// Passing through: the same sidecar, whose rules match no SQL.
-			s, err := startSidecar(b.proxy, b.dir, "passthrough", b.sidecarYAML(memory, lightKey, "passthrough")+pgwire+
-				"rules:\n  - {name: http, match: {host: nowhere.invalid}, class: bench}\n")
-			if err != nil {
-				return err
-			}
-			later(s.stop)
-			b.pgTargets = append(b.pgTargets, pgTarget{name: "passthrough", port: portOf(s.pg), cpu: s.cpu})
-		}
-		for _, store := range stores {
-			s := b.httpTargets["gov-"+store]
-			b.pgTargets = append(b.pgTargets, pgTarget{name: "gov-" + store, port: portOf(s.pg), cpu: s.cpu})
-		}
+	return memory, nil
+}
+
+// startPGTargets fills pgbench's database and lists the pgwire targets:
+// PostgreSQL directly, pgbouncer when it can start, a passthrough sidecar
+// over the memory store's governord, and each governed sidecar.
+func (b *sidecarBench) startPGTargets(stores []string, memory *daemon, pgwire string) error {
+	b.pgTargets = append(b.pgTargets, pgTarget{name: "direct", port: b.pgPort})
+	if out, err := b.pgbenchCmd(b.pgPort, "-i", "-q", "-s", "10"); err != nil {
+		return fmt.Errorf("pgbench -i: %v\n%s", err, out)
 	}
-	// Contended: a pool smaller than the clients, two tenants of weights 3
-	// and 1, each behind its own sidecar.
-	g, err := startGovernord(b.governord, b.dir, "governord-contended", "store: {driver: memory}\nroot:\n  limits: {db: 4, bench: 4}\n"+tenants)
+	if bp, port, err := startPgbouncer(b.dir, b.pgPort); err != nil {
+		b.printf("govbench: no pgbouncer target: %v\n", err)
+	} else {
+		b.later(bp.stop)
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "pgbouncer", port: port, cpu: bp.cpu})
+	}
+	if memory != nil {
+		// Passing through: the same sidecar, whose rules match no SQL.
+		s, err := startSidecar(b.proxy, b.dir, "passthrough", b.sidecarYAML(memory, lightKey, "passthrough")+pgwire+
+			"rules:\n  - {name: http, match: {host: nowhere.invalid}, class: bench}\n")
+		if err != nil {
+			return err
+		}
+		b.later(s.stop)
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "passthrough", port: portOf(s.pg), cpu: s.cpu})
+	}
+	for _, store := range stores {
+		s := b.httpTargets["gov-"+store]
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "gov-" + store, port: portOf(s.pg), cpu: s.cpu})
+	}
+	return nil
+}
+
+// startContended starts the contended runs' processes: a pool smaller than
+// the clients, two tenants of weights 3 and 1, each behind its own
+// sidecar.
+func (b *sidecarBench) startContended(governed string) error {
+	g, err := startGovernord(b.governord, b.dir, "governord-contended", "store: {driver: memory}\nroot:\n  limits: {db: 4, bench: 4}\n"+sidecarBenchTenants)
 	if err != nil {
 		return err
 	}
-	later(g.stop)
+	b.later(g.stop)
 	for _, t := range []struct {
 		key  string
 		into **daemon
@@ -305,7 +345,7 @@ tenants:
 		if err != nil {
 			return err
 		}
-		later(s.stop)
+		b.later(s.stop)
 		*t.into = s
 	}
 	return nil
