@@ -121,6 +121,9 @@ func (m *model) periodEvent(ev Event) {
 			for _, a := range m.chain(l.node) {
 				if w := m.periods[a][c.Resource]; w != nil && l.granted < w.win.Start {
 					w.base = max(0, w.base-c.Amount)
+					if w.period.IsZero() && w.base == 0 { // a removed period with nothing left to count
+						delete(m.periods[a], c.Resource)
+					}
 				}
 			}
 		}
@@ -192,7 +195,7 @@ func (m *model) periodCaps(ev Event) {
 		w := m.periods[ev.Node][k]
 		switch {
 		case p.IsZero() && w != nil:
-			w.period, w.win = Period{}, Window{}
+			w.period, w.win = Period{}, Window{Start: w.win.Start}
 			if w.base == 0 {
 				delete(m.periods[ev.Node], k)
 			}

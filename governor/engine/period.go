@@ -295,7 +295,10 @@ func (e *Engine) setPeriods(n *node, periods map[string]Period, wins map[string]
 		}
 		if p.IsZero() {
 			if g.per != nil {
-				g.per.period, g.per.win = Period{}, Window{}
+				// The window's start stays: a grant from before it, given
+				// back later, still lowers base (unchargePeriods), so base
+				// never passes used.
+				g.per.period, g.per.win = Period{}, Window{Start: g.per.win.Start}
 				g.tidyPeriod()
 			}
 			continue

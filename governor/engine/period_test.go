@@ -248,6 +248,31 @@ func TestPeriodGiveBackDoesNotCreditANewWindow(t *testing.T) {
 	}
 }
 
+// A grant charged in one window, a reset, the period removed, and then the
+// grant given back: the window's start stays with the removed period, so
+// the give-back lowers base with used and the state restores (a removed
+// period once forgot its window, left base above used, and its snapshot
+// was refused as corrupt; seed 51 of the randomized checker found it).
+func TestPeriodRemovedThenGrantGivenBackStillRestores(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}}})
+	req := AcquireRequest{Node: f.job, Charges: map[string]int64{"q": 3}, Class: "c", RequestID: "r1"}
+	if _, _, err := f.e.Acquire(f.sA, req); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Minute) // the reset: base 3
+	f.setCaps(f.acme, CapsEdit{QuotaPeriods: map[string]Period{"q": {}}})
+	if id, err := f.e.GiveBack(f.sA, req, 0); err != nil || id == 0 {
+		t.Fatalf("give-back: %d %v", id, err)
+	}
+	if v := f.node(f.acme); v.Used["q"] != 0 || v.Periods["q"].Base > v.Used["q"] {
+		t.Fatalf("after the give-back: used %d, base %d", v.Used["q"], v.Periods["q"].Base)
+	}
+	for _, way := range []string{wayRestore, wayReplay} {
+		f.rebuild(t, way)
+	}
+}
+
 // Snapshots and replay keep periods and the current window; the reset
 // still comes at the boundary, not a period after the restart; replay
 // needs no time zone.
