@@ -34,6 +34,9 @@ type coverage struct {
 	// rateUndelegated counts top-ups of a rated resource answered Rated
 	// with nothing reserved (I26).
 	rateUndelegated int
+	// cancelledAtGrant counts waits given up after their grant arrived and
+	// before their caller took it (the race CancelWait undoes).
+	cancelledAtGrant int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -67,6 +70,7 @@ func (r *reached) add(w *world) {
 	r.sum.rateHostile += c.rateHostile
 	r.sum.periodResets += c.periodResets
 	r.sum.rateUndelegated += c.rateUndelegated
+	r.sum.cancelledAtGrant += c.cancelledAtGrant
 	r.seeds++
 }
 
@@ -95,6 +99,7 @@ func (r *reached) check(t *testing.T) {
 		{"a hostile charge decided by a rate", r.sum.rateHostile},
 		{"a quota's window closed by a reset", r.sum.periodResets},
 		{"a top-up of a rated resource answered rated", r.sum.rateUndelegated},
+		{"a wait given up at the instant of its grant", r.sum.cancelledAtGrant},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

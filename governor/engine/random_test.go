@@ -495,17 +495,24 @@ func (w *world) randomOp() {
 			if w.rng.Intn(2) == 0 {
 				// Favour the race that matters: a grant that arrived and
 				// that its caller gives up before taking.
-				if j := slices.IndexFunc(w.waits, func(p *pending) bool { return p.arrived }); j >= 0 {
+				if j := slices.IndexFunc(w.waits, func(p *pending) bool {
+					return p.arrived && e.leases[p.outcome.Grant.Lease] != nil
+				}); j >= 0 {
 					i = j
 				}
 			}
 			p := w.waits[i]
 			w.waits = slices.Delete(w.waits, i, i+1)
+			l := p.outcome.Grant.Lease
+			live := p.arrived && l != 0 && e.leases[l] != nil // not ended meanwhile (an expiry, a revoke)
 			w.m.Cancel(p.wait)
 			e.CancelWait(p.wait)
 			w.logf("cancel wait of s%d (outcome arrived: %v %v)", p.sid, p.arrived, p.outcome)
-			if l := p.outcome.Grant.Lease; p.arrived && l != 0 && e.leases[l] != nil {
-				w.fail("a wait cancelled at the instant of its grant kept lease %d", l)
+			if live {
+				w.tally.cancelledAtGrant++
+				if e.leases[l] != nil {
+					w.fail("a wait cancelled at the instant of its grant kept lease %d", l)
+				}
 			}
 		}
 	case op < 60: // create or find a node
