@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -84,8 +85,13 @@ func (e *StatusError) reason() string {
 	switch e.err.(type) {
 	case nil:
 		return fmt.Sprintf("%s: %s", e.status.Code(), e.status.Message())
-	case *Denial, *LeaseEndedError, *TaskEndedError:
+	case *Denial, *LeaseEndedError, *TaskEndedError, *RateLimitedError:
 		return e.err.Error() // the detail says all the message would
+	}
+	// governord's message may already start with the sentinel's words
+	// (the engine's "invalid argument: ..."): say them once.
+	if msg := e.status.Message(); strings.HasPrefix(msg, e.err.Error()+": ") {
+		return msg
 	}
 	return fmt.Sprintf("%v: %s", e.err, e.status.Message())
 }

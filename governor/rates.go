@@ -27,8 +27,12 @@ type RateLimitedError struct {
 }
 
 func (e *RateLimitedError) Error() string {
-	return fmt.Sprintf("rate limited: %s on %q (node %d) is %d per %v: %d left, asked %d; retry after %v",
-		e.Resource, e.NodeName, e.NodeID, e.Units, e.Per, e.Level, e.Amount, e.RetryAfter)
+	burst := ""
+	if e.Burst > 0 {
+		burst = fmt.Sprintf(", burst %d", e.Burst)
+	}
+	return fmt.Sprintf("rate limited: %s on %q (node %d) is %d per %v%s: %d left, asked %d; retry after %v",
+		e.Resource, e.NodeName, e.NodeID, e.Units, e.Per, burst, e.Level, e.Amount, e.RetryAfter)
 }
 
 // Is makes errors.Is(e, ErrRateLimited) true.

@@ -3,6 +3,7 @@ package governor_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,6 +50,29 @@ func TestRateLimitedCarriesTheWaitAndRetryHonoursIt(t *testing.T) {
 	}
 	if waited := time.Since(start); waited < 100*time.Millisecond {
 		t.Fatalf("Retry waited %v; the bucket needed most of 300ms", waited)
+	}
+}
+
+// What the SDK's errors say of a refusal, said once: a refusal for rate
+// reads as its detail (with the burst), and an invalid charge names
+// "invalid argument" once, not once from the SDK and again from governord.
+func TestRefusalsSayTheirWordsOnce(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
+	if _, err := c.Raw().SetCaps(ctx, &governorpb.SetCapsRequest{NodeId: task.ID(), Rates: map[string]*governorpb.Rate{
+		"calls": {Units: 2, Per: durationpb.New(time.Hour), Burst: 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Consume(ctx, "calls", 3); err != nil {
+		t.Fatal(err)
+	}
+	rate := task.Consume(ctx, "calls", 1).Error()
+	if strings.Count(rate, "rate limited") != 1 || !strings.Contains(rate, "is 2 per 1h0m0s, burst 3: 0 left, asked 1") {
+		t.Errorf("a refusal for rate reads %q", rate)
+	}
+	invalid := task.Consume(ctx, "calls", 4).Error()
+	if strings.Count(invalid, "invalid argument") != 1 || !strings.Contains(invalid, "can never fit the rate") {
+		t.Errorf("a charge larger than the burst reads %q", invalid)
 	}
 }
 
