@@ -12,6 +12,7 @@ import (
 //
 //   - it saves a snapshot once snapshot_every events have been committed
 //     since the last;
+//   - it rolls closed hours, days and months of usage up (rollups.go);
 //   - it trims usage records older than usage_retention, as soon as
 //     another minute of them is: records are kept by the minute;
 //   - once ended tasks have been reclaimed in numbers (node_retention), it
@@ -34,8 +35,12 @@ const reclaimedForSnapshot = 1000
 func (s *Server) housekeeping(ctx context.Context) func() {
 	last := saved{seq: s.eng.Seq(), nodes: s.mirror.nodes()}
 	trimmed := int64(math.MinInt64) // the minute trimmed before; none yet
+	roll := &roller{s: s}
 	return func() {
-		if before := s.usageCutoff(s.cfg.Clock.Now()); before > trimmed {
+		now := s.cfg.Clock.Now()
+		roll.rollUp(ctx, now) // before the trim: an hour is rolled while its minutes are kept
+		// Minute records go once past usage_retention and rolled up.
+		if before := min(s.usageCutoff(now), roll.rolledBefore()); before > trimmed {
 			s.trimUsage(ctx, before)
 			trimmed = before // a failure is tried again with the next minute
 		}

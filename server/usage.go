@@ -218,8 +218,10 @@ func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) 
 	if !from.Before(to) {
 		return nil, status.Errorf(codes.InvalidArgument, "from %v is not before to %v", from, to)
 	}
-	u, ok := s.st.(store.UsageReader)
-	if !ok {
+	if req.GetPer() != "" {
+		return s.usagePer(ctx, req, from, to, now)
+	}
+	if _, ok := s.st.(store.UsageReader); !ok {
 		return nil, status.Error(codes.Unimplemented, "this store keeps no usage records")
 	}
 	w := usage.Window{From: usage.MinuteOf(from.UnixNano()), To: usage.MinuteOf(to.UnixNano()-1) + 1, Now: now.UnixNano()}
@@ -227,39 +229,80 @@ func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) 
 		if err := s.durable(ctx); err != nil { // what was answered before is in the records
 			return nil, err
 		}
-		rows, err := u.Usage(ctx, w.From, w.To, string(usage.HeldEnd))
+		lines, err := s.minuteLines(ctx, w)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "read usage records: %v", err)
 		}
-		recs := make([]usage.Record, 0, len(rows))
-		for _, r := range rows {
-			recs = append(recs, usage.Record{Key: usage.Key{Tenant: r.Tenant, Task: r.Task, Minute: r.Minute, Kind: usage.Kind(r.Kind), Name: r.Name},
-				TenantName: r.TenantName, TaskName: r.TaskName, Amount: r.Amount})
-		}
 		out := &governorpb.UsageReport{From: timestamppb.New(time.Unix(w.From*60, 0)), To: timestamppb.New(time.Unix(w.To*60, 0))}
+		out.Lines = s.usageLines(sid, req.GetTenant(), lines, map[int64]bool{})
+		return out, nil
+	})
+}
+
+// usageLines are the lines the session may see, of tenant if it is not
+// empty, as the API gives them; visible remembers which tenants it sees.
+func (s *Server) usageLines(sid engine.SessionID, tenant string, lines []usage.Line, visible map[int64]bool) []*governorpb.UsageLine {
+	var out []*governorpb.UsageLine
+	for _, l := range lines {
+		seen, known := visible[l.Tenant]
+		if !known {
+			// A tenant's session sees its own tenant only; the root's
+			// own line (tenant 0) only the admin.
+			id := l.Tenant
+			if id == 0 {
+				id = int64(engine.RootID)
+			}
+			_, err := s.eng.Get(sid, engine.NodeID(id))
+			seen = err == nil
+			visible[l.Tenant] = seen
+		}
+		if !seen || (tenant != "" && l.TenantName != tenant) {
+			continue
+		}
+		pl := &governorpb.UsageLine{TenantId: l.Tenant, TaskId: l.Task, Tenant: l.TenantName, Task: l.TaskName,
+			Spend: l.Spend, Peak: l.Peak, Denied: l.Denied, LeaseSeconds: map[string]float64{}}
+		for c, ns := range l.SlotNanos {
+			pl.LeaseSeconds[c] = float64(ns) / 1e9
+		}
+		out = append(out, pl)
+	}
+	return out
+}
+
+// usagePer reports [from, to) one bucket of req.Per at a time.
+func (s *Server) usagePer(ctx context.Context, req *governorpb.GetUsageRequest, from, to, now time.Time) (*governorpb.UsageReport, error) {
+	unit, err := usage.ParseUnit(req.GetPer())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "per: %v", err)
+	}
+	rs, ok := s.st.(store.RollupStore)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this store keeps no usage rollups")
+	}
+	first, last := usage.MinuteOf(from.UnixNano()), usage.MinuteOf(to.UnixNano()-1)+1
+	if n := (last - first) / map[usage.Unit]int64{usage.Hour: 60, usage.Day: 23 * 60, usage.Month: 28 * 24 * 60}[unit]; n > maxUsageBuckets {
+		return nil, status.Errorf(codes.InvalidArgument, "the window holds more than %d buckets of a %s; ask for a shorter one", maxUsageBuckets, unit)
+	}
+	buckets := usage.Buckets(unit, first, last, s.location())
+	for i := range buckets {
+		buckets[i].Now = now.UnixNano()
+	}
+	return call(s, ctx, "", func(sid engine.SessionID) (*governorpb.UsageReport, error) {
+		if err := s.durable(ctx); err != nil {
+			return nil, err
+		}
+		lines, err := s.bucketLines(ctx, rs, unit, buckets)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read usage: %v", err)
+		}
+		out := &governorpb.UsageReport{From: timestamppb.New(time.Unix(buckets[0].From*60, 0)),
+			To: timestamppb.New(time.Unix(buckets[len(buckets)-1].To*60, 0))}
 		visible := map[int64]bool{}
-		for _, l := range usage.Report(recs, w) {
-			seen, known := visible[l.Tenant]
-			if !known {
-				// A tenant's session sees its own tenant only; the root's
-				// own line (tenant 0) only the admin.
-				id := l.Tenant
-				if id == 0 {
-					id = int64(engine.RootID)
-				}
-				_, err := s.eng.Get(sid, engine.NodeID(id))
-				seen = err == nil
-				visible[l.Tenant] = seen
+		for i, b := range buckets {
+			for _, pl := range s.usageLines(sid, req.GetTenant(), lines[i], visible) {
+				pl.Start, pl.End = timestamppb.New(time.Unix(b.From*60, 0)), timestamppb.New(time.Unix(b.To*60, 0))
+				out.Lines = append(out.Lines, pl)
 			}
-			if !seen || (req.GetTenant() != "" && l.TenantName != req.GetTenant()) {
-				continue
-			}
-			pl := &governorpb.UsageLine{TenantId: l.Tenant, TaskId: l.Task, Tenant: l.TenantName, Task: l.TaskName,
-				Spend: l.Spend, Peak: l.Peak, Denied: l.Denied, LeaseSeconds: map[string]float64{}}
-			for c, ns := range l.SlotNanos {
-				pl.LeaseSeconds[c] = float64(ns) / 1e9
-			}
-			out.Lines = append(out.Lines, pl)
 		}
 		return out, nil
 	})

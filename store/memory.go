@@ -32,6 +32,9 @@ type memState struct {
 	// only Usage and TrimUsage read it, under mu, and Reopen copies it. A
 	// copy per Append cost a copy of every row kept, per commit.
 	usage map[usageKey]UsageRow
+	// Usage rollups by unit and bucket start (rollup.go); each bucket's
+	// rows are replaced, never changed in place.
+	rollups map[string]map[int64][]RollupRow
 }
 
 // NewMemory returns an empty Memory.
@@ -55,6 +58,7 @@ func (m *Memory) Reopen() *Memory {
 	st := m.state
 	st.recs = recs
 	st.usage = maps.Clone(m.state.usage) // changed in place (memState)
+	st.rollups = cloneRollups(m.state.rollups)
 	return &Memory{state: st}
 }
 
@@ -205,7 +209,7 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	}
 	// Usage rows outlive a snapshot, as they do in the tables of the
 	// durable stores; usage_retention trims them.
-	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions, usage: m.state.usage}
+	m.state = memState{snapSeq: seq, snap: snap, recs: keep, sessions: m.state.sessions, usage: m.state.usage, rollups: m.state.rollups}
 	return nil
 }
 

@@ -94,7 +94,7 @@ func (p *Postgres) init(ctx context.Context) error {
 			return err
 		}
 		// Simple protocol: several statements in one Exec.
-		_, err := tx.Exec(ctx, postgresSchema+postgresUsageSchema+postgresLeaderSchema, pgx.QueryExecModeSimpleProtocol)
+		_, err := tx.Exec(ctx, postgresSchema+postgresUsageSchema+postgresRollupSchema+postgresLeaderSchema, pgx.QueryExecModeSimpleProtocol)
 		return err
 	})
 }

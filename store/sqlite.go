@@ -148,7 +148,7 @@ func (s *SQLite) init() error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, sqliteSchema+sqliteUsageSchema); err != nil {
+	if _, err := tx.ExecContext(ctx, sqliteSchema+sqliteUsageSchema+sqliteRollupSchema); err != nil {
 		return err
 	}
 	var oldShape bool

@@ -65,6 +65,9 @@ type UsageReader interface {
 	// when that level is not zero: no row carries zero as well, and an
 	// ended task's level ends at zero, so its rows go too.
 	TrimUsage(ctx context.Context, before int64, carryKind string) error
+	// OldestUsage returns the oldest minute of a row kept; ok is false
+	// when there is none.
+	OldestUsage(ctx context.Context) (minute int64, ok bool, err error)
 }
 
 // usageRows gathers a batch's usage rows, merged by key (a batch often
@@ -114,6 +117,21 @@ func (m *Memory) Usage(ctx context.Context, from, to int64, carryKind string) ([
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// OldestUsage implements UsageReader.
+func (m *Memory) OldestUsage(ctx context.Context) (minute int64, ok bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return 0, false, fmt.Errorf("store: usage: %w", ErrClosed)
+	}
+	for _, r := range m.state.usage {
+		if !ok || r.Minute < minute {
+			minute, ok = r.Minute, true
+		}
+	}
+	return minute, ok, nil
 }
 
 // TrimUsage implements UsageReader.

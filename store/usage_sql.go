@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The usage table in SQLite and PostgreSQL (usage.go). Both speak the same
@@ -68,6 +70,9 @@ DELETE FROM governor_usage WHERE minute < $1 AND NOT (kind = $2 AND amount <> 0 
 	SELECT max(n.minute) FROM governor_usage n
 	WHERE n.tenant = governor_usage.tenant AND n.task = governor_usage.task AND n.name = governor_usage.name AND n.kind = $2))`
 
+// usageOldest reads the oldest minute kept; NULL when none is.
+const usageOldest = `SELECT min(minute) FROM governor_usage`
+
 // sqliteParams writes PostgreSQL's $N placeholders as SQLite's ?N.
 func sqliteParams(q string) string { return strings.ReplaceAll(q, "$", "?") }
 
@@ -118,6 +123,18 @@ func (s *SQLite) Usage(ctx context.Context, from, to int64, carryKind string) ([
 	}
 	defer rows.Close()
 	return scanUsage(rows)
+}
+
+// OldestUsage implements UsageReader.
+func (s *SQLite) OldestUsage(ctx context.Context) (int64, bool, error) {
+	if s.closed.Load() {
+		return 0, false, fmt.Errorf("store: usage: %w", ErrClosed)
+	}
+	var m sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, usageOldest).Scan(&m); err != nil {
+		return 0, false, fmt.Errorf("store: usage: %w", err)
+	}
+	return m.Int64, m.Valid, nil
 }
 
 // TrimUsage implements UsageReader.
@@ -190,6 +207,21 @@ func (p *Postgres) Usage(ctx context.Context, from, to int64, carryKind string) 
 	return scanUsage(rows)
 }
 
+// OldestUsage implements UsageReader.
+func (p *Postgres) OldestUsage(ctx context.Context) (int64, bool, error) {
+	if p.closed.Load() {
+		return 0, false, fmt.Errorf("store: usage: %w", ErrClosed)
+	}
+	var m *int64
+	if err := p.pool.QueryRow(ctx, usageOldest).Scan(&m); err != nil {
+		return 0, false, fmt.Errorf("store: usage: %w", err)
+	}
+	if m == nil {
+		return 0, false, nil
+	}
+	return *m, true, nil
+}
+
 // TrimUsage implements UsageReader.
 func (p *Postgres) TrimUsage(ctx context.Context, before int64, carryKind string) error {
 	if p.closed.Load() {
@@ -220,6 +252,217 @@ func scanUsage(rows usageRowsIn) ([]UsageRow, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: usage: %w", err)
+	}
+	return out, nil
+}
+
+// The rollups' table (rollup.go): each bucket's rows, and a row of kind ''
+// that records the bucket as written.
+const sqliteRollupSchema = `
+CREATE TABLE IF NOT EXISTS governor_usage_rollup (
+	unit        TEXT NOT NULL,
+	start       INTEGER NOT NULL, -- the bucket's first minute
+	tenant      INTEGER NOT NULL,
+	task        INTEGER NOT NULL,
+	kind        TEXT NOT NULL,
+	name        TEXT NOT NULL,
+	tenant_name TEXT NOT NULL,
+	task_name   TEXT NOT NULL,
+	amount      INTEGER NOT NULL,
+	PRIMARY KEY (unit, start, tenant, task, kind, name)
+);
+`
+
+const postgresRollupSchema = `
+CREATE TABLE IF NOT EXISTS governor_usage_rollup (
+	unit        text NOT NULL,
+	start       bigint NOT NULL, -- the bucket's first minute
+	tenant      bigint NOT NULL,
+	task        bigint NOT NULL,
+	kind        text NOT NULL,
+	name        text NOT NULL,
+	tenant_name text NOT NULL,
+	task_name   text NOT NULL,
+	amount      bigint NOT NULL,
+	PRIMARY KEY (unit, start, tenant, task, kind, name)
+);
+`
+
+const (
+	rollupDelete = `DELETE FROM governor_usage_rollup WHERE unit = $1 AND start = $2`
+	rollupInsert = `INSERT INTO governor_usage_rollup (unit, start, tenant, task, kind, name, tenant_name, task_name, amount)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+	rollupSelect = `SELECT unit, start, tenant, task, kind, name, tenant_name, task_name, amount FROM governor_usage_rollup
+WHERE unit = $1 AND start >= $2 AND start < $3 AND kind <> ''`
+	rollupStarts = `SELECT start FROM governor_usage_rollup WHERE unit = $1 AND start >= $2 AND start < $3 AND kind = '' ORDER BY start`
+	rollupTrim   = `DELETE FROM governor_usage_rollup WHERE unit = $1 AND start < $2`
+)
+
+// PutRollup implements RollupStore.
+func (s *SQLite) PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error {
+	if err := checkRollup(unit, start, rows); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("store: put rollup: %w", ErrClosed)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: put rollup: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, sqliteParams(rollupDelete), unit, start); err != nil {
+		return fmt.Errorf("store: put rollup: %w", err)
+	}
+	stmt, err := tx.PrepareContext(ctx, sqliteParams(rollupInsert))
+	if err != nil {
+		return fmt.Errorf("store: put rollup: %w", err)
+	}
+	defer stmt.Close()
+	for _, r := range withMarker(unit, start, rows) {
+		if _, err := stmt.ExecContext(ctx, r.Unit, r.Start, r.Tenant, r.Task, r.Kind, r.Name, r.TenantName, r.TaskName, r.Amount); err != nil {
+			return fmt.Errorf("store: put rollup: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: put rollup: %w", err)
+	}
+	return nil
+}
+
+// Rollups implements RollupStore.
+func (s *SQLite) Rollups(ctx context.Context, unit string, from, to int64) ([]RollupRow, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
+	}
+	rows, err := s.db.QueryContext(ctx, sqliteParams(rollupSelect), unit, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
+	}
+	defer rows.Close()
+	return scanRollups(rows)
+}
+
+// RolledUp implements RollupStore.
+func (s *SQLite) RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
+	}
+	rows, err := s.db.QueryContext(ctx, sqliteParams(rollupStarts), unit, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
+	}
+	defer rows.Close()
+	return scanStarts(rows)
+}
+
+// TrimRollups implements RollupStore.
+func (s *SQLite) TrimRollups(ctx context.Context, unit string, before int64) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store: trim rollups: %w", ErrClosed)
+	}
+	if _, err := s.db.ExecContext(ctx, sqliteParams(rollupTrim), unit, before); err != nil {
+		return fmt.Errorf("store: trim rollups: %w", err)
+	}
+	return nil
+}
+
+// PutRollup implements RollupStore.
+func (p *Postgres) PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error {
+	if err := checkRollup(unit, start, rows); err != nil {
+		return err
+	}
+	if p.closed.Load() {
+		return fmt.Errorf("store: put rollup: %w", ErrClosed)
+	}
+	all := withMarker(unit, start, rows)
+	n := len(all)
+	tenants, tasks, amounts := make([]int64, n), make([]int64, n), make([]int64, n)
+	kinds, names, tenantNames, taskNames := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	for i, r := range all {
+		tenants[i], tasks[i], amounts[i] = r.Tenant, r.Task, r.Amount
+		kinds[i], names[i], tenantNames[i], taskNames[i] = r.Kind, r.Name, r.TenantName, r.TaskName
+	}
+	const insert = `INSERT INTO governor_usage_rollup (unit, start, tenant, task, kind, name, tenant_name, task_name, amount)
+SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[])`
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, rollupDelete, unit, start); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insert, unit, start, tenants, tasks, kinds, names, tenantNames, taskNames, amounts)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: put rollup: %w", err)
+	}
+	return nil
+}
+
+// Rollups implements RollupStore.
+func (p *Postgres) Rollups(ctx context.Context, unit string, from, to int64) ([]RollupRow, error) {
+	if p.closed.Load() {
+		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
+	}
+	rows, err := p.pool.Query(ctx, rollupSelect, unit, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
+	}
+	defer rows.Close()
+	return scanRollups(rows)
+}
+
+// RolledUp implements RollupStore.
+func (p *Postgres) RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error) {
+	if p.closed.Load() {
+		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
+	}
+	rows, err := p.pool.Query(ctx, rollupStarts, unit, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
+	}
+	defer rows.Close()
+	return scanStarts(rows)
+}
+
+// TrimRollups implements RollupStore.
+func (p *Postgres) TrimRollups(ctx context.Context, unit string, before int64) error {
+	if p.closed.Load() {
+		return fmt.Errorf("store: trim rollups: %w", ErrClosed)
+	}
+	if _, err := p.pool.Exec(ctx, rollupTrim, unit, before); err != nil {
+		return fmt.Errorf("store: trim rollups: %w", err)
+	}
+	return nil
+}
+
+// scanRollups reads rollupSelect's rows, in either driver.
+func scanRollups(rows usageRowsIn) ([]RollupRow, error) {
+	var out []RollupRow
+	for rows.Next() {
+		var r RollupRow
+		if err := rows.Scan(&r.Unit, &r.Start, &r.Tenant, &r.Task, &r.Kind, &r.Name, &r.TenantName, &r.TaskName, &r.Amount); err != nil {
+			return nil, fmt.Errorf("store: rollups: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
+	}
+	return out, nil
+}
+
+// scanStarts reads rollupStarts' rows, in either driver.
+func scanStarts(rows usageRowsIn) ([]int64, error) {
+	var out []int64
+	for rows.Next() {
+		var s int64
+		if err := rows.Scan(&s); err != nil {
+			return nil, fmt.Errorf("store: rollups: %w", err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: rollups: %w", err)
 	}
 	return out, nil
 }

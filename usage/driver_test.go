@@ -25,6 +25,9 @@ type driver struct {
 	scopes   map[engine.SessionID]engine.NodeID
 	leases   []leaseOf
 	tokens   int
+	// stretch multiplies the time that passes between calls (1 when 0):
+	// a history of days rather than of an hour.
+	stretch int64
 }
 
 type leaseOf struct {
@@ -184,7 +187,7 @@ func (d *driver) step() {
 		if rng.IntN(10) == 0 {
 			step = time.Duration(rng.Int64N(int64(4 * time.Minute)))
 		}
-		d.clock.ns.Add(int64(step))
+		d.clock.ns.Add(int64(step) * max(d.stretch, 1))
 		if rng.IntN(2) == 0 { // most sessions stay alive across it, with their leases
 			for _, s := range d.sessions[max(0, len(d.sessions)-4):] {
 				_, err := e.Heartbeat(s)

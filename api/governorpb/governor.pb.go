@@ -4106,7 +4106,12 @@ type GetUsageRequest struct {
 	From *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	To   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
 	// Only this tenant (by name); empty is every tenant the session sees.
-	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Empty: one line per tenant and task over the whole window. "hour",
+	// "day" or "month": one per bucket of that unit that meets the window,
+	// whole buckets, on the calendar of governord's time_zone; closed buckets
+	// are read from their rollups, which outlive usage_retention.
+	Per           string `protobuf:"bytes,4,opt,name=per,proto3" json:"per,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4162,6 +4167,13 @@ func (x *GetUsageRequest) GetTenant() string {
 	return ""
 }
 
+func (x *GetUsageRequest) GetPer() string {
+	if x != nil {
+		return x.Per
+	}
+	return ""
+}
+
 // UsageLine is one tenant (task_id 0: the tenant as a whole, itself and its
 // tasks) or one task (with its subtasks) over the window.
 type UsageLine struct {
@@ -4183,7 +4195,10 @@ type UsageLine struct {
 	// sidecars decided by themselves and reported (ReportDenials), by the
 	// cause they answered with ("wait-timeout", "task-ended", "unavailable",
 	// "quota:RESOURCE").
-	Denied        map[string]int64 `protobuf:"bytes,8,rep,name=denied,proto3" json:"denied,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Denied map[string]int64 `protobuf:"bytes,8,rep,name=denied,proto3" json:"denied,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The bucket the line totals, when the request asked for one per unit.
+	Start         *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=end,proto3" json:"end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4270,6 +4285,20 @@ func (x *UsageLine) GetPeak() map[string]int64 {
 func (x *UsageLine) GetDenied() map[string]int64 {
 	if x != nil {
 		return x.Denied
+	}
+	return nil
+}
+
+func (x *UsageLine) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *UsageLine) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
 	}
 	return nil
 }
@@ -6241,11 +6270,12 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\tNodeEnded\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12,\n" +
-	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state\"\x85\x01\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state\"\x97\x01\n" +
 	"\x0fGetUsageRequest\x12.\n" +
 	"\x04from\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
 	"\x02to\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12\x16\n" +
-	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\xd6\x04\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x10\n" +
+	"\x03per\x18\x04 \x01(\tR\x03per\"\xb6\x05\n" +
 	"\tUsageLine\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\x03R\btenantId\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\x03R\x06taskId\x12\x16\n" +
@@ -6254,7 +6284,10 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05spend\x18\x05 \x03(\v2!.governor.v1.UsageLine.SpendEntryR\x05spend\x12M\n" +
 	"\rlease_seconds\x18\x06 \x03(\v2(.governor.v1.UsageLine.LeaseSecondsEntryR\fleaseSeconds\x124\n" +
 	"\x04peak\x18\a \x03(\v2 .governor.v1.UsageLine.PeakEntryR\x04peak\x12:\n" +
-	"\x06denied\x18\b \x03(\v2\".governor.v1.UsageLine.DeniedEntryR\x06denied\x1a8\n" +
+	"\x06denied\x18\b \x03(\v2\".governor.v1.UsageLine.DeniedEntryR\x06denied\x120\n" +
+	"\x05start\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x1a8\n" +
 	"\n" +
 	"SpendEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -6680,113 +6713,115 @@ var file_api_governorpb_governor_proto_depIdxs = []int32{
 	120, // 83: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
 	121, // 84: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
 	122, // 85: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	126, // 86: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	126, // 87: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	55,  // 88: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	126, // 89: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	126, // 90: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
-	126, // 91: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
-	126, // 92: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	125, // 93: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	126, // 94: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	126, // 95: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	126, // 96: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	58,  // 97: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	59,  // 98: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	60,  // 99: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	61,  // 100: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	125, // 101: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	12,  // 102: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	123, // 103: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	65,  // 104: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	126, // 105: governor.v1.CapStatus.reset_at:type_name -> google.protobuf.Timestamp
-	67,  // 106: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	69,  // 107: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
-	11,  // 108: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
-	125, // 109: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
-	124, // 110: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	50,  // 111: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	71,  // 112: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	126, // 113: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	126, // 114: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	11,  // 115: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 116: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 117: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 118: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 119: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 120: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 121: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 122: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 123: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 124: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 125: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 126: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	65,  // 127: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 128: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 129: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 130: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 131: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	4,   // 132: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 133: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 134: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	13,  // 135: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	14,  // 136: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	15,  // 137: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	17,  // 138: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	19,  // 139: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	20,  // 140: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	21,  // 141: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	23,  // 142: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	25,  // 143: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	27,  // 144: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	29,  // 145: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	30,  // 146: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	32,  // 147: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	34,  // 148: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36,  // 149: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	39,  // 150: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
-	42,  // 151: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	44,  // 152: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	45,  // 153: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	54,  // 154: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	57,  // 155: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	63,  // 156: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	66,  // 157: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	70,  // 158: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	72,  // 159: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 160: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 161: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 162: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	12,  // 163: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	12,  // 164: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	16,  // 165: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	18,  // 166: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	12,  // 167: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	12,  // 168: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	22,  // 169: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	24,  // 170: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	26,  // 171: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	28,  // 172: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	24,  // 173: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	31,  // 174: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	33,  // 175: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35,  // 176: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	38,  // 177: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	41,  // 178: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
-	43,  // 179: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	12,  // 180: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	49,  // 181: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	56,  // 182: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	62,  // 183: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	64,  // 184: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	68,  // 185: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	12,  // 186: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	73,  // 187: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	160, // [160:188] is the sub-list for method output_type
-	132, // [132:160] is the sub-list for method input_type
-	132, // [132:132] is the sub-list for extension type_name
-	132, // [132:132] is the sub-list for extension extendee
-	0,   // [0:132] is the sub-list for field type_name
+	126, // 86: governor.v1.UsageLine.start:type_name -> google.protobuf.Timestamp
+	126, // 87: governor.v1.UsageLine.end:type_name -> google.protobuf.Timestamp
+	126, // 88: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	126, // 89: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	55,  // 90: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	126, // 91: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	126, // 92: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	126, // 93: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	126, // 94: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	125, // 95: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	126, // 96: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	126, // 97: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	126, // 98: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	58,  // 99: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	59,  // 100: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	60,  // 101: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	61,  // 102: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	125, // 103: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	12,  // 104: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	123, // 105: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	65,  // 106: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	126, // 107: governor.v1.CapStatus.reset_at:type_name -> google.protobuf.Timestamp
+	67,  // 108: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	69,  // 109: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
+	11,  // 110: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
+	125, // 111: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
+	124, // 112: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	50,  // 113: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	71,  // 114: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	126, // 115: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	126, // 116: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	11,  // 117: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 118: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 119: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 120: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 121: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 122: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 123: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 124: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 125: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	65,  // 126: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 127: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 128: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	65,  // 129: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	65,  // 130: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	74,  // 131: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	11,  // 132: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
+	11,  // 133: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	4,   // 134: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	6,   // 135: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	8,   // 136: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	13,  // 137: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	14,  // 138: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	15,  // 139: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	17,  // 140: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	19,  // 141: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	20,  // 142: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	21,  // 143: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	23,  // 144: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	25,  // 145: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	27,  // 146: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	29,  // 147: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	30,  // 148: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	32,  // 149: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	34,  // 150: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	36,  // 151: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	39,  // 152: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	42,  // 153: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	44,  // 154: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	45,  // 155: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	54,  // 156: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	57,  // 157: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	63,  // 158: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	66,  // 159: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	70,  // 160: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	72,  // 161: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	5,   // 162: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	7,   // 163: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	9,   // 164: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	12,  // 165: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	12,  // 166: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	16,  // 167: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	18,  // 168: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	12,  // 169: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	12,  // 170: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	22,  // 171: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	24,  // 172: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	26,  // 173: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	28,  // 174: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	24,  // 175: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	31,  // 176: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	33,  // 177: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	35,  // 178: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	38,  // 179: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	41,  // 180: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	43,  // 181: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	12,  // 182: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	49,  // 183: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	56,  // 184: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	62,  // 185: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	64,  // 186: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	68,  // 187: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	12,  // 188: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	73,  // 189: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	162, // [162:190] is the sub-list for method output_type
+	134, // [134:162] is the sub-list for method input_type
+	134, // [134:134] is the sub-list for extension type_name
+	134, // [134:134] is the sub-list for extension extendee
+	0,   // [0:134] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }

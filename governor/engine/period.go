@@ -67,6 +67,11 @@ type Window struct {
 	End   int64 `json:"e"`
 }
 
+// WindowAt is the window of p that holds t (unix nanoseconds), in loc for
+// a calendar unit: what a reset at each boundary makes of time, and what
+// usage rollups sum over.
+func (p Period) WindowAt(t int64, loc *time.Location) Window { return p.window(t, loc) }
+
 // window is the window of p that holds t, in loc for a calendar unit.
 func (p Period) window(t int64, loc *time.Location) Window {
 	if p.Every > 0 {

@@ -104,6 +104,11 @@ type StoreConfig struct {
 	// UsageRetention is how long usage records are kept (governor usage);
 	// zero means server.DefaultUsageRetention.
 	UsageRetention time.Duration
+	// How long the hourly, daily and monthly rollups of usage are kept;
+	// zero means server.DefaultRollupRetention's.
+	UsageHourlyRetention  time.Duration
+	UsageDailyRetention   time.Duration
+	UsageMonthlyRetention time.Duration
 }
 
 // Caps are quotas and limits, by resource and class, and how those not
@@ -223,6 +228,10 @@ type fileStore struct {
 	SnapshotEvery int    `mapstructure:"snapshot_every"`
 
 	UsageRetention time.Duration `mapstructure:"usage_retention"` // see StoreConfig
+
+	UsageHourlyRetention  time.Duration `mapstructure:"usage_hourly_retention"`
+	UsageDailyRetention   time.Duration `mapstructure:"usage_daily_retention"`
+	UsageMonthlyRetention time.Duration `mapstructure:"usage_monthly_retention"`
 }
 
 type fileCaps struct {
@@ -423,8 +432,14 @@ func checkStore(c *Config) error {
 	if c.Store.SnapshotEvery < 0 {
 		return keyErr("store.snapshot_every", "%d is negative", c.Store.SnapshotEvery)
 	}
-	if c.Store.UsageRetention < 0 {
-		return keyErr("store.usage_retention", "%v is negative", c.Store.UsageRetention)
+	for _, r := range []struct {
+		key string
+		d   time.Duration
+	}{{"usage_retention", c.Store.UsageRetention}, {"usage_hourly_retention", c.Store.UsageHourlyRetention},
+		{"usage_daily_retention", c.Store.UsageDailyRetention}, {"usage_monthly_retention", c.Store.UsageMonthlyRetention}} {
+		if r.d < 0 {
+			return keyErr("store."+r.key, "%v is negative", r.d)
+		}
 	}
 	return nil
 }

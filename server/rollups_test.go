@@ -1,0 +1,187 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/store"
+	"github.com/governor-project/governor/usage"
+)
+
+// Usage rolls up by the hour, the day and the month on time_zone's
+// calendar: a report per hour, per day and per month says what the
+// minutes said, a day's rollup outlives the minute records that
+// usage_retention trims, a month still open is summed from the days
+// rolled, rolling a bucket again stores the same rows, and all of it
+// survives a restart. New York's March 8, 2026 has 23 hours.
+func TestUsageRollups(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &setClock{}
+	at := func(d, h, m int) time.Time { return time.Date(2026, 3, d, h, m, 0, 0, ny) }
+	clock.ns.Store(at(7, 0, 10).UnixNano())
+	cfg := testConfig()
+	cfg.Clock, cfg.Location, cfg.SessionTTL = clock, ny, 96*time.Hour
+	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 3 * time.Hour}
+	srv := start(t, cfg)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	task := pay.task(t, "job", nil)
+	consume := func(n int64) {
+		t.Helper()
+		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consume(1)
+	clock.ns.Store(at(8, 0, 10).UnixNano())
+	consume(5)
+	lease, err := pay.Acquire(pay.ctx, &governorpb.AcquireRequest{NodeId: task.Id, Class: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.ns.Store(at(8, 0, 40).UnixNano())
+	if _, err := pay.Release(pay.ctx, &governorpb.ReleaseRequest{LeaseId: lease.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	clock.ns.Store(at(8, 1, 10).UnixNano())
+	consume(7)
+	// Two days closed, and their minutes past usage_retention: the first
+	// pass rolls up a day's hours and must trim none that it has not.
+	clock.ns.Store(at(9, 3, 0).UnixNano())
+	rs := srv.st.(store.RollupStore)
+	waitRolled(t, rs, usage.Day, at(8, 0, 0))
+
+	report := func(c *client, per string, from, to time.Time) []string {
+		t.Helper()
+		rep, err := c.GetUsage(c.ctx, &governorpb.GetUsageRequest{Per: per, From: timestamppb.New(from), To: timestamppb.New(to)})
+		if err != nil {
+			t.Fatalf("usage per %q: %v", per, err)
+		}
+		var out []string
+		for _, l := range rep.GetLines() {
+			if l.GetTaskId() != task.Id {
+				continue
+			}
+			out = append(out, strings.TrimSpace(fmtLine(l)))
+		}
+		return out
+	}
+	want := func(what string, got []string, want ...string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Errorf("%s:\n got %q\nwant %q", what, got, want)
+		}
+	}
+	want("per hour, 00:00 EST to 03:00 EDT", report(pay, "hour", at(8, 0, 0), at(8, 3, 0)),
+		"2026-03-08T05:00:00Z..06:00:00Z spend tokens=5 lease db=1800s peak db=1",
+		"2026-03-08T06:00:00Z..07:00:00Z spend tokens=7")
+	want("per day", report(pay, "day", at(8, 0, 0), at(8, 0, 1)),
+		"2026-03-08T05:00:00Z..2026-03-09T04:00:00Z spend tokens=12 lease db=1800s peak db=1")
+	// The minutes are gone; their rollups are not.
+	want("the minutes, past usage_retention", report(pay, "", at(8, 0, 0), at(9, 0, 0)))
+	want("per month, the month still open", report(pay, "month", at(8, 0, 0), at(8, 0, 1)),
+		"2026-03-01T05:00:00Z..2026-04-01T04:00:00Z spend tokens=13 lease db=1800s peak db=1")
+	want("per day, two days", report(pay, "day", at(7, 0, 0), at(8, 12, 0)),
+		"2026-03-07T05:00:00Z..2026-03-08T05:00:00Z spend tokens=1",
+		"2026-03-08T05:00:00Z..2026-03-09T04:00:00Z spend tokens=12 lease db=1800s peak db=1")
+
+	// Rolling the day again stores the same rows.
+	before, _ := rs.Rollups(context.Background(), "day", 0, 1<<40)
+	day := usage.Bucket(usage.Day, at(8, 12, 0).Unix()/60, ny)
+	if err := srv.rollBucket(context.Background(), rs, usage.Day, day); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := rs.Rollups(context.Background(), "day", 0, 1<<40)
+	if len(before) == 0 || !sameRows(before, after) {
+		t.Errorf("the day rolled again:\n%+v\nwas\n%+v", after, before)
+	}
+
+	// A restart on the same file reads the same.
+	srv.Close()
+	srv = start(t, cfg)
+	pay = session(t, srv.Addr(), "pay-key", 0)
+	want("per day, after a restart", report(pay, "day", at(8, 0, 0), at(8, 0, 1)),
+		"2026-03-08T05:00:00Z..2026-03-09T04:00:00Z spend tokens=12 lease db=1800s peak db=1")
+
+	for _, bad := range []struct {
+		per      string
+		from, to time.Time
+	}{
+		{"week", at(8, 0, 0), at(9, 0, 0)},
+		{"Hour", at(8, 0, 0), at(9, 0, 0)},
+		{"hour", time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), at(9, 0, 0)},
+	} {
+		_, err := pay.GetUsage(pay.ctx, &governorpb.GetUsageRequest{Per: bad.per, From: timestamppb.New(bad.from), To: timestamppb.New(bad.to)})
+		wantCode(t, "per "+bad.per+" from "+bad.from.String(), err, codes.InvalidArgument)
+	}
+}
+
+// waitRolled waits until housekeeping has written the bucket of unit that
+// holds at.
+func waitRolled(t *testing.T, rs store.RollupStore, u usage.Unit, at time.Time) {
+	t.Helper()
+	m := at.Unix() / 60
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		starts, err := rs.RolledUp(context.Background(), string(u), m, m+1)
+		if err == nil && len(starts) == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the %s of %v was not rolled up in 10s (%v)", u, at, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// fmtLine is a usage line in one line: its bucket, then each figure.
+func fmtLine(l *governorpb.UsageLine) string {
+	var b strings.Builder
+	if l.GetStart() != nil {
+		from, to := l.GetStart().AsTime().Format(time.RFC3339), l.GetEnd().AsTime().Format(time.RFC3339)
+		if from[:10] == to[:10] {
+			to = to[11:]
+		}
+		b.WriteString(from + ".." + to)
+	}
+	for _, m := range []struct {
+		what string
+		m    map[string]int64
+	}{{"spend", l.GetSpend()}, {"peak", l.GetPeak()}, {"denied", l.GetDenied()}} {
+		if m.what == "peak" {
+			for _, k := range slices.Sorted(maps.Keys(l.GetLeaseSeconds())) {
+				fmt.Fprintf(&b, " lease %s=%gs", k, l.GetLeaseSeconds()[k])
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(m.m)) {
+			fmt.Fprintf(&b, " %s %s=%d", m.what, k, m.m[k])
+		}
+	}
+	return b.String()
+}
+
+func sameRows(a, b []store.RollupRow) bool {
+	key := func(r store.RollupRow) string { return fmt.Sprintf("%d/%d %s %s=%d", r.Tenant, r.Task, r.Kind, r.Name, r.Amount) }
+	ka, kb := make([]string, 0, len(a)), make([]string, 0, len(b))
+	for _, r := range a {
+		ka = append(ka, key(r))
+	}
+	for _, r := range b {
+		kb = append(kb, key(r))
+	}
+	slices.Sort(ka)
+	slices.Sort(kb)
+	return slices.Equal(ka, kb)
+}
