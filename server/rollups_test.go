@@ -173,7 +173,9 @@ func fmtLine(l *governorpb.UsageLine) string {
 }
 
 func sameRows(a, b []store.RollupRow) bool {
-	key := func(r store.RollupRow) string { return fmt.Sprintf("%d/%d %s %s=%d", r.Tenant, r.Task, r.Kind, r.Name, r.Amount) }
+	key := func(r store.RollupRow) string {
+		return fmt.Sprintf("%d/%d %s %s=%d", r.Tenant, r.Task, r.Kind, r.Name, r.Amount)
+	}
 	ka, kb := make([]string, 0, len(a)), make([]string, 0, len(b))
 	for _, r := range a {
 		ka = append(ka, key(r))

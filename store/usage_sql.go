@@ -256,7 +256,7 @@ func scanUsage(rows usageRowsIn) ([]UsageRow, error) {
 	return out, nil
 }
 
-// The rollups' table (rollup.go): each bucket's rows, and a row of kind ''
+// The rollups' table (rollup.go): each bucket's rows, and a row of kind ”
 // that records the bucket as written.
 const sqliteRollupSchema = `
 CREATE TABLE IF NOT EXISTS governor_usage_rollup (

@@ -26,7 +26,7 @@ func TestBuckets(t *testing.T) {
 		from, to int64
 	}{
 		{Hour, min(2026, 3, 8, 12, 10), kolkata, min(2026, 3, 8, 11, 30), min(2026, 3, 8, 12, 30)},
-		{Day, min(2026, 3, 8, 12, 0), ny, min(2026, 3, 8, 5, 0), min(2026, 3, 9, 4, 0)}, // 23 hours
+		{Day, min(2026, 3, 8, 12, 0), ny, min(2026, 3, 8, 5, 0), min(2026, 3, 9, 4, 0)},    // 23 hours
 		{Day, min(2026, 11, 1, 12, 0), ny, min(2026, 11, 1, 4, 0), min(2026, 11, 2, 5, 0)}, // 25 hours
 		{Month, min(2026, 1, 31, 23, 59), time.UTC, min(2026, 1, 1, 0, 0), min(2026, 2, 1, 0, 0)},
 		{Month, min(2026, 2, 1, 0, 0), time.UTC, min(2026, 2, 1, 0, 0), min(2026, 3, 1, 0, 0)},
