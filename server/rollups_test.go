@@ -187,3 +187,26 @@ func sameRows(a, b []store.RollupRow) bool {
 	slices.Sort(kb)
 	return slices.Equal(ka, kb)
 }
+
+// The rollups' retentions: read from the store's keys, defaults when
+// absent or zero, and a clear error naming the key for anything else
+// that is not a duration that fits.
+func TestConfigOfUsageRetentions(t *testing.T) {
+	cfg, err := ParseConfig([]byte("store: {driver: memory, usage_hourly_retention: 48h, usage_daily_retention: 9223372036854775807ns, usage_monthly_retention: 0s}\ntenants: [{name: a}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{cfg: cfg}
+	if h, d, m := srv.rollupRetention(usage.Hour), srv.rollupRetention(usage.Day), srv.rollupRetention(usage.Month); h != 48*time.Hour ||
+		d != time.Duration(1<<63-1) || m != DefaultMonthlyRetention {
+		t.Errorf("retentions %v, %v, %v; want 48h, the longest duration, and the monthly default", h, d, m)
+	}
+	for _, key := range []string{"usage_hourly_retention", "usage_daily_retention", "usage_monthly_retention"} {
+		for _, bad := range []string{"-1h", "-9223372036854775808ns", "2147483648", "9007199254740992", "2562048h", "[1]", "true", "soon", "{a: 1}"} {
+			_, err := ParseConfig([]byte("store: {driver: memory, " + key + ": " + bad + "}\ntenants: [{name: a}]\n"))
+			if !IsConfigError(err) || !strings.Contains(err.Error(), key) {
+				t.Errorf("%s: %s: %v; want a config error naming the key", key, bad, err)
+			}
+		}
+	}
+}

@@ -21,12 +21,15 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 )
 
-const usageUsage = `usage: governor usage [-since 24h | -from TIME [-to TIME]] [-tenant NAME] [-by tenant|task] [-format table|csv|json]
+const usageUsage = `usage: governor usage [-since 24h | -from TIME [-to TIME]] [-tenant NAME] [-by tenant|task] [-per hour|day|month] [-format table|csv|json]
 
 What each tenant and task spent (units by resource), held (slot-seconds
 and the most slots at once, by lease class) and was refused (by cause),
 over a window rounded out to whole minutes. TIME is RFC 3339
 (2026-12-01T09:00:00Z). An admin key sees every tenant, a tenant's key its own.
+With -per, one line per hour, day or month that meets the window (whole
+ones, on the calendar of governord's time_zone), read from the rollups
+governord keeps after the minutes are gone.
 
 flags:
 `
@@ -41,6 +44,7 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 	tenant := fs.String("tenant", "", "only this tenant")
 	by := fs.String("by", "task", "tenant: one line per tenant; task: also one per task")
 	format := fs.String("format", "table", "table, csv or json")
+	per := fs.String("per", "", "hour, day or month: a line per bucket of time")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -57,6 +61,9 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 	if *format != "table" && *format != "csv" && *format != "json" {
 		return bad("-format %q: want table, csv or json", *format)
 	}
+	if !slices.Contains([]string{"", "hour", "day", "month"}, *per) {
+		return bad("-per %q: want hour, day or month", *per)
+	}
 	from, to, err := usageWindow(*since, *fromFlag, *toFlag)
 	if err != nil {
 		return bad("%v", err)
@@ -68,7 +75,7 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer c.Close()
-	rep, err := c.Raw().GetUsage(ctx, &governorpb.GetUsageRequest{From: timestamppb.New(from), To: timestamppb.New(to), Tenant: *tenant})
+	rep, err := c.Raw().GetUsage(ctx, &governorpb.GetUsageRequest{From: timestamppb.New(from), To: timestamppb.New(to), Tenant: *tenant, Per: *per})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor usage:", plainStatus(err))
 		return 1
@@ -87,7 +94,7 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 			lines = append(lines, l)
 		}
 	}
-	if err := writeUsage(stdout, *format, rep, lines); err != nil {
+	if err := writeUsage(stdout, *format, *per != "", rep, lines); err != nil {
 		fmt.Fprintln(stderr, "governor usage:", err)
 		return 1
 	}
@@ -118,15 +125,21 @@ func usageWindow(since time.Duration, fromFlag, toFlag string) (from, to time.Ti
 	return from, to, nil
 }
 
-// writeUsage writes the report's lines in the format asked for.
-func writeUsage(w io.Writer, format string, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
+// writeUsage writes the report's lines in the format asked for; per
+// says that each line is a bucket of time, named first.
+func writeUsage(w io.Writer, format string, per bool, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
 	switch format {
 	case "json":
 		return usageJSON(w, rep, lines)
 	case "csv":
-		return usageCSV(w, lines)
+		return usageCSV(w, per, lines)
 	}
-	return usageTable(w, rep, lines)
+	return usageTable(w, per, rep, lines)
+}
+
+// bucketStart is when a line's bucket starts, as the table shows it (UTC).
+func bucketStart(l *governorpb.UsageLine) string {
+	return l.GetStart().AsTime().UTC().Format("2006-01-02 15:04")
 }
 
 // isTenant says why name is not a tenant the session sees, or nil.
@@ -153,6 +166,8 @@ type usageRow struct {
 	LeaseSeconds map[string]float64 `json:"lease_seconds"`
 	Peak         map[string]int64   `json:"peak"`
 	Denied       map[string]int64   `json:"denied"`
+	Start        *time.Time         `json:"start,omitempty"` // with -per: the line's bucket
+	End          *time.Time         `json:"end,omitempty"`
 }
 
 func usageJSON(out io.Writer, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
@@ -162,27 +177,44 @@ func usageJSON(out io.Writer, rep *governorpb.UsageReport, lines []*governorpb.U
 		Lines []usageRow `json:"lines"`
 	}{From: rep.GetFrom().AsTime(), To: rep.GetTo().AsTime(), Lines: []usageRow{}}
 	for _, l := range lines {
-		doc.Lines = append(doc.Lines, usageRow{Tenant: tenantName(l), Task: l.GetTask(), TenantID: l.GetTenantId(), TaskID: l.GetTaskId(),
-			Spend: orEmpty(l.GetSpend()), LeaseSeconds: orEmptyF(l.GetLeaseSeconds()), Peak: orEmpty(l.GetPeak()), Denied: orEmpty(l.GetDenied())})
+		row := usageRow{Tenant: tenantName(l), Task: l.GetTask(), TenantID: l.GetTenantId(), TaskID: l.GetTaskId(),
+			Spend: orEmpty(l.GetSpend()), LeaseSeconds: orEmptyF(l.GetLeaseSeconds()), Peak: orEmpty(l.GetPeak()), Denied: orEmpty(l.GetDenied())}
+		if l.GetStart() != nil {
+			start, end := l.GetStart().AsTime(), l.GetEnd().AsTime()
+			row.Start, row.End = &start, &end
+		}
+		doc.Lines = append(doc.Lines, row)
 	}
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
 }
 
-// usageCSV writes one row per figure: tenant, task, figure, name, value.
-func usageCSV(out io.Writer, lines []*governorpb.UsageLine) error {
+// usageCSV writes one row per figure: tenant, task, figure, name, value;
+// with per, the bucket's start (RFC 3339) first.
+func usageCSV(out io.Writer, per bool, lines []*governorpb.UsageLine) error {
 	w := csv.NewWriter(out)
-	_ = w.Write([]string{"tenant", "task", "figure", "name", "value"})
+	header := []string{"tenant", "task", "figure", "name", "value"}
+	if per {
+		header = append([]string{"start"}, header...)
+	}
+	_ = w.Write(header)
 	for _, l := range lines {
+		write := func(figure, name, value string) {
+			row := []string{tenantName(l), l.GetTask(), figure, name, value}
+			if per {
+				row = append([]string{l.GetStart().AsTime().UTC().Format(time.RFC3339)}, row...)
+			}
+			_ = w.Write(row)
+		}
 		put := func(figure string, m map[string]int64) {
 			for _, k := range slices.Sorted(maps.Keys(m)) {
-				_ = w.Write([]string{tenantName(l), l.GetTask(), figure, k, strconv.FormatInt(m[k], 10)})
+				write(figure, k, strconv.FormatInt(m[k], 10))
 			}
 		}
 		put("spend", l.GetSpend())
 		for _, k := range slices.Sorted(maps.Keys(l.GetLeaseSeconds())) {
-			_ = w.Write([]string{tenantName(l), l.GetTask(), "lease_seconds", k, strconv.FormatFloat(l.GetLeaseSeconds()[k], 'f', 3, 64)})
+			write("lease_seconds", k, strconv.FormatFloat(l.GetLeaseSeconds()[k], 'f', 3, 64))
 		}
 		put("peak", l.GetPeak())
 		put("denied", l.GetDenied())
@@ -191,11 +223,17 @@ func usageCSV(out io.Writer, lines []*governorpb.UsageLine) error {
 	return w.Error()
 }
 
-func usageTable(out io.Writer, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
+func usageTable(out io.Writer, per bool, rep *governorpb.UsageReport, lines []*governorpb.UsageLine) error {
 	fmt.Fprintf(out, "usage from %s to %s (UTC)\n", rep.GetFrom().AsTime().UTC().Format(time.DateTime), rep.GetTo().AsTime().UTC().Format(time.DateTime))
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	if per {
+		fmt.Fprint(tw, "START (UTC)\t")
+	}
 	fmt.Fprintln(tw, "TENANT\tTASK\tSPEND\tLEASE-SECONDS\tPEAK\tDENIED")
 	for _, l := range lines {
+		if per {
+			fmt.Fprint(tw, bucketStart(l)+"\t")
+		}
 		task := l.GetTask()
 		if l.GetTaskId() == 0 {
 			task = "(all)"

@@ -114,6 +114,34 @@ func TestUsageReport(t *testing.T) {
 		}
 	}
 
+	// Per day: the day the work was done, summed from its hours (still
+	// open, so from the minutes); the table and the CSV name each bucket.
+	day := began.UTC().Truncate(24 * time.Hour)
+	code, out, errOut = cli(t, "usage", "-per", "day", "-by", "tenant", "-format", "json")
+	doc = usageDoc{}
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil {
+		t.Fatalf("usage -per day: exit %d, %v: %s%s", code, err, out, errOut)
+	}
+	var found bool
+	for _, l := range doc.Lines {
+		if l.Start != nil && l.Start.Equal(day) {
+			found = l.Spend["tokens"] == 700 && l.End.Equal(day.Add(24*time.Hour)) && l.Denied["quota:tokens"] == 1
+		}
+	}
+	if !found {
+		t.Errorf("usage -per day: no line of %v spending 700 tokens:\n%s", day, out)
+	}
+	code, out, _ = cli(t, "usage", "-per", "hour", "-by", "tenant", "-since", "1h")
+	hour := began.UTC().Truncate(time.Hour).Format("2006-01-02 15:04")
+	if code != 0 || !strings.Contains(out, "START (UTC)") || !strings.Contains(out, hour+"  payments") {
+		t.Errorf("usage -per hour lacks the hour %s:\n%s", hour, out)
+	}
+	code, out, _ = cli(t, "usage", "-per", "month", "-by", "tenant", "-format", "csv")
+	if recs, err := csv.NewReader(strings.NewReader(out)).ReadAll(); code != 0 || err != nil || recs[0][0] != "start" || len(recs) < 2 ||
+		!strings.HasPrefix(recs[1][0], began.UTC().Format("2006-01")+"-01T00:00:00Z") {
+		t.Errorf("usage -per month -format csv:\n%s", out)
+	}
+
 	// Another tenant's key sees nothing of payments; a window before it all
 	// is empty.
 	t.Setenv("GOVERNOR_API_KEY", "other-key-for-tests")
@@ -126,7 +154,7 @@ func TestUsageReport(t *testing.T) {
 		t.Errorf("a window before the work shows it:\n%s", out)
 	}
 	for _, args := range [][]string{{"usage", "-by", "x"}, {"usage", "-format", "xml"}, {"usage", "-since", "-1h"},
-		{"usage", "-from", "yesterday"}, {"usage", "extra"}, {"usage", "-from", "2026-01-02T00:00:00Z", "-to", "2026-01-01T00:00:00Z"}} {
+		{"usage", "-from", "yesterday"}, {"usage", "extra"}, {"usage", "-per", "week"}, {"usage", "-per", "Day"}, {"usage", "-from", "2026-01-02T00:00:00Z", "-to", "2026-01-01T00:00:00Z"}} {
 		if code, _, _ := cli(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
