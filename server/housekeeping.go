@@ -40,7 +40,7 @@ func (s *Server) housekeeping(ctx context.Context) func() {
 		now := s.cfg.Clock.Now()
 		roll.rollUp(ctx, now) // before the trim: an hour is rolled while its minutes are kept
 		// Minute records go once past usage_retention and rolled up.
-		if before := min(s.usageCutoff(now), roll.rolledBefore()); before > trimmed {
+		if before := roll.trimPoint(ctx, s.usageCutoff(now)); before > trimmed {
 			s.trimUsage(ctx, before)
 			trimmed = before // a failure is tried again with the next minute
 		}

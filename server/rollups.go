@@ -10,7 +10,7 @@ import (
 	"github.com/governor-project/governor/usage"
 )
 
-// Usage rollups: once an hour has closed (and rollupLag more has passed,
+// Usage rollups, per tenant: once an hour has closed (and rollupLag more has passed,
 // for refusals counted as it closed), housekeeping sums its minute records
 // into the hour's rollup; the last hour of a day rolls the day up from its
 // hours, and the last day of a month the month from its days, on the
@@ -41,7 +41,6 @@ const (
 type roller struct {
 	s       *Server
 	next    int64 // the first minute of the next hour to roll; 0: not known yet
-	none    bool  // the store keeps no rollups
 	trimmed int64 // the hour the rollups were last trimmed in
 }
 
@@ -51,7 +50,6 @@ type roller struct {
 func (r *roller) rollUp(ctx context.Context, now time.Time) {
 	rs, ok := r.s.st.(store.RollupStore)
 	if !ok {
-		r.none = true
 		return
 	}
 	if err := r.rollClosed(ctx, rs, now); err != nil {
@@ -82,7 +80,10 @@ func (r *roller) rollClosed(ctx context.Context, rs store.RollupStore, now time.
 		if time.Unix(h.To*60, 0).Add(rollupLag).After(now) {
 			return nil
 		}
-		for _, u := range usage.Units {
+		if err := r.s.rollHour(ctx, rs, h, h.To); err != nil {
+			return err
+		}
+		for _, u := range usage.Units[1:] {
 			b := usage.Bucket(u, h.From, loc)
 			if b.To != h.To {
 				break // the day (and so the month) goes on after this hour
@@ -96,8 +97,9 @@ func (r *roller) rollClosed(ctx context.Context, rs store.RollupStore, now time.
 	return nil
 }
 
-// firstHour is where rolling up starts: after the newest hour rolled, or
-// with the oldest minute records kept, or now.
+// firstHour is where rolling up starts: with the newest hour written if
+// it was summed early, after it if not, or with the oldest minute records
+// kept, or now.
 func (r *roller) firstHour(ctx context.Context, rs store.RollupStore, now time.Time) (int64, error) {
 	nowMinute := usage.MinuteOf(now.UnixNano())
 	rolled, err := rs.RolledUp(ctx, string(usage.Hour), usage.MinuteOf(now.Add(-r.s.rollupRetention(usage.Hour)).UnixNano()), nowMinute+1)
@@ -105,7 +107,12 @@ func (r *roller) firstHour(ctx context.Context, rs store.RollupStore, now time.T
 		return 0, err
 	}
 	if len(rolled) > 0 {
-		return usage.Bucket(usage.Hour, rolled[len(rolled)-1], r.s.location()).To, nil
+		last := rolled[len(rolled)-1]
+		h := usage.Bucket(usage.Hour, last.Start, r.s.location())
+		if last.Upto < h.To {
+			return h.From, nil
+		}
+		return h.To, nil
 	}
 	from := nowMinute
 	if u, ok := r.s.st.(store.UsageReader); ok {
@@ -120,17 +127,59 @@ func (r *roller) firstHour(ctx context.Context, rs store.RollupStore, now time.T
 	return usage.Bucket(usage.Hour, from, r.s.location()).From, nil
 }
 
-// rolledBefore is the minute before which every hour has been rolled up
-// (or the oldest hour not rolled yet starts): minute records before it
-// may go.
-func (r *roller) rolledBefore() int64 {
+// trimPoint is the minute before which minute records may go, given the
+// cutoff of usage_retention: every hour before it is rolled up, and the
+// hour it falls in is summed up to it first (an early rollup, completed
+// when the hour closes), so that a usage_retention shorter than an hour
+// loses nothing from the rollups.
+func (r *roller) trimPoint(ctx context.Context, cutoff int64) int64 {
+	rs, ok := r.s.st.(store.RollupStore)
 	switch {
-	case r.none:
-		return math.MaxInt64
-	case r.next == 0:
+	case !ok:
+		return cutoff
+	case r.next == 0: // not known yet where rolling up starts
 		return math.MinInt64
+	case cutoff <= r.next:
+		return cutoff
 	}
-	return r.next
+	h := usage.Bucket(usage.Hour, r.next, r.s.location())
+	upto := min(cutoff, h.To)
+	if err := r.s.rollHour(ctx, rs, h, upto); err != nil {
+		r.s.log.Warn("summing an hour of usage before its minutes go failed; they stay", "err", err)
+		return r.next
+	}
+	return upto
+}
+
+// rollHour sums hour h's minute records up to upto into its rollup, from
+// where an earlier, early rollup of it stopped.
+func (s *Server) rollHour(ctx context.Context, rs store.RollupStore, h usage.Window, upto int64) error {
+	from, base, err := s.rolledSoFar(ctx, rs, h)
+	if err != nil || from >= upto {
+		return err
+	}
+	rest, err := s.minuteLines(ctx, usage.Window{From: from, To: upto, Now: upto * 60e9})
+	if err != nil {
+		return err
+	}
+	if err := rs.PutRollup(ctx, string(usage.Hour), h.From, upto, rollupRows(usage.Hour, h.From, usage.Sum(base, rest))); err != nil {
+		return fmt.Errorf("hour at %v: %w", time.Unix(h.From*60, 0).UTC(), err)
+	}
+	return nil
+}
+
+// rolledSoFar is where hour h's rollup stops, and its lines: h's start and
+// none if it has none.
+func (s *Server) rolledSoFar(ctx context.Context, rs store.RollupStore, h usage.Window) (upto int64, lines []usage.Line, err error) {
+	rolled, err := rs.RolledUp(ctx, string(usage.Hour), h.From, h.From+1)
+	if err != nil || len(rolled) == 0 {
+		return h.From, nil, err
+	}
+	rows, err := rs.Rollups(ctx, string(usage.Hour), h.From, h.From+1)
+	if err != nil {
+		return 0, nil, err
+	}
+	return rolled[0].Upto, linesByStart(rows)[h.From], nil
 }
 
 // rollBucket sums the closed bucket b of unit u and writes its rollup.
@@ -140,7 +189,7 @@ func (s *Server) rollBucket(ctx context.Context, rs store.RollupStore, u usage.U
 	if err != nil {
 		return err
 	}
-	if err := rs.PutRollup(ctx, string(u), b.From, rollupRows(u, b.From, lines[0])); err != nil {
+	if err := rs.PutRollup(ctx, string(u), b.From, b.To, rollupRows(u, b.From, lines[0])); err != nil {
 		return fmt.Errorf("%s at %v: %w", u, time.Unix(b.From*60, 0).UTC(), err)
 	}
 	return nil
@@ -166,14 +215,21 @@ func (s *Server) bucketLines(ctx context.Context, rs store.RollupStore, u usage.
 		}
 		stored = linesByStart(rows)
 	}
-	isRolled := make(map[int64]bool, len(rolled))
-	for _, start := range rolled {
-		isRolled[start] = true
+	uptoOf := make(map[int64]int64, len(rolled))
+	for _, r := range rolled {
+		uptoOf[r.Start] = r.Upto
 	}
 	out := make([][]usage.Line, len(buckets))
 	for i, b := range buckets {
-		if isRolled[b.From] {
+		if upto, ok := uptoOf[b.From]; ok {
 			out[i] = stored[b.From]
+			if upto < b.To { // an hour summed early: the rest from its minutes
+				rest, err := s.minuteLines(ctx, usage.Window{From: upto, To: b.To, Now: b.Now})
+				if err != nil {
+					return nil, err
+				}
+				out[i] = usage.Sum(out[i], rest)
+			}
 			continue
 		}
 		if out[i], err = s.sumBucket(ctx, rs, u, b); err != nil {
@@ -226,10 +282,16 @@ const (
 	rollupDenied    = "denied"
 )
 
-// rollupRows are lines as the rows of the bucket (u, start).
+// rollupRows are lines as the rows of the bucket (u, start): the
+// tenants' lines (and the root's) only. A task's lines stay in the minute
+// records, for usage_retention: rollups are kept for years, and tasks come
+// and go by the million.
 func rollupRows(u usage.Unit, start int64, lines []usage.Line) []store.RollupRow {
 	var rows []store.RollupRow
 	for _, l := range lines {
+		if l.Task != 0 {
+			continue
+		}
 		for kind, m := range map[string]map[string]int64{rollupSpend: l.Spend, rollupSlotNanos: l.SlotNanos, rollupPeak: l.Peak, rollupDenied: l.Denied} {
 			for name, amount := range m {
 				rows = append(rows, store.RollupRow{Unit: string(u), Start: start, Tenant: l.Tenant, Task: l.Task,

@@ -269,7 +269,8 @@ func (s *Server) usageLines(sid engine.SessionID, tenant string, lines []usage.L
 	return out
 }
 
-// usagePer reports [from, to) one bucket of req.Per at a time.
+// usagePer reports [from, to) one bucket of req.Per at a time, a line
+// per tenant (and the root's, for the admin) in each.
 func (s *Server) usagePer(ctx context.Context, req *governorpb.GetUsageRequest, from, to, now time.Time) (*governorpb.UsageReport, error) {
 	unit, err := usage.ParseUnit(req.GetPer())
 	if err != nil {
@@ -300,6 +301,9 @@ func (s *Server) usagePer(ctx context.Context, req *governorpb.GetUsageRequest, 
 		visible := map[int64]bool{}
 		for i, b := range buckets {
 			for _, pl := range s.usageLines(sid, req.GetTenant(), lines[i], visible) {
+				if pl.GetTaskId() != 0 {
+					continue // tenants only (rollupRows)
+				}
 				pl.Start, pl.End = timestamppb.New(time.Unix(b.From*60, 0)), timestamppb.New(time.Unix(b.To*60, 0))
 				out.Lines = append(out.Lines, pl)
 			}

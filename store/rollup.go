@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -22,23 +23,30 @@ type RollupRow struct {
 	Amount               int64
 }
 
+// Rolled is a bucket written: its first minute, and the minute its rows
+// sum up to (its end, or less for an hour summed early, before its
+// minutes were trimmed).
+type Rolled struct{ Start, Upto int64 }
+
 // RollupStore is the part of a Store that keeps usage rollups. Every
 // backend implements it.
 type RollupStore interface {
-	// PutRollup replaces the rows of the bucket (unit, start) with rows,
-	// at once. Every row must be of that bucket.
-	PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error
+	// PutRollup replaces the rows of the bucket (unit, start), which sum
+	// its minutes up to upto, with rows, at once. Every row must be of
+	// that bucket.
+	PutRollup(ctx context.Context, unit string, start, upto int64, rows []RollupRow) error
 	// Rollups returns the rows of unit whose bucket starts in [from, to).
 	Rollups(ctx context.Context, unit string, from, to int64) ([]RollupRow, error)
-	// RolledUp returns the starts of unit's buckets in [from, to) that
-	// were written, rows or none.
-	RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error)
+	// RolledUp returns unit's buckets that start in [from, to) and were
+	// written, rows or none, in order.
+	RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error)
 	// TrimRollups deletes unit's buckets that start before before.
 	TrimRollups(ctx context.Context, unit string, before int64) error
 }
 
-// rollupMarker is the row that records a bucket as written, so that an
-// empty bucket reads as written too; Rollups does not return it.
+// rollupMarker is the kind of the row that records a bucket as written
+// (so that an empty bucket reads as written too), with its upto as the
+// amount; Rollups does not return it.
 const rollupMarker = ""
 
 // checkRollup checks that rows are of the bucket (unit, start) and none
@@ -59,12 +67,12 @@ func checkRollup(unit string, start int64, rows []RollupRow) error {
 }
 
 // withMarker is rows and the bucket's marker row.
-func withMarker(unit string, start int64, rows []RollupRow) []RollupRow {
-	return append(slices.Clip(rows), RollupRow{Unit: unit, Start: start, Kind: rollupMarker})
+func withMarker(unit string, start, upto int64, rows []RollupRow) []RollupRow {
+	return append(slices.Clip(rows), RollupRow{Unit: unit, Start: start, Kind: rollupMarker, Amount: upto})
 }
 
 // PutRollup implements RollupStore.
-func (m *Memory) PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error {
+func (m *Memory) PutRollup(ctx context.Context, unit string, start, upto int64, rows []RollupRow) error {
 	if err := checkRollup(unit, start, rows); err != nil {
 		return err
 	}
@@ -81,7 +89,7 @@ func (m *Memory) PutRollup(ctx context.Context, unit string, start int64, rows [
 		byStart = map[int64][]RollupRow{}
 		m.state.rollups[unit] = byStart
 	}
-	byStart[start] = slices.Clone(rows) // replaced, never changed in place
+	byStart[start] = withMarker(unit, start, upto, slices.Clone(rows)) // replaced, never changed in place
 	return nil
 }
 
@@ -95,26 +103,26 @@ func (m *Memory) Rollups(ctx context.Context, unit string, from, to int64) ([]Ro
 	var out []RollupRow
 	for start, rows := range m.state.rollups[unit] {
 		if start >= from && start < to {
-			out = append(out, rows...)
+			out = append(out, rows[:len(rows)-1]...) // but the marker
 		}
 	}
 	return out, nil
 }
 
 // RolledUp implements RollupStore.
-func (m *Memory) RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error) {
+func (m *Memory) RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
 	}
-	var out []int64
-	for start := range m.state.rollups[unit] {
+	var out []Rolled
+	for start, rows := range m.state.rollups[unit] {
 		if start >= from && start < to {
-			out = append(out, start)
+			out = append(out, Rolled{Start: start, Upto: rows[len(rows)-1].Amount})
 		}
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b Rolled) int { return cmp.Compare(a.Start, b.Start) })
 	return out, nil
 }
 

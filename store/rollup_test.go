@@ -24,16 +24,19 @@ func TestUsageRollups(t *testing.T) {
 			}
 			put := func(unit string, start int64, rows ...store.RollupRow) {
 				t.Helper()
-				if err := r.PutRollup(ctx, unit, start, rows); err != nil {
+				if err := r.PutRollup(ctx, unit, start, start+60, rows); err != nil {
 					t.Fatalf("PutRollup(%s, %d): %v", unit, start, err)
 				}
 			}
 			put("hour", 60, row("hour", 60, "spend", "tokens", 7), row("hour", 60, "peak", "db", 3))
-			put("hour", 60, row("hour", 60, "spend", "tokens", 9)) // written again: replaced
-			put("hour", 60, row("hour", 60, "spend", "tokens", 9)) // and again: the same
-			put("hour", 120)                                       // an hour with nothing in it
+			put("hour", 60, row("hour", 60, "spend", "tokens", 9))          // written again: replaced
+			put("hour", 60, row("hour", 60, "spend", "tokens", 9))          // and again: the same
+			put("hour", 120)                                                // an hour with nothing in it
+			if err := r.PutRollup(ctx, "hour", 300, 330, nil); err != nil { // summed up to half-way
+				t.Fatal(err)
+			}
 			put("day", 0, row("day", 0, "spend", "tokens", 9))
-			if err := r.PutRollup(ctx, "hour", 180, []store.RollupRow{row("hour", 240, "spend", "x", 1)}); err == nil {
+			if err := r.PutRollup(ctx, "hour", 180, 240, []store.RollupRow{row("hour", 240, "spend", "x", 1)}); err == nil {
 				t.Fatal("a row of another bucket was taken")
 			}
 			st.Close()
@@ -48,16 +51,16 @@ func TestUsageRollups(t *testing.T) {
 				t.Fatalf("hour rollups after a reopen: %+v, want %+v", got, want)
 			}
 			starts, err := r.RolledUp(ctx, "hour", 0, 1000)
-			if err != nil || !slices.Equal(starts, []int64{60, 120}) {
-				t.Fatalf("hours written: %v (%v), want [60 120]", starts, err)
+			if want := []store.Rolled{{60, 120}, {120, 180}, {300, 330}}; err != nil || !slices.Equal(starts, want) {
+				t.Fatalf("hours written: %v (%v), want %v", starts, err, want)
 			}
 			if err := r.TrimRollups(ctx, "hour", 100); err != nil {
 				t.Fatal(err)
 			}
 			starts, _ = r.RolledUp(ctx, "hour", 0, 1000)
 			days, _ := r.RolledUp(ctx, "day", 0, 1000)
-			if !slices.Equal(starts, []int64{120}) || !slices.Equal(days, []int64{0}) {
-				t.Fatalf("after trimming hours before 100: hours %v, days %v; want [120] and [0]", starts, days)
+			if !slices.Equal(starts, []store.Rolled{{120, 180}, {300, 330}}) || !slices.Equal(days, []store.Rolled{{0, 60}}) {
+				t.Fatalf("after trimming hours before 100: hours %v, days %v; want those from 120 and the day", starts, days)
 			}
 		})
 	}

@@ -294,12 +294,12 @@ const (
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	rollupSelect = `SELECT unit, start, tenant, task, kind, name, tenant_name, task_name, amount FROM governor_usage_rollup
 WHERE unit = $1 AND start >= $2 AND start < $3 AND kind <> ''`
-	rollupStarts = `SELECT start FROM governor_usage_rollup WHERE unit = $1 AND start >= $2 AND start < $3 AND kind = '' ORDER BY start`
+	rollupStarts = `SELECT start, amount FROM governor_usage_rollup WHERE unit = $1 AND start >= $2 AND start < $3 AND kind = '' ORDER BY start`
 	rollupTrim   = `DELETE FROM governor_usage_rollup WHERE unit = $1 AND start < $2`
 )
 
 // PutRollup implements RollupStore.
-func (s *SQLite) PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error {
+func (s *SQLite) PutRollup(ctx context.Context, unit string, start, upto int64, rows []RollupRow) error {
 	if err := checkRollup(unit, start, rows); err != nil {
 		return err
 	}
@@ -319,7 +319,7 @@ func (s *SQLite) PutRollup(ctx context.Context, unit string, start int64, rows [
 		return fmt.Errorf("store: put rollup: %w", err)
 	}
 	defer stmt.Close()
-	for _, r := range withMarker(unit, start, rows) {
+	for _, r := range withMarker(unit, start, upto, rows) {
 		if _, err := stmt.ExecContext(ctx, r.Unit, r.Start, r.Tenant, r.Task, r.Kind, r.Name, r.TenantName, r.TaskName, r.Amount); err != nil {
 			return fmt.Errorf("store: put rollup: %w", err)
 		}
@@ -344,7 +344,7 @@ func (s *SQLite) Rollups(ctx context.Context, unit string, from, to int64) ([]Ro
 }
 
 // RolledUp implements RollupStore.
-func (s *SQLite) RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error) {
+func (s *SQLite) RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error) {
 	if s.closed.Load() {
 		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
 	}
@@ -368,14 +368,14 @@ func (s *SQLite) TrimRollups(ctx context.Context, unit string, before int64) err
 }
 
 // PutRollup implements RollupStore.
-func (p *Postgres) PutRollup(ctx context.Context, unit string, start int64, rows []RollupRow) error {
+func (p *Postgres) PutRollup(ctx context.Context, unit string, start, upto int64, rows []RollupRow) error {
 	if err := checkRollup(unit, start, rows); err != nil {
 		return err
 	}
 	if p.closed.Load() {
 		return fmt.Errorf("store: put rollup: %w", ErrClosed)
 	}
-	all := withMarker(unit, start, rows)
+	all := withMarker(unit, start, upto, rows)
 	n := len(all)
 	tenants, tasks, amounts := make([]int64, n), make([]int64, n), make([]int64, n)
 	kinds, names, tenantNames, taskNames := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -412,7 +412,7 @@ func (p *Postgres) Rollups(ctx context.Context, unit string, from, to int64) ([]
 }
 
 // RolledUp implements RollupStore.
-func (p *Postgres) RolledUp(ctx context.Context, unit string, from, to int64) ([]int64, error) {
+func (p *Postgres) RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error) {
 	if p.closed.Load() {
 		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
 	}
@@ -452,14 +452,14 @@ func scanRollups(rows usageRowsIn) ([]RollupRow, error) {
 }
 
 // scanStarts reads rollupStarts' rows, in either driver.
-func scanStarts(rows usageRowsIn) ([]int64, error) {
-	var out []int64
+func scanStarts(rows usageRowsIn) ([]Rolled, error) {
+	var out []Rolled
 	for rows.Next() {
-		var s int64
-		if err := rows.Scan(&s); err != nil {
+		var r Rolled
+		if err := rows.Scan(&r.Start, &r.Upto); err != nil {
 			return nil, fmt.Errorf("store: rollups: %w", err)
 		}
-		out = append(out, s)
+		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: rollups: %w", err)

@@ -4108,9 +4108,10 @@ type GetUsageRequest struct {
 	// Only this tenant (by name); empty is every tenant the session sees.
 	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// Empty: one line per tenant and task over the whole window. "hour",
-	// "day" or "month": one per bucket of that unit that meets the window,
-	// whole buckets, on the calendar of governord's time_zone; closed buckets
-	// are read from their rollups, which outlive usage_retention.
+	// "day" or "month": one line per tenant per bucket of that unit that
+	// meets the window, whole buckets, on the calendar of governord's
+	// time_zone; closed buckets are read from their rollups, which outlive
+	// usage_retention. Tasks' lines are not kept in rollups.
 	Per           string `protobuf:"bytes,4,opt,name=per,proto3" json:"per,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -27,9 +27,10 @@ What each tenant and task spent (units by resource), held (slot-seconds
 and the most slots at once, by lease class) and was refused (by cause),
 over a window rounded out to whole minutes. TIME is RFC 3339
 (2026-12-01T09:00:00Z). An admin key sees every tenant, a tenant's key its own.
-With -per, one line per hour, day or month that meets the window (whole
-ones, on the calendar of governord's time_zone), read from the rollups
-governord keeps after the minutes are gone.
+With -per, one line per tenant per hour, day or month that meets the
+window (whole ones, on the calendar of governord's time_zone), read from
+the rollups governord keeps after the minutes are gone; tasks' lines are
+kept only as long as the minutes.
 
 flags:
 `
@@ -63,6 +64,9 @@ func usageCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if !slices.Contains([]string{"", "hour", "day", "month"}, *per) {
 		return bad("-per %q: want hour, day or month", *per)
+	}
+	if *per != "" && *by == "task" && flagSet(fs, "by") {
+		return bad("-per %s reports tenants only: rollups keep no task's lines; drop -by task, or use -from/-to for tasks", *per)
 	}
 	from, to, err := usageWindow(*since, *fromFlag, *toFlag)
 	if err != nil {

@@ -154,7 +154,7 @@ func TestUsageReport(t *testing.T) {
 		t.Errorf("a window before the work shows it:\n%s", out)
 	}
 	for _, args := range [][]string{{"usage", "-by", "x"}, {"usage", "-format", "xml"}, {"usage", "-since", "-1h"},
-		{"usage", "-from", "yesterday"}, {"usage", "extra"}, {"usage", "-per", "week"}, {"usage", "-per", "Day"}, {"usage", "-from", "2026-01-02T00:00:00Z", "-to", "2026-01-01T00:00:00Z"}} {
+		{"usage", "-from", "yesterday"}, {"usage", "extra"}, {"usage", "-per", "week"}, {"usage", "-per", "Day"}, {"usage", "-per", "day", "-by", "task"}, {"usage", "-from", "2026-01-02T00:00:00Z", "-to", "2026-01-01T00:00:00Z"}} {
 		if code, _, _ := cli(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
