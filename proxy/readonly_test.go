@@ -258,8 +258,11 @@ func stateSetter(t *testing.T, a *admin) func(string) {
 }
 
 // A metered LLM call is a POST, so a write: a read-only tenant's is
-// refused (403 read-only) before it reaches the provider, both ways, and
-// nothing of its estimate stays held; resuming lets it through.
+// refused (403 read-only) before it reaches the provider, both ways, once
+// the change is in force in the sidecar (delegation on: once it has acted
+// on the recall the change sent; a call in between may still be granted
+// from what was delegated before, as readOnlyLoad says), and nothing of
+// its estimate stays held; resuming lets it through.
 func TestReadOnlyMeteredCall(t *testing.T) {
 	for _, delegation := range []string{"", "delegation: {enabled: false}"} {
 		t.Run(fmt.Sprintf("delegation=%v", delegation == ""), func(t *testing.T) {
@@ -274,7 +277,11 @@ func TestReadOnlyMeteredCall(t *testing.T) {
 			if code, denied := call(); code != 200 {
 				t.Fatalf("a call before: %d %q", code, denied)
 			}
+			recalls := e.p.metric(recallsActedOn)
 			setState("read_only")
+			if delegation == "" { // in force once the sidecar has acted on the recall the change sent
+				eventually(t, "the sidecar acting on the recall", func() bool { return e.p.metric(recallsActedOn) > recalls })
+			}
 			if code, denied := call(); code != 403 || denied != "read-only" {
 				t.Fatalf("a call while read-only: %d %q, want 403 read-only", code, denied)
 			}
