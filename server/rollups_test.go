@@ -35,15 +35,7 @@ func TestUsageRollups(t *testing.T) {
 	cfg := testConfig()
 	cfg.Clock, cfg.Location, cfg.SessionTTL = clock, ny, 96*time.Hour
 	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 3 * time.Hour}
-	srv := start(t, cfg)
-	pay := session(t, srv.Addr(), "pay-key", 0)
-	task := pay.task(t, "job", nil)
-	consume := func(n int64) {
-		t.Helper()
-		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: n}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, pay, task, consume := startSpending(t, cfg)
 	consume(1)
 	clock.ns.Store(at(8, 0, 10).UnixNano())
 	consume(5)
@@ -132,6 +124,20 @@ func TestUsageRollups(t *testing.T) {
 	}
 }
 
+// startSpending starts governord on cfg with payments' task "job", and
+// returns them and a func that charges the task tokens.
+func startSpending(t *testing.T, cfg Config) (*Server, *client, *governorpb.Node, func(int64)) {
+	srv := start(t, cfg)
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	task := pay.task(t, "job", nil)
+	return srv, pay, task, func(n int64) {
+		t.Helper()
+		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // fmtLine is a usage line in one line: its bucket, then each figure.
 func fmtLine(l *governorpb.UsageLine) string {
 	var b strings.Builder
@@ -208,15 +214,7 @@ func TestUsageRollupsOutliveAShortRetention(t *testing.T) {
 	cfg := testConfig()
 	cfg.Clock, cfg.SessionTTL = clock, 4*time.Hour
 	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 10 * time.Minute}
-	srv := start(t, cfg)
-	pay := session(t, srv.Addr(), "pay-key", 0)
-	task := pay.task(t, "job", nil)
-	consume := func(n int64) {
-		t.Helper()
-		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: task.Id, Resource: "tokens", Amount: n}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, pay, task, consume := startSpending(t, cfg)
 	consume(5)
 	clock.ns.Store(at(9, 10).UnixNano())
 	lease, err := pay.Acquire(pay.ctx, &governorpb.AcquireRequest{NodeId: task.Id, Class: "db"})
