@@ -6,8 +6,8 @@
 // (wire.go: its HTTP status, Governor-Denied word, retry headers and
 // SQLSTATE; the metrics' cause labels come from it too).
 //
-// It may import the standard library and the Go SDK (for the details of a
-// denial) only. The Admitter governor-proxy runs is package budget's.
+// It may import the standard library, the Go SDK (for the details of a
+// denial) and the generated API (for the causes' values) only. The Admitter governor-proxy runs is package budget's.
 package admission
 
 import (

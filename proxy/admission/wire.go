@@ -3,6 +3,7 @@ package admission
 import (
 	"net/http"
 
+	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 )
 
@@ -10,7 +11,8 @@ import (
 // sidecar. The table of causes (wires) is the one place a cause gets its
 // HTTP status, headers and SQLSTATE: package httpproxy and package pgwire
 // render from it, and the metrics of denials take their label values from
-// it, so a new cause is one value in governor.proto and one row here.
+// it, so a new cause is one value in governor.proto and one row here, keyed
+// by the generated constant (governorpb.Cause_CAUSE_...).
 type Wire struct {
 	// Header is the Governor-Denied value and the metrics' cause label; a
 	// cause that is not the sidecar's answer (canceled: the client went
@@ -69,8 +71,8 @@ var wires = [...]Wire{
 // refusing the sidecar's call (unavailable), and a wait given up is the
 // sidecar's own (canceled, wait-timeout).
 var governordOnly = map[Cause]bool{
-	Cause(governor.CauseBound):         true,
-	Cause(governor.CauseWaitAbandoned): true,
+	Cause(governorpb.Cause_CAUSE_BOUND):          true,
+	Cause(governorpb.Cause_CAUSE_WAIT_ABANDONED): true,
 }
 
 // causeFrom is the one conversion from a cause governord or the SDK named
