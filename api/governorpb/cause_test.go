@@ -34,12 +34,12 @@ func TestCauseWireNames(t *testing.T) {
 	if !slices.IsSorted(Causes()) {
 		t.Errorf("Causes() = %v, not in order", Causes())
 	}
-	for _, c := range []Cause{Cause_CAUSE_UNSPECIFIED, 12, 63, 1 << 30, -1} {
+	for _, c := range []Cause{Cause_CAUSE_UNSPECIFIED, 999, 1 << 30, -1} {
 		if _, ok := causeWireNames[c]; ok {
 			t.Errorf("%d has a wire name", c)
 		}
 	}
-	if got := Cause(12).WireName(); got != "cause(12)" {
+	if got := Cause(999).WireName(); got != "cause(999)" {
 		t.Errorf("an unknown cause reads %q", got)
 	}
 	if got := Cause_CAUSE_UNSPECIFIED.WireName(); got != "cause(0)" {

@@ -63,6 +63,6 @@ describe('causeName', () => {
     assert.equal(causeWireName('CAUSE_UNSPECIFIED'), '');
     assert.equal(causeWireName(undefined), '');
     assert.equal(causeWireName(0), '');
-    assert.equal(causeWireName(12), 'cause(12)');
+    assert.equal(causeWireName(999), 'cause(999)');
   });
 });
