@@ -34,7 +34,7 @@ func TestCauseWireNames(t *testing.T) {
 	if !slices.IsSorted(Causes()) {
 		t.Errorf("Causes() = %v, not in order", Causes())
 	}
-	for _, c := range []Cause{Cause_CAUSE_UNSPECIFIED, 999, 1 << 30, -1} {
+	for _, c := range []Cause{Cause_CAUSE_UNSPECIFIED, 999, 1 << 30, 1<<31 - 1, -1 << 31, -1} {
 		if _, ok := causeWireNames[c]; ok {
 			t.Errorf("%d has a wire name", c)
 		}
