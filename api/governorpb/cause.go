@@ -6,28 +6,19 @@ import (
 	"strings"
 )
 
-// FirstGovernordCause is the first Cause that is governord's alone: a
-// sidecar never answers a client with it (it has no row in the sidecar's
-// table of causes).
-const FirstGovernordCause Cause = 64
+// causeWireNames is the one table of the causes' names on the wire,
+// derived from the enumeration so that a cause added to governor.proto is
+// named with no more code.
+var causeWireNames = wireNames()
 
-// causeWireNames and causesByWireName are the one table of the causes'
-// names on the wire, derived from the enumeration so that a cause added to
-// governor.proto is named with no more code.
-var causeWireNames, causesByWireName = wireNames()
-
-func wireNames() (map[Cause]string, map[string]Cause) {
+func wireNames() map[Cause]string {
 	names := make(map[Cause]string, len(Cause_name))
-	byName := make(map[string]Cause, len(Cause_name))
 	for v, n := range Cause_name {
-		c := Cause(v)
-		if c == Cause_CAUSE_UNSPECIFIED {
-			continue
+		if c := Cause(v); c != Cause_CAUSE_UNSPECIFIED {
+			names[c] = strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(n, "CAUSE_")), "_", "-")
 		}
-		w := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(n, "CAUSE_")), "_", "-")
-		names[c], byName[w] = w, c
 	}
-	return names, byName
+	return names
 }
 
 // WireName is c's name on the wire: the Governor-Denied header's value,
@@ -39,12 +30,6 @@ func (c Cause) WireName() string {
 		return n
 	}
 	return "cause(" + strconv.Itoa(int(c)) + ")"
-}
-
-// CauseNamed is the cause whose WireName is name, and whether there is one.
-func CauseNamed(name string) (Cause, bool) {
-	c, ok := causesByWireName[name]
-	return c, ok
 }
 
 // Causes lists every cause but UNSPECIFIED, in order.

@@ -27,9 +27,6 @@ func TestCauseWireNames(t *testing.T) {
 		if got := c.WireName(); got != name {
 			t.Errorf("%v.WireName() = %q, want %q", c, got, name)
 		}
-		if got, ok := CauseNamed(name); !ok || got != c {
-			t.Errorf("CauseNamed(%q) = %v, %v; want %v", name, got, ok, c)
-		}
 	}
 	if !slices.IsSorted(Causes()) {
 		t.Errorf("Causes() = %v, not in order", Causes())
@@ -45,9 +42,24 @@ func TestCauseWireNames(t *testing.T) {
 	if got := Cause_CAUSE_UNSPECIFIED.WireName(); got != "cause(0)" {
 		t.Errorf("UNSPECIFIED reads %q", got)
 	}
-	for _, name := range []string{"", "QUOTA", "quota:tokens", "wait_timeout", "cause(0)"} {
-		if c, ok := CauseNamed(name); ok {
-			t.Errorf("CauseNamed(%q) = %v", name, c)
+}
+
+// Usage records count a spent quota by its resource, and every other
+// cause by its name alone.
+func TestCauseUsageName(t *testing.T) {
+	for _, c := range []struct {
+		cause    Cause
+		resource string
+		want     string
+	}{
+		{Cause_CAUSE_QUOTA, "tokens", "quota:tokens"},
+		{Cause_CAUSE_QUOTA, "", "quota"},
+		{Cause_CAUSE_BOUND, "tokens", "bound"},
+		{Cause_CAUSE_TASK_ENDED, "", "task-ended"},
+		{Cause_CAUSE_WAIT_ABANDONED, "", "wait-abandoned"},
+	} {
+		if got := c.cause.UsageName(c.resource); got != c.want {
+			t.Errorf("%v.UsageName(%q) = %q, want %q", c.cause, c.resource, got, c.want)
 		}
 	}
 }
