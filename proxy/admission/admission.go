@@ -7,7 +7,8 @@
 // SQLSTATE; the metrics' cause labels come from it too).
 //
 // It may import the standard library, the Go SDK (for the details of a
-// denial) and the generated API (for the causes' values) only. The Admitter governor-proxy runs is package budget's.
+// denial) and the generated API (for the causes' values) only. The
+// Admitter governor-proxy runs is package budget's.
 package admission
 
 import (
