@@ -14,6 +14,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // scramUser logs in with SCRAM-SHA-256 (scripts/testpg.sh creates it).
@@ -47,7 +48,7 @@ func startPG(t *testing.T) *pgSetup {
 		CREATE TABLE compat_denied (id int);
 		GRANT ALL ON compat_items, compat_denied TO `+scramUser)
 	g := govtest.Start(t, nil)
-	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxyconfig.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-drivers, quotas: {never: 0}}
 http: {listen: 127.0.0.1:0}
@@ -147,7 +148,7 @@ func (p pgTarget) dsn() string {
 
 // startSidecar starts a sidecar in this process and waits for its session
 // with governord; it is shut down when the test ends.
-func startSidecar(t *testing.T, cfg proxy.Config, opts proxy.Options) *proxy.Sidecar {
+func startSidecar(t *testing.T, cfg proxyconfig.Config, opts proxy.Options) *proxy.Sidecar {
 	t.Helper()
 	p, err := proxy.Start(context.Background(), cfg, opts)
 	if err != nil {

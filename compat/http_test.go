@@ -27,6 +27,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
 	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // originHost is the origins' name. Only the proxy's resolver knows it, so a
@@ -148,7 +149,7 @@ func startHTTP(t *testing.T) *httpSetup {
 	t.Cleanup(secure.Close)
 
 	g := govtest.Start(t, nil)
-	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxyconfig.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-http, quotas: {never: 0}, limits: {slow: 1}}
 http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], wait_timeout: 300ms}

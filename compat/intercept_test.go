@@ -22,6 +22,7 @@ import (
 	"github.com/governor-project/governor/internal/testcert"
 	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/proxy/intercept"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // interceptDomain is where the intercepted origins are: each client asks
@@ -112,7 +113,7 @@ func startIntercept(t *testing.T, clients []interceptClient) *interceptSetup {
 		rules = append(rules, fmt.Sprintf("  - {name: %[1]s, match: {host: %[1]s.%[2]s}, charge: {%[1]s: 1}}", c.label, interceptDomain))
 	}
 	g := govtest.Start(t, nil)
-	cfg, err := proxy.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := proxyconfig.ParseConfig(fmt.Appendf(nil, `
 governor: {addr: %q, api_key: %s}
 task: {name: compat-intercept, quotas: {%s}}
 http:

@@ -25,6 +25,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"gopkg.in/yaml.v3"
@@ -39,7 +42,6 @@ import (
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy"
-	"github.com/governor-project/governor/server"
 )
 
 const (
@@ -97,7 +99,7 @@ func describe(t *testing.T, c prometheus.Collector, into series) {
 func served(t *testing.T) series {
 	t.Helper()
 	g := govtest.Start(t, nil)
-	cfg, err := proxy.ParseConfig([]byte(fmt.Sprintf(`
+	cfg, err := proxyconfig.ParseConfig([]byte(fmt.Sprintf(`
 governor: {addr: %q, api_key: %s}
 task: {name: deploy-test}
 http: {listen: 127.0.0.1:0}
@@ -601,7 +603,7 @@ func setManifestEnv(t *testing.T) {
 
 func TestKubernetesConfigsLoad(t *testing.T) {
 	setManifestEnv(t)
-	cfg, err := server.ParseConfig(configMapFile(t, "kubernetes/governord.yaml", "governord", "governor.yaml"))
+	cfg, err := serverconfig.ParseConfig(configMapFile(t, "kubernetes/governord.yaml", "governord", "governor.yaml"))
 	if err != nil {
 		t.Fatalf("governord's config: %v", err)
 	}
@@ -609,21 +611,21 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 		t.Fatalf("governord's config: %+v", cfg)
 	}
 	t.Setenv("GOVERNOR_PG_DSN", "postgres://governor@postgres/governor")
-	ha, err := server.ParseConfig(configMapFile(t, "kubernetes/governord-ha.yaml", "governord", "governor.yaml"))
+	ha, err := serverconfig.ParseConfig(configMapFile(t, "kubernetes/governord-ha.yaml", "governord", "governor.yaml"))
 	if err != nil {
 		t.Fatalf("governord's config with standbys: %v", err)
 	}
 	if !ha.HA.Enabled || ha.Store.Driver != "postgres" || ha.HA.AdvertiseAddr != "crawler-0.governord-peers.default.svc:7600" {
 		t.Fatalf("governord's config with standbys: %+v", ha)
 	}
-	pcfg, err := proxy.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
+	pcfg, err := proxyconfig.ParseConfig(configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml"))
 	if err != nil {
 		t.Fatalf("the sidecar's config: %v", err)
 	}
 	if pcfg.HTTP.WaitTimeout != 30*time.Second || pcfg.Rules == nil {
 		t.Fatalf("the sidecar's config: %+v", pcfg)
 	}
-	icfg, err := proxy.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
+	icfg, err := proxyconfig.ParseConfig(configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml"))
 	if err != nil {
 		t.Fatalf("the intercepting sidecar's config: %v", err)
 	}
@@ -638,15 +640,15 @@ func TestKubernetesConfigsLoad(t *testing.T) {
 func TestKubernetesConfigTypoFails(t *testing.T) {
 	setManifestEnv(t)
 	gtext := configMapFile(t, "kubernetes/governord.yaml", "governord", "governor.yaml")
-	if _, err := server.ParseConfig(bytes.Replace(gtext, []byte("metrics_listen:"), []byte("metric_listen:"), 1)); err == nil {
+	if _, err := serverconfig.ParseConfig(bytes.Replace(gtext, []byte("metrics_listen:"), []byte("metric_listen:"), 1)); err == nil {
 		t.Error("governord's config with metric_listen: loaded")
 	}
 	ptext := configMapFile(t, "kubernetes/worker-with-sidecar.yaml", "crawler-proxy", "proxy.yaml")
-	if _, err := proxy.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
+	if _, err := proxyconfig.ParseConfig(bytes.Replace(ptext, []byte("wait_timeout:"), []byte("wait_timout:"), 1)); err == nil {
 		t.Error("the sidecar's config with wait_timout: loaded")
 	}
 	itext := configMapFile(t, interceptManifest, "crawler-proxy-intercept", "proxy.yaml")
-	if _, err := proxy.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
+	if _, err := proxyconfig.ParseConfig(bytes.Replace(itext, []byte("ca_key:"), []byte("ca_keyfile:"), 1)); err == nil {
 		t.Error("the intercepting sidecar's config with ca_keyfile: loaded")
 	}
 }

@@ -29,7 +29,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 
 	"github.com/governor-project/governor/kubeinject"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 var rewrite = flag.Bool("rewrite", false, "write the chart's copies of the alerts and the dashboard (and kubernetes/'s generated manifests)")
@@ -232,7 +232,7 @@ func checkRendered(t *testing.T, objs []renderedObject, values map[string]any) {
 	if cm == nil {
 		t.Fatal("no ConfigMap governord")
 	}
-	cfg, err := server.ParseConfig([]byte(cm.Data["governor.yaml"]))
+	cfg, err := serverconfig.ParseConfig([]byte(cm.Data["governor.yaml"]))
 	if err != nil {
 		t.Fatalf("governord's config does not load: %v\n%s", err, cm.Data["governor.yaml"])
 	}

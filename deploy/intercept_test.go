@@ -18,8 +18,8 @@ import (
 
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/proxy"
 	"github.com/governor-project/governor/proxy/intercept"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 const interceptManifest = "kubernetes/worker-with-sidecar-intercept.yaml"
@@ -183,7 +183,7 @@ func TestKubernetesInterceptCA(t *testing.T) {
 	if cm == nil || cm.Data[cfgKey] == "" {
 		t.Fatalf("the sidecar's -config is not a key of a ConfigMap of the manifest")
 	}
-	cfg, err := proxy.ParseConfig([]byte(cm.Data[cfgKey]))
+	cfg, err := proxyconfig.ParseConfig([]byte(cm.Data[cfgKey]))
 	if err != nil {
 		t.Fatal(err)
 	}

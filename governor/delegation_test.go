@@ -12,6 +12,7 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // dialTo opens a session with srv as its one tenant.
@@ -52,7 +53,7 @@ func TestFindOrCreateTaskFindsTheOpenTask(t *testing.T) {
 }
 
 func TestBlocksAndReservationsThroughTheSDK(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 4}
 		c.Tenants[0].Quotas = map[string]int64{"calls": 20}
 	})
@@ -147,8 +148,8 @@ func waitNotice(t *testing.T, ch <-chan governor.Notice, kind governor.NoticeKin
 // file has it.
 func TestReportSamplesCutIsDurable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "governor.db")
-	edit := func(c *server.Config) {
-		c.Store = server.StoreConfig{Driver: "sqlite", DSN: path}
+	edit := func(c *serverconfig.Config) {
+		c.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: path}
 		// No interval ends during the test: only the early cut can move it.
 		c.Adaptive = []engine.Adaptive{{Class: "psp", TargetP95: time.Second, MaxOverload: 0.02,
 			MinLimit: 1, MaxLimit: 20, Interval: time.Hour}}

@@ -36,7 +36,11 @@
 // Calls that fail at the server return a *StatusError, which carries the gRPC
 // status (status.FromError works on it) and unwraps to one of the sentinel
 // errors in errors.go, or to a *Denial, *LeaseEndedError or *TaskEndedError
-// with the details the server sent. Every call that changes state carries a
+// with the details the server sent. CauseOf says why a call was refused,
+// as governord named it (a Cause: quota, rate, task-ended, suspended,
+// read-only, bound), by the word the sidecar's Governor-Denied header
+// uses; the sentinel of a refusal with no typed detail follows from its
+// cause (cause.go). Every call that changes state carries a
 // fresh random request id, and a call that fails with UNAVAILABLE is retried
 // with the same id, so a lost reply never charges twice.
 //

@@ -76,7 +76,12 @@ type StatusError struct {
 	Op     string
 	status *status.Status
 	err    error // the sentinel or typed detail; nil if the code has none
+	cause  Cause
 }
+
+// Cause is why governord refused the call; CauseNone if it refused no
+// work (a malformed request, an unknown node, ...).
+func (e *StatusError) Cause() Cause { return e.cause }
 
 func (e *StatusError) Error() string { return "governor: " + e.Op + ": " + e.reason() }
 
@@ -279,49 +284,63 @@ func fromStatus(op string, err error) error {
 		return fmt.Errorf("governor: %s: %w", op, err)
 	}
 	se := &StatusError{Op: op, status: st}
-	switch st.Code() {
-	case codes.ResourceExhausted:
-		se.err = ErrQuotaExhausted
-		if _, ok := throttled(err); ok {
-			se.err = ErrThrottled
-		}
-		for _, d := range st.Details() {
-			switch d := d.(type) {
-			case *governorpb.Denial:
-				se.err = denialFromProto(d)
-			case *governorpb.RateLimited:
-				se.err = rateLimitedFromProto(d)
-			}
-		}
-	case codes.FailedPrecondition:
-		for _, d := range st.Details() {
-			switch d := d.(type) {
-			case *governorpb.NodeEnded:
-				se.err = &TaskEndedError{NodeID: d.GetNodeId(), NodeName: d.GetNodeName(), State: NodeState(d.GetState())}
-			case *governorpb.LeaseEnded:
-				se.err = &LeaseEndedError{LeaseID: d.GetLeaseId(), Reason: LeaseEndReason(d.GetReason())}
-			case *governorpb.TenantRefusal:
-				se.err = tenantRefusal(d)
-			}
-		}
-	case codes.Unauthenticated:
-		se.err = ErrUnauthenticated
-	case codes.PermissionDenied:
-		se.err = ErrPermissionDenied
-	case codes.NotFound:
-		se.err = ErrNotFound
-	case codes.AlreadyExists:
-		se.err = ErrAlreadyExists
-	case codes.InvalidArgument:
-		se.err = ErrInvalidArgument
-	case codes.Unavailable:
-		se.err = ErrUnavailable
-	case codes.Canceled:
-		se.err = context.Canceled
-	case codes.DeadlineExceeded:
-		se.err = context.DeadlineExceeded
+	var detail error
+	se.cause, detail = refusal(st)
+	switch _, throttle := throttled(err); {
+	case detail != nil:
+		se.err = detail
+	case throttle:
+		se.err = ErrThrottled
+	case se.cause.Err() != nil:
+		se.err = se.cause.Err()
+	default:
+		se.err = codeErrors[st.Code()]
 	}
 	return se
+}
+
+// codeErrors are the sentinels of statuses that name no cause.
+var codeErrors = map[codes.Code]error{
+	codes.ResourceExhausted: ErrQuotaExhausted, // a governord from before causes
+	codes.Unauthenticated:   ErrUnauthenticated,
+	codes.PermissionDenied:  ErrPermissionDenied,
+	codes.NotFound:          ErrNotFound,
+	codes.AlreadyExists:     ErrAlreadyExists,
+	codes.InvalidArgument:   ErrInvalidArgument,
+	codes.Unavailable:       ErrUnavailable,
+	codes.Canceled:          context.Canceled,
+	codes.DeadlineExceeded:  context.DeadlineExceeded,
+}
+
+// refusal reads a status's details: the cause governord named (in the
+// detail of the refusal), and the typed error of that detail. From a
+// governord that names no cause, the detail's kind tells it.
+func refusal(st *status.Status) (Cause, error) {
+	var (
+		cause  Cause
+		detail error
+	)
+	for _, d := range st.Details() {
+		if c, ok := d.(interface{ GetCause() governorpb.Cause }); ok && cause == CauseNone {
+			cause = Cause(c.GetCause())
+		}
+		switch d := d.(type) {
+		case *governorpb.Denial:
+			detail = denialFromProto(d)
+		case *governorpb.RateLimited:
+			detail = rateLimitedFromProto(d)
+		case *governorpb.NodeEnded:
+			detail = &TaskEndedError{NodeID: d.GetNodeId(), NodeName: d.GetNodeName(), State: NodeState(d.GetState())}
+		case *governorpb.LeaseEnded:
+			detail = &LeaseEndedError{LeaseID: d.GetLeaseId(), Reason: LeaseEndReason(d.GetReason())}
+		case *governorpb.TenantRefusal:
+			detail = tenantRefusal(d)
+		}
+	}
+	if c, ok := detail.(interface{ Cause() Cause }); ok && cause == CauseNone {
+		cause = c.Cause()
+	}
+	return cause, detail
 }
 
 func denialFromProto(d *governorpb.Denial) *Denial {

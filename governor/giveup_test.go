@@ -22,6 +22,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Callers that give up must leave nothing held: a grant made as the
@@ -50,14 +51,14 @@ func giveUps(t *testing.T) int {
 // "postgres") with a root limit of 1 on class db, as in the issue.
 func startGiveUpServer(t *testing.T, driver string) *server.Server {
 	t.Helper()
-	var st server.StoreConfig
+	var st serverconfig.StoreConfig
 	switch driver {
 	case "sqlite":
-		st = server.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+		st = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
 	case "postgres":
-		st = server.StoreConfig{Driver: "postgres", DSN: pgtest.Schema(t, "giveup_")}
+		st = serverconfig.StoreConfig{Driver: "postgres", DSN: pgtest.Schema(t, "giveup_")}
 	}
-	return govtest.Start(t, func(c *server.Config) {
+	return govtest.Start(t, func(c *serverconfig.Config) {
 		c.Store = st
 		c.Root.Limits = map[string]int64{"db": 1}
 	})
@@ -175,7 +176,7 @@ func (a *answerLost) intercept(ctx context.Context, method string, req, reply an
 // the call returns: the lease with its charges, a block's new slots, a
 // reservation's new units.
 func TestGrantWhoseAnswerWasLostIsGivenBack(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 4}
 		c.Root.Quotas = map[string]int64{"tokens": 1000}
 	})
@@ -258,7 +259,7 @@ func (u *unreachable) intercept(ctx context.Context, method string, req, reply a
 // given back once governord can be told, and the call fails closed
 // meanwhile.
 func TestGrantGivenUpAsUnavailableIsGivenBack(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 1} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root.Limits = map[string]int64{"db": 1} })
 	u := &unreachable{method: governorpb.Governor_Acquire_FullMethodName, abandoned: make(chan error, 1)}
 	c := dialReal(t, governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey),
 		governor.WithUnavailableRetry(50*time.Millisecond), governor.WithGRPCOptions(grpc.WithChainUnaryInterceptor(u.intercept)))
@@ -323,7 +324,7 @@ func (f *flaky) intercept(ctx context.Context, method string, req, reply any, cc
 // caller's time: failed fast, it would leave what it frees held until the
 // session ends, and the limit full meanwhile.
 func TestGiveBacksOutlastTheUnavailableBound(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 1}
 		c.Tenants[0].Quotas = map[string]int64{"calls": 100}
 	})

@@ -18,17 +18,18 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // startHA starts a governord with ha on over the PostgreSQL store dsn.
 func startHA(t *testing.T, dsn string) *server.Server {
 	t.Helper()
-	cfg := server.Config{
+	cfg := serverconfig.Config{
 		Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 10 * time.Second,
-		AdminKey: adminKey, Store: server.StoreConfig{Driver: "postgres", DSN: dsn},
-		Root:    server.Caps{Limits: map[string]int64{"db": 4}},
-		Tenants: []server.TenantConfig{{Name: "payments", APIKey: paymentsKey, Weight: 4}},
-		HA:      server.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond},
+		AdminKey: adminKey, Store: serverconfig.StoreConfig{Driver: "postgres", DSN: dsn},
+		Root:    serverconfig.Caps{Limits: map[string]int64{"db": 4}},
+		Tenants: []serverconfig.TenantConfig{{Name: "payments", APIKey: paymentsKey, Weight: 4}},
+		HA:      serverconfig.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond},
 	}
 	return govtest.StartConfig(t, cfg)
 }

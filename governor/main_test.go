@@ -11,7 +11,7 @@ import (
 
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestMain starts a real governord with the memory store for the tests and
@@ -31,11 +31,11 @@ const (
 type withServer struct{ m *testing.M }
 
 func (w withServer) Run() int {
-	srv, err := govtest.StartMain(func(c *server.Config) {
+	srv, err := govtest.StartMain(func(c *serverconfig.Config) {
 		c.SessionTTL = 2 * time.Second
-		c.Root = server.Caps{Limits: map[string]int64{"db": 4}}
+		c.Root = serverconfig.Caps{Limits: map[string]int64{"db": 4}}
 		c.Tenants[0].Weight = 4
-		c.Tenants[0].Defaults = server.Caps{Quotas: map[string]int64{"retry": 3}}
+		c.Tenants[0].Defaults = serverconfig.Caps{Quotas: map[string]int64{"retry": 3}}
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

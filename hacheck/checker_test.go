@@ -19,6 +19,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/internal/hacluster"
 )
 
 // failoversEnv sets how many failovers TestFailoversAreLinearizable
@@ -210,7 +211,7 @@ func runCluster(t *testing.T, n int, faults []fault, env []string, probe bool) r
 	down := &downstream{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	addrs := nodes[0].addr + "," + nodes[1].addr
+	addrs := nodes[0].Addr + "," + nodes[1].Addr
 	for i := range 4 {
 		wg.Add(1)
 		go func() { defer wg.Done(); client(t, i, addrs, rec, down, stop) }()
@@ -218,19 +219,19 @@ func runCluster(t *testing.T, n int, faults []fault, env []string, probe bool) r
 	res := runResult{rec: rec, down: down}
 	var probes map[*node]*prober
 	if probe {
-		probes = map[*node]*prober{nodes[0]: newProber(t, nodes[0].addr), nodes[1]: newProber(t, nodes[1].addr)}
+		probes = map[*node]*prober{nodes[0]: newProber(t, nodes[0].Addr), nodes[1]: newProber(t, nodes[1].Addr)}
 	}
 	for i := range n {
 		waitProgress(t, rec, 50)
 		f := faults[i%len(faults)]
 		began := time.Now()
-		t.Logf("failover %d: %s of %s", i+1, f, leader.name)
+		t.Logf("failover %d: %s of %s", i+1, f, leader.Name)
 		switch f {
 		case faultKill:
-			leader.signal(syscall.SIGKILL)
-			leader.wait()
+			leader.Signal(syscall.SIGKILL)
+			leader.Wait()
 		case faultPause:
-			leader.signal(syscall.SIGSTOP)
+			leader.Signal(syscall.SIGSTOP)
 			waitLeader(t, others(nodes, leader))
 			var asked chan struct{}
 			if p := probes[leader]; p != nil {
@@ -240,22 +241,24 @@ func runCluster(t *testing.T, n int, faults []fault, env []string, probe bool) r
 				waitAckAfter(t, rec, time.Now())
 				asked = p.readAll(rec)
 			}
-			leader.signal(syscall.SIGCONT)
+			leader.Signal(syscall.SIGCONT)
 			if asked != nil {
 				<-asked
 			}
-			leader.wait() // deposed: its next renewal or commit fails
+			leader.Wait() // deposed: its next renewal or commit fails
 		case faultBlackhole:
 			leader.proxy.Blackhole(true)
 			waitLeader(t, others(nodes, leader))
-			leader.wait()
+			leader.Wait()
 			leader.proxy.Blackhole(false)
 		case faultPGRestart:
 			pg.restart(t)
 		}
 		for _, nd := range nodes {
-			if !nd.running() {
-				nd.start(bin)
+			if !nd.Running() {
+				if err := nd.Start(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		leader = waitLeader(t, nodes)
@@ -340,16 +343,19 @@ func others(nodes []*node, not *node) []*node {
 // waitLeader waits until one of nodes leads, and returns it.
 func waitLeader(t *testing.T, nodes []*node) *node {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		for _, n := range nodes {
-			if n.leads() {
-				return n
-			}
-		}
-		time.Sleep(10 * time.Millisecond) // polling /readyz
+	members := make([]*hacluster.Member, len(nodes))
+	for i, n := range nodes {
+		members[i] = n.Member
 	}
-	t.Fatal("no governord led within a minute")
+	m, err := hacluster.Leader(members, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.Member == m {
+			return n
+		}
+	}
 	return nil
 }
 
@@ -453,7 +459,7 @@ func pausedLeaderReads(t *testing.T, env []string) []porcupine.Operation {
 	nodes := []*node{newNode(t, bin, "a", pg.dsn, env), newNode(t, bin, "b", pg.dsn, env)}
 	old := waitLeader(t, nodes)
 	rec := &recorder{base: time.Now()}
-	p := newProber(t, old.addr)
+	p := newProber(t, old.Addr)
 	consumeAt := func(addr string) {
 		c, err := governor.Dial(context.Background(), governor.WithAddr(addr), governor.WithAPIKey(tenantKey))
 		if err != nil {
@@ -470,15 +476,15 @@ func pausedLeaderReads(t *testing.T, env []string) []porcupine.Operation {
 		}
 		rec.add(0, input{kind: opConsume}, call, output{})
 	}
-	consumeAt(old.addr)
+	consumeAt(old.Addr)
 	<-p.readAll(rec) // answered by the leader, with the count 1
-	old.signal(syscall.SIGSTOP)
+	old.Signal(syscall.SIGSTOP)
 	next := waitLeader(t, others(nodes, old))
-	consumeAt(next.addr)
+	consumeAt(next.Addr)
 	asked := p.readAll(rec)
-	old.signal(syscall.SIGCONT)
+	old.Signal(syscall.SIGCONT)
 	<-asked
-	old.wait()
+	old.Wait()
 	return rec.ops
 }
 

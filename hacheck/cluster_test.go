@@ -2,23 +2,20 @@ package hacheck
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/governor-project/governor/internal/faultproxy"
 	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/internal/hacluster"
 	"github.com/governor-project/governor/internal/pgtest"
 )
 
@@ -83,24 +80,12 @@ func (p *pgServer) restart(t *testing.T) {
 	}
 }
 
-// node is one governord process slot: its address, config and the TCP
-// proxy between it and PostgreSQL. The process in it may be replaced.
+// node is one member of the cluster (internal/hacluster) with the TCP
+// proxy between it and PostgreSQL, through which faults are injected.
 type node struct {
-	t       *testing.T
-	name    string
-	addr    string
-	metrics string
-	config  string
-	env     []string
-	proxy   *faultproxy.Proxy
-
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	logs   bytes.Buffer
+	*hacluster.Member
+	proxy *faultproxy.Proxy
 }
-
-func freeAddr(t *testing.T) string { return govtest.FreeAddr(t) }
 
 func newNode(t *testing.T, bin, name, dsn string, env []string) *node {
 	t.Helper()
@@ -120,111 +105,22 @@ func newNodeWith(t *testing.T, bin, name, dsn string, env []string, tenant strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, name: name, addr: freeAddr(t), metrics: freeAddr(t), env: env, proxy: faultproxy.New(ln, u.Host)}
-	t.Cleanup(func() { n.proxy.Close() })
-	u.Host = n.proxy.Addr()
-	n.config = filepath.Join(t.TempDir(), "governor.yaml")
-	cfg := fmt.Sprintf(`listen: %s
-metrics_listen: %s
-session_ttl: %s
-admin_key: %s
-store: {driver: postgres, dsn: %q}
-ha: {enabled: true, advertise_addr: %s, lease: %s, drift_allowance: %s}
-root:
-  limits: {%s: 1}
-tenants:
-  - {name: payments, api_key: %s%s}
-`, n.addr, n.metrics, sessionTTL, adminKey, u.String(), n.addr, lease, drift, lockClass, tenantKey, tenant)
-	if err := os.WriteFile(n.config, []byte(cfg), 0o600); err != nil {
+	proxy := faultproxy.New(ln, u.Host)
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	m, err := hacluster.Start(hacluster.Spec{Bin: bin, Dir: t.TempDir(), Name: name, DSN: u.String(), Lease: lease, Drift: drift, Env: env,
+		More: fmt.Sprintf("session_ttl: %s\nadmin_key: %s\nroot:\n  limits: {%s: 1}\ntenants:\n  - {name: payments, api_key: %s%s}\n",
+			sessionTTL, adminKey, lockClass, tenantKey, tenant)})
+	if err != nil {
 		t.Fatal(err)
 	}
-	n.start(bin)
 	t.Cleanup(func() {
-		n.signal(syscall.SIGCONT)
-		n.signal(syscall.SIGKILL)
-		n.wait()
+		m.Kill()
 		if t.Failed() {
-			n.mu.Lock()
-			t.Logf("governord %s's log (the last 40 lines):\n%s", n.name, lastLines(n.logs.String(), 40))
-			n.mu.Unlock()
+			t.Logf("governord %s's log (the last 40 lines):\n%s", m.Name, m.Tail(40))
 		}
 	})
-	return n
-}
-
-func lastLines(s string, k int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-k):], "\n")
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-// start starts a process in the slot; it stands by until it wins.
-func (n *node) start(bin string) {
-	cmd := exec.Command(bin, "-config", n.config)
-	cmd.Env = append(os.Environ(), n.env...)
-	cmd.Stderr = lockedWriter{&n.mu, &n.logs}
-	if err := cmd.Start(); err != nil {
-		n.t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	n.mu.Lock()
-	n.cmd, n.exited = cmd, exited
-	n.mu.Unlock()
-}
-
-func (n *node) signal(sig syscall.Signal) {
-	n.mu.Lock()
-	cmd := n.cmd
-	n.mu.Unlock()
-	if cmd != nil {
-		cmd.Process.Signal(sig)
-	}
-}
-
-// running reports whether the slot's process still runs.
-func (n *node) running() bool {
-	n.mu.Lock()
-	exited := n.exited
-	n.mu.Unlock()
-	select {
-	case <-exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// wait waits for the slot's process to exit.
-func (n *node) wait() {
-	n.mu.Lock()
-	exited := n.exited
-	n.mu.Unlock()
-	<-exited
-}
-
-// leads reports whether the slot's process says it leads (/readyz).
-func (n *node) leads() bool {
-	c := http.Client{Timeout: 200 * time.Millisecond}
-	resp, err := c.Get("http://" + n.metrics + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	return &node{Member: m, proxy: proxy}
 }
 
 // buildGovernord builds the daemon once per test binary.

@@ -41,7 +41,7 @@ func TestPeriodResetsOnTheStandbyAfterFailover(t *testing.T) {
 		time.Sleep(time.Until(boundary)) // a wall-clock boundary, not readiness
 		boundary = boundary.Add(10 * time.Second)
 	}
-	tenant := openOn(t, ctx, leader.addr, tenantKey)
+	tenant := openOn(t, ctx, leader.Addr, tenantKey)
 	if err := tenant.consume(5); err != nil {
 		t.Fatal(err)
 	}
@@ -49,10 +49,10 @@ func TestPeriodResetsOnTheStandbyAfterFailover(t *testing.T) {
 	if err := governor.RawError("consume", tenant.consume(1)); !errors.As(err, &d) || !d.ResetAt.Equal(boundary) {
 		t.Fatalf("the sixth call: %v; want a denial resetting at %v", err, boundary)
 	}
-	leader.signal(syscall.SIGKILL)
-	leader.wait()
+	leader.Signal(syscall.SIGKILL)
+	leader.Wait()
 	standby := waitLeader(t, others(nodes, leader))
-	tenant = openOn(t, ctx, standby.addr, tenantKey)
+	tenant = openOn(t, ctx, standby.Addr, tenantKey)
 	err = tenant.consume(1)
 	left := time.Until(boundary)
 	t.Logf("on the standby after the failover, %v before the boundary: %v", left, err)

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/governor-project/governor/proxy/proxyconfig"
+
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
-
-	"github.com/governor-project/governor/proxy"
 )
 
 func TestPointDSN(t *testing.T) {
@@ -181,12 +181,12 @@ func TestConfigErrors(t *testing.T) {
 // The places the injector assumes are the sidecar's defaults, so that a
 // ConfigMap that leaves http.listen out works.
 func TestPlacesAreTheSidecarsDefaults(t *testing.T) {
-	if ProxyListen != proxy.DefaultListen {
-		t.Errorf("ProxyListen %s, the sidecar's default %s", ProxyListen, proxy.DefaultListen)
+	if ProxyListen != proxyconfig.DefaultListen {
+		t.Errorf("ProxyListen %s, the sidecar's default %s", ProxyListen, proxyconfig.DefaultListen)
 	}
-	_, port, _ := net.SplitHostPort(proxy.DefaultMetricsListen)
+	_, port, _ := net.SplitHostPort(proxyconfig.DefaultMetricsListen)
 	if strconv.Itoa(MetricsPort) != port {
-		t.Errorf("MetricsPort %d, the sidecar's default %s", MetricsPort, proxy.DefaultMetricsListen)
+		t.Errorf("MetricsPort %d, the sidecar's default %s", MetricsPort, proxyconfig.DefaultMetricsListen)
 	}
 	if len(metricsPortName) > 15 {
 		t.Errorf("the port name %s is over 15 characters", metricsPortName)

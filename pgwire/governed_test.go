@@ -19,6 +19,7 @@ import (
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 const testRules = `
@@ -35,7 +36,7 @@ rules:
 // governord starts an in-process governord whose tenant may hold dbLimit
 // db leases at once.
 func governord(t testing.TB, dbLimit int64) *server.Server {
-	return govtest.Start(t, func(c *server.Config) { c.Tenants[0].Limits = map[string]int64{"db": dbLimit} })
+	return govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Limits = map[string]int64{"db": dbLimit} })
 }
 
 // governedProxy starts a sidecar's pgwire side on the sidecar's admission

@@ -20,6 +20,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/pgwire"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Statement governance end to end: a real PostgreSQL, a real governord, and
@@ -267,7 +268,7 @@ rules:
 
 // classes starts a governord whose tenant has these limits.
 func classes(t testing.TB, limits map[string]int64) *server.Server {
-	return govtest.Start(t, func(c *server.Config) { c.Tenants[0].Limits = limits })
+	return govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Limits = limits })
 }
 
 // A transaction that touches two classes holds a lease of each: a second

@@ -20,6 +20,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/governor-project/governor/internal/govtest"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // BenchmarkProxy measures, in one run, the same keep-alive GETs of a 1 KiB
@@ -94,7 +95,7 @@ func benchGovernor(b *testing.B, driver, rule string) (string, func()) {
 		cfg.Store.DSN = filepath.Join(b.TempDir(), "governor.db")
 	}
 	g := govtest.StartConfig(b, cfg)
-	pcfg, err := ParseConfig([]byte(fmt.Sprintf(`
+	pcfg, err := proxyconfig.ParseConfig([]byte(fmt.Sprintf(`
 governor: {addr: %q, api_key: %s}
 task: {name: bench, quotas: {calls: 1000000000}, limits: {bench: 1000}}
 http: {listen: 127.0.0.1:0, allow_targets: [localhost]}

@@ -4,7 +4,9 @@
 // pgwire, the listeners a worker's DSN points at) over one admission layer
 // (package admission's vocabulary; package budget's Admitter, the one
 // session with governord and the budgets it delegates), with the rules of
-// package classify, one config file and one metrics and health server.
+// package classify, one config file (package proxyconfig: the YAML file
+// and the validated Config that Start takes) and one metrics and health
+// server.
 //
 //	                 ┌──────────── Sidecar ────────────┐
 //	worker ─HTTP───▶ │ httpproxy ──┐                   │
@@ -21,8 +23,6 @@
 //
 // # Files
 //
-//   - configtypes.go: the names of package proxyconfig's types, where the
-//     YAML file (strict keys, ${VAR}) and the validated Config live.
 //   - sidecar.go: Start (build, listen, serve) and Shutdown; the rule watcher.
 //   - pgwire.go: the pgwire listeners, and the gate that drains their
 //     transactions at shutdown.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/proxy/httpproxy"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // The HTTP side is not an open proxy: it listens off loopback only when the
@@ -40,26 +41,26 @@ func TestListenOffLoopbackNeedsOptInAndPassword(t *testing.T) {
 		{"{connect_ports: [0]}", "http.connect_ports[0]"},
 		{"{connect_ports: [443, 9-8]}", "http.connect_ports[1]"},
 	} {
-		_, err := ParseConfig([]byte(minimal + "http: " + tc.http + "\n"))
-		var ce *ConfigError
+		_, err := proxyconfig.ParseConfig([]byte(minimal + "http: " + tc.http + "\n"))
+		var ce *proxyconfig.ConfigError
 		if !errors.As(err, &ce) || ce.Key != tc.key {
 			t.Errorf("http: %s: got %v, want an error for %s", tc.http, err, tc.key)
 		}
 	}
 	for _, h := range []string{"{listen: 127.0.0.1:7700}", "{listen: \"[::1]:7700\"}", "{listen: localhost:7700}",
 		"{listen: 0.0.0.0:7700, allow_remote_clients: true, password: pw}"} {
-		if _, err := ParseConfig([]byte(minimal + "http: " + h + "\n")); err != nil {
+		if _, err := proxyconfig.ParseConfig([]byte(minimal + "http: " + h + "\n")); err != nil {
 			t.Errorf("http: %s: %v", h, err)
 		}
 	}
-	cfg, err := ParseConfig([]byte(minimal + "http: {allow_targets: [localhost, 10.0.0.0/8, \"127.0.0.1:5432\"], connect_ports: [443, 8443-8450]}\n"))
+	cfg, err := proxyconfig.ParseConfig([]byte(minimal + "http: {allow_targets: [localhost, 10.0.0.0/8, \"127.0.0.1:5432\"], connect_ports: [443, 8443-8450]}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(cfg.HTTP.AllowTargets) != 4 || fmt.Sprint(cfg.HTTP.ConnectPorts) != "[443 8443-8450]" {
 		t.Errorf("allow_targets %v, connect_ports %v", cfg.HTTP.AllowTargets, cfg.HTTP.ConnectPorts)
 	}
-	if cfg, _ := ParseConfig([]byte(minimal)); cfg.HTTP.ConnectPorts != nil || cfg.HTTP.AllowTargets != nil {
+	if cfg, _ := proxyconfig.ParseConfig([]byte(minimal)); cfg.HTTP.ConnectPorts != nil || cfg.HTTP.AllowTargets != nil {
 		t.Errorf("defaults: allow_targets %v, connect_ports %v; want none (443 only)", cfg.HTTP.AllowTargets, cfg.HTTP.ConnectPorts)
 	}
 }

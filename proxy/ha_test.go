@@ -12,7 +12,8 @@ import (
 
 	"github.com/governor-project/governor/internal/pgtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestSidecarServesAcrossAFailover: a sidecar given both governords'
@@ -21,9 +22,9 @@ import (
 // leader), with the same session.
 func TestSidecarServesAcrossAFailover(t *testing.T) {
 	dsn := pgtest.Schema(t, "governor_sidecar_ha_")
-	ha := func(c *server.Config) {
-		c.Store = server.StoreConfig{Driver: "postgres", DSN: dsn}
-		c.HA = server.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond}
+	ha := func(c *serverconfig.Config) {
+		c.Store = serverconfig.StoreConfig{Driver: "postgres", DSN: dsn}
+		c.HA = serverconfig.HAConfig{Enabled: true, Lease: time.Second, DriftAllowance: 100 * time.Millisecond}
 		c.SessionTTL = 10 * time.Second
 	}
 	a := startGovernord(t, ha)
@@ -90,9 +91,9 @@ func TestWaitersSurviveAFailover(t *testing.T) {
 	// ha's default lease and drift allowance, as the issue ran them: a
 	// failover takes about 2 s, longer than the sidecar's retry of an
 	// unreachable governord (budget.DefaultUnavailableRetry).
-	leader := startHAGovProc(t, dsn, server.DefaultHALease, server.DefaultHADriftAllowance, yaml)
+	leader := startHAGovProc(t, dsn, serverconfig.DefaultHALease, serverconfig.DefaultHADriftAllowance, yaml)
 	eventually(t, "the first governord to lead", func() bool { return ready(leader.metrics) })
-	standby := startHAGovProc(t, dsn, server.DefaultHALease, server.DefaultHADriftAllowance, yaml)
+	standby := startHAGovProc(t, dsn, serverconfig.DefaultHALease, serverconfig.DefaultHADriftAllowance, yaml)
 	addrs := leader.addr + "," + standby.addr
 
 	m := &meter{delay: 500 * time.Millisecond}
@@ -115,7 +116,7 @@ func TestWaitersSurviveAFailover(t *testing.T) {
 		// Longer than the wait timeout: the sidecar's answer is judged,
 		// not the client's patience.
 		c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: s.http})},
-			Timeout: DefaultWaitTimeout + 10*time.Second}
+			Timeout: proxyconfig.DefaultWaitTimeout + 10*time.Second}
 		t.Cleanup(c.CloseIdleConnections)
 		wg.Go(func() {
 			for {
@@ -152,7 +153,7 @@ func TestWaitersSurviveAFailover(t *testing.T) {
 	// Then until every client has had an answer to a request it sent after
 	// the kill: the one it was waiting on at the kill has been answered.
 	// Within the wait timeout each must have been, one way or another.
-	for deadline := time.Now().Add(DefaultWaitTimeout); ; {
+	for deadline := time.Now().Add(proxyconfig.DefaultWaitTimeout); ; {
 		mu.Lock()
 		answered := map[int]bool{}
 		for _, r := range results {
@@ -165,7 +166,7 @@ func TestWaitersSurviveAFailover(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("%d of %d clients had no answer to a request sent after the kill within %v of it", clients-len(answered), clients, DefaultWaitTimeout)
+			t.Errorf("%d of %d clients had no answer to a request sent after the kill within %v of it", clients-len(answered), clients, proxyconfig.DefaultWaitTimeout)
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // polling the clients' answers

@@ -21,6 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
+
 	"go.uber.org/goleak"
 
 	"github.com/governor-project/governor/api/governorpb"
@@ -57,7 +60,7 @@ const (
 
 // startGovernord starts an in-process governord with one tenant,
 // "payments" (internal/govtest), changed by edit.
-func startGovernord(t testing.TB, edit func(*server.Config)) *server.Server {
+func startGovernord(t testing.TB, edit func(*serverconfig.Config)) *server.Server {
 	return govtest.Start(t, edit)
 }
 
@@ -96,7 +99,7 @@ type proxyOpts struct {
 	task   string // task.name; default "pod-7"
 	tls    *x509.CertPool
 	path   string // write the config here and watch it
-	edit   func(*Config)
+	edit   func(*proxyconfig.Config)
 	opts   func(*Options)
 	noWait bool // do not wait for the session
 }
@@ -117,15 +120,15 @@ func startProxy(t testing.TB, o proxyOpts) *testProxy {
 		text += "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535]}\n"
 	}
 	text += o.yaml
-	var cfg Config
+	var cfg proxyconfig.Config
 	var err error
 	if o.path != "" {
 		if err := os.WriteFile(o.path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err = LoadConfig(o.path)
+		cfg, err = proxyconfig.LoadConfig(o.path)
 	} else {
-		cfg, err = ParseConfig([]byte(text))
+		cfg, err = proxyconfig.ParseConfig([]byte(text))
 	}
 	if err != nil {
 		t.Fatalf("config: %v\n%s", err, text)
@@ -362,7 +365,7 @@ func connect(t testing.TB, proxyAddr, target, subtask string) (net.Conn, *bufio.
 
 func basic(user string) string { return base64.StdEncoding.EncodeToString([]byte(user + ":")) }
 
-type serverConfig = server.Config
+type serverConfig = serverconfig.Config
 
 // bufferedConn reads first what a bufio.Reader already holds.
 type bufferedConn struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/proxy/intercept"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // startInterception loads http.intercept's CA, checks it can sign now, and
@@ -23,7 +24,7 @@ func (s *Sidecar) startInterception() (*intercept.Interceptor, error) {
 	}
 	ca, err := intercept.LoadCA(ic.CACert, ic.CAKey, time.Now())
 	if err != nil {
-		return nil, &ConfigError{Key: caKeyOf(err), Problem: err.Error()}
+		return nil, &proxyconfig.ConfigError{Key: caKeyOf(err), Problem: err.Error()}
 	}
 	m := intercept.NewMinter(ca)
 	m.MaxLeaves = ic.MaxLeaves
@@ -44,7 +45,7 @@ func (s *Sidecar) startInterception() (*intercept.Interceptor, error) {
 			"subject", c.Subject.String(), "not_after", c.NotAfter)
 	})
 	if err != nil {
-		return nil, &ConfigError{Key: "http.intercept.ca_cert", Problem: err.Error()}
+		return nil, &proxyconfig.ConfigError{Key: "http.intercept.ca_cert", Problem: err.Error()}
 	}
 	s.caWatcher = w
 	s.reg.MustRegister(
@@ -95,7 +96,7 @@ func upstreamRoots(base *tls.Config, caFile string) (*tls.Config, error) {
 	}
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, &ConfigError{Key: "http.intercept.upstream_ca_file", Problem: err.Error()}
+		return nil, &proxyconfig.ConfigError{Key: "http.intercept.upstream_ca_file", Problem: err.Error()}
 	}
 	var c *tls.Config
 	var pool *x509.CertPool
@@ -113,7 +114,7 @@ func upstreamRoots(base *tls.Config, caFile string) (*tls.Config, error) {
 		}
 	}
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, &ConfigError{Key: "http.intercept.upstream_ca_file", Problem: caFile + " holds no PEM certificate"}
+		return nil, &proxyconfig.ConfigError{Key: "http.intercept.upstream_ca_file", Problem: caFile + " holds no PEM certificate"}
 	}
 	c.RootCAs = pool
 	return c, nil

@@ -19,7 +19,8 @@ import (
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // configMap lays a file out as a Kubernetes ConfigMap volume does:
@@ -76,7 +77,7 @@ func TestReloadKeepsOldRulesOnABrokenFile(t *testing.T) {
 	cm := newConfigMap(t)
 	cm.write(rules("v1"))
 	reloads := make(chan error, 10)
-	cfg, err := LoadConfig(cm.path())
+	cfg, err := proxyconfig.LoadConfig(cm.path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestReloadKeepsOldRulesOnABrokenFile(t *testing.T) {
 	}
 }
 
-func startProxyFromConfig(t *testing.T, cfg Config, edit func(*Options)) *testProxy {
+func startProxyFromConfig(t *testing.T, cfg proxyconfig.Config, edit func(*Options)) *testProxy {
 	t.Helper()
 	logs := &govtest.LogBuffer{}
 	opts := Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Resolver: testHosts}
@@ -264,7 +265,7 @@ rules:
 	eventually(t, "the proxy to give the session up", func() bool { return p.metric("governor_proxy_session_up") == 0 })
 	// A new governord on the same address, with a fresh memory store: the
 	// proxy dials again and finds (creates) its task and subtask again.
-	g2 := startGovernord(t, func(c *server.Config) { c.Listen = addr })
+	g2 := startGovernord(t, func(c *serverconfig.Config) { c.Listen = addr })
 	eventually(t, "requests to be admitted again", func() bool { return get().StatusCode == 200 })
 	a := newAdmin(t, g2.Addr())
 	p.settle()

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor/engine"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestSidecarPacingCPU measures, side by side in one run, what a rate that
@@ -43,7 +43,7 @@ func TestSidecarPacingCPU(t *testing.T) {
 	}
 	var cases []setup
 	for _, rated := range []bool{false, true} {
-		g := startGovernord(t, func(c *server.Config) {
+		g := startGovernord(t, func(c *serverconfig.Config) {
 			if rated {
 				c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 1_000_000_000, Per: int64(time.Second)}}
 			}

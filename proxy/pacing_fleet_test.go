@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor/engine"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // arrivals is an origin that records when each request arrived.
@@ -74,7 +74,7 @@ func TestFleetPacesARateExactly(t *testing.T) {
 		run         = 20 * time.Second
 		perSidecar  = 32
 	)
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Rates = map[string]engine.Rate{"requests": {Units: rate, Per: int64(time.Second)}}
 	})
 	o := &arrivals{}

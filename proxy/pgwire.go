@@ -17,6 +17,7 @@ import (
 	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/pgwire"
 	"github.com/governor-project/governor/proxy/admission"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // The pgwire listeners: each pgwire[i] of the config is a pgwire.Proxy on
@@ -148,20 +149,20 @@ func (s *Sidecar) stopPGWire(ctx context.Context) <-chan struct{} {
 // clientTLSConfig is the TLS a listener answers SSLRequest with. The files
 // are watched: each new handshake gets the pair in force, so a rotated
 // certificate needs no restart, and connections already open keep theirs.
-func (s *Sidecar) clientTLSConfig(key string, f TLSFiles) (*tlsreload.Reloader, *tls.Config, error) {
+func (s *Sidecar) clientTLSConfig(key string, f proxyconfig.TLSFiles) (*tlsreload.Reloader, *tls.Config, error) {
 	if f.CertFile == "" {
 		return nil, nil, nil
 	}
 	certs, err := tlsreload.New(f.CertFile, f.KeyFile, tlsreload.Options{Interval: s.reloadInterval,
 		OnReload: func(cert *tls.Certificate, err error) { s.certReloaded(key, f, cert, err) }})
 	if err != nil {
-		return nil, nil, &ConfigError{Key: key + ".tls", Problem: err.Error()}
+		return nil, nil, &proxyconfig.ConfigError{Key: key + ".tls", Problem: err.Error()}
 	}
 	return certs, &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}, nil
 }
 
 // certReloaded logs and counts a change to a listener's TLS files.
-func (s *Sidecar) certReloaded(key string, f TLSFiles, cert *tls.Certificate, err error) {
+func (s *Sidecar) certReloaded(key string, f proxyconfig.TLSFiles, cert *tls.Certificate, err error) {
 	if err != nil {
 		s.tlsReloads.WithLabelValues("failure").Inc()
 		s.log.Error("governor-proxy: the TLS certificate failed to load; the one in force stays", "listener", key,
@@ -173,7 +174,7 @@ func (s *Sidecar) certReloaded(key string, f TLSFiles, cert *tls.Certificate, er
 		"subject", cert.Leaf.Subject.String(), "not_after", cert.Leaf.NotAfter)
 }
 
-func upstreamTLSConfig(key string, u UpstreamTLS) (*tls.Config, error) {
+func upstreamTLSConfig(key string, u proxyconfig.UpstreamTLS) (*tls.Config, error) {
 	if !u.Enabled {
 		return nil, nil
 	}
@@ -181,11 +182,11 @@ func upstreamTLSConfig(key string, u UpstreamTLS) (*tls.Config, error) {
 	if u.CAFile != "" {
 		pem, err := os.ReadFile(u.CAFile)
 		if err != nil {
-			return nil, &ConfigError{Key: key + ".upstream_tls.ca_file", Problem: err.Error()}
+			return nil, &proxyconfig.ConfigError{Key: key + ".upstream_tls.ca_file", Problem: err.Error()}
 		}
 		c.RootCAs = x509.NewCertPool()
 		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, &ConfigError{Key: key + ".upstream_tls.ca_file", Problem: fmt.Sprintf("%s holds no PEM certificate", u.CAFile)}
+			return nil, &proxyconfig.ConfigError{Key: key + ".upstream_tls.ca_file", Problem: fmt.Sprintf("%s holds no PEM certificate", u.CAFile)}
 		}
 	}
 	return c, nil
@@ -324,7 +325,7 @@ func (c pgFailureCollector) Collect(ch chan<- prometheus.Metric) {
 
 // capNotices is what a listener reads the caps' state from for its
 // notices: the session with governord, when pgwire[i].cap_notices is on.
-func (s *Sidecar) capNotices(pc PGWireConfig) admission.CapReader {
+func (s *Sidecar) capNotices(pc proxyconfig.PGWireConfig) admission.CapReader {
 	if !pc.CapNotices {
 		return nil
 	}

@@ -9,13 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/governor-project/governor/pgwire"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // The config's default is pgwire's, written out in package proxyconfig so
 // that a reader of the file does not link the wire proxy.
 func TestPGWireDefaultMaxMessageBytesIsPGWires(t *testing.T) {
-	if DefaultPGWireMaxMessageBytes != pgwire.DefaultMaxMessageSize {
-		t.Fatalf("proxyconfig says %d, pgwire %d", DefaultPGWireMaxMessageBytes, pgwire.DefaultMaxMessageSize)
+	if proxyconfig.DefaultPGWireMaxMessageBytes != pgwire.DefaultMaxMessageSize {
+		t.Fatalf("proxyconfig says %d, pgwire %d", proxyconfig.DefaultPGWireMaxMessageBytes, pgwire.DefaultMaxMessageSize)
 	}
 }
 
@@ -23,17 +24,17 @@ func TestPGWireDefaultMaxMessageBytesIsPGWires(t *testing.T) {
 // listener's proxy enforces.
 func TestPGWireMaxMessageBytes(t *testing.T) {
 	listener := minimal + "pgwire:\n  - {listen: 127.0.0.1:6432, upstream: 127.0.0.1:5432%s}\n"
-	cfg, err := ParseConfig([]byte(strings.Replace(listener, "%s", "", 1)))
+	cfg, err := proxyconfig.ParseConfig([]byte(strings.Replace(listener, "%s", "", 1)))
 	if err != nil || cfg.PGWire[0].MaxMessageBytes != 256<<20 {
 		t.Fatalf("default: %d, %v; want 256 MiB", cfg.PGWire[0].MaxMessageBytes, err)
 	}
-	cfg, err = ParseConfig([]byte(strings.Replace(listener, "%s", ", max_message_bytes: 65536", 1)))
+	cfg, err = proxyconfig.ParseConfig([]byte(strings.Replace(listener, "%s", ", max_message_bytes: 65536", 1)))
 	if err != nil || cfg.PGWire[0].MaxMessageBytes != 65536 {
 		t.Fatalf("65536: %d, %v", cfg.PGWire[0].MaxMessageBytes, err)
 	}
 	for _, bad := range []string{"0", "-1", "65535", "1073741825", "1MiB", "[1]"} {
-		_, err := ParseConfig([]byte(strings.Replace(listener, "%s", ", max_message_bytes: "+bad, 1)))
-		var ce *ConfigError
+		_, err := proxyconfig.ParseConfig([]byte(strings.Replace(listener, "%s", ", max_message_bytes: "+bad, 1)))
+		var ce *proxyconfig.ConfigError
 		if !errors.As(err, &ce) || ce.Key != "pgwire[0].max_message_bytes" {
 			t.Errorf("max_message_bytes: %s: got %v, want a ConfigError for pgwire[0].max_message_bytes", bad, err)
 		}

@@ -14,13 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/server"
 )
 
 // The pgwire listeners of the real sidecar (Start, the HTTP side's session
@@ -395,7 +397,7 @@ pgwire:
 
 // A TLS file that cannot be read is a config error naming the key.
 func TestPGWireBadTLSFile(t *testing.T) {
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(`governor: {addr: "127.0.0.1:1", api_key: k}
+	cfg, err := proxyconfig.ParseConfig([]byte(fmt.Sprintf(`governor: {addr: "127.0.0.1:1", api_key: k}
 task: {name: pod}
 http: {listen: 127.0.0.1:0}
 metrics_listen: ""
@@ -404,7 +406,7 @@ pgwire:
 `, filepath.Join(t.TempDir(), "none.pem"))))
 	must(t, err)
 	_, err = Start(context.Background(), cfg, Options{})
-	if !IsConfigError(err) || !strings.Contains(err.Error(), "pgwire[0].upstream_tls.ca_file") {
+	if !proxyconfig.IsConfigError(err) || !strings.Contains(err.Error(), "pgwire[0].upstream_tls.ca_file") {
 		t.Errorf("Start: %v", err)
 	}
 	for _, tc := range []struct{ yaml, key string }{
@@ -412,12 +414,12 @@ pgwire:
 		{"{listen: 127.0.0.1:0, upstream: x:1, upstream_tls: {ca_file: a.pem}}", "pgwire[0].upstream_tls.enabled"},
 		{"{listen: 127.0.0.1:0, upstream: x:1, wait_timeout: -1s}", "pgwire[0].wait_timeout"},
 	} {
-		_, err := ParseConfig([]byte("governor: {api_key: k}\ntask: {name: pod}\npgwire:\n  - " + tc.yaml + "\n"))
-		if !IsConfigError(err) || !strings.Contains(err.Error(), tc.key) {
+		_, err := proxyconfig.ParseConfig([]byte("governor: {api_key: k}\ntask: {name: pod}\npgwire:\n  - " + tc.yaml + "\n"))
+		if !proxyconfig.IsConfigError(err) || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%s: %v, want an error naming %s", tc.yaml, err, tc.key)
 		}
 	}
-	c, err := ParseConfig([]byte("governor: {api_key: k}\ntask: {name: pod}\nhttp: {wait_timeout: 7s}\npgwire:\n  - {listen: 127.0.0.1:0, upstream: x:1}\n  - {listen: 127.0.0.1:0, upstream: x:1, wait_timeout: 2s}\n"))
+	c, err := proxyconfig.ParseConfig([]byte("governor: {api_key: k}\ntask: {name: pod}\nhttp: {wait_timeout: 7s}\npgwire:\n  - {listen: 127.0.0.1:0, upstream: x:1}\n  - {listen: 127.0.0.1:0, upstream: x:1, wait_timeout: 2s}\n"))
 	must(t, err)
 	if c.PGWire[0].WaitTimeout != 7*time.Second || c.PGWire[1].WaitTimeout != 2*time.Second {
 		t.Errorf("wait_timeout: %v %v, want http's 7s, then 2s", c.PGWire[0].WaitTimeout, c.PGWire[1].WaitTimeout)
@@ -433,7 +435,7 @@ func TestPGWirePacesARate(t *testing.T) {
 	pgUpstream(t)
 	for _, onRate := range []string{"wait", "deny"} {
 		t.Run(onRate, func(t *testing.T) {
-			g := startGovernord(t, func(c *server.Config) {
+			g := startGovernord(t, func(c *serverconfig.Config) {
 				c.Tenants[0].Rates = map[string]engine.Rate{"db_writes": {Units: 2, Per: int64(time.Second)}}
 			})
 			table := "pgrate_" + onRate

@@ -27,6 +27,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // policyProxy starts governord with the tenant's quotas and modes, and a
@@ -34,7 +35,7 @@ import (
 // the RateLimit headers on; delegate false makes each request one call.
 func policyProxy(t *testing.T, quotas map[string]int64, modes map[string]engine.CapMode, delegate bool) (*server.Server, *testProxy, string) {
 	t.Helper()
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Quotas, c.Tenants[0].QuotaModes = quotas, modes
 	})
 	o := origin(t, http.HandlerFunc(hello), false, false)
@@ -497,7 +498,7 @@ func TestPolicySurvivesKill9(t *testing.T) {
 func TestShadowCountsWhatHardDenies(t *testing.T) {
 	for _, mode := range []string{"hard", "rule", "sidecar"} {
 		t.Run(mode, func(t *testing.T) {
-			g := startGovernord(t, func(c *server.Config) {
+			g := startGovernord(t, func(c *serverconfig.Config) {
 				c.Tenants[0].Quotas = map[string]int64{"spent": 4, "free": 100}
 			})
 			// Another task of the tenant has spent one of the 4: the rule's
@@ -630,10 +631,10 @@ func TestMinimumHoldsUnderAFloodThroughTheSidecars(t *testing.T) {
 	const batchKey = "batch-key-for-minimum-tests"
 	for _, delegate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("delegation=%t", delegate), func(t *testing.T) {
-			g := startGovernord(t, func(c *server.Config) {
+			g := startGovernord(t, func(c *serverconfig.Config) {
 				c.Root.Limits = map[string]int64{"api": 4}
 				c.Tenants[0].Minimums = map[string]engine.Minimum{"api": {Min: 2}}
-				c.Tenants = append(c.Tenants, server.TenantConfig{Name: "batch", APIKey: batchKey, Weight: 1})
+				c.Tenants = append(c.Tenants, serverconfig.TenantConfig{Name: "batch", APIKey: batchKey, Weight: 1})
 			})
 			arrived := make(chan string, 32)
 			release := map[string]chan struct{}{"/pay": make(chan struct{}, 16), "/batch": make(chan struct{}, 16)}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/proxy/httpproxy"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestRateRefusalIsRateOnTheWire: a request refused by a rate governord
@@ -32,7 +32,7 @@ func TestRateRefusalIsRateOnTheWire(t *testing.T) {
 }
 
 func testRateOnTheWire(t *testing.T, delegation string) {
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 2, Per: int64(time.Hour)}}
 	})
 	o := origin(t, http.HandlerFunc(hello), false, false)
@@ -96,7 +96,7 @@ func rateGet(t *testing.T, c *http.Client, url string) (int, string, time.Durati
 func TestRatePacesWithinTheWaitTimeout(t *testing.T) {
 	for _, delegation := range []string{"true", "false"} {
 		t.Run("delegation "+delegation, func(t *testing.T) {
-			g := startGovernord(t, func(c *server.Config) {
+			g := startGovernord(t, func(c *serverconfig.Config) {
 				c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 4, Per: int64(time.Second)}}
 			})
 			o := origin(t, http.HandlerFunc(hello), false, false)
@@ -128,7 +128,7 @@ rules:
 // request over its rate at once, as before pacing, though the rate has
 // room again within the wait timeout.
 func TestRateOnRateDenyRefusesAtOnce(t *testing.T) {
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 1, Per: int64(time.Second)}}
 	})
 	o := origin(t, http.HandlerFunc(hello), false, false)
@@ -154,7 +154,7 @@ rules:
 // rate is longer than its wait timeout is refused for rate at once, with
 // the wait as Retry-After, not after sleeping out its wait timeout.
 func TestRatePacingRefusesAWaitThatCannotFit(t *testing.T) {
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 1, Per: int64(10 * time.Second)}}
 	})
 	o := origin(t, http.HandlerFunc(hello), false, false)

@@ -12,6 +12,7 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // headersProxy starts governord with the tenant's quotas and modes and a
@@ -19,7 +20,7 @@ import (
 // RateLimit headers on; delegation and rule modes as yaml adds.
 func headersProxy(t *testing.T, quotas map[string]int64, modes map[string]engine.CapMode, yaml string) (*server.Server, *testProxy, string) {
 	t.Helper()
-	g := startGovernord(t, func(c *server.Config) { c.Tenants[0].Quotas, c.Tenants[0].QuotaModes = quotas, modes })
+	g := startGovernord(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas, c.Tenants[0].QuotaModes = quotas, modes })
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: "http: {listen: 127.0.0.1:0, allow_targets: [localhost], connect_ports: [1-65535], ratelimit_headers: true}\n" + yaml})
 	return g, p, hostURL(o, "origin.test")

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/proxy/proxyconfig"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // secretKey has what broke the old ${VAR} expansion, which replaced
@@ -30,7 +31,7 @@ func leaked(text string) string {
 // opens and requests are governed), and no log line shows it.
 func TestSecretKeyEndToEnd(t *testing.T) {
 	t.Setenv("PROXY_SECRET_KEY", secretKey)
-	g := startGovernord(t, func(c *server.Config) { c.Tenants[0].APIKey = secretKey })
+	g := startGovernord(t, func(c *serverconfig.Config) { c.Tenants[0].APIKey = secretKey })
 	o := origin(t, http.HandlerFunc(hello), false, false)
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), key: "${PROXY_SECRET_KEY}", path: filepath.Join(t.TempDir(), "proxy.yaml"), yaml: `
 task: {name: pod-7, quotas: {calls: 1}}
@@ -74,8 +75,8 @@ func TestConfigErrorsNeverShowSecrets(t *testing.T) {
 		if !strings.Contains(tc.yaml, "task:") {
 			text += "task: {name: pod-7}\n"
 		}
-		_, err := ParseConfig([]byte(text))
-		var ce *ConfigError
+		_, err := proxyconfig.ParseConfig([]byte(text))
+		var ce *proxyconfig.ConfigError
 		if !errors.As(err, &ce) || ce.Key != tc.key {
 			t.Errorf("%q: got %v, want an error for %s", tc.yaml, err, tc.key)
 			continue
@@ -87,7 +88,7 @@ func TestConfigErrorsNeverShowSecrets(t *testing.T) {
 			t.Errorf("%q: the error does not name the variable: %v", tc.yaml, err)
 		}
 	}
-	cfg, err := ParseConfig([]byte("governor: {api_key: ${PROXY_SECRET_KEY}}\ntask: {name: pod-7}\n"))
+	cfg, err := proxyconfig.ParseConfig([]byte("governor: {api_key: ${PROXY_SECRET_KEY}}\ntask: {name: pod-7}\n"))
 	if err != nil || cfg.Governor.APIKey != secretKey {
 		t.Errorf("the key changed on the way: %q %v", cfg.Governor.APIKey, err)
 	}
@@ -95,7 +96,7 @@ func TestConfigErrorsNeverShowSecrets(t *testing.T) {
 
 func TestShortKeyWarned(t *testing.T) {
 	const short = "k3y-12345"
-	g := startGovernord(t, func(c *server.Config) { c.Tenants[0].APIKey = short })
+	g := startGovernord(t, func(c *serverconfig.Config) { c.Tenants[0].APIKey = short })
 	p := startProxy(t, proxyOpts{gaddr: g.Addr(), key: short})
 	p.Close()
 	out := p.logs.String()

@@ -10,7 +10,7 @@ import (
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/faultproxy"
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A shadow rule's dry run whose answer is lost on the way back (the fault
@@ -19,7 +19,7 @@ import (
 // answered, and the shadow ledger counts each exactly once, so a quota of
 // 3 is would-be refused from the 4th request on, as it would be enforced.
 func TestShadowLedgerCountsALostAnswerOnce(t *testing.T) {
-	g := startGovernord(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 3} })
+	g := startGovernord(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 3} })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	fp := faultproxy.New(ln, g.Addr())

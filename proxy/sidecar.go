@@ -25,6 +25,7 @@ import (
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/proxy/intercept"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // Options are what a Sidecar takes from its caller rather than from the
@@ -55,7 +56,7 @@ type Options struct {
 // listeners over one admission layer, the rule watcher, and the metrics
 // and health server.
 type Sidecar struct {
-	cfg       Config
+	cfg       proxyconfig.Config
 	log       *slog.Logger
 	reg       *prometheus.Registry
 	reloads   *prometheus.CounterVec
@@ -88,7 +89,7 @@ type Sidecar struct {
 // governed request is denied (unavailable): the sidecar fails closed. A
 // config problem is a *ConfigError. ctx bounds only the start: the sidecar
 // then runs until Shutdown or Close.
-func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
+func Start(ctx context.Context, cfg proxyconfig.Config, opts Options) (*Sidecar, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -150,7 +151,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Sidecar, error) {
 
 	s.serve("http", func() error { return s.http.Serve(s.ln) })
 	if s.mln != nil {
-		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, IdleTimeout: DefaultIdleTimeout}
+		s.msrv = &http.Server{Handler: s.healthHandler(), ReadHeaderTimeout: proxyconfig.DefaultReadHeaderTimeout, IdleTimeout: proxyconfig.DefaultIdleTimeout}
 		s.serve("metrics", func() error { return s.msrv.Serve(s.mln) })
 	}
 	s.servePGWire()
@@ -226,7 +227,7 @@ func (s *Sidecar) watch(opts Options) error {
 	// A reload must be a file that would start the proxy, not only one
 	// whose rules parse.
 	wopts := []classify.WatchOption{classify.WithValidate(func(text []byte) error {
-		_, err := ParseConfig(text)
+		_, err := proxyconfig.ParseConfig(text)
 		return err
 	})}
 	if opts.ReloadInterval > 0 {
@@ -234,10 +235,10 @@ func (s *Sidecar) watch(opts Options) error {
 	}
 	w, err := classify.NewWatcher(s.cfg.Path, func(r *classify.Rules, err error) { s.reloaded(r, err, opts.OnReload) }, wopts...)
 	if err != nil {
-		if IsConfigError(err) {
+		if proxyconfig.IsConfigError(err) {
 			return err
 		}
-		return &ConfigError{Key: "rules", Problem: err.Error()}
+		return &proxyconfig.ConfigError{Key: "rules", Problem: err.Error()}
 	}
 	s.watcher = w
 	return nil

@@ -13,15 +13,16 @@ import (
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/proxy/httpproxy"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // sharedRoot starts governord with a second tenant, "reconciliation", whose
 // task "recon-secret-batch" has spent 5 of the root's 6 units of resource.
 func sharedRoot(t *testing.T, resource string) *server.Server {
 	const otherKey = "recon-key-for-tests"
-	g := startGovernord(t, func(c *server.Config) {
+	g := startGovernord(t, func(c *serverconfig.Config) {
 		c.Root.Quotas = map[string]int64{resource: 6}
-		c.Tenants = append(c.Tenants, server.TenantConfig{Name: "reconciliation", APIKey: otherKey, Weight: 1})
+		c.Tenants = append(c.Tenants, serverconfig.TenantConfig{Name: "reconciliation", APIKey: otherKey, Weight: 1})
 	})
 	other, err := governor.Dial(context.Background(), governor.WithAddr(g.Addr()), governor.WithAPIKey(otherKey))
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Admission: governord's own fair share of its engine and its commit
@@ -96,7 +98,7 @@ type laneLimits struct {
 	Weight      int
 	MaxInFlight int
 	MaxQueued   int
-	Rate        *APIRate // nil: no api_rate
+	Rate        *serverconfig.APIRate // nil: no api_rate
 }
 
 func newAdmission(slots int, now func() time.Time) *admission {

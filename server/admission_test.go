@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/governor-project/governor/server/serverconfig"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -152,7 +154,7 @@ func TestAdmissionCapQueueAndRefusal(t *testing.T) {
 func TestAdmissionAPIRate(t *testing.T) {
 	clock := &fakeNow{t: time.Unix(1000, 0)}
 	a := newAdmission(8, clock.now)
-	l := a.addLane("a", laneLimits{Weight: 1, MaxInFlight: 8, MaxQueued: 8, Rate: &APIRate{PerSecond: 10, Burst: 2}})
+	l := a.addLane("a", laneLimits{Weight: 1, MaxInFlight: 8, MaxQueued: 8, Rate: &serverconfig.APIRate{PerSecond: 10, Burst: 2}})
 	for range 2 {
 		tk, err := a.enter(context.Background(), l)
 		if err != nil {
@@ -191,13 +193,13 @@ func retryDelay(st *status.Status) time.Duration {
 
 func TestParseAPIRate(t *testing.T) {
 	for text, want := range map[string]float64{"100/s": 100, "60/min": 1, "3600/h": 1, " 5 / s ": 5, "1000000/s": 1e6} {
-		if got, err := ParseAPIRate(text); err != nil || got != want {
+		if got, err := serverconfig.ParseAPIRate(text); err != nil || got != want {
 			t.Errorf("ParseAPIRate(%q) = %v, %v; want %v", text, got, err, want)
 		}
 	}
 	for _, text := range []string{"", "100", "0/s", "-1/s", "1.5/s", "100/d", "1000001/s", "2147483648/s",
 		"9007199254740992/s", "9223372036854775807/s", "9223372036854775808/s", "x/s", "/s", "1/"} {
-		if got, err := ParseAPIRate(text); err == nil {
+		if got, err := serverconfig.ParseAPIRate(text); err == nil {
 			t.Errorf("ParseAPIRate(%q) = %v, want an error", text, got)
 		}
 	}
@@ -206,7 +208,7 @@ func TestParseAPIRate(t *testing.T) {
 // The admission keys: read with their defaults, and every hostile value a
 // config error naming its key.
 func TestConfigOfAdmissionKeys(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 admission: {max_in_flight: 48, tenant_max_in_flight: 12, tenant_max_queued: 20, admin_weight: 2}
 tenants:
   - {name: a, max_in_flight: 4, max_queued: 0, api_rate: 300/min, api_burst: 7}
@@ -216,25 +218,25 @@ tenants:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (AdmissionConfig{MaxInFlight: 48, TenantMaxInFlight: 12, TenantMaxQueued: 20, AdminWeight: 2}); cfg.Admission != want {
+	if want := (serverconfig.AdmissionConfig{MaxInFlight: 48, TenantMaxInFlight: 12, TenantMaxQueued: 20, AdminWeight: 2}); cfg.Admission != want {
 		t.Errorf("admission %+v, want %+v", cfg.Admission, want)
 	}
 	a, b, c := cfg.Tenants[0], cfg.Tenants[1], cfg.Tenants[2]
-	if a.MaxInFlight != 4 || a.MaxQueued == nil || *a.MaxQueued != 0 || a.APIRate == nil || *a.APIRate != (APIRate{PerSecond: 5, Burst: 7}) {
+	if a.MaxInFlight != 4 || a.MaxQueued == nil || *a.MaxQueued != 0 || a.APIRate == nil || *a.APIRate != (serverconfig.APIRate{PerSecond: 5, Burst: 7}) {
 		t.Errorf("tenant a: %d, %v, %+v", a.MaxInFlight, a.MaxQueued, a.APIRate)
 	}
-	if b.APIRate == nil || *b.APIRate != (APIRate{PerSecond: 50, Burst: 50}) || b.MaxInFlight != 0 || b.MaxQueued != nil {
+	if b.APIRate == nil || *b.APIRate != (serverconfig.APIRate{PerSecond: 50, Burst: 50}) || b.MaxInFlight != 0 || b.MaxQueued != nil {
 		t.Errorf("tenant b: %d, %v, %+v", b.MaxInFlight, b.MaxQueued, b.APIRate)
 	}
 	if c.APIRate != nil || c.MaxInFlight != 0 || c.MaxQueued != nil {
 		t.Errorf("tenant c: %d, %v, %+v", c.MaxInFlight, c.MaxQueued, c.APIRate)
 	}
-	def, err := ParseConfig([]byte("tenants: [{name: a}]\n"))
+	def, err := serverconfig.ParseConfig([]byte("tenants: [{name: a}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (AdmissionConfig{MaxInFlight: DefaultMaxInFlight, TenantMaxInFlight: DefaultTenantMaxInFlight,
-		TenantMaxQueued: DefaultTenantMaxQueued, AdminWeight: DefaultAdminWeight}); def.Admission != want {
+	if want := (serverconfig.AdmissionConfig{MaxInFlight: serverconfig.DefaultMaxInFlight, TenantMaxInFlight: serverconfig.DefaultTenantMaxInFlight,
+		TenantMaxQueued: serverconfig.DefaultTenantMaxQueued, AdminWeight: serverconfig.DefaultAdminWeight}); def.Admission != want {
 		t.Errorf("defaults %+v, want %+v", def.Admission, want)
 	}
 
@@ -257,11 +259,11 @@ tenants:
 				continue
 			}
 			text := strings.ReplaceAll(k.yaml, "%s", n)
-			_, err := ParseConfig([]byte(text))
+			_, err := serverconfig.ParseConfig([]byte(text))
 			// A key's own name, or its last part where the decoder names
 			// the key without its path.
 			last := k.key[strings.LastIndex(k.key, ".")+1:]
-			if !IsConfigError(err) || !strings.Contains(err.Error(), last) {
+			if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), last) {
 				t.Errorf("%q: %v; want a config error naming %s", text, err, k.key)
 			}
 		}
@@ -271,11 +273,11 @@ tenants:
 		if text == "[1]" {
 			cfg = "tenants: [{name: a, api_rate: [1]}]\n"
 		}
-		if _, err := ParseConfig([]byte(cfg)); !IsConfigError(err) || !strings.Contains(err.Error(), "api_rate") {
+		if _, err := serverconfig.ParseConfig([]byte(cfg)); !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), "api_rate") {
 			t.Errorf("%q: %v; want a config error naming tenants[0].api_rate", cfg, err)
 		}
 	}
-	if _, err := ParseConfig([]byte("tenants: [{name: a, api_burst: 5}]\n")); !IsConfigError(err) || !strings.Contains(err.Error(), "tenants[0].api_burst") {
+	if _, err := serverconfig.ParseConfig([]byte("tenants: [{name: a, api_burst: 5}]\n")); !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), "tenants[0].api_burst") {
 		t.Errorf("api_burst without api_rate: %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package server
 
 import (
 	"time"
+
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // tokenBucket is api_rate's bucket. It has no lock of its own: admission
@@ -13,7 +15,7 @@ type tokenBucket struct {
 	last   time.Time
 }
 
-func newTokenBucket(r APIRate, now time.Time) *tokenBucket {
+func newTokenBucket(r serverconfig.APIRate, now time.Time) *tokenBucket {
 	burst := float64(max(r.Burst, 1))
 	return &tokenBucket{rate: r.PerSecond, burst: burst, tokens: burst, last: now}
 }

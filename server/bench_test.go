@@ -28,6 +28,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/pgtest"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 var benchCallers = []int{1, 16, 64}
@@ -106,7 +107,7 @@ func BenchmarkConsume(b *testing.B) {
 func BenchmarkNoopCall(b *testing.B) {
 	for _, shape := range benchShapes() {
 		b.Run(shape.String(), func(b *testing.B) {
-			srv := benchServer(b, StoreConfig{Driver: "memory"})
+			srv := benchServer(b, serverconfig.StoreConfig{Driver: "memory"})
 			callers := benchSessions(b, srv.Addr(), shape)
 			benchRun(b, callers, "calls/s", func(c *benchCaller, _ int64) error {
 				_, err := c.health.Check(c.ctx, &healthpb.HealthCheckRequest{})
@@ -142,12 +143,12 @@ func benchCommits(b *testing.B, srv *Server) (commits uint64, events float64) {
 	return 0, 0
 }
 
-func benchServer(b *testing.B, st StoreConfig) *Server {
+func benchServer(b *testing.B, st serverconfig.StoreConfig) *Server {
 	b.Helper()
 	// No snapshots, no metrics listener: only the call path is measured.
 	st.SnapshotEvery = 1 << 40
-	cfg := Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour, Store: st,
-		Tenants: []TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
+	cfg := serverconfig.Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour, Store: st,
+		Tenants: []serverconfig.TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -240,16 +241,16 @@ func benchCPU(b *testing.B) time.Duration {
 }
 
 // benchStoreConfig returns a fresh, empty store of driver for one round.
-func benchStoreConfig(b *testing.B, driver string) StoreConfig {
+func benchStoreConfig(b *testing.B, driver string) serverconfig.StoreConfig {
 	b.Helper()
 	switch driver {
 	case "sqlite":
-		return StoreConfig{Driver: "sqlite", DSN: filepath.Join(b.TempDir(), "governor.db")}
+		return serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(b.TempDir(), "governor.db")}
 	case "postgres":
 		dsn, _ := pgtest.Database(b, "governor_bench_")
-		return StoreConfig{Driver: "postgres", DSN: dsn.String()}
+		return serverconfig.StoreConfig{Driver: "postgres", DSN: dsn.String()}
 	}
-	return StoreConfig{Driver: "memory"}
+	return serverconfig.StoreConfig{Driver: "memory"}
 }
 
 // restartEvents is how many events BenchmarkRestart puts on record.
@@ -300,16 +301,16 @@ func BenchmarkRestart(b *testing.B) {
 	}
 }
 
-func restartConfig(path string) Config {
-	return Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour,
-		Store:   StoreConfig{Driver: "sqlite", DSN: path, SnapshotEvery: 1 << 40},
-		Tenants: []TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
+func restartConfig(path string) serverconfig.Config {
+	return serverconfig.Config{Listen: "127.0.0.1:0", SessionTTL: time.Hour,
+		Store:   serverconfig.StoreConfig{Driver: "sqlite", DSN: path, SnapshotEvery: 1 << 40},
+		Tenants: []serverconfig.TenantConfig{{Name: "bench", APIKey: "bench-key", Weight: 1}}}
 }
 
 // benchBuildLog fills the store of cfg with restartEvents events (and a
 // snapshot of them all, if snap) through a running server, so that the
 // records are exactly what governord writes.
-func benchBuildLog(b *testing.B, cfg Config, snap bool) {
+func benchBuildLog(b *testing.B, cfg serverconfig.Config, snap bool) {
 	b.Helper()
 	began := time.Now()
 	ctx := context.Background()

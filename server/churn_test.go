@@ -19,6 +19,7 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestTaskChurnStaysFlat is issue 10's test of growth: tasks created,
@@ -60,10 +61,10 @@ func TestTaskChurnStaysFlat(t *testing.T) {
 	}
 
 	cfg := govtest.Config()
-	cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "churn.db"), SnapshotEvery: c.snapEvery}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "churn.db"), SnapshotEvery: c.snapEvery}
 	cfg.NodeRetention = c.retention
 	cfg.ReapInterval = 100 * time.Millisecond
-	cfg.Tenants = append(cfg.Tenants, server.TenantConfig{Name: "probe", APIKey: "probe-key-0123456789", Weight: 1})
+	cfg.Tenants = append(cfg.Tenants, serverconfig.TenantConfig{Name: "probe", APIKey: "probe-key-0123456789", Weight: 1})
 	snaps := &snapshotLog{}
 	srv, err := server.Start(context.Background(), cfg, slog.New(snaps))
 	if err != nil {

@@ -7,13 +7,14 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A sidecar's report of the refusals it decided goes into the usage
 // records of its own nodes only, and bad reports are refused whole.
 func TestReportDenials(t *testing.T) {
 	cfg := testConfig()
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
 	srv := start(t, cfg)
 	pay := session(t, srv.Addr(), "pay-key", 0)
 	recon := session(t, srv.Addr(), "recon-key", 0)

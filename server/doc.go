@@ -22,7 +22,7 @@
 // back (grantCall, and flights for the abandoned ids).
 //
 // Its configuration, the file and the validated Config, is package
-// serverconfig (configtypes.go keeps the names it had here).
+// serverconfig; Start takes a serverconfig.Config.
 //
 // It may import the engine, the store, the generated API, serverconfig,
 // the internal packages for keys and tracing (apikey, tlsreload, tracing) and standard libraries for gRPC, Prometheus and

@@ -15,6 +15,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Session token hashes live in the store's sessions table while their
@@ -182,11 +183,11 @@ func TestRestartAddsSessionsMissingFromAnOlderStore(t *testing.T) {
 }
 
 // startSQLite starts a server on a new SQLite store; the caller closes it.
-func startSQLite(t *testing.T) (Config, string, *Server) {
+func startSQLite(t *testing.T) (serverconfig.Config, string, *Server) {
 	t.Helper()
 	cfg := testConfig()
 	dbPath := filepath.Join(t.TempDir(), "governor.db")
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: dbPath}
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +241,7 @@ func sessionRows(t *testing.T, db *sql.DB) map[int64]string {
 func TestSnapshotTakenAfterSnapshotEveryEvents(t *testing.T) {
 	cfg := testConfig()
 	dbPath := filepath.Join(t.TempDir(), "governor.db")
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 5}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 5}
 	srv := start(t, cfg)
 	pay := session(t, srv.Addr(), "pay-key", 0)
 	task := pay.task(t, "t", map[string]int64{"calls": 100})

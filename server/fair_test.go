@@ -10,9 +10,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/governor-project/governor/governor"
-
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // The flood, short and in process (issue 27's property test): tenant
@@ -24,10 +24,10 @@ import (
 // waits behind more than the one batch in flight, never flood's backlog.
 func TestFloodServesQuietInRoundRobinOrder(t *testing.T) {
 	cfg := testConfig()
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
-	cfg.Root = Caps{}
-	cfg.Tenants = []TenantConfig{{Name: "flood", APIKey: "flood-key", Weight: 1}, {Name: "quiet", APIKey: "quiet-key", Weight: 1}}
-	cfg.Admission = AdmissionConfig{MaxInFlight: 8, TenantMaxInFlight: 8, TenantMaxQueued: 64}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+	cfg.Root = serverconfig.Caps{}
+	cfg.Tenants = []serverconfig.TenantConfig{{Name: "flood", APIKey: "flood-key", Weight: 1}, {Name: "quiet", APIKey: "quiet-key", Weight: 1}}
+	cfg.Admission = serverconfig.AdmissionConfig{MaxInFlight: 8, TenantMaxInFlight: 8, TenantMaxQueued: 64}
 	srv := start(t, cfg)
 
 	commits := func() uint64 { // batches committed so far
@@ -180,8 +180,8 @@ func refusals(t *testing.T, srv *Server, tenant, why string) float64 {
 // never refused.
 func TestAPIRateRefusalHonouredBySDK(t *testing.T) {
 	cfg := testConfig()
-	cfg.Root = Caps{}
-	cfg.Tenants = []TenantConfig{{Name: "rated", APIKey: "rated-key", Weight: 1, APIRate: &APIRate{PerSecond: 20, Burst: 1}},
+	cfg.Root = serverconfig.Caps{}
+	cfg.Tenants = []serverconfig.TenantConfig{{Name: "rated", APIKey: "rated-key", Weight: 1, APIRate: &serverconfig.APIRate{PerSecond: 20, Burst: 1}},
 		{Name: "free", APIKey: "free-key", Weight: 1}}
 	srv := start(t, cfg)
 	dial := func(key string) *governor.Task {

@@ -15,13 +15,14 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // What bounds governord's memory: the session TTL a client may ask for,
 // how long ended nodes are kept, and each tenant's bounds.
 
 func TestConfigOfGrowthKeys(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 session_ttl: 20s
 max_session_ttl: 2m
 node_retention: 90s
@@ -33,7 +34,7 @@ tenants:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := engine.Bounds{Sessions: 7, Nodes: DefaultBounds.Nodes, Waiters: 9, Resources: DefaultBounds.Resources, Classes: DefaultBounds.Classes}
+	want := engine.Bounds{Sessions: 7, Nodes: serverconfig.DefaultBounds.Nodes, Waiters: 9, Resources: serverconfig.DefaultBounds.Resources, Classes: serverconfig.DefaultBounds.Classes}
 	if cfg.MaxSessionTTL != 2*time.Minute || cfg.NodeRetention != 90*time.Second || cfg.Bounds != want {
 		t.Errorf("config: max_session_ttl %v, node_retention %v, bounds %+v; want 2m, 1m30s, %+v", cfg.MaxSessionTTL, cfg.NodeRetention, cfg.Bounds, want)
 	}
@@ -43,12 +44,12 @@ tenants:
 		t.Errorf("tenants' bounds %+v and %+v; want %+v and %+v", cfg.Tenants[0].Bounds, cfg.Tenants[1].Bounds, wantA, want)
 	}
 
-	def, err := ParseConfig([]byte("tenants: [{name: a}]\n"))
+	def, err := serverconfig.ParseConfig([]byte("tenants: [{name: a}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.MaxSessionTTL != DefaultMaxSessionTTL || def.NodeRetention != DefaultNodeRetention || def.Bounds != DefaultBounds ||
-		def.Tenants[0].Bounds != DefaultBounds {
+	if def.MaxSessionTTL != serverconfig.DefaultMaxSessionTTL || def.NodeRetention != serverconfig.DefaultNodeRetention || def.Bounds != serverconfig.DefaultBounds ||
+		def.Tenants[0].Bounds != serverconfig.DefaultBounds {
 		t.Errorf("defaults: %v, %v, %+v, %+v", def.MaxSessionTTL, def.NodeRetention, def.Bounds, def.Tenants[0].Bounds)
 	}
 
@@ -65,8 +66,8 @@ tenants:
 		{"tenants: [{name: a, bounds: {max_waiters: 0}}]\n", "tenants[0].bounds.max_waiters"},
 		{"tenants: [{name: a, bounds: {max_resources: many}}]\n", "max_resources"},
 	} {
-		_, err := ParseConfig([]byte(tc.config))
-		if !IsConfigError(err) || !strings.Contains(err.Error(), tc.key) {
+		_, err := serverconfig.ParseConfig([]byte(tc.config))
+		if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%q: %v; want a config error naming %s", tc.config, err, tc.key)
 		}
 	}
@@ -125,7 +126,7 @@ func wantBound(t *testing.T, err error, bound string) {
 // restart; a task still within its retention answers as ended after one.
 func TestEndedTasksAreReclaimedAcrossRestarts(t *testing.T) {
 	cfg := testConfig()
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "g.db"), SnapshotEvery: 50}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "g.db"), SnapshotEvery: 50}
 	cfg.NodeRetention = 300 * time.Millisecond // below what the file allows, to keep the test short
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {

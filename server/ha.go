@@ -21,6 +21,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 )
 
@@ -73,12 +74,12 @@ type haState struct {
 	led chan struct{} // closed once this governord leads
 
 	// hooks for tests: nil in production.
-	testHooks *HATestHooks
+	testHooks *serverconfig.HATestHooks
 }
 
-func (h *haState) hooks() HATestHooks {
+func (h *haState) hooks() serverconfig.HATestHooks {
 	if h.testHooks == nil {
-		return HATestHooks{}
+		return serverconfig.HATestHooks{}
 	}
 	return *h.testHooks
 }
@@ -86,13 +87,13 @@ func (h *haState) hooks() HATestHooks {
 func newHAState(s *Server) (*haState, error) {
 	pg, ok := s.st.(*store.Postgres)
 	if !ok {
-		return nil, &ConfigError{Key: "ha.enabled", Problem: fmt.Sprintf("needs a PostgreSQL store, not %T", s.st)}
+		return nil, &serverconfig.ConfigError{Key: "ha.enabled", Problem: fmt.Sprintf("needs a PostgreSQL store, not %T", s.st)}
 	}
 	if s.cfg.HA.Lease == 0 { // a Config built in code
-		s.cfg.HA.Lease = DefaultHALease
+		s.cfg.HA.Lease = serverconfig.DefaultHALease
 	}
 	if s.cfg.HA.DriftAllowance == 0 {
-		s.cfg.HA.DriftAllowance = min(DefaultHADriftAllowance, s.cfg.HA.Lease/4)
+		s.cfg.HA.DriftAllowance = min(serverconfig.DefaultHADriftAllowance, s.cfg.HA.Lease/4)
 	}
 	return &haState{pg: pg, tokens: map[uint64]string{}, led: make(chan struct{}), testHooks: s.cfg.HATestHooks}, nil
 }

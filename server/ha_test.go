@@ -19,14 +19,15 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/faultproxy"
 	"github.com/governor-project/governor/internal/pgtest"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 )
 
 // haConfig is testConfig with ha on, over the PostgreSQL store dsn.
-func haConfig(dsn string, lease time.Duration) Config {
+func haConfig(dsn string, lease time.Duration) serverconfig.Config {
 	cfg := testConfig()
-	cfg.Store = StoreConfig{Driver: store.DriverPostgres, DSN: dsn}
-	cfg.HA = HAConfig{Enabled: true, Lease: lease, DriftAllowance: min(lease/10, 100*time.Millisecond)}
+	cfg.Store = serverconfig.StoreConfig{Driver: store.DriverPostgres, DSN: dsn}
+	cfg.HA = serverconfig.HAConfig{Enabled: true, Lease: lease, DriftAllowance: min(lease/10, 100*time.Millisecond)}
 	return cfg
 }
 
@@ -321,7 +322,7 @@ func TestHAStalledLeaderStopsAnsweringAtItsTermsEnd(t *testing.T) {
 	held := make(chan struct{})
 	defer close(held)
 	cfg := haConfig(dsn, lease)
-	cfg.HATestHooks = &HATestHooks{HoldRenewals: held}
+	cfg.HATestHooks = &serverconfig.HATestHooks{HoldRenewals: held}
 	a := start(t, cfg)
 	leads(t, a)
 	b := start(t, haConfig(dsn, lease))
@@ -374,17 +375,17 @@ func TestHAConfigKeys(t *testing.T) {
 		{text: "ha: {lease: 1s, drift_allowance: -1s}", key: "ha.drift_allowance", problem: "outside"},
 		{text: "ha: {leese: 1s}", key: "ha.leese", problem: "unknown"},
 	} {
-		cfg, err := ParseConfig([]byte(tc.text))
+		cfg, err := serverconfig.ParseConfig([]byte(tc.text))
 		if tc.key == "" {
 			if err != nil {
 				t.Errorf("%q: %v", tc.text, err)
 			}
-			if cfg.HA.Lease != DefaultHALease || cfg.HA.DriftAllowance != DefaultHADriftAllowance {
+			if cfg.HA.Lease != serverconfig.DefaultHALease || cfg.HA.DriftAllowance != serverconfig.DefaultHADriftAllowance {
 				t.Errorf("%q: the defaults are %+v", tc.text, cfg.HA)
 			}
 			continue
 		}
-		var ce *ConfigError
+		var ce *serverconfig.ConfigError
 		if !errors.As(err, &ce) || ce.Key != tc.key || !strings.Contains(ce.Problem, tc.problem) {
 			t.Errorf("%q: %v; want a ConfigError on %s saying %q", tc.text, err, tc.key, tc.problem)
 		}

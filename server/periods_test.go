@@ -15,13 +15,14 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Periods in governord's YAML: {cap, period} on quotas of the root,
 // tenants and defaults, time_zone at the top; a bare number stays a
 // quota that never resets; every mistake names its key.
 func TestConfigPeriods(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 time_zone: America/New_York
 root:
   quotas: {tokens: {cap: 50000, period: month}, retry: 3}
@@ -60,8 +61,8 @@ tenants:
 		{"time_zone: Mars/Olympus_Mons", "time_zone"},
 		{"time_zone: Local", "time_zone"},
 	} {
-		_, err := ParseConfig([]byte(c.yaml))
-		if !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+		_, err := serverconfig.ParseConfig([]byte(c.yaml))
+		if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
 			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
 		}
 	}
@@ -155,7 +156,7 @@ func TestPeriodsSurviveARestart(t *testing.T) {
 	cfg.Clock = clock
 	cfg.Tenants[0].Quotas = map[string]int64{"calls": 10}
 	cfg.Tenants[0].QuotaPeriods = map[string]engine.Period{"calls": {Every: int64(10 * time.Second)}}
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)

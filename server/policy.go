@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,7 +184,7 @@ func (s *Server) SetTenantState(ctx context.Context, req *governorpb.SetTenantSt
 
 // tenantRefusal is the detail of work refused for its tenant's state.
 func tenantRefusal(te *engine.TenantStateError) *governorpb.TenantRefusal {
-	return &governorpb.TenantRefusal{Tenant: te.Tenant, State: te.State.String(), Reason: te.Reason, Refused: te.What}
+	return &governorpb.TenantRefusal{Tenant: te.Tenant, State: te.State.String(), Reason: te.Reason, Refused: te.What, Cause: causeOf(te)}
 }
 
 // DryRun decides a request as ChargeAndAcquire would, charging and holding
@@ -222,34 +223,44 @@ func (s *Server) DryRun(ctx context.Context, req *governorpb.DryRunRequest) (*go
 	})
 }
 
+// dryRunCauses are the causes a DryRun's answer names as its outcome; any
+// other refusal reads "recalling" (a quota held by reservations being
+// recalled).
+var dryRunCauses = []governorpb.Cause{governorpb.Cause_CAUSE_QUOTA, governorpb.Cause_CAUSE_TASK_ENDED,
+	governorpb.Cause_CAUSE_SUSPENDED, governorpb.Cause_CAUSE_READ_ONLY}
+
 // dryRunOutcomes are DryRunResponse.outcome's values, for metrics that
 // start at zero.
-var dryRunOutcomes = []string{"admitted", "wait", "quota", "task-ended", "suspended", "read-only", "recalling"}
+var dryRunOutcomes = dryRunOutcomeNames()
+
+func dryRunOutcomeNames() []string {
+	out := []string{"admitted", "wait"}
+	for _, c := range dryRunCauses {
+		out = append(out, c.WireName())
+	}
+	return append(out, "recalling")
+}
 
 func dryRunResponse(dr engine.DryRun) *governorpb.DryRunResponse {
 	var (
 		denial *engine.Denial
-		ended  *engine.EndedError
 		tstate *engine.TenantStateError
 	)
 	resp := &governorpb.DryRunResponse{Outcome: "admitted"}
-	switch err := dr.Err; {
-	case err == nil && dr.Wait:
+	switch cause := causeOf(dr.Err); {
+	case dr.Err == nil && dr.Wait:
 		resp.Outcome = "wait"
-	case err == nil:
-	case errors.As(err, &denial):
-		resp.Outcome, resp.Message = "quota", err.Error()
-		resp.Denial = toDenial(denial)
-	case errors.As(err, &ended):
-		resp.Outcome, resp.Message = "task-ended", err.Error()
-	case errors.As(err, &tstate) && tstate.State == engine.ReadOnly:
-		resp.Outcome, resp.Message, resp.TenantRefusal = "read-only", err.Error(), tenantRefusal(tstate)
-	case errors.As(err, &tstate) && tstate.State == engine.Suspended:
-		resp.Outcome, resp.Message, resp.TenantRefusal = "suspended", err.Error(), tenantRefusal(tstate)
-	case errors.As(err, &tstate):
-		resp.Outcome, resp.Message, resp.TenantRefusal = "task-ended", err.Error(), tenantRefusal(tstate)
+	case dr.Err == nil:
+	case slices.Contains(dryRunCauses, cause):
+		resp.Outcome, resp.Message = cause.WireName(), dr.Err.Error()
+		if errors.As(dr.Err, &denial) {
+			resp.Denial = toDenial(denial)
+		}
+		if errors.As(dr.Err, &tstate) {
+			resp.TenantRefusal = tenantRefusal(tstate)
+		}
 	default:
-		resp.Outcome, resp.Message = "recalling", err.Error()
+		resp.Outcome, resp.Message = "recalling", dr.Err.Error()
 	}
 	return resp
 }

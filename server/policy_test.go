@@ -13,13 +13,14 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // The mapping form of a cap in governord's YAML: a plain number stays a
 // hard cap, {cap, mode, burst} sets how it is enforced, and every mistake
 // names its key.
 func TestConfigCapModes(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 near_thresholds: [75, 95]
 root:
   quotas:
@@ -60,8 +61,8 @@ tenants:
 		{"near_thresholds: [90, 80]", "near_thresholds[1]"},
 		{"near_thresholds: [0]", "near_thresholds[0]"},
 	} {
-		_, err := ParseConfig([]byte(c.yaml))
-		if !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+		_, err := serverconfig.ParseConfig([]byte(c.yaml))
+		if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
 			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
 		}
 	}
@@ -294,7 +295,7 @@ func TestTenantStatesThroughTheAPI(t *testing.T) {
 // load; they reach the tenants, and a restart that lowers one and raises
 // another in the same pool is applied in an order that never passes it.
 func TestConfigMinimums(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 root: {limits: {db: 4}}
 tenants:
   - {name: payments, api_key: payments-key-long-enough-0123456789, minimums: {db: 3}}
@@ -314,7 +315,7 @@ tenants:
 		{"tenants: [{name: a, minimums: {db: {min: 1, valid_from: \"2026-12-02T00:00:00Z\", valid_until: \"2026-12-01T00:00:00Z\"}}}]", "tenants[0].minimums.db.valid_until"},
 		{"tenants: [{name: a, minimums: {db: {minimum: 1}}}]", "tenants[0].minimums.db.minimum"},
 	} {
-		if _, err := ParseConfig([]byte(c.yaml)); !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+		if _, err := serverconfig.ParseConfig([]byte(c.yaml)); !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
 			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
 		}
 	}
@@ -324,7 +325,7 @@ tenants:
 	base.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 3}}
 	base.Tenants[1].Limits = nil
 	base.Tenants[1].Minimums = map[string]engine.Minimum{"db": {Min: 1}}
-	base.Store = StoreConfig{Driver: "sqlite", DSN: t.TempDir() + "/governor.db"}
+	base.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: t.TempDir() + "/governor.db"}
 	srv, err := Start(context.Background(), base, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -16,12 +16,13 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Rates in governord's YAML: "N/PERIOD" or {rate, burst}, on the root,
 // tenants and tenants' defaults; every mistake names its key.
 func TestConfigRates(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 root:
   rates: {requests: 100/s}
 tenants:
@@ -67,8 +68,8 @@ tenants:
 		{"tenants: [{name: a, rates: {calls: 2/fortnight}}]", "tenants[0].rates.calls"},
 		{"tenants: [{name: a, defaults: {rates: {calls: 0/min}}}]", "tenants[0].defaults.rates.calls"},
 	} {
-		_, err := ParseConfig([]byte(c.yaml))
-		if !IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
+		_, err := serverconfig.ParseConfig([]byte(c.yaml))
+		if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), c.key+":") {
 			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.key)
 		}
 	}
@@ -167,7 +168,7 @@ func TestRatesThroughTheAPI(t *testing.T) {
 func TestRatesSurviveARestart(t *testing.T) {
 	cfg := testConfig()
 	cfg.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 3, Per: int64(time.Hour)}}
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)

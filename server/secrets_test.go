@@ -15,6 +15,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/apikey"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // secret has what broke the old ${VAR} expansion, which replaced
@@ -36,7 +37,7 @@ func TestSecretsArriveIntact(t *testing.T) {
 	t.Setenv("GOV_SECRET", secret)
 	t.Setenv("GOV_PAY_KEY", "pay#key:{1}\n2")
 	t.Setenv("GOV_DSN", "postgres://gov:"+url.QueryEscape(secret)+"@db:5432/gov")
-	cfg, err := ParseConfig([]byte(`
+	cfg, err := serverconfig.ParseConfig([]byte(`
 admin_key: ${GOV_SECRET}
 store: {driver: postgres, dsn: ${GOV_DSN}}
 tenants:
@@ -67,8 +68,8 @@ func TestConfigErrorsNeverShowSecrets(t *testing.T) {
 		{"adaptive:\n  - {class: ${GOV_SECRET}, target_p95: 1s, min_limit: 1, max_limit: 2}\n  - {class: ${GOV_SECRET}, target_p95: 1s, min_limit: 1, max_limit: 2}\n", "adaptive[1].class"},
 		{"root: {limits: {db: ${GOV_SECRET}}}\n", "root.limits"},
 	} {
-		_, err := ParseConfig([]byte(tc.yaml))
-		var ce *ConfigError
+		_, err := serverconfig.ParseConfig([]byte(tc.yaml))
+		var ce *serverconfig.ConfigError
 		if !errors.As(err, &ce) || !strings.HasPrefix(ce.Key, tc.key) {
 			t.Errorf("%q: got %v, want an error for %s", tc.yaml, err, tc.key)
 			continue
@@ -109,7 +110,7 @@ func TestKeysBySHA256(t *testing.T) {
 		"tenants:\n  - {name: payments, api_key_sha256: " + strings.ToUpper(apikey.Hash(payKey)) + "}\n" +
 		"  - {name: recon, api_key: ${GOV_SECRET}}\n"
 	t.Setenv("GOV_SECRET", secret)
-	cfg, err := ParseConfig([]byte(text))
+	cfg, err := serverconfig.ParseConfig([]byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +182,8 @@ func TestKeyHashConfigErrors(t *testing.T) {
 		{"tenants:\n  - {name: a, api_key: some-key-0123456789}\n  - {name: b, api_key_sha256: " + h + "}\n", "tenants[1].api_key"},
 		{"admin_key_sha256: " + h + "\ntenants:\n  - {name: a, api_key: some-key-0123456789}\n", "tenants[0].api_key"},
 	} {
-		_, err := ParseConfig([]byte(tc.yaml))
-		var ce *ConfigError
+		_, err := serverconfig.ParseConfig([]byte(tc.yaml))
+		var ce *serverconfig.ConfigError
 		if !errors.As(err, &ce) || ce.Key != tc.key {
 			t.Errorf("%q: got %v, want an error for %s", tc.yaml, err, tc.key)
 		}

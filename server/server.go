@@ -26,6 +26,7 @@ import (
 	"github.com/governor-project/governor/internal/apikey"
 	"github.com/governor-project/governor/internal/tlsreload"
 	"github.com/governor-project/governor/internal/tracing"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 	"github.com/governor-project/governor/usage"
 )
@@ -34,7 +35,7 @@ import (
 type Server struct {
 	governorpb.UnimplementedGovernorServer
 
-	cfg     Config
+	cfg     serverconfig.Config
 	log     *slog.Logger
 	eng     *engine.Engine
 	mirror  *mirror     // snapshots are taken from it (mirror.go)
@@ -94,18 +95,18 @@ func WithStore(open func(ctx context.Context) (store.Store, error)) Option {
 
 // Start recovers the state from the store, applies the configuration, and
 // serves. It returns once the server is listening and ready.
-func Start(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
+func Start(ctx context.Context, cfg serverconfig.Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.ReapInterval == 0 {
-		cfg.ReapInterval = DefaultReapInterval
+		cfg.ReapInterval = serverconfig.DefaultReapInterval
 	}
 	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = DefaultSessionTTL
+		cfg.SessionTTL = serverconfig.DefaultSessionTTL
 	}
 	if cfg.Store.SnapshotEvery == 0 {
-		cfg.Store.SnapshotEvery = DefaultSnapshotEvery
+		cfg.Store.SnapshotEvery = serverconfig.DefaultSnapshotEvery
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = engine.WallClock{}
@@ -387,7 +388,7 @@ func (s *Server) configureRoot() error {
 
 // configureTenant creates tenant t, or sets its caps, modes, minimums,
 // rates and periods to the configuration's, and returns its node.
-func (s *Server) configureTenant(t TenantConfig) (engine.NodeID, error) {
+func (s *Server) configureTenant(t serverconfig.TenantConfig) (engine.NodeID, error) {
 	v, created, err := s.eng.FindOrCreate(engine.System, engine.RootID, engine.NodeSpec{Name: t.Name, Weight: t.Weight,
 		Quotas: t.Quotas, Limits: t.Limits, DefaultQuotas: orEmpty(t.Defaults.Quotas), DefaultLimits: orEmpty(t.Defaults.Limits),
 		Rates: t.Rates, DefaultRates: t.Defaults.Rates, QuotaPeriods: t.QuotaPeriods, DefaultQuotaPeriods: t.Defaults.QuotaPeriods}, "")
@@ -427,7 +428,7 @@ func orEmpty(m map[string]int64) map[string]int64 {
 }
 
 // capsEdit returns the edit that makes v's caps the wanted ones.
-func capsEdit(v engine.NodeView, quotas, limits map[string]int64, defaults *Caps, weight int64) (engine.CapsEdit, bool) {
+func capsEdit(v engine.NodeView, quotas, limits map[string]int64, defaults *serverconfig.Caps, weight int64) (engine.CapsEdit, bool) {
 	var edit engine.CapsEdit
 	changed := false
 	diff := func(have, want map[string]int64) map[string]int64 {
@@ -474,7 +475,7 @@ func (s *Server) serve() error {
 		certs, err := tlsreload.New(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile,
 			tlsreload.Options{Interval: s.cfg.TLSReloadInterval, OnReload: s.certReloaded})
 		if err != nil {
-			return &ConfigError{Key: "tls", Problem: err.Error()}
+			return &serverconfig.ConfigError{Key: "tls", Problem: err.Error()}
 		}
 		s.certs = certs
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: certs.GetCertificate})))

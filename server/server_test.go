@@ -23,6 +23,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 )
 
@@ -30,17 +31,17 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"))
 }
 
-func testConfig() Config {
-	return Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
-		AdminKey: "admin-key", Store: StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
-		Root: Caps{Limits: map[string]int64{"db": 4}, Quotas: map[string]int64{"tokens": 1000}},
-		Tenants: []TenantConfig{
-			{Name: "payments", APIKey: "pay-key", Weight: 4, Defaults: Caps{Quotas: map[string]int64{"retry": 3}}},
+func testConfig() serverconfig.Config {
+	return serverconfig.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
+		AdminKey: "admin-key", Store: serverconfig.StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
+		Root: serverconfig.Caps{Limits: map[string]int64{"db": 4}, Quotas: map[string]int64{"tokens": 1000}},
+		Tenants: []serverconfig.TenantConfig{
+			{Name: "payments", APIKey: "pay-key", Weight: 4, Defaults: serverconfig.Caps{Quotas: map[string]int64{"retry": 3}}},
 			{Name: "reconciliation", APIKey: "recon-key", Weight: 1, Limits: map[string]int64{"db": 2}},
 		}}
 }
 
-func start(t *testing.T, cfg Config, opts ...Option) *Server {
+func start(t *testing.T, cfg serverconfig.Config, opts ...Option) *Server {
 	t.Helper()
 	srv, err := Start(context.Background(), cfg, nil, opts...)
 	if err != nil {
@@ -345,7 +346,7 @@ func TestAcquireCancelledCleanly(t *testing.T) {
 // working with their tokens and lease ids resume above the largest on record.
 func TestRestartReplaysState(t *testing.T) {
 	cfg := testConfig()
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), SnapshotEvery: 1}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), SnapshotEvery: 1}
 	srv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)

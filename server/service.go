@@ -20,6 +20,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/tracing"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 )
 
@@ -226,7 +227,7 @@ func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionReq
 		if d.AsDuration() > 0 {
 			// A longer ask gets max_session_ttl: the client uses the TTL
 			// the answer carries.
-			ttl = min(max(d.AsDuration(), MinSessionTTL), s.cfg.MaxSessionTTL)
+			ttl = min(max(d.AsDuration(), serverconfig.MinSessionTTL), s.cfg.MaxSessionTTL)
 		}
 	}
 	raw := make([]byte, 32)

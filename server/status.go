@@ -16,11 +16,12 @@ import (
 func toDenial(d *engine.Denial) *governorpb.Denial {
 	return &governorpb.Denial{Resource: d.Resource, NodeId: int64(d.Node), NodeName: d.NodeName, Used: d.Used, Limit: d.Limit,
 		Amount: d.Amount, LargestConsumerId: int64(d.Largest.Node), LargestConsumerName: d.Largest.Name, LargestConsumerUsed: d.Largest.Used,
-		ResetAt: resetAt(d.ResetAt)}
+		ResetAt: resetAt(d.ResetAt), Cause: governorpb.Cause_CAUSE_QUOTA}
 }
 
 // toStatus maps an engine error to the gRPC status the API documents, with
-// the denial, node or lease details attached.
+// the denial, node or lease details attached, and a refusal's cause set on
+// them (withCause).
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -28,12 +29,18 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
+	return withCause(status.Convert(engineStatus(err)), err)
+}
+
+// engineStatus is the status of an engine error, with the detail of its kind.
+func engineStatus(err error) error {
 	var (
 		denial *engine.Denial
 		ended  *engine.EndedError
 		lease  *engine.LeaseEndedError
 		tstate *engine.TenantStateError
 		rate   *engine.RateError
+		bound  *engine.BoundError
 	)
 	switch {
 	case errors.As(err, &rate):
@@ -48,6 +55,9 @@ func toStatus(err error) error {
 	case errors.As(err, &lease):
 		return withDetail(codes.FailedPrecondition, err, &governorpb.LeaseEnded{LeaseId: int64(lease.Lease),
 			Reason: leaseReason(lease.Reason)})
+	case errors.As(err, &bound):
+		return withDetail(codes.ResourceExhausted, err, &governorpb.BoundReached{Tenant: bound.Tenant, Bound: bound.Bound,
+			Limit: int64(bound.Limit), Name: bound.Name})
 	case errors.Is(err, engine.ErrBound):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, engine.ErrUnauthenticated), errors.Is(err, engine.ErrSessionExpired):

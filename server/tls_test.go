@@ -12,13 +12,14 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/testcert"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 func TestTLS13Only(t *testing.T) {
 	cert := testcert.New(t, "127.0.0.1", "localhost")
 	pool := cert.Pool
 	cfg := testConfig()
-	cfg.TLS = TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile}
+	cfg.TLS = serverconfig.TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile}
 	srv := start(t, cfg)
 
 	open := func(creds credentials.TransportCredentials) error {
@@ -63,29 +64,29 @@ func TestConfigRefusesPlaintextOffLoopback(t *testing.T) {
 		{"tenants:\n  - {name: a, defaults: {quotas: {retry: x}}}\n", "tenants[0].defaults.quotas"},
 		{"nope: 1\n", "nope"},
 	} {
-		_, err := ParseConfig([]byte(tc.yaml))
-		ce, ok := err.(*ConfigError)
+		_, err := serverconfig.ParseConfig([]byte(tc.yaml))
+		ce, ok := err.(*serverconfig.ConfigError)
 		if !ok || len(ce.Key) < len(tc.key) || ce.Key[:len(tc.key)] != tc.key {
 			t.Errorf("%q: got %v, want an error naming %s", tc.yaml, err, tc.key)
 		}
 	}
-	cfg, err := ParseConfig([]byte("listen: 0.0.0.0:7600\nallow_plaintext: true\n"))
+	cfg, err := serverconfig.ParseConfig([]byte("listen: 0.0.0.0:7600\nallow_plaintext: true\n"))
 	if err != nil || cfg.Listen != "0.0.0.0:7600" {
 		t.Fatalf("allow_plaintext: %v", err)
 	}
 	t.Setenv("GOV_TEST_KEY", "s3cr$t")
-	cfg, err = ParseConfig([]byte("admin_key: ${GOV_TEST_KEY}\ntenants:\n  - {name: a, api_key: \"$NOT_EXPANDED\"}\n"))
+	cfg, err = serverconfig.ParseConfig([]byte("admin_key: ${GOV_TEST_KEY}\ntenants:\n  - {name: a, api_key: \"$NOT_EXPANDED\"}\n"))
 	if err != nil || cfg.AdminKey != "s3cr$t" || cfg.Tenants[0].APIKey != "$NOT_EXPANDED" {
 		t.Fatalf("env expansion: %+v %v", cfg, err)
 	}
 }
 
 func TestExampleConfigLoads(t *testing.T) {
-	cfg, err := LoadConfig("../governor.example.yaml")
+	cfg, err := serverconfig.LoadConfig("../governor.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Store.Driver != "sqlite" || cfg.Listen != DefaultListen || len(cfg.Tenants) != 2 || len(cfg.Adaptive) != 1 {
+	if cfg.Store.Driver != "sqlite" || cfg.Listen != serverconfig.DefaultListen || len(cfg.Tenants) != 2 || len(cfg.Adaptive) != 1 {
 		t.Fatalf("example config: %+v", cfg)
 	}
 }

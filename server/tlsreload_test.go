@@ -17,6 +17,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/testcert"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestTLSCertificateRotates rotates governord's certificate as
@@ -30,7 +31,7 @@ func TestTLSCertificateRotates(t *testing.T) {
 	roots := testcert.Trusting(a, b)
 	v := testcert.NewVolume(t, a.CertFile, a.KeyFile)
 	cfg := testConfig()
-	cfg.TLS = TLSConfig{CertFile: v.CertFile, KeyFile: v.KeyFile}
+	cfg.TLS = serverconfig.TLSConfig{CertFile: v.CertFile, KeyFile: v.KeyFile}
 	cfg.TLSReloadInterval = 5 * time.Millisecond
 	logs := &logBuffer{}
 	srv, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil)))

@@ -68,19 +68,7 @@ func (s *Server) denied(node int64, err error) error {
 	if err == nil {
 		return nil
 	}
-	var denial *engine.Denial
-	cause := ""
-	switch {
-	case errors.As(err, &denial):
-		cause = "quota:" + denial.Resource
-	case errors.Is(err, engine.ErrBound):
-		cause = "bound"
-	case errors.Is(err, engine.ErrTaskEnded):
-		cause = "task-ended"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		cause = "wait-abandoned"
-	}
-	if cause != "" {
+	if cause := usageCause(err); cause != "" {
 		now := s.cfg.Clock.Now().UnixNano()
 		s.usage.Deny(engine.NodeID(node), cause, now)
 		s.recent.add(recentDenial{at: now, node: node, cause: cause})
@@ -88,11 +76,37 @@ func (s *Server) denied(node int64, err error) error {
 	return err
 }
 
+// usageCause is what usage records count err under (causeOf's name, and a
+// spent quota's resource); "" for an error they do not count: no
+// refusal, or a refusal for a rate (retryable) or for the tenant's state
+// (the operator's doing).
+func usageCause(err error) string {
+	var (
+		denial *engine.Denial
+		tstate *engine.TenantStateError
+	)
+	switch cause := causeOf(err); {
+	case errors.As(err, &denial):
+		return cause.UsageName(denial.Resource)
+	case errors.As(err, &tstate):
+	case cause == governorpb.Cause_CAUSE_BOUND, cause == governorpb.Cause_CAUSE_TASK_ENDED,
+		cause == governorpb.Cause_CAUSE_WAIT_ABANDONED:
+		return cause.UsageName("")
+	}
+	return ""
+}
+
+// quotaCausePrefix starts the cause of a spent quota whose resource is
+// named; maxCauseLen is the longest cause a sidecar may report.
+var (
+	quotaCausePrefix = governorpb.Cause_CAUSE_QUOTA.UsageName("") + ":"
+	maxCauseLen      = len(quotaCausePrefix) + engine.MaxNameLen
+)
+
 // Bounds of a ReportDenials call.
 const (
 	maxDenialReports = 1000
 	maxDenialCount   = 1_000_000
-	maxCauseLen      = len("quota:") + engine.MaxNameLen
 )
 
 // ReportDenials counts refusals a sidecar decided by itself, from what its
@@ -155,7 +169,7 @@ func validCause(c string) error {
 	if c == "" || len(c) > maxCauseLen {
 		return fmt.Errorf("cause %q must be 1 to %d bytes", c, maxCauseLen)
 	}
-	if res, ok := strings.CutPrefix(c, "quota:"); ok {
+	if res, ok := strings.CutPrefix(c, quotaCausePrefix); ok {
 		if strings.Contains(res, ":") {
 			return fmt.Errorf("cause %q: a resource named in a cause holds no ':'", c)
 		}

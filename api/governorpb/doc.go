@@ -8,6 +8,9 @@
 //
 // Every call except OpenSession carries the session token in gRPC metadata as
 // "authorization: Bearer <token>". Errors use standard gRPC status codes;
-// RESOURCE_EXHAUSTED carries a *Denial detail and FAILED_PRECONDITION a
-// *NodeEnded or *LeaseEnded detail (see the service comment in the .proto).
+// RESOURCE_EXHAUSTED carries a *Denial, *RateLimited or *BoundReached
+// detail and FAILED_PRECONDITION a *NodeEnded, *TenantRefusal or
+// *LeaseEnded detail (see the service comment in the .proto). Each detail
+// of a refusal of work says why in its Cause (cause.go names each cause on
+// the wire).
 package governorpb

@@ -152,6 +152,112 @@ func (NodeState) EnumDescriptor() ([]byte, []int) {
 	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{1}
 }
 
+// Cause is why work was refused, from the engine through governord, the
+// SDKs and the sidecar. Its name on the wire (the Governor-Denied header,
+// the "cause" label of metrics, usage records) is the value's name without
+// CAUSE_, in lower case, with '-' for '_': CAUSE_WAIT_TIMEOUT is
+// "wait-timeout". Values 1 to 63 are causes a sidecar may answer a client
+// with; from 64 on they are governord's alone and never reach a client of
+// the sidecar.
+type Cause int32
+
+const (
+	// Never set by governord: not a refusal (or a governord from before
+	// causes, whose details tell the cause).
+	Cause_CAUSE_UNSPECIFIED Cause = 0
+	// A quota on the node or an ancestor is spent.
+	Cause_CAUSE_QUOTA Cause = 1
+	// The sidecar waited past its wait timeout for a slot or for units.
+	Cause_CAUSE_WAIT_TIMEOUT Cause = 2
+	// governord could not be reached, or the session is gone: fail closed.
+	Cause_CAUSE_UNAVAILABLE Cause = 3
+	// The node or an ancestor ended (closed, cancelled, past its deadline),
+	// or its tenant is closing and refuses new tasks.
+	Cause_CAUSE_TASK_ENDED Cause = 4
+	// No rule of the sidecar matched, and unmatched traffic is denied.
+	Cause_CAUSE_UNMATCHED Cause = 5
+	// The request named its subtask badly, or governord found it malformed.
+	Cause_CAUSE_BAD_REQUEST Cause = 6
+	// The sidecar's client went away while it waited.
+	Cause_CAUSE_CANCELED Cause = 7
+	// The sidecar is shutting down and admits nothing new.
+	Cause_CAUSE_STOPPING Cause = 8
+	// The tenant is suspended: no new work.
+	Cause_CAUSE_SUSPENDED Cause = 9
+	// The tenant is read-only and this is a write.
+	Cause_CAUSE_READ_ONLY Cause = 10
+	// A rate on the node or an ancestor has no room now; retryable.
+	Cause_CAUSE_RATE Cause = 11
+	// The tenant holds as much as one of its bounds allows (open sessions,
+	// open nodes, queued acquires, distinct names).
+	Cause_CAUSE_BOUND Cause = 64
+	// The caller gave up waiting for a lease (its context ended).
+	Cause_CAUSE_WAIT_ABANDONED Cause = 65
+)
+
+// Enum value maps for Cause.
+var (
+	Cause_name = map[int32]string{
+		0:  "CAUSE_UNSPECIFIED",
+		1:  "CAUSE_QUOTA",
+		2:  "CAUSE_WAIT_TIMEOUT",
+		3:  "CAUSE_UNAVAILABLE",
+		4:  "CAUSE_TASK_ENDED",
+		5:  "CAUSE_UNMATCHED",
+		6:  "CAUSE_BAD_REQUEST",
+		7:  "CAUSE_CANCELED",
+		8:  "CAUSE_STOPPING",
+		9:  "CAUSE_SUSPENDED",
+		10: "CAUSE_READ_ONLY",
+		11: "CAUSE_RATE",
+		64: "CAUSE_BOUND",
+		65: "CAUSE_WAIT_ABANDONED",
+	}
+	Cause_value = map[string]int32{
+		"CAUSE_UNSPECIFIED":    0,
+		"CAUSE_QUOTA":          1,
+		"CAUSE_WAIT_TIMEOUT":   2,
+		"CAUSE_UNAVAILABLE":    3,
+		"CAUSE_TASK_ENDED":     4,
+		"CAUSE_UNMATCHED":      5,
+		"CAUSE_BAD_REQUEST":    6,
+		"CAUSE_CANCELED":       7,
+		"CAUSE_STOPPING":       8,
+		"CAUSE_SUSPENDED":      9,
+		"CAUSE_READ_ONLY":      10,
+		"CAUSE_RATE":           11,
+		"CAUSE_BOUND":          64,
+		"CAUSE_WAIT_ABANDONED": 65,
+	}
+)
+
+func (x Cause) Enum() *Cause {
+	p := new(Cause)
+	*p = x
+	return p
+}
+
+func (x Cause) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Cause) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_governorpb_governor_proto_enumTypes[2].Descriptor()
+}
+
+func (Cause) Type() protoreflect.EnumType {
+	return &file_api_governorpb_governor_proto_enumTypes[2]
+}
+
+func (x Cause) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Cause.Descriptor instead.
+func (Cause) EnumDescriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{2}
+}
+
 // LeaseEndReason says why a lease is no longer held.
 type LeaseEndReason int32
 
@@ -193,11 +299,11 @@ func (x LeaseEndReason) String() string {
 }
 
 func (LeaseEndReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_governorpb_governor_proto_enumTypes[2].Descriptor()
+	return file_api_governorpb_governor_proto_enumTypes[3].Descriptor()
 }
 
 func (LeaseEndReason) Type() protoreflect.EnumType {
-	return &file_api_governorpb_governor_proto_enumTypes[2]
+	return &file_api_governorpb_governor_proto_enumTypes[3]
 }
 
 func (x LeaseEndReason) Number() protoreflect.EnumNumber {
@@ -206,7 +312,7 @@ func (x LeaseEndReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeaseEndReason.Descriptor instead.
 func (LeaseEndReason) EnumDescriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{2}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{3}
 }
 
 type Notice_Kind int32
@@ -256,11 +362,11 @@ func (x Notice_Kind) String() string {
 }
 
 func (Notice_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_governorpb_governor_proto_enumTypes[3].Descriptor()
+	return file_api_governorpb_governor_proto_enumTypes[4].Descriptor()
 }
 
 func (Notice_Kind) Type() protoreflect.EnumType {
-	return &file_api_governorpb_governor_proto_enumTypes[3]
+	return &file_api_governorpb_governor_proto_enumTypes[4]
 }
 
 func (x Notice_Kind) Number() protoreflect.EnumNumber {
@@ -3770,7 +3876,9 @@ type Denial struct {
 	LargestConsumerUsed int64 `protobuf:"varint,9,opt,name=largest_consumer_used,json=largestConsumerUsed,proto3" json:"largest_consumer_used,omitempty"`
 	// When the quota's period next resets it (used is then what was spent
 	// since the last reset); unset for a quota that never resets.
-	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	ResetAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	// Why the work was refused: QUOTA (unset from a governord before causes).
+	Cause         Cause `protobuf:"varint,11,opt,name=cause,proto3,enum=governor.v1.Cause" json:"cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3875,6 +3983,13 @@ func (x *Denial) GetResetAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Denial) GetCause() Cause {
+	if x != nil {
+		return x.Cause
+	}
+	return Cause_CAUSE_UNSPECIFIED
+}
+
 // RateLimited is attached as a detail of a RESOURCE_EXHAUSTED status when a
 // rate refuses a charge (beside a google.rpc.RetryInfo with the same
 // wait). It is retryable: nothing was charged, and the same charge fits
@@ -3892,7 +4007,9 @@ type RateLimited struct {
 	Level  int64 `protobuf:"varint,5,opt,name=level,proto3" json:"level,omitempty"`
 	Amount int64 `protobuf:"varint,6,opt,name=amount,proto3" json:"amount,omitempty"`
 	// How long until that bucket holds the amount.
-	RetryAfter    *durationpb.Duration `protobuf:"bytes,7,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	RetryAfter *durationpb.Duration `protobuf:"bytes,7,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// Why the work was refused: RATE.
+	Cause         Cause `protobuf:"varint,8,opt,name=cause,proto3,enum=governor.v1.Cause" json:"cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3976,6 +4093,98 @@ func (x *RateLimited) GetRetryAfter() *durationpb.Duration {
 	return nil
 }
 
+func (x *RateLimited) GetCause() Cause {
+	if x != nil {
+		return x.Cause
+	}
+	return Cause_CAUSE_UNSPECIFIED
+}
+
+// BoundReached is attached as a detail of a RESOURCE_EXHAUSTED status when
+// the tenant holds as much as one of its bounds allows (tenant_bounds).
+type BoundReached struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant's name.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The bound: max_sessions, max_nodes, max_waiters, max_resources or
+	// max_classes.
+	Bound string `protobuf:"bytes,2,opt,name=bound,proto3" json:"bound,omitempty"`
+	// Its value.
+	Limit int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// For max_resources and max_classes, the new name that would have gone
+	// past it.
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// Why the work was refused: BOUND.
+	Cause         Cause `protobuf:"varint,5,opt,name=cause,proto3,enum=governor.v1.Cause" json:"cause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BoundReached) Reset() {
+	*x = BoundReached{}
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoundReached) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoundReached) ProtoMessage() {}
+
+func (x *BoundReached) ProtoReflect() protoreflect.Message {
+	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoundReached.ProtoReflect.Descriptor instead.
+func (*BoundReached) Descriptor() ([]byte, []int) {
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *BoundReached) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *BoundReached) GetBound() string {
+	if x != nil {
+		return x.Bound
+	}
+	return ""
+}
+
+func (x *BoundReached) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *BoundReached) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BoundReached) GetCause() Cause {
+	if x != nil {
+		return x.Cause
+	}
+	return Cause_CAUSE_UNSPECIFIED
+}
+
 // LeaseEnded is attached as a detail of a FAILED_PRECONDITION status when a
 // Release or Validate names a lease that has ended: for Release when it
 // expired or was revoked, for Validate for any reason.
@@ -3991,7 +4200,7 @@ type LeaseEnded struct {
 
 func (x *LeaseEnded) Reset() {
 	*x = LeaseEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4212,7 @@ func (x *LeaseEnded) String() string {
 func (*LeaseEnded) ProtoMessage() {}
 
 func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[48]
+	mi := &file_api_governorpb_governor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4225,7 @@ func (x *LeaseEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseEnded.ProtoReflect.Descriptor instead.
 func (*LeaseEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{48}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LeaseEnded) GetLeaseId() int64 {
@@ -4043,14 +4252,16 @@ type NodeEnded struct {
 	// That node's name.
 	NodeName string `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// How it ended: CLOSED, CANCELLED or EXPIRED.
-	State         NodeState `protobuf:"varint,3,opt,name=state,proto3,enum=governor.v1.NodeState" json:"state,omitempty"`
+	State NodeState `protobuf:"varint,3,opt,name=state,proto3,enum=governor.v1.NodeState" json:"state,omitempty"`
+	// Why the work was refused: TASK_ENDED.
+	Cause         Cause `protobuf:"varint,4,opt,name=cause,proto3,enum=governor.v1.Cause" json:"cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeEnded) Reset() {
 	*x = NodeEnded{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4062,7 +4273,7 @@ func (x *NodeEnded) String() string {
 func (*NodeEnded) ProtoMessage() {}
 
 func (x *NodeEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[49]
+	mi := &file_api_governorpb_governor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4075,7 +4286,7 @@ func (x *NodeEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEnded.ProtoReflect.Descriptor instead.
 func (*NodeEnded) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{49}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NodeEnded) GetNodeId() int64 {
@@ -4099,6 +4310,13 @@ func (x *NodeEnded) GetState() NodeState {
 	return NodeState_NODE_STATE_UNSPECIFIED
 }
 
+func (x *NodeEnded) GetCause() Cause {
+	if x != nil {
+		return x.Cause
+	}
+	return Cause_CAUSE_UNSPECIFIED
+}
+
 type GetUsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The window, rounded out to whole minutes. Unset from is 24 hours before
@@ -4119,7 +4337,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4349,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[50]
+	mi := &file_api_governorpb_governor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4362,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{50}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetUsageRequest) GetFrom() *timestamppb.Timestamp {
@@ -4206,7 +4424,7 @@ type UsageLine struct {
 
 func (x *UsageLine) Reset() {
 	*x = UsageLine{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4218,7 +4436,7 @@ func (x *UsageLine) String() string {
 func (*UsageLine) ProtoMessage() {}
 
 func (x *UsageLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[51]
+	mi := &file_api_governorpb_governor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4231,7 +4449,7 @@ func (x *UsageLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageLine.ProtoReflect.Descriptor instead.
 func (*UsageLine) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{51}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UsageLine) GetTenantId() int64 {
@@ -4318,7 +4536,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4330,7 +4548,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[52]
+	mi := &file_api_governorpb_governor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4343,7 +4561,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{52}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UsageReport) GetFrom() *timestamppb.Timestamp {
@@ -4380,7 +4598,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4392,7 +4610,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[53]
+	mi := &file_api_governorpb_governor_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4405,7 +4623,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{53}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *InspectRequest) GetNodeId() int64 {
@@ -4451,7 +4669,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4463,7 +4681,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[54]
+	mi := &file_api_governorpb_governor_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4476,7 +4694,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{54}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *LeaseInfo) GetId() int64 {
@@ -4563,7 +4781,7 @@ type WaiterInfo struct {
 
 func (x *WaiterInfo) Reset() {
 	*x = WaiterInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4575,7 +4793,7 @@ func (x *WaiterInfo) String() string {
 func (*WaiterInfo) ProtoMessage() {}
 
 func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[55]
+	mi := &file_api_governorpb_governor_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4588,7 +4806,7 @@ func (x *WaiterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterInfo.ProtoReflect.Descriptor instead.
 func (*WaiterInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{55}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WaiterInfo) GetNodeId() int64 {
@@ -4641,7 +4859,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4653,7 +4871,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[56]
+	mi := &file_api_governorpb_governor_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4666,7 +4884,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{56}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SessionInfo) GetId() int64 {
@@ -4717,7 +4935,7 @@ type RecentDenial struct {
 
 func (x *RecentDenial) Reset() {
 	*x = RecentDenial{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4729,7 +4947,7 @@ func (x *RecentDenial) String() string {
 func (*RecentDenial) ProtoMessage() {}
 
 func (x *RecentDenial) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[57]
+	mi := &file_api_governorpb_governor_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4742,7 +4960,7 @@ func (x *RecentDenial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecentDenial.ProtoReflect.Descriptor instead.
 func (*RecentDenial) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{57}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RecentDenial) GetAt() *timestamppb.Timestamp {
@@ -4791,7 +5009,7 @@ type Inspection struct {
 
 func (x *Inspection) Reset() {
 	*x = Inspection{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4803,7 +5021,7 @@ func (x *Inspection) String() string {
 func (*Inspection) ProtoMessage() {}
 
 func (x *Inspection) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[58]
+	mi := &file_api_governorpb_governor_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4816,7 +5034,7 @@ func (x *Inspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inspection.ProtoReflect.Descriptor instead.
 func (*Inspection) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{58}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Inspection) GetServerTime() *timestamppb.Timestamp {
@@ -4901,7 +5119,7 @@ type ListTreeRequest struct {
 
 func (x *ListTreeRequest) Reset() {
 	*x = ListTreeRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4913,7 +5131,7 @@ func (x *ListTreeRequest) String() string {
 func (*ListTreeRequest) ProtoMessage() {}
 
 func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[59]
+	mi := &file_api_governorpb_governor_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4926,7 +5144,7 @@ func (x *ListTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeRequest.ProtoReflect.Descriptor instead.
 func (*ListTreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{59}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListTreeRequest) GetNodeId() int64 {
@@ -4957,7 +5175,7 @@ type ListTreeResponse struct {
 
 func (x *ListTreeResponse) Reset() {
 	*x = ListTreeResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4969,7 +5187,7 @@ func (x *ListTreeResponse) String() string {
 func (*ListTreeResponse) ProtoMessage() {}
 
 func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[60]
+	mi := &file_api_governorpb_governor_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4982,7 +5200,7 @@ func (x *ListTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTreeResponse.ProtoReflect.Descriptor instead.
 func (*ListTreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{60}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListTreeResponse) GetNodes() []*Node {
@@ -5021,7 +5239,7 @@ type CapMode struct {
 
 func (x *CapMode) Reset() {
 	*x = CapMode{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5033,7 +5251,7 @@ func (x *CapMode) String() string {
 func (*CapMode) ProtoMessage() {}
 
 func (x *CapMode) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[61]
+	mi := &file_api_governorpb_governor_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5046,7 +5264,7 @@ func (x *CapMode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapMode.ProtoReflect.Descriptor instead.
 func (*CapMode) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{61}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CapMode) GetMode() string {
@@ -5079,7 +5297,7 @@ type GetCapStatusRequest struct {
 
 func (x *GetCapStatusRequest) Reset() {
 	*x = GetCapStatusRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5091,7 +5309,7 @@ func (x *GetCapStatusRequest) String() string {
 func (*GetCapStatusRequest) ProtoMessage() {}
 
 func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[62]
+	mi := &file_api_governorpb_governor_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5104,7 +5322,7 @@ func (x *GetCapStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCapStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetCapStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{62}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetCapStatusRequest) GetNodeId() int64 {
@@ -5153,7 +5371,7 @@ type CapStatus struct {
 
 func (x *CapStatus) Reset() {
 	*x = CapStatus{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5165,7 +5383,7 @@ func (x *CapStatus) String() string {
 func (*CapStatus) ProtoMessage() {}
 
 func (x *CapStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[63]
+	mi := &file_api_governorpb_governor_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5178,7 +5396,7 @@ func (x *CapStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatus.ProtoReflect.Descriptor instead.
 func (*CapStatus) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{63}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CapStatus) GetNodeId() int64 {
@@ -5281,7 +5499,7 @@ type CapStatusReport struct {
 
 func (x *CapStatusReport) Reset() {
 	*x = CapStatusReport{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5293,7 +5511,7 @@ func (x *CapStatusReport) String() string {
 func (*CapStatusReport) ProtoMessage() {}
 
 func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[64]
+	mi := &file_api_governorpb_governor_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5306,7 +5524,7 @@ func (x *CapStatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapStatusReport.ProtoReflect.Descriptor instead.
 func (*CapStatusReport) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{64}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CapStatusReport) GetCaps() []*CapStatus {
@@ -5350,7 +5568,7 @@ type RateStatus struct {
 
 func (x *RateStatus) Reset() {
 	*x = RateStatus{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5362,7 +5580,7 @@ func (x *RateStatus) String() string {
 func (*RateStatus) ProtoMessage() {}
 
 func (x *RateStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[65]
+	mi := &file_api_governorpb_governor_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5375,7 +5593,7 @@ func (x *RateStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateStatus.ProtoReflect.Descriptor instead.
 func (*RateStatus) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{65}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RateStatus) GetNodeId() int64 {
@@ -5445,7 +5663,7 @@ type SetTenantStateRequest struct {
 
 func (x *SetTenantStateRequest) Reset() {
 	*x = SetTenantStateRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[66]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5675,7 @@ func (x *SetTenantStateRequest) String() string {
 func (*SetTenantStateRequest) ProtoMessage() {}
 
 func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[66]
+	mi := &file_api_governorpb_governor_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5688,7 @@ func (x *SetTenantStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantStateRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantStateRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{66}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SetTenantStateRequest) GetRequestId() string {
@@ -5519,14 +5737,17 @@ type TenantRefusal struct {
 	// The reason its last change gave.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// What was refused: "new work", "a write", "a new task".
-	Refused       string `protobuf:"bytes,4,opt,name=refused,proto3" json:"refused,omitempty"`
+	Refused string `protobuf:"bytes,4,opt,name=refused,proto3" json:"refused,omitempty"`
+	// Why the work was refused: SUSPENDED, READ_ONLY, or TASK_ENDED for a
+	// closing tenant's new task.
+	Cause         Cause `protobuf:"varint,5,opt,name=cause,proto3,enum=governor.v1.Cause" json:"cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TenantRefusal) Reset() {
 	*x = TenantRefusal{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[67]
+	mi := &file_api_governorpb_governor_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5538,7 +5759,7 @@ func (x *TenantRefusal) String() string {
 func (*TenantRefusal) ProtoMessage() {}
 
 func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[67]
+	mi := &file_api_governorpb_governor_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5551,7 +5772,7 @@ func (x *TenantRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantRefusal.ProtoReflect.Descriptor instead.
 func (*TenantRefusal) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{67}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *TenantRefusal) GetTenant() string {
@@ -5580,6 +5801,13 @@ func (x *TenantRefusal) GetRefused() string {
 		return x.Refused
 	}
 	return ""
+}
+
+func (x *TenantRefusal) GetCause() Cause {
+	if x != nil {
+		return x.Cause
+	}
+	return Cause_CAUSE_UNSPECIFIED
 }
 
 type DryRunRequest struct {
@@ -5611,7 +5839,7 @@ type DryRunRequest struct {
 
 func (x *DryRunRequest) Reset() {
 	*x = DryRunRequest{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[68]
+	mi := &file_api_governorpb_governor_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5623,7 +5851,7 @@ func (x *DryRunRequest) String() string {
 func (*DryRunRequest) ProtoMessage() {}
 
 func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[68]
+	mi := &file_api_governorpb_governor_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5636,7 +5864,7 @@ func (x *DryRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunRequest.ProtoReflect.Descriptor instead.
 func (*DryRunRequest) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{68}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DryRunRequest) GetNodeId() int64 {
@@ -5708,7 +5936,7 @@ type DryRunResponse struct {
 
 func (x *DryRunResponse) Reset() {
 	*x = DryRunResponse{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[69]
+	mi := &file_api_governorpb_governor_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5720,7 +5948,7 @@ func (x *DryRunResponse) String() string {
 func (*DryRunResponse) ProtoMessage() {}
 
 func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[69]
+	mi := &file_api_governorpb_governor_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5733,7 +5961,7 @@ func (x *DryRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DryRunResponse.ProtoReflect.Descriptor instead.
 func (*DryRunResponse) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{69}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DryRunResponse) GetOutcome() string {
@@ -5779,7 +6007,7 @@ type Minimum struct {
 
 func (x *Minimum) Reset() {
 	*x = Minimum{}
-	mi := &file_api_governorpb_governor_proto_msgTypes[70]
+	mi := &file_api_governorpb_governor_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5791,7 +6019,7 @@ func (x *Minimum) String() string {
 func (*Minimum) ProtoMessage() {}
 
 func (x *Minimum) ProtoReflect() protoreflect.Message {
-	mi := &file_api_governorpb_governor_proto_msgTypes[70]
+	mi := &file_api_governorpb_governor_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5804,7 +6032,7 @@ func (x *Minimum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Minimum.ProtoReflect.Descriptor instead.
 func (*Minimum) Descriptor() ([]byte, []int) {
-	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{70}
+	return file_api_governorpb_governor_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Minimum) GetMin() int64 {
@@ -6242,7 +6470,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"x\n" +
 	"\vCapsHistory\x121\n" +
 	"\achanges\x18\x01 \x03(\v2\x17.governor.v1.CapsChangeR\achanges\x126\n" +
-	"\apending\x18\x02 \x03(\v2\x1c.governor.v1.PendingOverrideR\apending\"\xeb\x02\n" +
+	"\apending\x18\x02 \x03(\v2\x1c.governor.v1.PendingOverrideR\apending\"\x95\x03\n" +
 	"\x06Denial\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -6254,7 +6482,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x15largest_consumer_name\x18\b \x01(\tR\x13largestConsumerName\x122\n" +
 	"\x15largest_consumer_used\x18\t \x01(\x03R\x13largestConsumerUsed\x125\n" +
 	"\breset_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\xf0\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\x12(\n" +
+	"\x05cause\x18\v \x01(\x0e2\x12.governor.v1.CauseR\x05cause\"\x9a\x02\n" +
 	"\vRateLimited\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -6263,15 +6492,23 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05level\x18\x05 \x01(\x03R\x05level\x12\x16\n" +
 	"\x06amount\x18\x06 \x01(\x03R\x06amount\x12:\n" +
 	"\vretry_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"\\\n" +
+	"retryAfter\x12(\n" +
+	"\x05cause\x18\b \x01(\x0e2\x12.governor.v1.CauseR\x05cause\"\x90\x01\n" +
+	"\fBoundReached\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05bound\x18\x02 \x01(\tR\x05bound\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12(\n" +
+	"\x05cause\x18\x05 \x01(\x0e2\x12.governor.v1.CauseR\x05cause\"\\\n" +
 	"\n" +
 	"LeaseEnded\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x123\n" +
-	"\x06reason\x18\x02 \x01(\x0e2\x1b.governor.v1.LeaseEndReasonR\x06reason\"o\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x1b.governor.v1.LeaseEndReasonR\x06reason\"\x99\x01\n" +
 	"\tNodeEnded\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12,\n" +
-	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state\"\x97\x01\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x16.governor.v1.NodeStateR\x05state\x12(\n" +
+	"\x05cause\x18\x04 \x01(\x0e2\x12.governor.v1.CauseR\x05cause\"\x97\x01\n" +
 	"\x0fGetUsageRequest\x12.\n" +
 	"\x04from\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
 	"\x02to\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12\x16\n" +
@@ -6406,12 +6643,13 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
-	"\x06revoke\x18\x05 \x01(\bR\x06revoke\"o\n" +
+	"\x06revoke\x18\x05 \x01(\bR\x06revoke\"\x99\x01\n" +
 	"\rTenantRefusal\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
-	"\arefused\x18\x04 \x01(\tR\arefused\"\xa2\x02\n" +
+	"\arefused\x18\x04 \x01(\tR\arefused\x12(\n" +
+	"\x05cause\x18\x05 \x01(\x0e2\x12.governor.v1.CauseR\x05cause\"\xa2\x02\n" +
 	"\rDryRunRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\x12A\n" +
@@ -6446,7 +6684,24 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0fNODE_STATE_OPEN\x10\x01\x12\x15\n" +
 	"\x11NODE_STATE_CLOSED\x10\x02\x12\x18\n" +
 	"\x14NODE_STATE_CANCELLED\x10\x03\x12\x16\n" +
-	"\x12NODE_STATE_EXPIRED\x10\x04*\x8d\x01\n" +
+	"\x12NODE_STATE_EXPIRED\x10\x04*\xad\x02\n" +
+	"\x05Cause\x12\x15\n" +
+	"\x11CAUSE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vCAUSE_QUOTA\x10\x01\x12\x16\n" +
+	"\x12CAUSE_WAIT_TIMEOUT\x10\x02\x12\x15\n" +
+	"\x11CAUSE_UNAVAILABLE\x10\x03\x12\x14\n" +
+	"\x10CAUSE_TASK_ENDED\x10\x04\x12\x13\n" +
+	"\x0fCAUSE_UNMATCHED\x10\x05\x12\x15\n" +
+	"\x11CAUSE_BAD_REQUEST\x10\x06\x12\x12\n" +
+	"\x0eCAUSE_CANCELED\x10\a\x12\x12\n" +
+	"\x0eCAUSE_STOPPING\x10\b\x12\x13\n" +
+	"\x0fCAUSE_SUSPENDED\x10\t\x12\x13\n" +
+	"\x0fCAUSE_READ_ONLY\x10\n" +
+	"\x12\x0e\n" +
+	"\n" +
+	"CAUSE_RATE\x10\v\x12\x0f\n" +
+	"\vCAUSE_BOUND\x10@\x12\x18\n" +
+	"\x14CAUSE_WAIT_ABANDONED\x10A*\x8d\x01\n" +
 	"\x0eLeaseEndReason\x12 \n" +
 	"\x1cLEASE_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LEASE_END_REASON_RELEASED\x10\x01\x12\x1c\n" +
@@ -6496,333 +6751,340 @@ func file_api_governorpb_governor_proto_rawDescGZIP() []byte {
 	return file_api_governorpb_governor_proto_rawDescData
 }
 
-var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
+var file_api_governorpb_governor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_api_governorpb_governor_proto_msgTypes = make([]protoimpl.MessageInfo, 122)
 var file_api_governorpb_governor_proto_goTypes = []any{
 	(NodeKind)(0),                    // 0: governor.v1.NodeKind
 	(NodeState)(0),                   // 1: governor.v1.NodeState
-	(LeaseEndReason)(0),              // 2: governor.v1.LeaseEndReason
-	(Notice_Kind)(0),                 // 3: governor.v1.Notice.Kind
-	(*OpenSessionRequest)(nil),       // 4: governor.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),      // 5: governor.v1.OpenSessionResponse
-	(*HeartbeatRequest)(nil),         // 6: governor.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 7: governor.v1.HeartbeatResponse
-	(*CloseSessionRequest)(nil),      // 8: governor.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),     // 9: governor.v1.CloseSessionResponse
-	(*NodeSpec)(nil),                 // 10: governor.v1.NodeSpec
-	(*Rate)(nil),                     // 11: governor.v1.Rate
-	(*Node)(nil),                     // 12: governor.v1.Node
-	(*CreateNodeRequest)(nil),        // 13: governor.v1.CreateNodeRequest
-	(*GetNodeRequest)(nil),           // 14: governor.v1.GetNodeRequest
-	(*FindOrCreateNodeRequest)(nil),  // 15: governor.v1.FindOrCreateNodeRequest
-	(*FindOrCreateNodeResponse)(nil), // 16: governor.v1.FindOrCreateNodeResponse
-	(*ListChildrenRequest)(nil),      // 17: governor.v1.ListChildrenRequest
-	(*ListChildrenResponse)(nil),     // 18: governor.v1.ListChildrenResponse
-	(*CancelNodeRequest)(nil),        // 19: governor.v1.CancelNodeRequest
-	(*CloseNodeRequest)(nil),         // 20: governor.v1.CloseNodeRequest
-	(*ConsumeRequest)(nil),           // 21: governor.v1.ConsumeRequest
-	(*ConsumeResponse)(nil),          // 22: governor.v1.ConsumeResponse
-	(*AcquireRequest)(nil),           // 23: governor.v1.AcquireRequest
-	(*Lease)(nil),                    // 24: governor.v1.Lease
-	(*ChargeAndAcquireRequest)(nil),  // 25: governor.v1.ChargeAndAcquireRequest
-	(*ChargeAndAcquireResponse)(nil), // 26: governor.v1.ChargeAndAcquireResponse
-	(*ReleaseRequest)(nil),           // 27: governor.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 28: governor.v1.ReleaseResponse
-	(*ValidateRequest)(nil),          // 29: governor.v1.ValidateRequest
-	(*ResizeBlockRequest)(nil),       // 30: governor.v1.ResizeBlockRequest
-	(*Block)(nil),                    // 31: governor.v1.Block
-	(*ReserveRequest)(nil),           // 32: governor.v1.ReserveRequest
-	(*Reservation)(nil),              // 33: governor.v1.Reservation
-	(*ReportSamplesRequest)(nil),     // 34: governor.v1.ReportSamplesRequest
-	(*ReportSamplesResponse)(nil),    // 35: governor.v1.ReportSamplesResponse
-	(*ReportDenialsRequest)(nil),     // 36: governor.v1.ReportDenialsRequest
-	(*DenialCount)(nil),              // 37: governor.v1.DenialCount
-	(*ReportDenialsResponse)(nil),    // 38: governor.v1.ReportDenialsResponse
-	(*ReportBlockUseRequest)(nil),    // 39: governor.v1.ReportBlockUseRequest
-	(*BlockUse)(nil),                 // 40: governor.v1.BlockUse
-	(*ReportBlockUseResponse)(nil),   // 41: governor.v1.ReportBlockUseResponse
-	(*WatchRequest)(nil),             // 42: governor.v1.WatchRequest
-	(*Notice)(nil),                   // 43: governor.v1.Notice
-	(*SetCapsRequest)(nil),           // 44: governor.v1.SetCapsRequest
-	(*GetCapsHistoryRequest)(nil),    // 45: governor.v1.GetCapsHistoryRequest
-	(*CapsValues)(nil),               // 46: governor.v1.CapsValues
-	(*CapsChange)(nil),               // 47: governor.v1.CapsChange
-	(*PendingOverride)(nil),          // 48: governor.v1.PendingOverride
-	(*CapsHistory)(nil),              // 49: governor.v1.CapsHistory
-	(*Denial)(nil),                   // 50: governor.v1.Denial
-	(*RateLimited)(nil),              // 51: governor.v1.RateLimited
-	(*LeaseEnded)(nil),               // 52: governor.v1.LeaseEnded
-	(*NodeEnded)(nil),                // 53: governor.v1.NodeEnded
-	(*GetUsageRequest)(nil),          // 54: governor.v1.GetUsageRequest
-	(*UsageLine)(nil),                // 55: governor.v1.UsageLine
-	(*UsageReport)(nil),              // 56: governor.v1.UsageReport
-	(*InspectRequest)(nil),           // 57: governor.v1.InspectRequest
-	(*LeaseInfo)(nil),                // 58: governor.v1.LeaseInfo
-	(*WaiterInfo)(nil),               // 59: governor.v1.WaiterInfo
-	(*SessionInfo)(nil),              // 60: governor.v1.SessionInfo
-	(*RecentDenial)(nil),             // 61: governor.v1.RecentDenial
-	(*Inspection)(nil),               // 62: governor.v1.Inspection
-	(*ListTreeRequest)(nil),          // 63: governor.v1.ListTreeRequest
-	(*ListTreeResponse)(nil),         // 64: governor.v1.ListTreeResponse
-	(*CapMode)(nil),                  // 65: governor.v1.CapMode
-	(*GetCapStatusRequest)(nil),      // 66: governor.v1.GetCapStatusRequest
-	(*CapStatus)(nil),                // 67: governor.v1.CapStatus
-	(*CapStatusReport)(nil),          // 68: governor.v1.CapStatusReport
-	(*RateStatus)(nil),               // 69: governor.v1.RateStatus
-	(*SetTenantStateRequest)(nil),    // 70: governor.v1.SetTenantStateRequest
-	(*TenantRefusal)(nil),            // 71: governor.v1.TenantRefusal
-	(*DryRunRequest)(nil),            // 72: governor.v1.DryRunRequest
-	(*DryRunResponse)(nil),           // 73: governor.v1.DryRunResponse
-	(*Minimum)(nil),                  // 74: governor.v1.Minimum
-	nil,                              // 75: governor.v1.NodeSpec.QuotasEntry
-	nil,                              // 76: governor.v1.NodeSpec.LimitsEntry
-	nil,                              // 77: governor.v1.NodeSpec.DefaultQuotasEntry
-	nil,                              // 78: governor.v1.NodeSpec.DefaultLimitsEntry
-	nil,                              // 79: governor.v1.NodeSpec.RatesEntry
-	nil,                              // 80: governor.v1.NodeSpec.DefaultRatesEntry
-	nil,                              // 81: governor.v1.NodeSpec.QuotaPeriodsEntry
-	nil,                              // 82: governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
-	nil,                              // 83: governor.v1.Node.QuotasEntry
-	nil,                              // 84: governor.v1.Node.UsedEntry
-	nil,                              // 85: governor.v1.Node.LimitsEntry
-	nil,                              // 86: governor.v1.Node.HeldEntry
-	nil,                              // 87: governor.v1.Node.DefaultQuotasEntry
-	nil,                              // 88: governor.v1.Node.DefaultLimitsEntry
-	nil,                              // 89: governor.v1.Node.ReservedEntry
-	nil,                              // 90: governor.v1.Node.QuotaModesEntry
-	nil,                              // 91: governor.v1.Node.LimitModesEntry
-	nil,                              // 92: governor.v1.Node.MinimumsEntry
-	nil,                              // 93: governor.v1.Node.ShadowEntry
-	nil,                              // 94: governor.v1.Node.RatesEntry
-	nil,                              // 95: governor.v1.Node.DefaultRatesEntry
-	nil,                              // 96: governor.v1.Node.QuotaPeriodsEntry
-	nil,                              // 97: governor.v1.Node.DefaultQuotaPeriodsEntry
-	nil,                              // 98: governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	nil,                              // 99: governor.v1.SetCapsRequest.QuotasEntry
-	nil,                              // 100: governor.v1.SetCapsRequest.LimitsEntry
-	nil,                              // 101: governor.v1.SetCapsRequest.DefaultQuotasEntry
-	nil,                              // 102: governor.v1.SetCapsRequest.DefaultLimitsEntry
-	nil,                              // 103: governor.v1.SetCapsRequest.RatesEntry
-	nil,                              // 104: governor.v1.SetCapsRequest.DefaultRatesEntry
-	nil,                              // 105: governor.v1.SetCapsRequest.QuotaPeriodsEntry
-	nil,                              // 106: governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
-	nil,                              // 107: governor.v1.SetCapsRequest.QuotaModesEntry
-	nil,                              // 108: governor.v1.SetCapsRequest.LimitModesEntry
-	nil,                              // 109: governor.v1.SetCapsRequest.MinimumsEntry
-	nil,                              // 110: governor.v1.CapsValues.QuotasEntry
-	nil,                              // 111: governor.v1.CapsValues.LimitsEntry
-	nil,                              // 112: governor.v1.CapsValues.DefaultQuotasEntry
-	nil,                              // 113: governor.v1.CapsValues.DefaultLimitsEntry
-	nil,                              // 114: governor.v1.CapsValues.QuotaModesEntry
-	nil,                              // 115: governor.v1.CapsValues.LimitModesEntry
-	nil,                              // 116: governor.v1.CapsValues.MinimumsEntry
-	nil,                              // 117: governor.v1.CapsValues.RatesEntry
-	nil,                              // 118: governor.v1.CapsValues.DefaultRatesEntry
-	nil,                              // 119: governor.v1.UsageLine.SpendEntry
-	nil,                              // 120: governor.v1.UsageLine.LeaseSecondsEntry
-	nil,                              // 121: governor.v1.UsageLine.PeakEntry
-	nil,                              // 122: governor.v1.UsageLine.DeniedEntry
-	nil,                              // 123: governor.v1.ListTreeResponse.WaitingEntry
-	nil,                              // 124: governor.v1.DryRunRequest.ChargesEntry
-	(*durationpb.Duration)(nil),      // 125: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 126: google.protobuf.Timestamp
+	(Cause)(0),                       // 2: governor.v1.Cause
+	(LeaseEndReason)(0),              // 3: governor.v1.LeaseEndReason
+	(Notice_Kind)(0),                 // 4: governor.v1.Notice.Kind
+	(*OpenSessionRequest)(nil),       // 5: governor.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),      // 6: governor.v1.OpenSessionResponse
+	(*HeartbeatRequest)(nil),         // 7: governor.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 8: governor.v1.HeartbeatResponse
+	(*CloseSessionRequest)(nil),      // 9: governor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),     // 10: governor.v1.CloseSessionResponse
+	(*NodeSpec)(nil),                 // 11: governor.v1.NodeSpec
+	(*Rate)(nil),                     // 12: governor.v1.Rate
+	(*Node)(nil),                     // 13: governor.v1.Node
+	(*CreateNodeRequest)(nil),        // 14: governor.v1.CreateNodeRequest
+	(*GetNodeRequest)(nil),           // 15: governor.v1.GetNodeRequest
+	(*FindOrCreateNodeRequest)(nil),  // 16: governor.v1.FindOrCreateNodeRequest
+	(*FindOrCreateNodeResponse)(nil), // 17: governor.v1.FindOrCreateNodeResponse
+	(*ListChildrenRequest)(nil),      // 18: governor.v1.ListChildrenRequest
+	(*ListChildrenResponse)(nil),     // 19: governor.v1.ListChildrenResponse
+	(*CancelNodeRequest)(nil),        // 20: governor.v1.CancelNodeRequest
+	(*CloseNodeRequest)(nil),         // 21: governor.v1.CloseNodeRequest
+	(*ConsumeRequest)(nil),           // 22: governor.v1.ConsumeRequest
+	(*ConsumeResponse)(nil),          // 23: governor.v1.ConsumeResponse
+	(*AcquireRequest)(nil),           // 24: governor.v1.AcquireRequest
+	(*Lease)(nil),                    // 25: governor.v1.Lease
+	(*ChargeAndAcquireRequest)(nil),  // 26: governor.v1.ChargeAndAcquireRequest
+	(*ChargeAndAcquireResponse)(nil), // 27: governor.v1.ChargeAndAcquireResponse
+	(*ReleaseRequest)(nil),           // 28: governor.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 29: governor.v1.ReleaseResponse
+	(*ValidateRequest)(nil),          // 30: governor.v1.ValidateRequest
+	(*ResizeBlockRequest)(nil),       // 31: governor.v1.ResizeBlockRequest
+	(*Block)(nil),                    // 32: governor.v1.Block
+	(*ReserveRequest)(nil),           // 33: governor.v1.ReserveRequest
+	(*Reservation)(nil),              // 34: governor.v1.Reservation
+	(*ReportSamplesRequest)(nil),     // 35: governor.v1.ReportSamplesRequest
+	(*ReportSamplesResponse)(nil),    // 36: governor.v1.ReportSamplesResponse
+	(*ReportDenialsRequest)(nil),     // 37: governor.v1.ReportDenialsRequest
+	(*DenialCount)(nil),              // 38: governor.v1.DenialCount
+	(*ReportDenialsResponse)(nil),    // 39: governor.v1.ReportDenialsResponse
+	(*ReportBlockUseRequest)(nil),    // 40: governor.v1.ReportBlockUseRequest
+	(*BlockUse)(nil),                 // 41: governor.v1.BlockUse
+	(*ReportBlockUseResponse)(nil),   // 42: governor.v1.ReportBlockUseResponse
+	(*WatchRequest)(nil),             // 43: governor.v1.WatchRequest
+	(*Notice)(nil),                   // 44: governor.v1.Notice
+	(*SetCapsRequest)(nil),           // 45: governor.v1.SetCapsRequest
+	(*GetCapsHistoryRequest)(nil),    // 46: governor.v1.GetCapsHistoryRequest
+	(*CapsValues)(nil),               // 47: governor.v1.CapsValues
+	(*CapsChange)(nil),               // 48: governor.v1.CapsChange
+	(*PendingOverride)(nil),          // 49: governor.v1.PendingOverride
+	(*CapsHistory)(nil),              // 50: governor.v1.CapsHistory
+	(*Denial)(nil),                   // 51: governor.v1.Denial
+	(*RateLimited)(nil),              // 52: governor.v1.RateLimited
+	(*BoundReached)(nil),             // 53: governor.v1.BoundReached
+	(*LeaseEnded)(nil),               // 54: governor.v1.LeaseEnded
+	(*NodeEnded)(nil),                // 55: governor.v1.NodeEnded
+	(*GetUsageRequest)(nil),          // 56: governor.v1.GetUsageRequest
+	(*UsageLine)(nil),                // 57: governor.v1.UsageLine
+	(*UsageReport)(nil),              // 58: governor.v1.UsageReport
+	(*InspectRequest)(nil),           // 59: governor.v1.InspectRequest
+	(*LeaseInfo)(nil),                // 60: governor.v1.LeaseInfo
+	(*WaiterInfo)(nil),               // 61: governor.v1.WaiterInfo
+	(*SessionInfo)(nil),              // 62: governor.v1.SessionInfo
+	(*RecentDenial)(nil),             // 63: governor.v1.RecentDenial
+	(*Inspection)(nil),               // 64: governor.v1.Inspection
+	(*ListTreeRequest)(nil),          // 65: governor.v1.ListTreeRequest
+	(*ListTreeResponse)(nil),         // 66: governor.v1.ListTreeResponse
+	(*CapMode)(nil),                  // 67: governor.v1.CapMode
+	(*GetCapStatusRequest)(nil),      // 68: governor.v1.GetCapStatusRequest
+	(*CapStatus)(nil),                // 69: governor.v1.CapStatus
+	(*CapStatusReport)(nil),          // 70: governor.v1.CapStatusReport
+	(*RateStatus)(nil),               // 71: governor.v1.RateStatus
+	(*SetTenantStateRequest)(nil),    // 72: governor.v1.SetTenantStateRequest
+	(*TenantRefusal)(nil),            // 73: governor.v1.TenantRefusal
+	(*DryRunRequest)(nil),            // 74: governor.v1.DryRunRequest
+	(*DryRunResponse)(nil),           // 75: governor.v1.DryRunResponse
+	(*Minimum)(nil),                  // 76: governor.v1.Minimum
+	nil,                              // 77: governor.v1.NodeSpec.QuotasEntry
+	nil,                              // 78: governor.v1.NodeSpec.LimitsEntry
+	nil,                              // 79: governor.v1.NodeSpec.DefaultQuotasEntry
+	nil,                              // 80: governor.v1.NodeSpec.DefaultLimitsEntry
+	nil,                              // 81: governor.v1.NodeSpec.RatesEntry
+	nil,                              // 82: governor.v1.NodeSpec.DefaultRatesEntry
+	nil,                              // 83: governor.v1.NodeSpec.QuotaPeriodsEntry
+	nil,                              // 84: governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
+	nil,                              // 85: governor.v1.Node.QuotasEntry
+	nil,                              // 86: governor.v1.Node.UsedEntry
+	nil,                              // 87: governor.v1.Node.LimitsEntry
+	nil,                              // 88: governor.v1.Node.HeldEntry
+	nil,                              // 89: governor.v1.Node.DefaultQuotasEntry
+	nil,                              // 90: governor.v1.Node.DefaultLimitsEntry
+	nil,                              // 91: governor.v1.Node.ReservedEntry
+	nil,                              // 92: governor.v1.Node.QuotaModesEntry
+	nil,                              // 93: governor.v1.Node.LimitModesEntry
+	nil,                              // 94: governor.v1.Node.MinimumsEntry
+	nil,                              // 95: governor.v1.Node.ShadowEntry
+	nil,                              // 96: governor.v1.Node.RatesEntry
+	nil,                              // 97: governor.v1.Node.DefaultRatesEntry
+	nil,                              // 98: governor.v1.Node.QuotaPeriodsEntry
+	nil,                              // 99: governor.v1.Node.DefaultQuotaPeriodsEntry
+	nil,                              // 100: governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	nil,                              // 101: governor.v1.SetCapsRequest.QuotasEntry
+	nil,                              // 102: governor.v1.SetCapsRequest.LimitsEntry
+	nil,                              // 103: governor.v1.SetCapsRequest.DefaultQuotasEntry
+	nil,                              // 104: governor.v1.SetCapsRequest.DefaultLimitsEntry
+	nil,                              // 105: governor.v1.SetCapsRequest.RatesEntry
+	nil,                              // 106: governor.v1.SetCapsRequest.DefaultRatesEntry
+	nil,                              // 107: governor.v1.SetCapsRequest.QuotaPeriodsEntry
+	nil,                              // 108: governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
+	nil,                              // 109: governor.v1.SetCapsRequest.QuotaModesEntry
+	nil,                              // 110: governor.v1.SetCapsRequest.LimitModesEntry
+	nil,                              // 111: governor.v1.SetCapsRequest.MinimumsEntry
+	nil,                              // 112: governor.v1.CapsValues.QuotasEntry
+	nil,                              // 113: governor.v1.CapsValues.LimitsEntry
+	nil,                              // 114: governor.v1.CapsValues.DefaultQuotasEntry
+	nil,                              // 115: governor.v1.CapsValues.DefaultLimitsEntry
+	nil,                              // 116: governor.v1.CapsValues.QuotaModesEntry
+	nil,                              // 117: governor.v1.CapsValues.LimitModesEntry
+	nil,                              // 118: governor.v1.CapsValues.MinimumsEntry
+	nil,                              // 119: governor.v1.CapsValues.RatesEntry
+	nil,                              // 120: governor.v1.CapsValues.DefaultRatesEntry
+	nil,                              // 121: governor.v1.UsageLine.SpendEntry
+	nil,                              // 122: governor.v1.UsageLine.LeaseSecondsEntry
+	nil,                              // 123: governor.v1.UsageLine.PeakEntry
+	nil,                              // 124: governor.v1.UsageLine.DeniedEntry
+	nil,                              // 125: governor.v1.ListTreeResponse.WaitingEntry
+	nil,                              // 126: governor.v1.DryRunRequest.ChargesEntry
+	(*durationpb.Duration)(nil),      // 127: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 128: google.protobuf.Timestamp
 }
 var file_api_governorpb_governor_proto_depIdxs = []int32{
-	125, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	125, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	125, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	125, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	75,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
-	76,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
-	77,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
-	78,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
-	126, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
-	79,  // 9: governor.v1.NodeSpec.rates:type_name -> governor.v1.NodeSpec.RatesEntry
-	80,  // 10: governor.v1.NodeSpec.default_rates:type_name -> governor.v1.NodeSpec.DefaultRatesEntry
-	81,  // 11: governor.v1.NodeSpec.quota_periods:type_name -> governor.v1.NodeSpec.QuotaPeriodsEntry
-	82,  // 12: governor.v1.NodeSpec.default_quota_periods:type_name -> governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
-	125, // 13: governor.v1.Rate.per:type_name -> google.protobuf.Duration
+	127, // 0: governor.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	127, // 1: governor.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	127, // 2: governor.v1.OpenSessionResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	127, // 3: governor.v1.HeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	77,  // 4: governor.v1.NodeSpec.quotas:type_name -> governor.v1.NodeSpec.QuotasEntry
+	78,  // 5: governor.v1.NodeSpec.limits:type_name -> governor.v1.NodeSpec.LimitsEntry
+	79,  // 6: governor.v1.NodeSpec.default_quotas:type_name -> governor.v1.NodeSpec.DefaultQuotasEntry
+	80,  // 7: governor.v1.NodeSpec.default_limits:type_name -> governor.v1.NodeSpec.DefaultLimitsEntry
+	128, // 8: governor.v1.NodeSpec.deadline:type_name -> google.protobuf.Timestamp
+	81,  // 9: governor.v1.NodeSpec.rates:type_name -> governor.v1.NodeSpec.RatesEntry
+	82,  // 10: governor.v1.NodeSpec.default_rates:type_name -> governor.v1.NodeSpec.DefaultRatesEntry
+	83,  // 11: governor.v1.NodeSpec.quota_periods:type_name -> governor.v1.NodeSpec.QuotaPeriodsEntry
+	84,  // 12: governor.v1.NodeSpec.default_quota_periods:type_name -> governor.v1.NodeSpec.DefaultQuotaPeriodsEntry
+	127, // 13: governor.v1.Rate.per:type_name -> google.protobuf.Duration
 	0,   // 14: governor.v1.Node.kind:type_name -> governor.v1.NodeKind
 	1,   // 15: governor.v1.Node.state:type_name -> governor.v1.NodeState
-	83,  // 16: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
-	84,  // 17: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
-	85,  // 18: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
-	86,  // 19: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
-	87,  // 20: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
-	88,  // 21: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
-	126, // 22: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
-	89,  // 23: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
-	126, // 24: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
-	90,  // 25: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
-	91,  // 26: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
-	92,  // 27: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
-	93,  // 28: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
-	94,  // 29: governor.v1.Node.rates:type_name -> governor.v1.Node.RatesEntry
-	95,  // 30: governor.v1.Node.default_rates:type_name -> governor.v1.Node.DefaultRatesEntry
-	96,  // 31: governor.v1.Node.quota_periods:type_name -> governor.v1.Node.QuotaPeriodsEntry
-	97,  // 32: governor.v1.Node.default_quota_periods:type_name -> governor.v1.Node.DefaultQuotaPeriodsEntry
-	10,  // 33: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	10,  // 34: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
-	12,  // 35: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
-	12,  // 36: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
-	98,  // 37: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
-	24,  // 38: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
-	125, // 39: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
-	71,  // 40: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
-	71,  // 41: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
-	37,  // 42: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
-	40,  // 43: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
-	125, // 44: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
-	3,   // 45: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
-	99,  // 46: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
-	100, // 47: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
-	101, // 48: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
-	102, // 49: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
-	126, // 50: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
-	125, // 51: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
-	103, // 52: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
-	104, // 53: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
-	105, // 54: governor.v1.SetCapsRequest.quota_periods:type_name -> governor.v1.SetCapsRequest.QuotaPeriodsEntry
-	106, // 55: governor.v1.SetCapsRequest.default_quota_periods:type_name -> governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
-	107, // 56: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
-	108, // 57: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
-	109, // 58: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
-	110, // 59: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
-	111, // 60: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
-	112, // 61: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
-	113, // 62: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
-	114, // 63: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
-	115, // 64: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
-	116, // 65: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
-	117, // 66: governor.v1.CapsValues.rates:type_name -> governor.v1.CapsValues.RatesEntry
-	118, // 67: governor.v1.CapsValues.default_rates:type_name -> governor.v1.CapsValues.DefaultRatesEntry
-	126, // 68: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
-	46,  // 69: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
-	46,  // 70: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
-	126, // 71: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
-	126, // 72: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
-	47,  // 73: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
-	48,  // 74: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
-	126, // 75: governor.v1.Denial.reset_at:type_name -> google.protobuf.Timestamp
-	11,  // 76: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
-	125, // 77: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
-	2,   // 78: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
-	1,   // 79: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
-	126, // 80: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
-	126, // 81: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
-	119, // 82: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
-	120, // 83: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
-	121, // 84: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
-	122, // 85: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
-	126, // 86: governor.v1.UsageLine.start:type_name -> google.protobuf.Timestamp
-	126, // 87: governor.v1.UsageLine.end:type_name -> google.protobuf.Timestamp
-	126, // 88: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
-	126, // 89: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
-	55,  // 90: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
-	126, // 91: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
-	126, // 92: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
-	126, // 93: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
-	126, // 94: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
-	125, // 95: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	126, // 96: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	126, // 97: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
-	126, // 98: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
-	58,  // 99: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
-	59,  // 100: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
-	60,  // 101: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
-	61,  // 102: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
-	125, // 103: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
-	12,  // 104: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
-	123, // 105: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
-	65,  // 106: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
-	126, // 107: governor.v1.CapStatus.reset_at:type_name -> google.protobuf.Timestamp
-	67,  // 108: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
-	69,  // 109: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
-	11,  // 110: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
-	125, // 111: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
-	124, // 112: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
-	50,  // 113: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
-	71,  // 114: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
-	126, // 115: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
-	126, // 116: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
-	11,  // 117: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 118: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 119: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 120: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 121: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 122: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 123: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 124: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 125: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	65,  // 126: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 127: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 128: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	65,  // 129: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
-	65,  // 130: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
-	74,  // 131: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
-	11,  // 132: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
-	11,  // 133: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
-	4,   // 134: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
-	6,   // 135: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
-	8,   // 136: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
-	13,  // 137: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
-	14,  // 138: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
-	15,  // 139: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
-	17,  // 140: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
-	19,  // 141: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
-	20,  // 142: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
-	21,  // 143: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
-	23,  // 144: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
-	25,  // 145: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
-	27,  // 146: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
-	29,  // 147: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
-	30,  // 148: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
-	32,  // 149: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
-	34,  // 150: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
-	36,  // 151: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
-	39,  // 152: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
-	42,  // 153: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
-	44,  // 154: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
-	45,  // 155: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
-	54,  // 156: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
-	57,  // 157: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
-	63,  // 158: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
-	66,  // 159: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
-	70,  // 160: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
-	72,  // 161: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
-	5,   // 162: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
-	7,   // 163: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
-	9,   // 164: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
-	12,  // 165: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
-	12,  // 166: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
-	16,  // 167: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
-	18,  // 168: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
-	12,  // 169: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
-	12,  // 170: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
-	22,  // 171: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
-	24,  // 172: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
-	26,  // 173: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
-	28,  // 174: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
-	24,  // 175: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
-	31,  // 176: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
-	33,  // 177: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
-	35,  // 178: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
-	38,  // 179: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
-	41,  // 180: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
-	43,  // 181: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
-	12,  // 182: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
-	49,  // 183: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
-	56,  // 184: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
-	62,  // 185: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
-	64,  // 186: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
-	68,  // 187: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
-	12,  // 188: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
-	73,  // 189: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
-	162, // [162:190] is the sub-list for method output_type
-	134, // [134:162] is the sub-list for method input_type
-	134, // [134:134] is the sub-list for extension type_name
-	134, // [134:134] is the sub-list for extension extendee
-	0,   // [0:134] is the sub-list for field type_name
+	85,  // 16: governor.v1.Node.quotas:type_name -> governor.v1.Node.QuotasEntry
+	86,  // 17: governor.v1.Node.used:type_name -> governor.v1.Node.UsedEntry
+	87,  // 18: governor.v1.Node.limits:type_name -> governor.v1.Node.LimitsEntry
+	88,  // 19: governor.v1.Node.held:type_name -> governor.v1.Node.HeldEntry
+	89,  // 20: governor.v1.Node.default_quotas:type_name -> governor.v1.Node.DefaultQuotasEntry
+	90,  // 21: governor.v1.Node.default_limits:type_name -> governor.v1.Node.DefaultLimitsEntry
+	128, // 22: governor.v1.Node.deadline:type_name -> google.protobuf.Timestamp
+	91,  // 23: governor.v1.Node.reserved:type_name -> governor.v1.Node.ReservedEntry
+	128, // 24: governor.v1.Node.created:type_name -> google.protobuf.Timestamp
+	92,  // 25: governor.v1.Node.quota_modes:type_name -> governor.v1.Node.QuotaModesEntry
+	93,  // 26: governor.v1.Node.limit_modes:type_name -> governor.v1.Node.LimitModesEntry
+	94,  // 27: governor.v1.Node.minimums:type_name -> governor.v1.Node.MinimumsEntry
+	95,  // 28: governor.v1.Node.shadow:type_name -> governor.v1.Node.ShadowEntry
+	96,  // 29: governor.v1.Node.rates:type_name -> governor.v1.Node.RatesEntry
+	97,  // 30: governor.v1.Node.default_rates:type_name -> governor.v1.Node.DefaultRatesEntry
+	98,  // 31: governor.v1.Node.quota_periods:type_name -> governor.v1.Node.QuotaPeriodsEntry
+	99,  // 32: governor.v1.Node.default_quota_periods:type_name -> governor.v1.Node.DefaultQuotaPeriodsEntry
+	11,  // 33: governor.v1.CreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	11,  // 34: governor.v1.FindOrCreateNodeRequest.spec:type_name -> governor.v1.NodeSpec
+	13,  // 35: governor.v1.FindOrCreateNodeResponse.node:type_name -> governor.v1.Node
+	13,  // 36: governor.v1.ListChildrenResponse.nodes:type_name -> governor.v1.Node
+	100, // 37: governor.v1.ChargeAndAcquireRequest.charges:type_name -> governor.v1.ChargeAndAcquireRequest.ChargesEntry
+	25,  // 38: governor.v1.ChargeAndAcquireResponse.lease:type_name -> governor.v1.Lease
+	127, // 39: governor.v1.ReleaseRequest.latency:type_name -> google.protobuf.Duration
+	73,  // 40: governor.v1.Block.read_only:type_name -> governor.v1.TenantRefusal
+	73,  // 41: governor.v1.Reservation.read_only:type_name -> governor.v1.TenantRefusal
+	38,  // 42: governor.v1.ReportDenialsRequest.denials:type_name -> governor.v1.DenialCount
+	41,  // 43: governor.v1.ReportBlockUseRequest.blocks:type_name -> governor.v1.BlockUse
+	127, // 44: governor.v1.BlockUse.oldest:type_name -> google.protobuf.Duration
+	4,   // 45: governor.v1.Notice.kind:type_name -> governor.v1.Notice.Kind
+	101, // 46: governor.v1.SetCapsRequest.quotas:type_name -> governor.v1.SetCapsRequest.QuotasEntry
+	102, // 47: governor.v1.SetCapsRequest.limits:type_name -> governor.v1.SetCapsRequest.LimitsEntry
+	103, // 48: governor.v1.SetCapsRequest.default_quotas:type_name -> governor.v1.SetCapsRequest.DefaultQuotasEntry
+	104, // 49: governor.v1.SetCapsRequest.default_limits:type_name -> governor.v1.SetCapsRequest.DefaultLimitsEntry
+	128, // 50: governor.v1.SetCapsRequest.deadline:type_name -> google.protobuf.Timestamp
+	127, // 51: governor.v1.SetCapsRequest.override_for:type_name -> google.protobuf.Duration
+	105, // 52: governor.v1.SetCapsRequest.rates:type_name -> governor.v1.SetCapsRequest.RatesEntry
+	106, // 53: governor.v1.SetCapsRequest.default_rates:type_name -> governor.v1.SetCapsRequest.DefaultRatesEntry
+	107, // 54: governor.v1.SetCapsRequest.quota_periods:type_name -> governor.v1.SetCapsRequest.QuotaPeriodsEntry
+	108, // 55: governor.v1.SetCapsRequest.default_quota_periods:type_name -> governor.v1.SetCapsRequest.DefaultQuotaPeriodsEntry
+	109, // 56: governor.v1.SetCapsRequest.quota_modes:type_name -> governor.v1.SetCapsRequest.QuotaModesEntry
+	110, // 57: governor.v1.SetCapsRequest.limit_modes:type_name -> governor.v1.SetCapsRequest.LimitModesEntry
+	111, // 58: governor.v1.SetCapsRequest.minimums:type_name -> governor.v1.SetCapsRequest.MinimumsEntry
+	112, // 59: governor.v1.CapsValues.quotas:type_name -> governor.v1.CapsValues.QuotasEntry
+	113, // 60: governor.v1.CapsValues.limits:type_name -> governor.v1.CapsValues.LimitsEntry
+	114, // 61: governor.v1.CapsValues.default_quotas:type_name -> governor.v1.CapsValues.DefaultQuotasEntry
+	115, // 62: governor.v1.CapsValues.default_limits:type_name -> governor.v1.CapsValues.DefaultLimitsEntry
+	116, // 63: governor.v1.CapsValues.quota_modes:type_name -> governor.v1.CapsValues.QuotaModesEntry
+	117, // 64: governor.v1.CapsValues.limit_modes:type_name -> governor.v1.CapsValues.LimitModesEntry
+	118, // 65: governor.v1.CapsValues.minimums:type_name -> governor.v1.CapsValues.MinimumsEntry
+	119, // 66: governor.v1.CapsValues.rates:type_name -> governor.v1.CapsValues.RatesEntry
+	120, // 67: governor.v1.CapsValues.default_rates:type_name -> governor.v1.CapsValues.DefaultRatesEntry
+	128, // 68: governor.v1.CapsChange.at:type_name -> google.protobuf.Timestamp
+	47,  // 69: governor.v1.CapsChange.old:type_name -> governor.v1.CapsValues
+	47,  // 70: governor.v1.CapsChange.new:type_name -> governor.v1.CapsValues
+	128, // 71: governor.v1.CapsChange.until:type_name -> google.protobuf.Timestamp
+	128, // 72: governor.v1.PendingOverride.until:type_name -> google.protobuf.Timestamp
+	48,  // 73: governor.v1.CapsHistory.changes:type_name -> governor.v1.CapsChange
+	49,  // 74: governor.v1.CapsHistory.pending:type_name -> governor.v1.PendingOverride
+	128, // 75: governor.v1.Denial.reset_at:type_name -> google.protobuf.Timestamp
+	2,   // 76: governor.v1.Denial.cause:type_name -> governor.v1.Cause
+	12,  // 77: governor.v1.RateLimited.rate:type_name -> governor.v1.Rate
+	127, // 78: governor.v1.RateLimited.retry_after:type_name -> google.protobuf.Duration
+	2,   // 79: governor.v1.RateLimited.cause:type_name -> governor.v1.Cause
+	2,   // 80: governor.v1.BoundReached.cause:type_name -> governor.v1.Cause
+	3,   // 81: governor.v1.LeaseEnded.reason:type_name -> governor.v1.LeaseEndReason
+	1,   // 82: governor.v1.NodeEnded.state:type_name -> governor.v1.NodeState
+	2,   // 83: governor.v1.NodeEnded.cause:type_name -> governor.v1.Cause
+	128, // 84: governor.v1.GetUsageRequest.from:type_name -> google.protobuf.Timestamp
+	128, // 85: governor.v1.GetUsageRequest.to:type_name -> google.protobuf.Timestamp
+	121, // 86: governor.v1.UsageLine.spend:type_name -> governor.v1.UsageLine.SpendEntry
+	122, // 87: governor.v1.UsageLine.lease_seconds:type_name -> governor.v1.UsageLine.LeaseSecondsEntry
+	123, // 88: governor.v1.UsageLine.peak:type_name -> governor.v1.UsageLine.PeakEntry
+	124, // 89: governor.v1.UsageLine.denied:type_name -> governor.v1.UsageLine.DeniedEntry
+	128, // 90: governor.v1.UsageLine.start:type_name -> google.protobuf.Timestamp
+	128, // 91: governor.v1.UsageLine.end:type_name -> google.protobuf.Timestamp
+	128, // 92: governor.v1.UsageReport.from:type_name -> google.protobuf.Timestamp
+	128, // 93: governor.v1.UsageReport.to:type_name -> google.protobuf.Timestamp
+	57,  // 94: governor.v1.UsageReport.lines:type_name -> governor.v1.UsageLine
+	128, // 95: governor.v1.LeaseInfo.granted:type_name -> google.protobuf.Timestamp
+	128, // 96: governor.v1.LeaseInfo.use_reported:type_name -> google.protobuf.Timestamp
+	128, // 97: governor.v1.LeaseInfo.in_use_since:type_name -> google.protobuf.Timestamp
+	128, // 98: governor.v1.WaiterInfo.since:type_name -> google.protobuf.Timestamp
+	127, // 99: governor.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	128, // 100: governor.v1.SessionInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	128, // 101: governor.v1.RecentDenial.at:type_name -> google.protobuf.Timestamp
+	128, // 102: governor.v1.Inspection.server_time:type_name -> google.protobuf.Timestamp
+	60,  // 103: governor.v1.Inspection.leases:type_name -> governor.v1.LeaseInfo
+	61,  // 104: governor.v1.Inspection.waiters:type_name -> governor.v1.WaiterInfo
+	62,  // 105: governor.v1.Inspection.sessions:type_name -> governor.v1.SessionInfo
+	63,  // 106: governor.v1.Inspection.recent_denials:type_name -> governor.v1.RecentDenial
+	127, // 107: governor.v1.Inspection.last_commit:type_name -> google.protobuf.Duration
+	13,  // 108: governor.v1.ListTreeResponse.nodes:type_name -> governor.v1.Node
+	125, // 109: governor.v1.ListTreeResponse.waiting:type_name -> governor.v1.ListTreeResponse.WaitingEntry
+	67,  // 110: governor.v1.CapStatus.mode:type_name -> governor.v1.CapMode
+	128, // 111: governor.v1.CapStatus.reset_at:type_name -> google.protobuf.Timestamp
+	69,  // 112: governor.v1.CapStatusReport.caps:type_name -> governor.v1.CapStatus
+	71,  // 113: governor.v1.CapStatusReport.rates:type_name -> governor.v1.RateStatus
+	12,  // 114: governor.v1.RateStatus.rate:type_name -> governor.v1.Rate
+	127, // 115: governor.v1.RateStatus.full_in:type_name -> google.protobuf.Duration
+	2,   // 116: governor.v1.TenantRefusal.cause:type_name -> governor.v1.Cause
+	126, // 117: governor.v1.DryRunRequest.charges:type_name -> governor.v1.DryRunRequest.ChargesEntry
+	51,  // 118: governor.v1.DryRunResponse.denial:type_name -> governor.v1.Denial
+	73,  // 119: governor.v1.DryRunResponse.tenant_refusal:type_name -> governor.v1.TenantRefusal
+	128, // 120: governor.v1.Minimum.valid_from:type_name -> google.protobuf.Timestamp
+	128, // 121: governor.v1.Minimum.valid_until:type_name -> google.protobuf.Timestamp
+	12,  // 122: governor.v1.NodeSpec.RatesEntry.value:type_name -> governor.v1.Rate
+	12,  // 123: governor.v1.NodeSpec.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	67,  // 124: governor.v1.Node.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	67,  // 125: governor.v1.Node.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	76,  // 126: governor.v1.Node.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	12,  // 127: governor.v1.Node.RatesEntry.value:type_name -> governor.v1.Rate
+	12,  // 128: governor.v1.Node.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	12,  // 129: governor.v1.SetCapsRequest.RatesEntry.value:type_name -> governor.v1.Rate
+	12,  // 130: governor.v1.SetCapsRequest.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	67,  // 131: governor.v1.SetCapsRequest.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	67,  // 132: governor.v1.SetCapsRequest.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	76,  // 133: governor.v1.SetCapsRequest.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	67,  // 134: governor.v1.CapsValues.QuotaModesEntry.value:type_name -> governor.v1.CapMode
+	67,  // 135: governor.v1.CapsValues.LimitModesEntry.value:type_name -> governor.v1.CapMode
+	76,  // 136: governor.v1.CapsValues.MinimumsEntry.value:type_name -> governor.v1.Minimum
+	12,  // 137: governor.v1.CapsValues.RatesEntry.value:type_name -> governor.v1.Rate
+	12,  // 138: governor.v1.CapsValues.DefaultRatesEntry.value:type_name -> governor.v1.Rate
+	5,   // 139: governor.v1.Governor.OpenSession:input_type -> governor.v1.OpenSessionRequest
+	7,   // 140: governor.v1.Governor.Heartbeat:input_type -> governor.v1.HeartbeatRequest
+	9,   // 141: governor.v1.Governor.CloseSession:input_type -> governor.v1.CloseSessionRequest
+	14,  // 142: governor.v1.Governor.CreateNode:input_type -> governor.v1.CreateNodeRequest
+	15,  // 143: governor.v1.Governor.GetNode:input_type -> governor.v1.GetNodeRequest
+	16,  // 144: governor.v1.Governor.FindOrCreateNode:input_type -> governor.v1.FindOrCreateNodeRequest
+	18,  // 145: governor.v1.Governor.ListChildren:input_type -> governor.v1.ListChildrenRequest
+	20,  // 146: governor.v1.Governor.CancelNode:input_type -> governor.v1.CancelNodeRequest
+	21,  // 147: governor.v1.Governor.CloseNode:input_type -> governor.v1.CloseNodeRequest
+	22,  // 148: governor.v1.Governor.Consume:input_type -> governor.v1.ConsumeRequest
+	24,  // 149: governor.v1.Governor.Acquire:input_type -> governor.v1.AcquireRequest
+	26,  // 150: governor.v1.Governor.ChargeAndAcquire:input_type -> governor.v1.ChargeAndAcquireRequest
+	28,  // 151: governor.v1.Governor.Release:input_type -> governor.v1.ReleaseRequest
+	30,  // 152: governor.v1.Governor.Validate:input_type -> governor.v1.ValidateRequest
+	31,  // 153: governor.v1.Governor.ResizeBlock:input_type -> governor.v1.ResizeBlockRequest
+	33,  // 154: governor.v1.Governor.Reserve:input_type -> governor.v1.ReserveRequest
+	35,  // 155: governor.v1.Governor.ReportSamples:input_type -> governor.v1.ReportSamplesRequest
+	37,  // 156: governor.v1.Governor.ReportDenials:input_type -> governor.v1.ReportDenialsRequest
+	40,  // 157: governor.v1.Governor.ReportBlockUse:input_type -> governor.v1.ReportBlockUseRequest
+	43,  // 158: governor.v1.Governor.Watch:input_type -> governor.v1.WatchRequest
+	45,  // 159: governor.v1.Governor.SetCaps:input_type -> governor.v1.SetCapsRequest
+	46,  // 160: governor.v1.Governor.GetCapsHistory:input_type -> governor.v1.GetCapsHistoryRequest
+	56,  // 161: governor.v1.Governor.GetUsage:input_type -> governor.v1.GetUsageRequest
+	59,  // 162: governor.v1.Governor.Inspect:input_type -> governor.v1.InspectRequest
+	65,  // 163: governor.v1.Governor.ListTree:input_type -> governor.v1.ListTreeRequest
+	68,  // 164: governor.v1.Governor.GetCapStatus:input_type -> governor.v1.GetCapStatusRequest
+	72,  // 165: governor.v1.Governor.SetTenantState:input_type -> governor.v1.SetTenantStateRequest
+	74,  // 166: governor.v1.Governor.DryRun:input_type -> governor.v1.DryRunRequest
+	6,   // 167: governor.v1.Governor.OpenSession:output_type -> governor.v1.OpenSessionResponse
+	8,   // 168: governor.v1.Governor.Heartbeat:output_type -> governor.v1.HeartbeatResponse
+	10,  // 169: governor.v1.Governor.CloseSession:output_type -> governor.v1.CloseSessionResponse
+	13,  // 170: governor.v1.Governor.CreateNode:output_type -> governor.v1.Node
+	13,  // 171: governor.v1.Governor.GetNode:output_type -> governor.v1.Node
+	17,  // 172: governor.v1.Governor.FindOrCreateNode:output_type -> governor.v1.FindOrCreateNodeResponse
+	19,  // 173: governor.v1.Governor.ListChildren:output_type -> governor.v1.ListChildrenResponse
+	13,  // 174: governor.v1.Governor.CancelNode:output_type -> governor.v1.Node
+	13,  // 175: governor.v1.Governor.CloseNode:output_type -> governor.v1.Node
+	23,  // 176: governor.v1.Governor.Consume:output_type -> governor.v1.ConsumeResponse
+	25,  // 177: governor.v1.Governor.Acquire:output_type -> governor.v1.Lease
+	27,  // 178: governor.v1.Governor.ChargeAndAcquire:output_type -> governor.v1.ChargeAndAcquireResponse
+	29,  // 179: governor.v1.Governor.Release:output_type -> governor.v1.ReleaseResponse
+	25,  // 180: governor.v1.Governor.Validate:output_type -> governor.v1.Lease
+	32,  // 181: governor.v1.Governor.ResizeBlock:output_type -> governor.v1.Block
+	34,  // 182: governor.v1.Governor.Reserve:output_type -> governor.v1.Reservation
+	36,  // 183: governor.v1.Governor.ReportSamples:output_type -> governor.v1.ReportSamplesResponse
+	39,  // 184: governor.v1.Governor.ReportDenials:output_type -> governor.v1.ReportDenialsResponse
+	42,  // 185: governor.v1.Governor.ReportBlockUse:output_type -> governor.v1.ReportBlockUseResponse
+	44,  // 186: governor.v1.Governor.Watch:output_type -> governor.v1.Notice
+	13,  // 187: governor.v1.Governor.SetCaps:output_type -> governor.v1.Node
+	50,  // 188: governor.v1.Governor.GetCapsHistory:output_type -> governor.v1.CapsHistory
+	58,  // 189: governor.v1.Governor.GetUsage:output_type -> governor.v1.UsageReport
+	64,  // 190: governor.v1.Governor.Inspect:output_type -> governor.v1.Inspection
+	66,  // 191: governor.v1.Governor.ListTree:output_type -> governor.v1.ListTreeResponse
+	70,  // 192: governor.v1.Governor.GetCapStatus:output_type -> governor.v1.CapStatusReport
+	13,  // 193: governor.v1.Governor.SetTenantState:output_type -> governor.v1.Node
+	75,  // 194: governor.v1.Governor.DryRun:output_type -> governor.v1.DryRunResponse
+	167, // [167:195] is the sub-list for method output_type
+	139, // [139:167] is the sub-list for method input_type
+	139, // [139:139] is the sub-list for extension type_name
+	139, // [139:139] is the sub-list for extension extendee
+	0,   // [0:139] is the sub-list for field type_name
 }
 
 func init() { file_api_governorpb_governor_proto_init() }
@@ -6837,8 +7099,8 @@ func file_api_governorpb_governor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_governorpb_governor_proto_rawDesc), len(file_api_governorpb_governor_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   121,
+			NumEnums:      5,
+			NumMessages:   122,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -134,7 +134,8 @@ const (
 //   - RESOURCE_EXHAUSTED: a quota is spent. The status carries a Denial detail
 //     naming the cap, the node it is on, used/limit and that node's largest
 //     consumer (on a node shared with other tenants, "another tenant" unless
-//     it is inside the session's scope).
+//     it is inside the session's scope). A rate refuses with a RateLimited
+//     detail instead, and a tenant's bound with a BoundReached.
 //   - FAILED_PRECONDITION: the target node (or an ancestor) has ended: it was
 //     closed, cancelled, or passed its deadline; the status carries a NodeEnded
 //     detail. Or the lease has expired or was revoked; the status carries a
@@ -155,6 +156,10 @@ const (
 //     closed: no new work is admitted.
 //   - CANCELLED / DEADLINE_EXCEEDED: the caller's context ended (for example
 //     while Acquire waited). Nothing was granted or charged.
+//
+// Every status that refuses work (a spent quota, a rate, a bound, an ended
+// task, the tenant's state) carries a detail that says which, and that
+// detail's cause field says why (Cause).
 //
 // Read the details with status.FromError(err) and Status.Details() in Go.
 type GovernorClient interface {
@@ -708,7 +713,8 @@ func (c *governorClient) DryRun(ctx context.Context, in *DryRunRequest, opts ...
 //   - RESOURCE_EXHAUSTED: a quota is spent. The status carries a Denial detail
 //     naming the cap, the node it is on, used/limit and that node's largest
 //     consumer (on a node shared with other tenants, "another tenant" unless
-//     it is inside the session's scope).
+//     it is inside the session's scope). A rate refuses with a RateLimited
+//     detail instead, and a tenant's bound with a BoundReached.
 //   - FAILED_PRECONDITION: the target node (or an ancestor) has ended: it was
 //     closed, cancelled, or passed its deadline; the status carries a NodeEnded
 //     detail. Or the lease has expired or was revoked; the status carries a
@@ -729,6 +735,10 @@ func (c *governorClient) DryRun(ctx context.Context, in *DryRunRequest, opts ...
 //     closed: no new work is admitted.
 //   - CANCELLED / DEADLINE_EXCEEDED: the caller's context ended (for example
 //     while Acquire waited). Nothing was granted or charged.
+//
+// Every status that refuses work (a spent quota, a rate, a bound, an ended
+// task, the tenant's state) carries a detail that says which, and that
+// detail's cause field says why (Cause).
 //
 // Read the details with status.FromError(err) and Status.Details() in Go.
 type GovernorServer interface {

@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,10 +30,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/hacluster"
 )
 
 const haKey = "ha-bench-tenant-key-0123456789"
@@ -103,76 +102,10 @@ type haBench struct {
 	stdout                io.Writer
 }
 
-// haNode is one governord slot on a fixed address, restarted in place.
-type haNode struct {
-	bin, cfg, addr, metrics string
-	p                       *proc
-}
-
-func (b *haBench) node(dsn, name string) (*haNode, error) {
-	addr, metrics := freeLocalAddr(), freeLocalAddr()
-	cfg := filepath.Join(b.dir, name+".yaml")
-	text := fmt.Sprintf(`listen: %s
-metrics_listen: %s
-session_ttl: 10s
-store: {driver: postgres, dsn: %q}
-ha: {enabled: true, advertise_addr: %s}
-root: {limits: {bench: 1000000}}
-tenants:
-  - {name: bench, api_key: %s}
-`, addr, metrics, dsn, addr, haKey)
-	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
-		return nil, err
-	}
-	n := &haNode{bin: b.governord, cfg: cfg, addr: addr, metrics: metrics}
-	return n, n.start()
-}
-
-func (n *haNode) start() error {
-	p, err := start(filepath.Base(n.cfg), exec.Command(n.bin, "-config", n.cfg))
-	n.p = p
-	return err
-}
-
-func (n *haNode) running() bool {
-	select {
-	case <-n.p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-func (n *haNode) leads() bool {
-	c := http.Client{Timeout: 200 * time.Millisecond}
-	r, err := c.Get("http://" + n.metrics + "/readyz")
-	if err != nil {
-		return false
-	}
-	r.Body.Close()
-	return r.StatusCode == http.StatusOK
-}
-
-func freeLocalAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func waitLeader(nodes []*haNode, within time.Duration) (*haNode, error) {
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		for _, n := range nodes {
-			if n.running() && n.leads() {
-				return n, nil
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil, fmt.Errorf("no governord led within %v", within)
+// node starts a member of the cluster, named name, over dsn.
+func (b *haBench) node(dsn, name string) (*hacluster.Member, error) {
+	return hacluster.Start(hacluster.Spec{Bin: b.governord, Dir: b.dir, Name: name, DSN: dsn,
+		More: fmt.Sprintf("session_ttl: 10s\nroot: {limits: {bench: 1000000}}\ntenants:\n  - {name: bench, api_key: %s}\n", haKey)})
 }
 
 // freshSchema gives the run a schema of its own in the database dsn names.
@@ -201,10 +134,10 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 	if err != nil {
 		return nil, err
 	}
-	var nodes []*haNode
+	var nodes []*hacluster.Member
 	defer func() {
 		for _, nd := range nodes {
-			nd.p.stop()
+			nd.Stop()
 		}
 	}()
 	for _, name := range []string{"a", "b"} {
@@ -214,10 +147,10 @@ func (b *haBench) failovers(dsn string, n int) ([]haFailover, error) {
 		}
 		nodes = append(nodes, nd)
 	}
-	if _, err := waitLeader(nodes, time.Minute); err != nil {
+	if _, err := hacluster.Leader(nodes, time.Minute); err != nil {
 		return nil, err
 	}
-	load, err := b.startFailoverLoad(nodes[0].addr + "," + nodes[1].addr)
+	load, err := b.startFailoverLoad(nodes[0].Addr + "," + nodes[1].Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -327,15 +260,14 @@ func running(stop <-chan struct{}) bool {
 // killLeader kills the leader with SIGKILL, starts it again (as a
 // standby), and times the first success through the sidecar and through
 // the SDK after the kill, and the new leader's /readyz.
-func killLeader(nodes []*haNode, load *failoverLoad) (haFailover, error) {
-	leader, err := waitLeader(nodes, time.Minute)
+func killLeader(nodes []*hacluster.Member, load *failoverLoad) (haFailover, error) {
+	leader, err := hacluster.Leader(nodes, time.Minute)
 	if err != nil {
 		return haFailover{}, err
 	}
 	killed := time.Now()
-	leader.p.cmd.Process.Signal(syscall.SIGKILL)
-	<-leader.p.done
-	if err := leader.start(); err != nil {
+	leader.Kill()
+	if err := leader.Start(); err != nil {
 		return haFailover{}, err
 	}
 	var f haFailover
@@ -343,7 +275,7 @@ func killLeader(nodes []*haNode, load *failoverLoad) (haFailover, error) {
 	for f.Sidecar == 0 || f.SDK == 0 || f.Leads == 0 {
 		if time.Now().After(deadline) {
 			return f, fmt.Errorf("no success within a minute: %+v (the SDK's last error: %v)\n%s:\n%s\n%s:\n%s", f, load.lastSDKErr.Load(),
-				nodes[0].cfg, lastLines(nodes[0].p.logText(), 15), nodes[1].cfg, lastLines(nodes[1].p.logText(), 15))
+				nodes[0].Config, nodes[0].Tail(15), nodes[1].Config, nodes[1].Tail(15))
 		}
 		if t := load.viaSidecar.Load(); f.Sidecar == 0 && t > killed.UnixNano() {
 			f.Sidecar = time.Duration(t - killed.UnixNano())
@@ -353,7 +285,7 @@ func killLeader(nodes []*haNode, load *failoverLoad) (haFailover, error) {
 		}
 		if f.Leads == 0 {
 			for _, nd := range nodes {
-				if nd.leads() { // the restarted one may win again
+				if nd.Leads() { // the restarted one may win again
 					f.Leads = time.Since(killed)
 				}
 			}
@@ -389,11 +321,11 @@ func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (ma
 	if err != nil {
 		return nil, err
 	}
-	defer leader.p.stop()
-	if _, err := waitLeader([]*haNode{leader}, time.Minute); err != nil {
+	defer leader.Stop()
+	if _, err := hacluster.Leader([]*hacluster.Member{leader}, time.Minute); err != nil {
 		return nil, err
 	}
-	tasks, closeClients, err := consumerTasks(leader.addr, clients)
+	tasks, closeClients, err := consumerTasks(leader.Addr, clients)
 	defer closeClients()
 	if err != nil {
 		return nil, err
@@ -410,9 +342,9 @@ func (b *haBench) standbys(dsn string, rounds, clients int, d time.Duration) (ma
 			if err := set.resize(k); err != nil {
 				return nil, err
 			}
-			l0, s0 := leader.p.cpu(), set.cpu()
+			l0, s0 := cpuOf(leader.Pid()), set.cpu()
 			res[k] = append(res[k], consumeFor(tasks, d))
-			leaderCPU[k] = append(leaderCPU[k], (leader.p.cpu()-l0).Seconds()/d.Seconds())
+			leaderCPU[k] = append(leaderCPU[k], (cpuOf(leader.Pid())-l0).Seconds()/d.Seconds())
 			if k > 0 {
 				standbyCPU[k] = append(standbyCPU[k], (set.cpu()-s0).Seconds()/d.Seconds()/float64(k))
 			}
@@ -473,13 +405,13 @@ func consumeFor(tasks []*governor.Task, d time.Duration) float64 {
 type standbySet struct {
 	b     *haBench
 	dsn   string
-	nodes []*haNode
+	nodes []*hacluster.Member
 }
 
 // resize stops or starts standbys until k follow.
 func (s *standbySet) resize(k int) error {
 	for len(s.nodes) > k {
-		s.nodes[len(s.nodes)-1].p.stop()
+		s.nodes[len(s.nodes)-1].Stop()
 		s.nodes = s.nodes[:len(s.nodes)-1]
 	}
 	for len(s.nodes) < k {
@@ -488,7 +420,7 @@ func (s *standbySet) resize(k int) error {
 			return err
 		}
 		s.nodes = append(s.nodes, n)
-		if _, err := n.p.logLine("governord standing by", time.Minute); err != nil {
+		if err := n.StandingBy(time.Minute); err != nil {
 			return err
 		}
 	}
@@ -499,7 +431,7 @@ func (s *standbySet) resize(k int) error {
 func (s *standbySet) cpu() time.Duration {
 	var t time.Duration
 	for _, n := range s.nodes {
-		t += n.p.cpu()
+		t += cpuOf(n.Pid())
 	}
 	return t
 }

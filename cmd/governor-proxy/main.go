@@ -25,6 +25,7 @@ import (
 
 	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 func main() {
@@ -51,7 +52,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg, err := proxy.LoadConfig(*configPath)
+	cfg, err := proxyconfig.LoadConfig(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
 		return 2
@@ -68,7 +69,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	p, err := proxy.Start(ctx, cfg, proxy.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "governor-proxy:", err)
-		if proxy.IsConfigError(err) {
+		if proxyconfig.IsConfigError(err) {
 			return 2
 		}
 		return 1

@@ -9,7 +9,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A block of slots delegated to a sidecar shows as what it is, in doctor,
@@ -20,7 +20,7 @@ import (
 // whose slots sit partly idle in blocks is said to be so.
 func TestBlocksShownAsDelegated(t *testing.T) {
 	buildCLI(t) // before the clock matters
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Limits = map[string]int64{"web": 2} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Limits = map[string]int64{"web": 2} })
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 	admin := adminRPC(t, srv.Addr())

@@ -14,6 +14,7 @@ import (
 	"github.com/governor-project/governor/governor/engine"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // cli runs the governor command in process and returns its exit code and
@@ -30,7 +31,7 @@ func cli(t *testing.T, args ...string) (int, string, string) {
 func startDurable(t *testing.T, dbPath string) *server.Server {
 	t.Helper()
 	cfg := govtest.Config()
-	cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: dbPath}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: dbPath}
 	srv := govtest.StartConfig(t, cfg)
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	return srv
@@ -235,7 +236,7 @@ func TestCapsRefusals(t *testing.T) {
 // caps get / shows it to the admin, and a tenant's key is told it is not
 // there for it, as for any node outside its scope.
 func TestCapsGetRoot(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 40}} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root = serverconfig.Caps{Limits: map[string]int64{"db": 40}} })
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 	code, out, errOut := gov(t, "caps", "get", "/")
@@ -320,10 +321,10 @@ func TestCapsSetSoftNeedsABurst(t *testing.T) {
 // the same.
 func TestCapsGetShowsSharing(t *testing.T) {
 	until := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
-	srv := govtest.Start(t, func(c *server.Config) {
-		c.Root = server.Caps{Limits: map[string]int64{"db": 40}}
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
+		c.Root = serverconfig.Caps{Limits: map[string]int64{"db": 40}}
 		c.Tenants[0].Weight = 4
-		c.Tenants[0].Defaults = server.Caps{Quotas: map[string]int64{"retry": 3}, Limits: map[string]int64{"db": 5}}
+		c.Tenants[0].Defaults = serverconfig.Caps{Quotas: map[string]int64{"retry": 3}, Limits: map[string]int64{"db": 5}}
 		c.Tenants[0].Minimums = map[string]engine.Minimum{"db": {Min: 10, Until: until.UnixNano()}}
 	})
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())

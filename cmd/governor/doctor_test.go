@@ -14,7 +14,7 @@ import (
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/testcert"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -57,7 +57,7 @@ func has(doc doctorDoc, check, level string, parts ...string) bool {
 // whose heartbeats are late and a waiter queued past wait_timeout; and a
 // healthy tree passes.
 func TestDoctorTree(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 10}} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root = serverconfig.Caps{Limits: map[string]int64{"db": 10}} })
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 	if code, doc, out := runDoctorCLI(t); code != 0 || !doc.OK {
@@ -231,7 +231,9 @@ func TestDoctorClockAndTransport(t *testing.T) {
 // expire is a finding, and one the CA file does not trust is an error.
 func TestDoctorTLS(t *testing.T) {
 	cert := testcert.New(t, "127.0.0.1")
-	srv := govtest.Start(t, func(c *server.Config) { c.TLS = server.TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
+		c.TLS = serverconfig.TLSConfig{CertFile: cert.CertFile, KeyFile: cert.KeyFile}
+	})
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 	t.Setenv("GOVERNOR_CA_FILE", cert.CertFile)
@@ -265,7 +267,7 @@ func TestDoctorLintReadsLiveCaps(t *testing.T) {
 		"rules:\n  - {name: writes, match: {sql: [insert, update, delete]}, class: db, charge: {db_writes: 1}}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := govtest.Start(t, func(c *server.Config) { c.Root = server.Caps{Limits: map[string]int64{"db": 10}} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root = serverconfig.Caps{Limits: map[string]int64{"db": 10}} })
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
 	code, out, errOut := gov(t, "doctor", "-config", gcfg, "-proxy-config", proxy)

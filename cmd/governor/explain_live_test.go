@@ -15,7 +15,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // governor explain -live asks governord, in dry run, how it would answer
@@ -86,7 +86,7 @@ func TestExplainLive(t *testing.T) {
 // budget has left is refused by explain too, in the sidecar's words; one
 // whose estimate fits is admitted by both.
 func TestExplainLiveMeteredCall(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 1000} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 1000} })
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.TenantKey)
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

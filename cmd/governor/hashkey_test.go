@@ -12,7 +12,7 @@ import (
 
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // buildCLI builds this command, as a user runs it: once per test run, into
@@ -61,7 +61,7 @@ func TestHashKey(t *testing.T) {
 		}
 	}
 
-	cfg, err := server.ParseConfig([]byte("listen: 127.0.0.1:0\nmetrics_listen: \"\"\nstore: {driver: memory}\n" +
+	cfg, err := serverconfig.ParseConfig([]byte("listen: 127.0.0.1:0\nmetrics_listen: \"\"\nstore: {driver: memory}\n" +
 		"tenants:\n  - {name: payments, api_key_sha256: " + strings.TrimSpace(want) + "}\n"))
 	if err != nil {
 		t.Fatal(err)

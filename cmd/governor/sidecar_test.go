@@ -15,6 +15,7 @@ import (
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/proxy"
+	"github.com/governor-project/governor/proxy/proxyconfig"
 )
 
 // startSidecar starts a governor-proxy in this process from the config
@@ -26,7 +27,7 @@ func startSidecar(t *testing.T, config string) (*proxy.Sidecar, string) {
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := proxy.LoadConfig(path)
+	cfg, err := proxyconfig.LoadConfig(path)
 	if err != nil {
 		t.Fatalf("sidecar config: %v\n%s", err, config)
 	}

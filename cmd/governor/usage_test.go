@@ -13,6 +13,7 @@ import (
 	"github.com/governor-project/governor/governor"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 type usageDoc struct {
@@ -26,8 +27,8 @@ func TestUsageReport(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "governor.db")
 	start := func() *server.Server {
 		cfg := govtest.Config()
-		cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 3}
-		cfg.Tenants = append(cfg.Tenants, server.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
+		cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: dbPath, SnapshotEvery: 3}
+		cfg.Tenants = append(cfg.Tenants, serverconfig.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
 		srv := govtest.StartConfig(t, cfg)
 		t.Setenv("GOVERNOR_ADDR", srv.Addr())
 		return srv
@@ -166,8 +167,8 @@ func TestUsageReport(t *testing.T) {
 // gets its empty report, and a tenant's key is not told whether another
 // tenant exists.
 func TestUsageUnknownTenant(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
-		c.Tenants = append(c.Tenants, server.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
+		c.Tenants = append(c.Tenants, serverconfig.TenantConfig{Name: "other", APIKey: "other-key-for-tests", Weight: 1})
 	})
 	t.Setenv("GOVERNOR_ADDR", srv.Addr())
 	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)

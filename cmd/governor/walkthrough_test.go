@@ -18,7 +18,7 @@ import (
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/internal/pgtest"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 var updateWalkthrough = flag.Bool("update-walkthrough", false, "write this run's output into docs/cli.md's incident walk-through")
@@ -40,7 +40,7 @@ func TestIncidentWalkthrough(t *testing.T) {
 	needTmux(t)
 	buildCLI(t) // before any clock matters
 	cfg := govtest.Config()
-	cfg.Store = server.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db")}
 	cfg.Tenants[0].Limits = map[string]int64{"db": 4}
 	// A long TTL: a heartbeat made late by a busy test machine is no
 	// finding of the walk-through's.

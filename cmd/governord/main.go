@@ -19,6 +19,7 @@ import (
 
 	"github.com/governor-project/governor/internal/tracing"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 func main() {
@@ -36,7 +37,7 @@ func run(args []string) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg, err := server.LoadConfig(*configPath)
+	cfg, err := serverconfig.LoadConfig(*configPath)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "governord:", err)
 		return 2
@@ -54,7 +55,7 @@ func run(args []string) int {
 	srv, err := server.Start(ctx, cfg, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "governord:", err)
-		if server.IsConfigError(err) {
+		if serverconfig.IsConfigError(err) {
 			return 2
 		}
 		return 1

@@ -3,7 +3,7 @@ package main
 import (
 	"os"
 
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // testIgnoreLeaseEnv plants a bug for the HA checker's own test (hacheck/): a
@@ -11,9 +11,9 @@ import (
 const testIgnoreLeaseEnv = "GOVERNOR_TEST_HA_IGNORE_LEASE"
 
 // testHooks returns the faults planted through the environment, or nil.
-func testHooks() *server.HATestHooks {
+func testHooks() *serverconfig.HATestHooks {
 	if os.Getenv(testIgnoreLeaseEnv) != "1" {
 		return nil
 	}
-	return &server.HATestHooks{IgnoreLease: true}
+	return &serverconfig.HATestHooks{IgnoreLease: true}
 }

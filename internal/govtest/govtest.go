@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // The keys of the configuration Config returns.
@@ -30,15 +31,15 @@ const (
 
 // Config is an in-process governord on the memory store with one tenant,
 // Tenant, whose key is TenantKey, a short session TTL and a quick reaper.
-func Config() server.Config {
-	return server.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
-		AdminKey: AdminKey, Store: server.StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
-		Tenants: []server.TenantConfig{{Name: Tenant, APIKey: TenantKey, Weight: 1}}}
+func Config() serverconfig.Config {
+	return serverconfig.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", SessionTTL: 5 * time.Second,
+		AdminKey: AdminKey, Store: serverconfig.StoreConfig{Driver: "memory"}, ReapInterval: 20 * time.Millisecond,
+		Tenants: []serverconfig.TenantConfig{{Name: Tenant, APIKey: TenantKey, Weight: 1}}}
 }
 
 // Start starts governord from Config, changed by edit when not nil, and
 // closes it when the test ends. It returns once the server is ready.
-func Start(t testing.TB, edit func(*server.Config)) *server.Server {
+func Start(t testing.TB, edit func(*serverconfig.Config)) *server.Server {
 	t.Helper()
 	cfg := Config()
 	if edit != nil {
@@ -50,7 +51,7 @@ func Start(t testing.TB, edit func(*server.Config)) *server.Server {
 // StartConfig starts governord from cfg and closes it when the test ends
 // (a test may close it sooner, to start another on the same store). It
 // returns once the server is ready.
-func StartConfig(t testing.TB, cfg server.Config) *server.Server {
+func StartConfig(t testing.TB, cfg serverconfig.Config) *server.Server {
 	t.Helper()
 	srv, err := server.Start(context.Background(), cfg, nil)
 	if err != nil {
@@ -62,7 +63,7 @@ func StartConfig(t testing.TB, cfg server.Config) *server.Server {
 
 // StartMain is Start for a TestMain, which has no test to fail or clean up
 // after: the caller closes the server once m.Run returns.
-func StartMain(edit func(*server.Config)) (*server.Server, error) {
+func StartMain(edit func(*serverconfig.Config)) (*server.Server, error) {
 	cfg := Config()
 	if edit != nil {
 		edit(&cfg)

@@ -6,8 +6,9 @@
 // (wire.go: its HTTP status, Governor-Denied word, retry headers and
 // SQLSTATE; the metrics' cause labels come from it too).
 //
-// It may import the standard library and the Go SDK (for the details of a
-// denial) only. The Admitter governor-proxy runs is package budget's.
+// It may import the standard library, the Go SDK (for the details of a
+// denial) and the generated API (for the causes' values) only. The
+// Admitter governor-proxy runs is package budget's.
 package admission
 
 import (
@@ -89,45 +90,29 @@ type Fast interface {
 	TryAdmit(r Request) (t Ticket, ok bool)
 }
 
-// Cause is why work was refused.
-type Cause uint8
+// Cause is why work was refused: the Go SDK's governor.Cause (the Cause
+// of governor.proto), with the same values, rendered as the table of
+// causes says (Wire). causeFrom is the one conversion.
+type Cause governor.Cause
 
-// The causes. Their names are the values of the Governor-Denied header and
-// of the "cause" metrics label.
+// The causes the sidecar answers with. Their names are the values of the
+// Governor-Denied header and of the "cause" metrics label.
 const (
-	CauseQuota       Cause = iota + 1 // a quota on the node or an ancestor is spent
-	CauseWaitTimeout                  // no slot within the wait timeout
-	CauseUnavailable                  // governord unreachable, or no session: fail closed
-	CauseTaskEnded                    // the task or subtask ended or passed its deadline
-	CauseUnmatched                    // no rule matched, and unmatched traffic is denied
-	CauseBadRequest                   // the request names a subtask badly, or too many
-	CauseCanceled                     // the client went away while it waited
-	CauseStopping                     // the sidecar is shutting down and admits nothing new
-	CauseSuspended                    // the tenant is suspended: no new work
-	CauseReadOnly                     // the tenant is read-only and this is a write
-	CauseRate                         // a rate on the node or an ancestor has no room now
+	CauseQuota       = Cause(governor.CauseQuota)       // a quota on the node or an ancestor is spent
+	CauseWaitTimeout = Cause(governor.CauseWaitTimeout) // no slot within the wait timeout
+	CauseUnavailable = Cause(governor.CauseUnavailable) // governord unreachable, or no session: fail closed
+	CauseTaskEnded   = Cause(governor.CauseTaskEnded)   // the task or subtask ended or passed its deadline
+	CauseUnmatched   = Cause(governor.CauseUnmatched)   // no rule matched, and unmatched traffic is denied
+	CauseBadRequest  = Cause(governor.CauseBadRequest)  // the request names a subtask badly, or too many
+	CauseCanceled    = Cause(governor.CauseCanceled)    // the client went away while it waited
+	CauseStopping    = Cause(governor.CauseStopping)    // the sidecar is shutting down and admits nothing new
+	CauseSuspended   = Cause(governor.CauseSuspended)   // the tenant is suspended: no new work
+	CauseReadOnly    = Cause(governor.CauseReadOnly)    // the tenant is read-only and this is a write
+	CauseRate        = Cause(governor.CauseRate)        // a rate on the node or an ancestor has no room now
 )
 
-var causeNames = [...]string{
-	CauseQuota:       "quota",
-	CauseWaitTimeout: "wait-timeout",
-	CauseUnavailable: "unavailable",
-	CauseTaskEnded:   "task-ended",
-	CauseUnmatched:   "unmatched",
-	CauseBadRequest:  "bad-request",
-	CauseCanceled:    "canceled",
-	CauseStopping:    "stopping",
-	CauseSuspended:   "suspended",
-	CauseReadOnly:    "read-only",
-	CauseRate:        "rate",
-}
-
-func (c Cause) String() string {
-	if int(c) < len(causeNames) && causeNames[c] != "" {
-		return causeNames[c]
-	}
-	return fmt.Sprintf("cause(%d)", uint8(c))
-}
+// String is the cause's name on the wire (governor.Cause's).
+func (c Cause) String() string { return governor.Cause(c).String() }
 
 // Denial is work that was refused.
 type Denial struct {
@@ -221,27 +206,14 @@ func Deny(ctx context.Context, err error, class string, wait time.Duration) *Den
 		return d
 	}
 	d = &Denial{Cause: CauseUnavailable, Class: class, Wait: wait, Err: err}
-	var quota *governor.Denial
-	var ended *governor.TaskEndedError
-	var tenant *governor.TenantStateError
-	var rate *governor.RateLimitedError
+	errors.As(err, &d.Quota)
+	errors.As(err, &d.Rate)
+	errors.As(err, &d.Tenant)
+	errors.As(err, &d.Ended)
+	cause, named := causeFrom(governor.CauseOf(err))
 	switch {
-	case errors.As(err, &quota):
-		d.Cause, d.Quota = CauseQuota, quota
-	case errors.As(err, &rate):
-		d.Cause, d.Rate = CauseRate, rate
-	case errors.As(err, &tenant):
-		d.Tenant = tenant
-		switch tenant.State {
-		case "suspended":
-			d.Cause = CauseSuspended
-		case "read_only":
-			d.Cause = CauseReadOnly
-		default: // closing: a new task is refused, as if it had ended
-			d.Cause = CauseTaskEnded
-		}
-	case errors.As(err, &ended):
-		d.Cause, d.Ended = CauseTaskEnded, ended
+	case named:
+		d.Cause = cause
 	case errors.Is(err, governor.ErrInvalidArgument):
 		// governord refused what the request asked as malformed: the
 		// request's fault, not governord away.

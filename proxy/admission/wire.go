@@ -1,12 +1,18 @@
 package admission
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/governor"
+)
 
 // Wire is how a refusal of one cause reads to a client, on each side of the
 // sidecar. The table of causes (wires) is the one place a cause gets its
 // HTTP status, headers and SQLSTATE: package httpproxy and package pgwire
 // render from it, and the metrics of denials take their label values from
-// it, so a new cause is one constant and one row.
+// it, so a new cause is one value in governor.proto and one row here, keyed
+// by the generated constant (governorpb.Cause_CAUSE_...).
 type Wire struct {
 	// Header is the Governor-Denied value and the metrics' cause label; a
 	// cause that is not the sidecar's answer (canceled: the client went
@@ -60,9 +66,28 @@ var wires = [...]Wire{
 	CauseCanceled: {"", http.StatusServiceUnavailable, "", RetryAfterNone, SQLStateUnavailable},
 }
 
+// governordOnly are the causes governord names that the sidecar never
+// answers a client with, and so have no row: a bound reads as governord
+// refusing the sidecar's call (unavailable), and a wait given up is the
+// sidecar's own (canceled, wait-timeout).
+var governordOnly = map[Cause]bool{
+	Cause(governorpb.Cause_CAUSE_BOUND):          true,
+	Cause(governorpb.Cause_CAUSE_WAIT_ABANDONED): true,
+}
+
+// causeFrom is the one conversion from a cause governord or the SDK named
+// (governor.CauseOf) to the sidecar's: the same value, when the sidecar
+// answers with it.
+func causeFrom(c governor.Cause) (Cause, bool) {
+	sc := Cause(c)
+	return sc, !governordOnly[sc] && sc.hasRow()
+}
+
+func (c Cause) hasRow() bool { return c >= 0 && int(c) < len(wires) && wires[c].Status != 0 }
+
 // Wire is c's row of the table.
 func (c Cause) Wire() Wire {
-	if int(c) < len(wires) && wires[c].Status != 0 {
+	if c.hasRow() {
 		return wires[c]
 	}
 	return Wire{Status: http.StatusBadRequest, SQLState: SQLStateBadRequest}

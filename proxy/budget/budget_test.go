@@ -17,6 +17,7 @@ import (
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
 	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // These tests run the admitter against a real governord in this process,
@@ -105,7 +106,7 @@ func admit(t *testing.T, a *budget.Admitter, r admission.Request) admission.Tick
 }
 
 func TestSlotsComeFromTheBlock(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 10} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root.Limits = map[string]int64{"db": 10} })
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, nil)
 	adm := admin(t, srv)
 	var tickets []admission.Ticket
@@ -138,9 +139,9 @@ func callsOf(t *testing.T, srv *server.Server, method string) float64 {
 }
 
 func TestContentionSendsSlotsThroughTheQueue(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 2}
-		c.Tenants = append(c.Tenants, server.TenantConfig{Name: "other", APIKey: "other-key-0123456789", Weight: 1})
+		c.Tenants = append(c.Tenants, serverconfig.TenantConfig{Name: "other", APIKey: "other-key-0123456789", Weight: 1})
 	})
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "a"}, func(c *budget.Config) { c.Linger = time.Hour })
 	b := start(t, srv, "other-key-0123456789", governor.Spec{Name: "b"}, nil)
@@ -159,7 +160,7 @@ func TestContentionSendsSlotsThroughTheQueue(t *testing.T) {
 }
 
 func TestReservationsAdmitExactlyTheQuotaAcrossAdmitters(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 200} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 200} })
 	var admitters []*budget.Admitter
 	for i := range 2 {
 		admitters = append(admitters, start(t, srv, govtest.TenantKey, governor.Spec{Name: fmt.Sprint("pod-", i)}, nil))
@@ -222,7 +223,7 @@ func TestAnEndedTaskIsDeniedAtOnce(t *testing.T) {
 }
 
 func TestCloseGivesEverythingBack(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 8}
 		c.Tenants[0].Quotas = map[string]int64{"calls": 1000}
 	})
@@ -251,7 +252,7 @@ func TestCloseGivesEverythingBack(t *testing.T) {
 }
 
 func TestDelegationOff(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 3} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"calls": 3} })
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) { c.Delegate = false })
 	adm := admin(t, srv)
 	tk := admit(t, a, admission.Request{Class: "db", Charges: map[string]int64{"calls": 1}})
@@ -273,7 +274,7 @@ func TestDelegationOff(t *testing.T) {
 // wait out the whole wait timeout, topping the reservation up a share at a
 // time while its own units were recalled), admitted when it can.
 func TestALargeChargeIsDecidedAtOnce(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 10} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root.Limits = map[string]int64{"db": 10} })
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod", Quotas: map[string]int64{"w": 3}}, nil)
 	admit(t, a, admission.Request{Charges: map[string]int64{"w": 1}})
 	ctx, cancel := admission.WithWaitTimeout(context.Background(), waitFor)

@@ -86,11 +86,11 @@ func (a *Admitter) noteDenial(node int64, err error, d *admission.Denial) {
 	if node == 0 || errors.As(err, &c) || d.Cause == admission.CauseCanceled || d.Cause == admission.CauseStopping {
 		return
 	}
-	cause := d.Cause.String()
-	if d.Cause == admission.CauseQuota && d.Quota != nil {
-		cause = "quota:" + d.Quota.Resource
+	resource := ""
+	if d.Quota != nil {
+		resource = d.Quota.Resource
 	}
-	a.local.add(node, cause, 1)
+	a.local.add(node, governor.Cause(d.Cause).UsageName(resource), 1)
 }
 
 // reportDenials sends the pending counts to governord in the background;

@@ -12,7 +12,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Refusals the sidecar decides by itself reach governord's usage records,
@@ -27,7 +27,7 @@ import (
 func TestRefusalsReachUsageOnce(t *testing.T) {
 	for _, delegate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delegate=%v", delegate), func(t *testing.T) {
-			srv := govtest.Start(t, func(c *server.Config) {
+			srv := govtest.Start(t, func(c *serverconfig.Config) {
 				c.Tenants[0].Quotas = map[string]int64{"tokens": 5}
 				c.Tenants[0].Limits = map[string]int64{"db": 1}
 			})

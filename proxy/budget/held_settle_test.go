@@ -10,7 +10,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Near a quota's edge (a top-up comes back short of the estimate) and with
@@ -21,7 +21,7 @@ import (
 func TestHeldEstimatesSettleToWhatWasUsedAtTheQuotasEdge(t *testing.T) {
 	for _, delegate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delegate=%v", delegate), func(t *testing.T) {
-			srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
+			srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
 			a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) { c.Delegate = delegate })
 			admitted := 0
 			for {

@@ -11,14 +11,14 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // An estimate held for a call is settled to what the call used: the rest
 // goes back to the reservation and is admitted again, and governord counts
 // only what was used. Used beyond the estimate is charged too.
 func TestHeldChargesSettleToWhatWasUsed(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 100_000} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 100_000} })
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) { c.MaxReservation = 10_000 })
 	var want int64
 	for i, used := range []int64{300, 1000, 0, 1500} {
@@ -51,7 +51,7 @@ func TestHeldChargesSettleToWhatWasUsed(t *testing.T) {
 func TestHeldChargesHoldTheQuota(t *testing.T) {
 	for _, delegate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delegate=%v", delegate), func(t *testing.T) {
-			srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
+			srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 2500} })
 			a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) { c.Delegate = delegate })
 			estimate := admission.Request{Charges: map[string]int64{"tokens": 1000}, Held: true}
 			first, second := admit(t, a, estimate), admit(t, a, estimate)

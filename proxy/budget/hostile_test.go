@@ -11,7 +11,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A charge no work can make (negative, or over governor.MaxAmount) is
@@ -23,7 +23,7 @@ import (
 func TestHostileChargesAreRefusedBeforeAnythingIsTaken(t *testing.T) {
 	for _, delegate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delegate=%v", delegate), func(t *testing.T) {
-			srv := govtest.Start(t, func(c *server.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 100} })
+			srv := govtest.Start(t, func(c *serverconfig.Config) { c.Tenants[0].Quotas = map[string]int64{"tokens": 100} })
 			a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod-x"}, func(c *budget.Config) { c.Delegate = delegate })
 			adm := admin(t, srv)
 			ctx := context.Background()

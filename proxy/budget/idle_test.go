@@ -12,7 +12,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // A subtask (one per Proxy-Authorization username or application_name)
@@ -22,7 +22,7 @@ import (
 func TestIdleSubtasksAreClosedAndComeBack(t *testing.T) {
 	for _, delegate := range []bool{true, false} {
 		t.Run(map[bool]string{true: "delegation", false: "no delegation"}[delegate], func(t *testing.T) {
-			srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 10} })
+			srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root.Limits = map[string]int64{"db": 10} })
 			a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, func(c *budget.Config) {
 				c.Delegate, c.SubtaskIdle, c.Linger = delegate, 300*time.Millisecond, 20*time.Millisecond
 			})

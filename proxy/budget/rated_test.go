@@ -11,7 +11,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // TestRatedResourceIsChargedPerRequest: with delegation on, governord
@@ -21,7 +21,7 @@ import (
 // Once the rate is removed, the next top-up after RatedRecheck reserves
 // again, and requests go back to spending locally.
 func TestRatedResourceIsChargedPerRequest(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) {
+	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Tenants[0].Rates = map[string]engine.Rate{"calls": {Units: 1000, Per: int64(time.Second)}}
 	})
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "rated"}, func(c *budget.Config) { c.RatedRecheck = 100 * time.Millisecond })

@@ -16,7 +16,7 @@ import (
 	"github.com/governor-project/governor/internal/govtest"
 	"github.com/governor-project/governor/proxy/admission"
 	"github.com/governor-project/governor/proxy/budget"
-	"github.com/governor-project/governor/server"
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // holdReply holds, once armed, the reply to the next growth call (a
@@ -254,7 +254,7 @@ func TestHeldWriteOfAReadOnlyTenant(t *testing.T) {
 // is marked as one there, so a read-only tenant's is refused at once
 // rather than after its wait.
 func TestQueuedWriteOfAReadOnlyTenant(t *testing.T) {
-	srv := govtest.Start(t, func(c *server.Config) { c.Root.Limits = map[string]int64{"db": 1} })
+	srv := govtest.Start(t, func(c *serverconfig.Config) { c.Root.Limits = map[string]int64{"db": 1} })
 	a := start(t, srv, govtest.TenantKey, governor.Spec{Name: "pod"}, nil)
 	adm := admin(t, srv)
 	if _, err := adm.Raw().SetTenantState(context.Background(), &governorpb.SetTenantStateRequest{NodeId: node(t, adm, govtest.Tenant).GetId(), State: "read_only"}); err != nil {

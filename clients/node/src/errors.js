@@ -36,8 +36,12 @@ const codeNames = Object.fromEntries(Object.entries(Code).map(([k, v]) => [v, k]
  * quota has a period (when it resets: waiting until then helps). rateLimited is true when
  * a rate refused it instead (retryable: nothing was charged): the rate's
  * resource, node, level (units in its bucket), amount and retryAfterMs
- * (how long until the bucket holds the amount) are then fields. 64-bit ids
- * are strings, amounts are numbers.
+ * (how long until the bucket holds the amount) are then fields.
+ * causeName is why governord refused work, as the sidecar's
+ * Governor-Denied header names it ('quota', 'rate', 'task-ended',
+ * 'suspended', 'read-only', 'bound'), '' for a failure that refused
+ * nothing. (err.cause stays the underlying error, as everywhere in
+ * JavaScript.) 64-bit ids are strings, amounts are numbers.
  */
 export class GovernorError extends Error {
   constructor(code, message, fields = {}) {
@@ -52,6 +56,7 @@ export class GovernorError extends Error {
     // deadline, the server forgot it, or it was closed. Nothing more is
     // admitted through it; connect again.
     this.sessionLost = Boolean(fields.sessionLost);
+    this.causeName = fields.causeName ?? '';
     for (const key of ['resource', 'nodeId', 'nodeName', 'used', 'limit', 'amount',
       'largestConsumerId', 'largestConsumerName', 'largestConsumerUsed', 'resetAtMs', 'nodeEnded', 'leaseEnded', 'level', 'retryAfterMs']) {
       if (fields[key] !== undefined) this[key] = fields[key];
@@ -107,7 +112,35 @@ export function fromGrpc(op, err) {
     const { leaseId, reason: why } = details.LeaseEnded;
     fields.leaseEnded = { leaseId, reason: why.replace(/^LEASE_END_REASON_/, '') };
   }
+  fields.causeName = refusalCause(details);
   return new GovernorError(code, `governor: ${op}: ${reason}`, fields);
+}
+
+/**
+ * causeWireName is a Cause of governor.proto as the wire names it:
+ * CAUSE_WAIT_TIMEOUT is 'wait-timeout'; '' for none, 'cause(N)' for a
+ * number this governor.proto does not name.
+ */
+export function causeWireName(cause) {
+  if (typeof cause === 'number') return cause === 0 ? '' : `cause(${cause})`;
+  if (!cause || cause === 'CAUSE_UNSPECIFIED') return '';
+  return cause.replace(/^CAUSE_/, '').toLowerCase().replaceAll('_', '-');
+}
+
+/**
+ * refusalCause is the cause the detail of a refusal names (Denial,
+ * RateLimited, NodeEnded, TenantRefusal, BoundReached); from a governord
+ * that names none, the detail's kind tells it.
+ */
+function refusalCause(details) {
+  for (const detail of Object.values(details)) {
+    const named = causeWireName(detail?.cause);
+    if (named) return named;
+  }
+  if (details.Denial) return 'quota';
+  if (details.RateLimited) return 'rate';
+  if (details.NodeEnded) return 'task-ended';
+  return '';
 }
 
 /** invalid is a GovernorError for bad input caught before any call. */

@@ -124,6 +124,12 @@ export declare class GovernorError extends Error {
   readonly retryAfterMs?: number;
   /** The session has ended; nothing more is admitted through it. */
   readonly sessionLost: boolean;
+  /**
+   * Why governord refused work, by its name on the wire (the Cause of
+   * governor.proto): 'quota', 'rate', 'task-ended', 'suspended',
+   * 'read-only', 'bound', ...; '' when the call refused no work.
+   */
+  readonly causeName: string;
   // The denial, when denied.
   readonly resource?: string;
   readonly nodeId?: string;
