@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
+	"github.com/governor-project/governor/server/serverconfig"
 	"github.com/governor-project/governor/store"
 	"github.com/governor-project/governor/usage"
 )
@@ -34,7 +35,7 @@ func TestUsageRollups(t *testing.T) {
 	clock.ns.Store(at(7, 0, 10).UnixNano())
 	cfg := testConfig()
 	cfg.Clock, cfg.Location, cfg.SessionTTL = clock, ny, 96*time.Hour
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 3 * time.Hour}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 3 * time.Hour}
 	srv, pay, task, consume := startSpending(t, cfg)
 	consume(1)
 	clock.ns.Store(at(8, 0, 10).UnixNano())
@@ -126,7 +127,7 @@ func TestUsageRollups(t *testing.T) {
 
 // startSpending starts governord on cfg with payments' task "job", and
 // returns them and a func that charges the task tokens.
-func startSpending(t *testing.T, cfg Config) (*Server, *client, *governorpb.Node, func(int64)) {
+func startSpending(t *testing.T, cfg serverconfig.Config) (*Server, *client, *governorpb.Node, func(int64)) {
 	srv := start(t, cfg)
 	pay := session(t, srv.Addr(), "pay-key", 0)
 	task := pay.task(t, "job", nil)
@@ -184,7 +185,7 @@ func sameRows(a, b []store.RollupRow) bool {
 // absent or zero, and a clear error naming the key for anything else
 // that is not a duration that fits.
 func TestConfigOfUsageRetentions(t *testing.T) {
-	cfg, err := ParseConfig([]byte("store: {driver: memory, usage_hourly_retention: 48h, usage_daily_retention: 9223372036854775807ns, usage_monthly_retention: 0s}\ntenants: [{name: a}]\n"))
+	cfg, err := serverconfig.ParseConfig([]byte("store: {driver: memory, usage_hourly_retention: 48h, usage_daily_retention: 9223372036854775807ns, usage_monthly_retention: 0s}\ntenants: [{name: a}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +196,8 @@ func TestConfigOfUsageRetentions(t *testing.T) {
 	}
 	for _, key := range []string{"usage_hourly_retention", "usage_daily_retention", "usage_monthly_retention"} {
 		for _, bad := range []string{"-1h", "-9223372036854775808ns", "2147483648", "9007199254740992", "2562048h", "[1]", "true", "soon", "{a: 1}"} {
-			_, err := ParseConfig([]byte("store: {driver: memory, " + key + ": " + bad + "}\ntenants: [{name: a}]\n"))
-			if !IsConfigError(err) || !strings.Contains(err.Error(), key) {
+			_, err := serverconfig.ParseConfig([]byte("store: {driver: memory, " + key + ": " + bad + "}\ntenants: [{name: a}]\n"))
+			if !serverconfig.IsConfigError(err) || !strings.Contains(err.Error(), key) {
 				t.Errorf("%s: %s: %v; want a config error naming the key", key, bad, err)
 			}
 		}
@@ -213,7 +214,7 @@ func TestUsageRollupsOutliveAShortRetention(t *testing.T) {
 	clock.ns.Store(at(9, 5).UnixNano())
 	cfg := testConfig()
 	cfg.Clock, cfg.SessionTTL = clock, 4*time.Hour
-	cfg.Store = StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 10 * time.Minute}
+	cfg.Store = serverconfig.StoreConfig{Driver: "sqlite", DSN: filepath.Join(t.TempDir(), "governor.db"), UsageRetention: 10 * time.Minute}
 	srv, pay, task, consume := startSpending(t, cfg)
 	consume(5)
 	clock.ns.Store(at(9, 10).UnixNano())
