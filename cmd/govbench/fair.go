@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 	ttlFor := fs.Duration("ttl-run", 60*time.Second, "how long the flood of the TTL run lasts (0: no TTL run)")
 	ttl := fs.Duration("ttl", 2*time.Second, "B's session TTL in the TTL run")
 	cpu := fs.String("governord-cpu", "", "the CPU list governord is pinned to with taskset (empty: not pinned)")
+	gogc := fs.String("governord-gogc", "", "GOGC for governord alone, e.g. 400 (empty: Go's default)")
 	admission := fs.String("admission", "on", "on: governord's default admission; off: places beyond any load")
 	tenantCap := fs.Int("tenant-max-in-flight", 0, "admission.tenant_max_in_flight (0: governord's default)")
 	pgDSN := fs.String("pg-dsn", os.Getenv("GOVERNOR_TEST_PG_DSN"), "PostgreSQL to create governord's databases in")
@@ -138,7 +140,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildFairGovernord(dir, *cpu)
+	bin, err := buildFairGovernord(dir, *cpu, *gogc)
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench fair:", err)
 		return 1
@@ -172,20 +174,30 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // buildFairGovernord builds governord into dir and returns what to start
-// as governord: with cpu, a wrapper that pins it there with taskset.
-func buildFairGovernord(dir, cpu string) (string, error) {
+// as governord: with cpu, a wrapper that pins it there with taskset; with
+// gogc, one that sets GOGC for it (not for the load).
+func buildFairGovernord(dir, cpu, gogc string) (string, error) {
 	bin, err := buildGovernord(dir)
-	if err != nil || cpu == "" {
+	if err != nil || (cpu == "" && gogc == "") {
 		return bin, err
 	}
-	// governord under taskset: a wrapper the scenario starts as if it
-	// were governord.
+	if _, err := strconv.Atoi(gogc); gogc != "" && gogc != "off" && err != nil {
+		return "", fmt.Errorf("-governord-gogc %q is not a number or off", gogc)
+	}
+	// A wrapper the scenario starts as if it were governord.
 	wrapper := filepath.Join(dir, "governord-pinned")
-	script := fmt.Sprintf("#!/bin/sh\nexec taskset -c %s %s \"$@\"\n", cpu, bin)
+	run := bin
+	if cpu != "" {
+		run = fmt.Sprintf("taskset -c %s %s", cpu, bin)
+	}
+	if gogc != "" {
+		run = "env GOGC=" + gogc + " " + run
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %s \"$@\"\n", run)
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		return "", err
 	}
-	if _, err := exec.LookPath("taskset"); err != nil {
+	if _, err := exec.LookPath("taskset"); cpu != "" && err != nil {
 		return "", fmt.Errorf("-governord-cpu needs taskset: %w", err)
 	}
 	return wrapper, nil
