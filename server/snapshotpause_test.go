@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,7 +15,7 @@ import (
 // busyEngine is an engine with n tasks under one tenant, each with a
 // consume (a request id remembered), a lease given back (a tombstone)
 // and a lease held.
-func busyEngine(t *testing.T, n int, sink engine.Sink) *engine.Engine {
+func busyEngine(t testing.TB, n int, sink engine.Sink) *engine.Engine {
 	t.Helper()
 	eng, err := engine.New(engine.Config{Clock: engine.WallClock{}, Sink: sink})
 	if err != nil {
@@ -146,5 +148,77 @@ func TestMirrorPausesWhileItCatchesUpAndCaptures(t *testing.T) {
 	items := len(snap.Nodes) + len(snap.Sessions) + len(snap.Leases) + len(snap.Tombstones)
 	if want := items / engine.SnapshotPauseEvery; pauses != want || want < 3 {
 		t.Fatalf("captured %d items with %d pauses, want %d", items, pauses, want)
+	}
+}
+
+// BenchmarkSnapshotStall takes a snapshot of a large tree the way
+// housekeeping does (the mirror catches up, captures, encodes) on one P,
+// as a governord pinned to one core runs, while a probe goroutine wakes
+// every 200 µs, as a call's goroutines do: the probe's lateness is how long
+// calls wait behind the snapshot. "pausing" is governord's way (a Gosched
+// between pieces); "one-piece" gives the same work no pauses, as before
+// (issue 27). Run with -benchtime 3x.
+func BenchmarkSnapshotStall(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		pause func()
+	}{{"one-piece", func() {}}, {"pausing", runtime.Gosched}} {
+		b.Run(c.name, func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			var m *mirror
+			live := busyEngine(b, 20_000, sinkFunc(func(ev engine.Event) {
+				if m != nil {
+					m.add(ev)
+				}
+			}))
+			var err error
+			if m, err = newMirror(engine.Config{Clock: engine.WallClock{}}, live); err != nil {
+				b.Fatal(err)
+			}
+			m.pause = c.pause
+			var late []time.Duration
+			tenant := live.Snapshot().Nodes[1].ID
+			for round := 0; b.Loop(); round++ {
+				sid, err := live.OpenSession(tenant, fmt.Sprint("round-", round), time.Hour)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range 20_000 { // events for the mirror to catch up on
+					if _, err := live.CreateNode(sid, tenant, engine.NodeSpec{Name: fmt.Sprint("e", i, "-", sid)}, ""); err != nil {
+						b.Fatal(err)
+					}
+				}
+				stop := make(chan struct{})
+				probed := make(chan []time.Duration)
+				go probe(stop, probed)
+				snap, err := m.snapshot(live)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := encodeSnapshot(snap, 0, m.pause); err != nil {
+					b.Fatal(err)
+				}
+				close(stop)
+				late = append(late, <-probed...)
+			}
+			slices.Sort(late)
+			b.ReportMetric(float64(late[len(late)*99/100].Microseconds())/1000, "probe-p99-ms")
+			b.ReportMetric(float64(late[len(late)-1].Microseconds())/1000, "probe-max-ms")
+		})
+	}
+}
+
+// probe wakes every 200 µs until stop and sends how late each wake-up was.
+func probe(stop <-chan struct{}, out chan<- []time.Duration) {
+	var late []time.Duration
+	for {
+		due := time.Now().Add(200 * time.Microsecond)
+		select {
+		case <-stop:
+			out <- late
+			return
+		case <-time.After(200 * time.Microsecond):
+			late = append(late, time.Since(due))
+		}
 	}
 }

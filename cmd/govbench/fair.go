@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,7 +106,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 	ttlFor := fs.Duration("ttl-run", 60*time.Second, "how long the flood of the TTL run lasts (0: no TTL run)")
 	ttl := fs.Duration("ttl", 2*time.Second, "B's session TTL in the TTL run")
 	cpu := fs.String("governord-cpu", "", "the CPU list governord is pinned to with taskset (empty: not pinned)")
-	gogc := fs.String("governord-gogc", "", "GOGC for governord alone, e.g. 400 (empty: Go's default)")
+	goenv := fs.String("governord-env", "", "Go runtime settings for governord alone, e.g. \"GOGC=400 GOMAXPROCS=2\" (GOGC, GOMAXPROCS, GOMEMLIMIT, GODEBUG)")
 	admission := fs.String("admission", "on", "on: governord's default admission; off: places beyond any load")
 	tenantCap := fs.Int("tenant-max-in-flight", 0, "admission.tenant_max_in_flight (0: governord's default)")
 	pgDSN := fs.String("pg-dsn", os.Getenv("GOVERNOR_TEST_PG_DSN"), "PostgreSQL to create governord's databases in")
@@ -140,7 +139,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildFairGovernord(dir, *cpu, *gogc)
+	bin, err := buildFairGovernord(dir, *cpu, *goenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench fair:", err)
 		return 1
@@ -175,14 +174,18 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 
 // buildFairGovernord builds governord into dir and returns what to start
 // as governord: with cpu, a wrapper that pins it there with taskset; with
-// gogc, one that sets GOGC for it (not for the load).
-func buildFairGovernord(dir, cpu, gogc string) (string, error) {
-	bin, err := buildGovernord(dir)
-	if err != nil || (cpu == "" && gogc == "") {
-		return bin, err
+// goenv, one that gives it those Go runtime settings (not to the load).
+func buildFairGovernord(dir, cpu, goenv string) (string, error) {
+	for _, kv := range strings.Fields(goenv) {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !slices.Contains([]string{"GOGC", "GOMAXPROCS", "GOMEMLIMIT", "GODEBUG"}, name) ||
+			strings.ContainsAny(value, "'\"$`\\;&|<>") {
+			return "", fmt.Errorf("-governord-env: %q is not GOGC, GOMAXPROCS, GOMEMLIMIT or GODEBUG=value", kv)
+		}
 	}
-	if _, err := strconv.Atoi(gogc); gogc != "" && gogc != "off" && err != nil {
-		return "", fmt.Errorf("-governord-gogc %q is not a number or off", gogc)
+	bin, err := buildGovernord(dir)
+	if err != nil || (cpu == "" && goenv == "") {
+		return bin, err
 	}
 	// A wrapper the scenario starts as if it were governord.
 	wrapper := filepath.Join(dir, "governord-pinned")
@@ -190,8 +193,8 @@ func buildFairGovernord(dir, cpu, gogc string) (string, error) {
 	if cpu != "" {
 		run = fmt.Sprintf("taskset -c %s %s", cpu, bin)
 	}
-	if gogc != "" {
-		run = "env GOGC=" + gogc + " " + run
+	if goenv != "" {
+		run = "env " + goenv + " " + run
 	}
 	script := fmt.Sprintf("#!/bin/sh\nexec %s \"$@\"\n", run)
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
