@@ -358,7 +358,7 @@ func benchBuildLog(b *testing.B, cfg serverconfig.Config, snap bool) {
 	}
 	size := 0
 	if snap {
-		data, err := encodeSnapshot(eng.Snapshot())
+		data, err := encodeSnapshot(eng.Snapshot(), 0, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	fastjson "github.com/goccy/go-json"
@@ -55,12 +57,76 @@ func decodeEvent(r store.Record, tokens map[uint64]string) (engine.Event, error)
 	return ev, nil
 }
 
-func encodeSnapshot(s engine.Snapshot) ([]byte, error) {
-	data, err := json.Marshal(s)
+// snapshotArrays are the snapshot's fields that grow with the tree, as
+// json.Marshal writes them when they are nil. encodeSnapshot writes them
+// itself, item by item, in their place.
+const snapshotArrays = `,"Nodes":null,"Sessions":null,"Leases":null,"Tombstones":null`
+
+// snapshotEncodePause is how many items encodeSnapshot writes between two
+// pauses: well under a millisecond of work.
+const snapshotEncodePause = 256
+
+// encodeSnapshot writes s as json.Marshal does, byte for byte, but item by
+// item, calling pause (if not nil) after every snapshotEncodePause items,
+// so that calls run meanwhile: a snapshot of a large tree took a few
+// hundred milliseconds to encode in one piece (issue 27). sizeHint, the
+// size of the last snapshot, sizes the buffer once instead of growing it
+// by doubling, which copied it and left the copies to the collector.
+func encodeSnapshot(s engine.Snapshot, sizeHint int, pause func()) ([]byte, error) {
+	fixed := s
+	fixed.Nodes, fixed.Sessions, fixed.Leases, fixed.Tombstones = nil, nil, nil, nil
+	head, err := json.Marshal(fixed)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot %d: %w", s.Seq, err)
 	}
-	return data, nil
+	// Only numbers come before the arrays, so the first match is theirs.
+	at := bytes.Index(head, []byte(snapshotArrays))
+	if at < 0 {
+		return nil, fmt.Errorf("encode snapshot %d: its arrays are not where they were: %.120s", s.Seq, head)
+	}
+	e := &arrayEncoder{pause: pause}
+	e.buf.Grow(max(0, sizeHint) + max(0, sizeHint)/8 + len(head))
+	e.buf.Write(head[:at])
+	e.enc = json.NewEncoder(&e.buf)
+	err = errors.Join(encodeArray(e, "Nodes", s.Nodes), encodeArray(e, "Sessions", s.Sessions),
+		encodeArray(e, "Leases", s.Leases), encodeArray(e, "Tombstones", s.Tombstones))
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot %d: %w", s.Seq, err)
+	}
+	e.buf.Write(head[at+len(snapshotArrays):])
+	return e.buf.Bytes(), nil
+}
+
+// arrayEncoder writes a snapshot's arrays into buf, pausing as it goes.
+type arrayEncoder struct {
+	buf   bytes.Buffer
+	enc   *json.Encoder // writes into buf
+	items int
+	pause func()
+}
+
+// encodeArray writes `,"name":` and items as json.Marshal writes them.
+func encodeArray[T any](e *arrayEncoder, name string, items []T) error {
+	e.buf.WriteString(`,"` + name + `":`)
+	if items == nil {
+		e.buf.WriteString("null")
+		return nil
+	}
+	e.buf.WriteByte('[')
+	for i := range items {
+		if i > 0 {
+			e.buf.WriteByte(',')
+		}
+		if err := e.enc.Encode(&items[i]); err != nil {
+			return fmt.Errorf("%s[%d]: %w", name, i, err)
+		}
+		e.buf.Truncate(e.buf.Len() - 1) // the newline Encode ends with
+		if e.items++; e.pause != nil && e.items%snapshotEncodePause == 0 {
+			e.pause()
+		}
+	}
+	e.buf.WriteByte(']')
+	return nil
 }
 
 func decodeSnapshot(seq uint64, data []byte) (engine.Snapshot, error) {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"net/http/pprof"
 	"path"
 	"time"
 
@@ -130,6 +131,9 @@ func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 func (m *metrics) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	if m.s.cfg.PProf {
+		servePProf(mux)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -252,4 +256,16 @@ func (c admissionCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descAdmQueued, prometheus.GaugeValue, float64(l.queued), l.name)
 		ch <- prometheus.MustNewConstMetric(descAdmInFlight, prometheus.GaugeValue, float64(l.inFlight), l.name)
 	}
+}
+
+// servePProf serves Go's profiles under /debug/pprof/ (debug.pprof), for
+// an operator diagnosing a stall: a CPU profile or an execution trace of a
+// live governord. They are off by default, as they tell anyone who can
+// reach the listener about the process, and a trace costs CPU while taken.
+func servePProf(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }

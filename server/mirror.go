@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/governor-project/governor/governor/engine"
@@ -14,6 +15,12 @@ import (
 // else's. It costs a second copy of the state in memory, and the CPU of
 // applying each event twice.
 //
+// Its work is done in pieces with a pause between them, in which the
+// goroutines serving calls run: on one core, Go lets a goroutine run for
+// 10 ms or more before it preempts it, and a snapshot of a large tree took
+// up to a second, in stretches of 20–80 ms that every call in flight
+// waited behind (issue 27).
+//
 // The mirror never decides anything: it is tidied (engine.Tidy), never
 // reaped, and it tells nobody anything.
 type mirror struct {
@@ -23,13 +30,25 @@ type mirror struct {
 	pending []engine.Event
 
 	eng *engine.Engine // used by one goroutine at a time (start, then the snapshotter)
+
+	// pause lets calls run between two pieces of the mirror's work
+	// (catching up, capturing a snapshot): runtime.Gosched, or a test's
+	// counter.
+	pause func()
+	// encoded is the size of the last snapshot encoded from the mirror:
+	// the next one is about as large.
+	encoded int
 }
+
+// mirrorApplyChunk is how many queued events the mirror applies between
+// two pauses: a fraction of a millisecond.
+const mirrorApplyChunk = 256
 
 // newMirror builds a mirror of live, which must not change meanwhile: the
 // server builds it before it serves.
 func newMirror(cfg engine.Config, live *engine.Engine) (*mirror, error) {
 	cfg.Sink, cfg.Notifier = nil, nil
-	m := &mirror{cfg: cfg}
+	m := &mirror{cfg: cfg, pause: runtime.Gosched}
 	if err := m.rebuild(live); err != nil {
 		return nil, err
 	}
@@ -71,19 +90,25 @@ func (m *mirror) add(ev engine.Event) {
 	m.mu.Unlock()
 }
 
-// catchUp applies the events queued so far and tidies the mirror. If they
-// do not apply (a bug: the mirror went its own way), the mirror is built
-// again from live, once, under live's lock.
+// catchUp applies the events queued so far and tidies the mirror, pausing
+// after every mirrorApplyChunk events. If they do not apply (a bug: the
+// mirror went its own way), the mirror is built again from live, once,
+// under live's lock.
 func (m *mirror) catchUp(live *engine.Engine) error {
 	m.mu.Lock()
 	evs := m.pending
 	m.pending = nil
 	m.mu.Unlock()
-	if err := m.eng.Apply(evs...); err != nil {
-		if rerr := m.rebuild(live); rerr != nil {
-			return fmt.Errorf("the mirror failed to apply events (%v) and to be rebuilt: %w", err, rerr)
+	for len(evs) > 0 {
+		n := min(len(evs), mirrorApplyChunk)
+		if err := m.eng.Apply(evs[:n]...); err != nil {
+			if rerr := m.rebuild(live); rerr != nil {
+				return fmt.Errorf("the mirror failed to apply events (%v) and to be rebuilt: %w", err, rerr)
+			}
+			return fmt.Errorf("the mirror failed to apply events and was rebuilt from the engine: %w", err)
 		}
-		return fmt.Errorf("the mirror failed to apply events and was rebuilt from the engine: %w", err)
+		evs = evs[n:]
+		m.pause()
 	}
 	m.eng.Tidy()
 	return nil
@@ -98,5 +123,5 @@ func (m *mirror) snapshot(live *engine.Engine) (engine.Snapshot, error) {
 	if err := m.catchUp(live); err != nil {
 		return engine.Snapshot{}, err
 	}
-	return m.eng.Snapshot(), nil
+	return m.eng.SnapshotPausing(m.pause), nil
 }

@@ -711,10 +711,11 @@ func (s *Server) saveSnapshot(ctx context.Context, why string) (saved, error) {
 		return saved{}, err
 	}
 	captured := time.Now()
-	data, err := encodeSnapshot(snap)
+	data, err := encodeSnapshot(snap, s.mirror.encoded, s.mirror.pause)
 	if err != nil {
 		return saved{}, err
 	}
+	s.mirror.encoded = len(data)
 	encoded := time.Now()
 	if err := s.events.SaveSnapshot(ctx, snap.Seq, data); err != nil {
 		return saved{}, err

@@ -20,14 +20,17 @@ type Memory struct {
 }
 
 type memState struct {
-	snapSeq  uint64
-	snap     []byte // nil when there is no snapshot
+	snapSeq uint64
+	// snap is the snapshot in the parts it was written in, joined only
+	// when loaded; nil when there is no snapshot.
+	snap     [][]byte
 	recs     []Record
 	sessions map[uint64]string // id → token hash; replaced, never changed in place
 	// A snapshot being written in parts (WriteSnapshotPart): its seq and
 	// what has been written; replaced, never changed in place.
 	stagedSeq uint64
-	staged    []byte
+	staged    [][]byte
+	stagedLen int64
 	// Usage rows by key (usage.go). Unlike the rest, changed in place:
 	// only Usage and TrimUsage read it, under mu, and Reopen copies it. A
 	// copy per Append cost a copy of every row kept, per commit.
@@ -85,7 +88,7 @@ func (m *Memory) Load(ctx context.Context, fn LoadFuncs) error {
 	m.mu.Unlock()
 
 	if st.snap != nil && fn.Snapshot != nil {
-		if err := fn.Snapshot(st.snapSeq, bytes.Clone(st.snap)); err != nil {
+		if err := fn.Snapshot(st.snapSeq, bytes.Join(st.snap, nil)); err != nil {
 			return fmt.Errorf("store: load snapshot: %w", err)
 		}
 	}
@@ -185,6 +188,14 @@ func (m *Memory) AddSessions(ctx context.Context, rows []Session) error {
 
 // SaveSnapshot implements Store.
 func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
+	// Copied before the lock: a large snapshot took tens of milliseconds
+	// to copy, and every commit waited for the lock meanwhile (issue 27).
+	return m.installSnapshot(seq, [][]byte{bytes.Clone(data)})
+}
+
+// installSnapshot makes snap, whose parts no caller holds, the snapshot at
+// seq.
+func (m *Memory) installSnapshot(seq uint64, snap [][]byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -203,9 +214,8 @@ func (m *Memory) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 			break
 		}
 	}
-	snap := bytes.Clone(data)
 	if snap == nil {
-		snap = []byte{} // an empty snapshot is still a snapshot
+		snap = [][]byte{} // an empty snapshot is still a snapshot
 	}
 	// Usage rows outlive a snapshot, as they do in the tables of the
 	// durable stores; usage_retention trims them.
@@ -223,19 +233,20 @@ func (m *Memory) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, p
 	if err := checkSnapshot(seq, m.state.snapSeq, m.last()); err != nil {
 		return err
 	}
-	have := m.state.staged
+	have, n := m.state.staged, m.state.stagedLen
 	if off == 0 || m.state.stagedSeq != seq {
-		have = nil
+		have, n = nil, 0
 	}
-	if int64(len(have)) != off {
-		return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, len(have), ErrSnapshotSeq)
+	if n != off {
+		return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, n, ErrSnapshotSeq)
 	}
-	if have == nil {
-		have = make([]byte, 0, len(part)) // never nil once written
-	}
-	// Appended in place: nothing but this store holds the staged bytes, and a
-	// copy per part made writing a snapshot quadratic in its size.
-	m.state.stagedSeq, m.state.staged = seq, append(have, part...)
+	// Kept as the parts it came in (each copied: the caller may reuse
+	// its buffer). Appended into one array, the staged snapshot was
+	// copied again each time it doubled, and a large snapshot cost
+	// allocations of tens of megabytes, which the collector charges to
+	// the log writer, with every commit behind it (issue 27).
+	m.state.stagedSeq, m.state.staged = seq, append(have, append([]byte{}, part...)) // never nil once written
+	m.state.stagedLen = n + int64(len(part))
 	return nil
 }
 
@@ -243,15 +254,14 @@ func (m *Memory) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, p
 // covers at once: it has nothing to gain from waiting for Tidy.
 func (m *Memory) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
 	m.mu.Lock()
-	staged, stagedSeq := m.state.staged, m.state.stagedSeq
+	staged, stagedSeq, n := m.state.staged, m.state.stagedSeq, m.state.stagedLen
 	m.mu.Unlock()
-	if stagedSeq != seq || int64(len(staged)) != size || staged == nil {
-		return fmt.Errorf("the snapshot at seq %d has %d bytes written, not %d: %w", seq, len(staged), size, ErrSnapshotSeq)
+	if stagedSeq != seq || n != size || staged == nil {
+		return fmt.Errorf("the snapshot at seq %d has %d bytes written, not %d: %w", seq, n, size, ErrSnapshotSeq)
 	}
-	if err := m.SaveSnapshot(ctx, seq, staged); err != nil {
-		return err
-	}
-	return nil
+	// Not copied again: the staged parts are the store's own, and the
+	// next part at offset 0 starts a new list.
+	return m.installSnapshot(seq, staged)
 }
 
 // Tidy implements Store: FinishSnapshot left nothing to do.

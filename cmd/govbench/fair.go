@@ -106,10 +106,14 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 	ttlFor := fs.Duration("ttl-run", 60*time.Second, "how long the flood of the TTL run lasts (0: no TTL run)")
 	ttl := fs.Duration("ttl", 2*time.Second, "B's session TTL in the TTL run")
 	cpu := fs.String("governord-cpu", "", "the CPU list governord is pinned to with taskset (empty: not pinned)")
+	goenv := fs.String("governord-env", "", "Go runtime settings for governord alone, e.g. \"GOGC=400 GOMAXPROCS=2\" (GOGC, GOMAXPROCS, GOMEMLIMIT, GODEBUG)")
 	admission := fs.String("admission", "on", "on: governord's default admission; off: places beyond any load")
 	tenantCap := fs.Int("tenant-max-in-flight", 0, "admission.tenant_max_in_flight (0: governord's default)")
 	pgDSN := fs.String("pg-dsn", os.Getenv("GOVERNOR_TEST_PG_DSN"), "PostgreSQL to create governord's databases in")
 	out := fs.String("out", "", "write the results as JSON into this directory")
+	var prof fairProfile
+	fs.StringVar(&prof.dir, "profile", "", "with debug.pprof on, write an execution trace, a CPU and a heap profile of governord in the TTL run into this directory")
+	fs.DurationVar(&prof.For, "profile-for", 10*time.Second, "how long the trace and the CPU profile of -profile run")
 	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
 		return 2
 	}
@@ -135,7 +139,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildFairGovernord(dir, *cpu)
+	bin, err := buildFairGovernord(dir, *cpu, *goenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench fair:", err)
 		return 1
@@ -148,7 +152,7 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 
 	var runs []fairRun
 	for _, store := range list {
-		r, err := fairOnce(context.Background(), e, store, fmt.Sprintf(fairConfig, places), *flood, *phase, *ttlFor, *ttl, stdout)
+		r, err := fairOnce(context.Background(), e, store, fmt.Sprintf(fairConfig, places)+prof.configLine(), *flood, *phase, *ttlFor, *ttl, prof, stdout)
 		if err != nil {
 			printFair(stdout, runs) // what ran before
 			fmt.Fprintf(stderr, "govbench fair: %s: %v\n", store, err)
@@ -169,20 +173,34 @@ func fairMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // buildFairGovernord builds governord into dir and returns what to start
-// as governord: with cpu, a wrapper that pins it there with taskset.
-func buildFairGovernord(dir, cpu string) (string, error) {
+// as governord: with cpu, a wrapper that pins it there with taskset; with
+// goenv, one that gives it those Go runtime settings (not to the load).
+func buildFairGovernord(dir, cpu, goenv string) (string, error) {
+	for _, kv := range strings.Fields(goenv) {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !slices.Contains([]string{"GOGC", "GOMAXPROCS", "GOMEMLIMIT", "GODEBUG"}, name) ||
+			strings.ContainsAny(value, "'\"$`\\;&|<>") {
+			return "", fmt.Errorf("-governord-env: %q is not GOGC, GOMAXPROCS, GOMEMLIMIT or GODEBUG=value", kv)
+		}
+	}
 	bin, err := buildGovernord(dir)
-	if err != nil || cpu == "" {
+	if err != nil || (cpu == "" && goenv == "") {
 		return bin, err
 	}
-	// governord under taskset: a wrapper the scenario starts as if it
-	// were governord.
+	// A wrapper the scenario starts as if it were governord.
 	wrapper := filepath.Join(dir, "governord-pinned")
-	script := fmt.Sprintf("#!/bin/sh\nexec taskset -c %s %s \"$@\"\n", cpu, bin)
+	run := bin
+	if cpu != "" {
+		run = fmt.Sprintf("taskset -c %s %s", cpu, bin)
+	}
+	if goenv != "" {
+		run = "env " + goenv + " " + run
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %s \"$@\"\n", run)
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		return "", err
 	}
-	if _, err := exec.LookPath("taskset"); err != nil {
+	if _, err := exec.LookPath("taskset"); cpu != "" && err != nil {
 		return "", fmt.Errorf("-governord-cpu needs taskset: %w", err)
 	}
 	return wrapper, nil
@@ -221,7 +239,7 @@ func printFair(w io.Writer, runs []fairRun) {
 }
 
 // fairOnce runs the phases on one store.
-func fairOnce(ctx context.Context, e *env, store, yaml string, flood int, phase, ttlFor, ttl time.Duration, log io.Writer) (*fairRun, error) {
+func fairOnce(ctx context.Context, e *env, store, yaml string, flood int, phase, ttlFor, ttl time.Duration, prof fairProfile, log io.Writer) (*fairRun, error) {
 	g, err := e.startGovernordOn(ctx, store, yaml)
 	if err != nil {
 		return nil, err
@@ -267,7 +285,7 @@ func fairOnce(ctx context.Context, e *env, store, yaml string, flood int, phase,
 
 	if ttlFor > 0 {
 		fmt.Fprintf(log, "%s: the TTL run, B's sessions of %v through %v of flood\n", store, ttl, ttlFor)
-		if r.TTL, err = ttlOnce(ctx, g.addr, a, ttl, ttlFor, store); err != nil {
+		if r.TTL, err = ttlOnce(ctx, g, a, ttl, ttlFor, store, prof); err != nil {
 			return nil, fmt.Errorf("the TTL run: %w", err)
 		}
 	}
@@ -402,19 +420,28 @@ func churnOnce(ctx context.Context, c *governor.Client, name string, calls *atom
 
 // ttlOnce floods for d while B works on a session of ttl, in a process of
 // its own, and a second session of B's heartbeats every 100 ms.
-func ttlOnce(ctx context.Context, addr string, a *floodA, ttl, d time.Duration, store string) (*ttlRun, error) {
+func ttlOnce(ctx context.Context, g *governord, a *floodA, ttl, d time.Duration, store string, prof fairProfile) (*ttlRun, error) {
 	run := &ttlRun{TTL: ttl.String(), For: d.String()}
 	var q *quietResult
-	var qerr error
+	var qerr, perr error
 	var err error
 	run.ACallsS, err = a.run(ctx, d, func(ctx context.Context) {
-		q, qerr = runQuiet(ctx, addr, d, ttl)
+		profiled := make(chan struct{})
+		go func() {
+			defer close(profiled)
+			perr = prof.take(ctx, g, store)
+		}()
+		q, qerr = runQuiet(ctx, g.addr, d, ttl)
+		<-profiled
 	})
 	if err != nil {
 		return nil, err
 	}
 	if qerr != nil {
 		return nil, qerr
+	}
+	if perr != nil {
+		return nil, perr
 	}
 	run.Lapsed, run.Heartbeats, run.BCalls = q.Lapsed, q.Heartbeats, q.Calls
 	return run, nil

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -326,5 +327,29 @@ func TestAMirrorSnapshotsLikeTheLiveEngine(t *testing.T) {
 		len(mirror.endedQ)-mirror.endedHead > len(mirror.nodes) {
 		t.Errorf("the mirror holds %d tombstones (live %d), %d deadline entries and %d ended entries for %d nodes",
 			len(mirror.tombs), len(f.e.tombs), len(mirror.deadlines), len(mirror.endedQ)-mirror.endedHead, len(mirror.nodes))
+	}
+}
+
+// SnapshotPausing captures what Snapshot captures, and pauses once for
+// every SnapshotPauseEvery nodes, sessions, leases and tombstones, so that
+// a caller may let other goroutines run while a large state is captured.
+func TestSnapshotPausingPausesAndCapturesTheSame(t *testing.T) {
+	f := newRetentionFixture(t, nil)
+	for i := range 1000 {
+		v, err := f.e.CreateNode(f.sA, f.acme, NodeSpec{Name: fmt.Sprint("t", i)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.release(f.sA, f.acquire(f.sA, v.ID, "db")) // a tombstone each
+		f.acquire(f.sA, v.ID, "db")                  // and a live lease
+	}
+	pauses := 0
+	got := f.e.SnapshotPausing(func() { pauses++ })
+	if want := f.e.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("SnapshotPausing differs from Snapshot:\n%s", diffSnapshots(want, got))
+	}
+	items := len(got.Nodes) + len(got.Sessions) + len(got.Leases) + len(got.Tombstones)
+	if want := items / SnapshotPauseEvery; pauses != want || want < 10 {
+		t.Fatalf("paused %d times capturing %d items, want %d (one every %d)", pauses, items, want, SnapshotPauseEvery)
 	}
 }

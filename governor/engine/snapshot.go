@@ -105,12 +105,32 @@ func nilIfEmpty(m map[string]int64) map[string]int64 {
 }
 
 // Snapshot captures the whole state.
-func (e *Engine) Snapshot() Snapshot {
+func (e *Engine) Snapshot() Snapshot { return e.SnapshotPausing(nil) }
+
+// SnapshotPauseEvery is how many nodes, sessions, leases and tombstones
+// SnapshotPausing captures between two pauses: well under a millisecond
+// of work.
+const SnapshotPauseEvery = 256
+
+// SnapshotPausing is Snapshot, calling pause (if not nil) after every
+// SnapshotPauseEvery items it captures, with the engine's lock held. It is
+// for a caller that is the engine's only user, such as a copy kept to
+// take snapshots from, whose pause lets other goroutines run: a large
+// state takes long to capture, and on one core everything else would
+// wait meanwhile. pause must not call the engine.
+func (e *Engine) SnapshotPausing(pause func()) Snapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	captured := 0
+	step := func() {
+		if captured++; pause != nil && captured%SnapshotPauseEvery == 0 {
+			pause()
+		}
+	}
 	now := e.now()
 	snap := Snapshot{Seq: e.seq, NextNode: e.nextNode, NextSession: e.nextSession, NextLease: e.nextLease}
 	for _, id := range sortedKeys(e.nodes) {
+		step()
 		v := e.nodes[id].view()
 		// Gauges give nil maps when empty already; defaults are cloned maps.
 		v.DefaultQuotas, v.DefaultLimits = nilIfEmpty(v.DefaultQuotas), nilIfEmpty(v.DefaultLimits)
@@ -122,6 +142,7 @@ func (e *Engine) Snapshot() Snapshot {
 		}
 	}
 	for _, s := range e.sortedSessions() {
+		step()
 		ss := SessionSnapshot{ID: s.id, Scope: s.scope.id, Token: s.token, TTL: s.ttl}
 		for _, id := range s.requests.ids() {
 			r := s.requests.byID[id]
@@ -133,6 +154,7 @@ func (e *Engine) Snapshot() Snapshot {
 		snap.Sessions = append(snap.Sessions, ss)
 	}
 	for _, id := range sortedKeys(e.leases) {
+		step()
 		l := e.leases[id]
 		ls := LeaseSnapshot{ID: l.id, Session: l.session.id, Node: l.node.id, Class: l.class, Granted: l.granted,
 			Charges: slices.Clone(l.charges)}
@@ -142,6 +164,7 @@ func (e *Engine) Snapshot() Snapshot {
 		snap.Leases = append(snap.Leases, ls)
 	}
 	for _, id := range sortedKeys(e.tombs) {
+		step()
 		if t, ok := e.tombstone(id, now); ok {
 			snap.Tombstones = append(snap.Tombstones, TombstoneSnapshot{Lease: id, Session: t.session, Node: t.node,
 				Class: t.class, Reason: t.reason, At: t.at})

@@ -41,8 +41,11 @@ var DefaultBounds = engine.Bounds{Sessions: 1000, Nodes: 100_000, Waiters: 10_00
 
 // Config is governord's validated runtime configuration.
 type Config struct {
-	Listen         string
-	MetricsListen  string        // empty: no metrics server
+	Listen        string
+	MetricsListen string // empty: no metrics server
+	// PProf serves Go's profiles (net/http/pprof) under /debug/pprof/ on
+	// the metrics listener (debug.pprof); off by default.
+	PProf          bool
 	SessionTTL     time.Duration // the default TTL of a session
 	AllowPlaintext bool
 	TLS            TLSConfig
@@ -215,6 +218,12 @@ type fileConfig struct {
 	Admission      fileAdmission  `mapstructure:"admission"`
 	NearThresholds []int          `mapstructure:"near_thresholds"`
 	TimeZone       string         `mapstructure:"time_zone"`
+	Debug          fileDebug      `mapstructure:"debug"`
+}
+
+// fileDebug is what governord serves only to diagnose it.
+type fileDebug struct {
+	PProf bool `mapstructure:"pprof"`
 }
 
 type fileTLS struct {
@@ -383,6 +392,10 @@ func (f fileConfig) listeners(c *Config) error {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			return keyErr("metrics_listen", "%q is not host:port", c.MetricsListen)
 		}
+	}
+	c.PProf = f.Debug.PProf
+	if c.PProf && c.MetricsListen == "" {
+		return keyErr("debug.pprof", "is served on metrics_listen, which is off")
 	}
 	return nil
 }
