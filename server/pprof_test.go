@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/governor-project/governor/server/serverconfig"
 )
 
 // Go's profiles are served on the metrics listener only with
@@ -44,11 +46,11 @@ func TestPProfIsOffUnlessAsked(t *testing.T) {
 // debug.pprof is a boolean, off by default, and needs the metrics
 // listener it is served on.
 func TestConfigOfDebugPProf(t *testing.T) {
-	cfg, err := ParseConfig([]byte("admin_key: k\n"))
+	cfg, err := serverconfig.ParseConfig([]byte("admin_key: k\n"))
 	if err != nil || cfg.PProf {
 		t.Fatalf("default: pprof %v, %v; want off", cfg.PProf, err)
 	}
-	cfg, err = ParseConfig([]byte("admin_key: k\ndebug: {pprof: true}\n"))
+	cfg, err = serverconfig.ParseConfig([]byte("admin_key: k\ndebug: {pprof: true}\n"))
 	if err != nil || !cfg.PProf {
 		t.Fatalf("debug: {pprof: true}: pprof %v, %v; want on", cfg.PProf, err)
 	}
@@ -59,8 +61,8 @@ func TestConfigOfDebugPProf(t *testing.T) {
 		`debug: {pprof: [true]}`, `debug: {pprof: {on: true}}`, `debug: {pprof: 1.5}`, `debug: true`,
 		`debug: {profiles: true}`,
 	} {
-		_, err := ParseConfig([]byte("admin_key: k\n" + bad + "\n"))
-		var ce *ConfigError
+		_, err := serverconfig.ParseConfig([]byte("admin_key: k\n" + bad + "\n"))
+		var ce *serverconfig.ConfigError
 		if !errors.As(err, &ce) || !strings.HasPrefix(ce.Key, "debug") {
 			t.Errorf("%s: %v; want a config error naming debug.pprof", bad, err)
 		}
