@@ -136,7 +136,7 @@ var mutants = []mutant{
 		"for a := n; a != nil; a = a.parent {\n\t\tb := a.rates[r]\n\t\tif b == nil {\n\t\t\tcontinue",
 		"for a := n; a == n; a = a.parent {\n\t\tb := a.rates[r]\n\t\tif b == nil {\n\t\t\tcontinue", `I26 rates`},
 	{"a wait rounded down, so a retry at retry_after is refused again", "rate.go",
-		"lo, c = bits.Add64(lo, uint64(b.Units)-1, 0)", "lo, c = bits.Add64(lo, 0, 0)", `I27 .*retry after`},
+		"lo, c = bits.Add64(lo, uint64(units)-1, 0)", "lo, c = bits.Add64(lo, 0, 0)", `I27 .*retry after`},
 	{"a reservation takes nothing from the buckets", "reserve.go",
 		"\tn.takeRate(ev.Resource, ev.Amount, ev.At)\n", "", `I26 rates|node \d+ rate .*: engine holds`},
 	{"a rated resource reserved to a session", "reserve.go",
