@@ -145,6 +145,17 @@ var mutants = []mutant{
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",
 		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
+	// Slices of rates (slice.go).
+	{"a slice's carve rounded down, below its rate in a bucket of another period", "slice.go",
+		"c := mulDiv(units, b.Per, per, true)", "c := max(1, mulDiv(units, b.Per, per, false))", `I29 slices`},
+	{"a slice granted while its rate is contended", "slice.go",
+		"\t\tif !b.quiet(now) {\n\t\t\treturn nil\n\t\t}\n", "", `I29 slices`},
+	{"a slice's end credits the refill at the whole rate since before it", "slice.go",
+		"\tb.level, b.acc = b.at(at)\n\tb.stamp = max(b.stamp, at)\n\tdelete(b.carves, id)", "\tdelete(b.carves, id)", `node \d+ rate .*: engine|I26 rates|I29`},
+	{"a session that ends leaves its slices carved", "session.go",
+		"\te.endSlices(s, ev.At)\n", "", `I29 slices|node \d+ counts \d+ pins`},
+	{"a slice's burst not taken from the buckets", "slice.go",
+		"\t\tb.level -= g.Rate.Burst\n", "", `node \d+ rate .*: engine holds|I26 rates|I29`},
 	// Periods (period.go).
 	{"a reset that counts reserved units as the ending window's", "period.go",
 		"\tg.base = g.n\n", "\tg.base = g.n + g.r\n", `I1 quotas|I28 periods|node \d+ period of .*: engine`},
