@@ -81,9 +81,12 @@ func TestRefusalsSayTheirWordsOnce(t *testing.T) {
 // taken from the buckets when reserved but spent whenever their holder
 // likes: under 20 calls per 200ms (burst 20), 20 reserved at t=0 and spent
 // once the bucket is full again, while another charge takes those 20, make
-// 40 in an instant. So governord reserves nothing of a rated resource and
-// says so (Rated); the holder charges it per call, and the charge meets
-// the rate (a real governord).
+// 40 in an instant. So governord reserves units of a rated resource only
+// with a slice of the rate (Rated, Slice): the holder spends them no
+// faster than its slice's bucket allows, at most its burst at once, and
+// that burst and the slice's refill are carved out of the shared bucket
+// while it lives, so at once the holder's burst and what the shared
+// bucket gives stay within the rate's (a real governord).
 func TestAReservationCannotPassARate(t *testing.T) {
 	c := dialReal(t)
 	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
@@ -95,6 +98,14 @@ func TestAReservationCannotPassARate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the holder may spend at once: its slice's burst, no more than
+	// it holds; without a slice, nothing.
+	atOnce := int64(0)
+	if res.Slice != nil {
+		atOnce = min(res.Granted, res.Slice.Burst)
+	} else if res.Granted > 0 {
+		t.Fatalf("%d units of a rated resource reserved without a slice", res.Granted)
+	}
 	// The bucket's period passes: it is full again (governord's own clock).
 	time.Sleep(250 * time.Millisecond)
 	taken := int64(0)
@@ -103,9 +114,12 @@ func TestAReservationCannotPassARate(t *testing.T) {
 			taken++
 		}
 	}
-	if res.Granted+taken > 20 {
-		t.Fatalf("%d units reserved (spendable at any time) and %d charged after a refill: %d at once, past the burst of 20",
-			res.Granted, taken, res.Granted+taken)
+	if atOnce+taken > 20 {
+		t.Fatalf("%d units spendable at once from a slice and %d charged after a refill: %d at once, past the burst of 20",
+			atOnce, taken, atOnce+taken)
+	}
+	if res.Slice == nil {
+		t.Errorf("a quiet rate gave no slice: %+v", res)
 	}
 	if !res.Rated {
 		t.Errorf("the reservation of a rated resource: %+v; want Rated", res)
