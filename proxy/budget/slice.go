@@ -38,9 +38,14 @@ type localSlice struct {
 	stamp time.Time // refill credited up to here
 }
 
+// maxSliceTerm bounds the term a slice is trusted for, whatever an answer
+// says: governord's is 4 s.
+const maxSliceTerm = time.Minute
+
 func newLocalSlice(s *governor.RateSlice, sent time.Time) *localSlice {
+	term := min(s.Term, maxSliceTerm)
 	return &localSlice{id: s.ID, units: s.Units, per: int64(s.Per), burst: s.Burst, level: s.Burst, stamp: sent,
-		until: sent.Add(s.Term), term: s.Term}
+		until: sent.Add(term), term: term}
 }
 
 // lives reports whether the slice may admit at now.
@@ -122,7 +127,8 @@ func (l *localSlice) wait(amount int64, now time.Time) (time.Duration, bool) {
 func (q *reservation) learnSlice(s *governor.RateSlice, sent time.Time) {
 	q.ratedUntil = time.Time{}
 	if q.slice != nil && q.slice.id == s.ID {
-		q.slice.until, q.slice.term = sent.Add(s.Term), s.Term
+		term := min(s.Term, maxSliceTerm)
+		q.slice.until, q.slice.term = sent.Add(term), term
 		return
 	}
 	q.slice = newLocalSlice(s, sent)
