@@ -20,7 +20,10 @@ import (
 // a refusal there waits no longer than the local bucket needs (pacing).
 // Once the term passes unrenewed, the resource is charged per request and
 // the next top-up asks again. An idle reservation gives its slice back
-// with its units, and so do a recall and a shutdown.
+// with its units, and so do a recall and a shutdown. What a request took
+// from the local bucket is not put back when its work is then refused (a
+// slot, a write): the slice may have been replaced meanwhile, and a unit
+// lost only slows the sidecar down.
 
 // localSlice is the sidecar's bucket for a slice: refilled exactly, in
 // unit-nanoseconds, as governord's buckets are, so that it never admits
@@ -87,11 +90,6 @@ func (l *localSlice) take(amount int64, now time.Time) bool {
 	}
 	l.level -= amount
 	return true
-}
-
-// untake puts back amount taken for work that was not admitted.
-func (l *localSlice) untake(amount int64) {
-	l.level = min(l.burst, l.level+amount)
 }
 
 // wait is how long from now until the bucket holds amount, or false when
