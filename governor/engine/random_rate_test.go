@@ -103,7 +103,7 @@ func (w *world) checkRated(req ReserveRequest, res Reservation, held bool, expec
 // sliceOp is a sidecar giving its slice of a rate back, or renewing it
 // before its term ends (a top-up while it lives).
 func (w *world) sliceOp() {
-	if len(w.e.slices) == 0 || w.rrng.Intn(6) != 0 {
+	if len(w.m.slices) == 0 || w.rrng.Intn(6) != 0 {
 		return
 	}
 	ids := slices.Sorted(maps.Keys(w.m.slices))
