@@ -93,6 +93,24 @@ type Reservation struct {
 	// the rate. Charge it per unit of work (ChargeAndAcquire, Consume)
 	// instead, and ask again later, as the rate may be removed.
 	Rated bool
+	// Slice, while nobody contends for the rate, is a share of it
+	// delegated to the session with the units reserved: see RateSlice.
+	Slice *RateSlice
+}
+
+// RateSlice is a slice of a rate delegated to the session (governord's
+// Reservation.slice_id): work charging the resource on the task may be
+// admitted without asking at up to Units per Per, from a bucket of Burst
+// units that starts full, spending the reserved units, until Term has
+// passed since before the Reserve was sent. A top-up while it lives renews
+// it when nobody contends for the rate (the same ID: keep the bucket);
+// give it back with EndSlice.
+type RateSlice struct {
+	ID    uint64
+	Units int64
+	Per   time.Duration
+	Burst int64
+	Term  time.Duration
 }
 
 // Reserve settles and tops up the session's reservation of resource on the
@@ -108,6 +126,12 @@ type Reservation struct {
 // does, when that matters.
 func (t *Task) Reserve(ctx context.Context, resource string, spent, ret, want int64) (Reservation, error) {
 	return t.reserve(ctx, &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, Want: want})
+}
+
+// EndSlice gives back the session's slice of resource's rate on the task,
+// if it holds one, settling spent and ret as Reserve does.
+func (t *Task) EndSlice(ctx context.Context, resource string, spent, ret int64) (Reservation, error) {
+	return t.reserve(ctx, &governorpb.ReserveRequest{NodeId: t.id, Resource: resource, Spent: spent, Return: ret, EndSlice: true})
 }
 
 // ReserveExactly reserves all of amount units of resource on the task for
@@ -154,8 +178,13 @@ func (t *Task) reserve(ctx context.Context, req *governorpb.ReserveRequest) (Res
 		}
 		return Reservation{}, err
 	}
-	return Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted(), ReadOnly: tenantRefusal(resp.GetReadOnly()),
-		Rated: resp.GetRated()}, nil
+	res := Reservation{Reserved: resp.GetReserved(), Granted: resp.GetGranted(), ReadOnly: tenantRefusal(resp.GetReadOnly()),
+		Rated: resp.GetRated()}
+	if id := resp.GetSliceId(); id != 0 && resp.GetSliceUnits() > 0 && resp.GetSlicePerNs() > 0 && resp.GetSliceBurst() > 0 {
+		res.Slice = &RateSlice{ID: id, Units: resp.GetSliceUnits(), Per: time.Duration(resp.GetSlicePerNs()),
+			Burst: resp.GetSliceBurst(), Term: time.Duration(max(0, resp.GetSliceTermNs()))}
+	}
+	return res, nil
 }
 
 // Sample is how one call made in a slot of a block went, for adaptive

@@ -3,10 +3,13 @@ package governor_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
@@ -81,9 +84,12 @@ func TestRefusalsSayTheirWordsOnce(t *testing.T) {
 // taken from the buckets when reserved but spent whenever their holder
 // likes: under 20 calls per 200ms (burst 20), 20 reserved at t=0 and spent
 // once the bucket is full again, while another charge takes those 20, make
-// 40 in an instant. So governord reserves nothing of a rated resource and
-// says so (Rated); the holder charges it per call, and the charge meets
-// the rate (a real governord).
+// 40 in an instant. So governord reserves units of a rated resource only
+// with a slice of the rate (Rated, Slice): the holder spends them no
+// faster than its slice's bucket allows, at most its burst at once, and
+// that burst and the slice's refill are carved out of the shared bucket
+// while it lives, so at once the holder's burst and what the shared
+// bucket gives stay within the rate's (a real governord).
 func TestAReservationCannotPassARate(t *testing.T) {
 	c := dialReal(t)
 	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
@@ -95,6 +101,14 @@ func TestAReservationCannotPassARate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the holder may spend at once: its slice's burst, no more than
+	// it holds; without a slice, nothing.
+	atOnce := int64(0)
+	if res.Slice != nil {
+		atOnce = min(res.Granted, res.Slice.Burst)
+	} else if res.Granted > 0 {
+		t.Fatalf("%d units of a rated resource reserved without a slice", res.Granted)
+	}
 	// The bucket's period passes: it is full again (governord's own clock).
 	time.Sleep(250 * time.Millisecond)
 	taken := int64(0)
@@ -103,11 +117,64 @@ func TestAReservationCannotPassARate(t *testing.T) {
 			taken++
 		}
 	}
-	if res.Granted+taken > 20 {
-		t.Fatalf("%d units reserved (spendable at any time) and %d charged after a refill: %d at once, past the burst of 20",
-			res.Granted, taken, res.Granted+taken)
+	if atOnce+taken > 20 {
+		t.Fatalf("%d units spendable at once from a slice and %d charged after a refill: %d at once, past the burst of 20",
+			atOnce, taken, atOnce+taken)
+	}
+	if res.Slice == nil {
+		t.Errorf("a quiet rate gave no slice: %+v", res)
 	}
 	if !res.Rated {
 		t.Errorf("the reservation of a rated resource: %+v; want Rated", res)
+	}
+}
+
+// TestSliceOfARate: a top-up of a quiet rated resource carries a slice of
+// the rate (20 per 200ms: 5 per 200ms, burst 5, for 4s); the same top-up
+// while it lives renews it (the same id); given back with end_slice it is
+// gone, and the next top-up gets a new one. end_slice with want, or with
+// hostile amounts, is refused naming what is wrong (a real governord).
+func TestSliceOfARate(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
+	if _, err := c.Raw().SetCaps(ctx, &governorpb.SetCapsRequest{NodeId: task.ID(), Rates: map[string]*governorpb.Rate{
+		"calls": {Units: 20, Per: durationpb.New(200 * time.Millisecond)}}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := task.Reserve(ctx, "calls", 0, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Slice == nil {
+		t.Fatalf("top-up of a quiet rate: %+v; want a slice", res)
+	}
+	want := governor.RateSlice{ID: res.Slice.ID, Units: 5, Per: 200 * time.Millisecond, Burst: 5, Term: 4 * time.Second}
+	if !res.Rated || res.Granted != 2 || *res.Slice != want {
+		t.Fatalf("top-up of a quiet rate: %+v slice %+v; want 2 granted with a slice %+v", res, res.Slice, want)
+	}
+	again, err := task.Reserve(ctx, "calls", 0, 0, 1)
+	if err != nil || again.Slice == nil || again.Slice.ID != want.ID || again.Slice.Term != 4*time.Second {
+		t.Fatalf("renewal: %+v %v; want the same slice for 4s more", again, err)
+	}
+	gone, err := task.EndSlice(ctx, "calls", 0, 3)
+	if err != nil || gone.Slice != nil || gone.Reserved != 0 {
+		t.Fatalf("give back: %+v %v; want no slice, nothing reserved", gone, err)
+	}
+	fresh, err := task.Reserve(ctx, "calls", 0, 0, 1)
+	if err != nil || fresh.Slice == nil || fresh.Slice.ID == want.ID {
+		t.Fatalf("after the give-back: %+v %v; want a new slice", fresh, err)
+	}
+	for _, req := range []*governorpb.ReserveRequest{
+		{NodeId: task.ID(), Resource: "calls", Want: 5, EndSlice: true},
+		{NodeId: task.ID(), Resource: "calls", Want: 1 << 31, EndSlice: true},
+		{NodeId: task.ID(), Resource: "calls", Spent: -1, EndSlice: true},
+		{NodeId: task.ID(), Resource: "calls", Return: 1 << 53, EndSlice: true},
+		{NodeId: task.ID(), Resource: "calls", Return: math.MaxInt64, EndSlice: true},
+		{NodeId: task.ID(), Resource: "calls", Want: 1, Exact: true, EndSlice: true},
+	} {
+		_, err := c.Raw().Reserve(ctx, req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Reserve %+v: %v; want INVALID_ARGUMENT", req, err)
+		}
 	}
 }

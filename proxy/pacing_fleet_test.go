@@ -60,8 +60,11 @@ func busiestSecond(at []time.Time) (int, time.Time) {
 // TestFleetPacesARateExactly: two governor-proxy processes of one tenant,
 // whose rate is 50 requests a second (burst 50), and 64 keep-alive clients
 // (32 on each) looping GETs for 20s. The sidecars pace rather than refuse
-// (wait_timeout 30s, so every wait fits): no client gets a 429; and the
-// rate is not delegated, so the fleet passes it in no window: the origin
+// (wait_timeout 30s, so every wait fits): no client gets a 429. Each
+// sidecar is delegated a slice of the rate while governord sees no
+// contention (at the start), admitting from it with no call, and charges
+// per request once the flood drains the shared bucket and the slices are
+// not renewed; either way the fleet passes the rate in no window: the origin
 // sees between 950 and 1,050 requests in the 20s, and at most 100 (rate
 // plus burst) in any sliding second. Waiters are served in arrival order,
 // so none waits much longer than the queue ahead of it takes.
@@ -129,8 +132,13 @@ rules:
 	most, when := busiestSecond(at)
 	paced := sidecars[0].metric(t, `governor_proxy_paced_total{resource="requests",status="admitted"}`) +
 		sidecars[1].metric(t, `governor_proxy_paced_total{resource="requests",status="admitted"}`)
-	t.Logf("statuses %v; the origin saw %d in %v, at most %d in a second (from %v); %v paced; the slowest answer took %v",
-		got, len(at), run, most, when.Sub(began).Round(time.Millisecond), paced, time.Duration(slowest.Load()).Round(time.Millisecond))
+	sliced := sidecars[0].metric(t, `governor_proxy_rate_slice_admitted_total`) +
+		sidecars[1].metric(t, `governor_proxy_rate_slice_admitted_total`)
+	t.Logf("statuses %v; the origin saw %d in %v, at most %d in a second (from %v); %v paced, %v admitted from slices; the slowest answer took %v",
+		got, len(at), run, most, when.Sub(began).Round(time.Millisecond), paced, sliced, time.Duration(slowest.Load()).Round(time.Millisecond))
+	if sliced == 0 {
+		t.Errorf("no request was admitted from a slice of the rate: the bounds were met by charges per request alone")
+	}
 	if n := len(at); n < rate*int(run/time.Second)-rate || n > rate*int(run/time.Second)+burst {
 		t.Errorf("the origin saw %d requests in %v under %d/s (burst %d), want %d to %d",
 			n, run, rate, burst, rate*int(run/time.Second)-rate, rate*int(run/time.Second)+burst)

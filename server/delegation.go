@@ -75,7 +75,7 @@ func (s *Server) Reserve(ctx context.Context, req *governorpb.ReserveRequest) (*
 		}
 	}
 	r := engine.ReserveRequest{Node: engine.NodeID(req.GetNodeId()), Resource: req.GetResource(),
-		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), Exact: req.GetExact(), RequestID: req.GetRequestId()}
+		Spent: req.GetSpent(), Return: req.GetReturn(), Want: req.GetWant(), Exact: req.GetExact(), EndSlice: req.GetEndSlice(), RequestID: req.GetRequestId()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.Reservation, bool, error) {
 			res, k, err := s.eng.GiveBackReserved(sid, r, 0)
@@ -108,6 +108,10 @@ func toReservation(r engine.Reservation) *governorpb.Reservation {
 	res := &governorpb.Reservation{NodeId: int64(r.Node), Resource: r.Resource, Reserved: r.Reserved, Granted: r.Granted, Rated: r.Rated}
 	if r.ReadOnly != nil {
 		res.ReadOnly = tenantRefusal(r.ReadOnly)
+	}
+	if sl := r.Slice; sl != nil {
+		res.SliceId, res.SliceUnits, res.SlicePerNs, res.SliceBurst = sl.ID, sl.Rate.Units, sl.Rate.Per, sl.Rate.Burst
+		res.SliceTermNs = int64(sl.Left)
 	}
 	return res
 }

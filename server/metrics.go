@@ -23,7 +23,7 @@ type metrics struct {
 	s        *Server
 	reg      *prometheus.Registry
 	calls    *prometheus.CounterVec
-	events   [engine.EvPeriodReset + 1]prometheus.Counter
+	events   [engine.EvSliceEnded + 1]prometheus.Counter
 	commit   prometheus.Histogram
 	batch    prometheus.Histogram
 	waitTime prometheus.Histogram
@@ -52,7 +52,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "gRPC calls by method and status code."}, []string{"method", "code"})
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_events_total",
 		Help: "State changes recorded, by kind."}, []string{"kind"})
-	for k := engine.EvSessionOpened; k <= engine.EvPeriodReset; k++ {
+	for k := engine.EvSessionOpened; k <= engine.EvSliceEnded; k++ {
 		m.events[k] = events.WithLabelValues(k.String())
 	}
 	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "governor_commit_seconds",

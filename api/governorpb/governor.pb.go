@@ -2459,7 +2459,12 @@ type ReserveRequest struct {
 	// (RESOURCE_EXHAUSTED with a Denial when it does not fit): the hold of one
 	// call's estimate, settled later to what the call used. spent and return
 	// must be 0.
-	Exact         bool `protobuf:"varint,8,opt,name=exact,proto3" json:"exact,omitempty"`
+	Exact bool `protobuf:"varint,8,opt,name=exact,proto3" json:"exact,omitempty"`
+	// Give back the session's slice of the resource's rate on the node, if it
+	// holds one (see Reservation.slice_id): its share of the rate's refill
+	// goes back to the shared bucket from this instant. want must be 0;
+	// spent and return may settle in the same call.
+	EndSlice      bool `protobuf:"varint,9,opt,name=end_slice,json=endSlice,proto3" json:"end_slice,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2550,6 +2555,13 @@ func (x *ReserveRequest) GetExact() bool {
 	return false
 }
 
+func (x *ReserveRequest) GetEndSlice() bool {
+	if x != nil {
+		return x.EndSlice
+	}
+	return false
+}
+
 // Reservation is a session's reservation of a resource on a node.
 type Reservation struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -2567,8 +2579,23 @@ type Reservation struct {
 	// escape the rate's buckets and the fleet could pass the rate. Charge the
 	// resource per unit of work instead (ChargeAndAcquire, Consume), and ask
 	// again later: the rate may be removed. An exact reservation is never
-	// refused this way.
-	Rated         bool `protobuf:"varint,6,opt,name=rated,proto3" json:"rated,omitempty"`
+	// refused this way. While nobody contends for the rate, a slice of it is
+	// granted instead (slice_id), and units are reserved with it.
+	Rated bool `protobuf:"varint,6,opt,name=rated,proto3" json:"rated,omitempty"`
+	// A slice of the rate delegated to the session (slice_id not 0): the
+	// holder may admit work charging the resource on this node at up to
+	// slice_units per slice_per_ns, with a bucket of slice_burst units that
+	// starts full, spending the reserved units, and without asking, until
+	// slice_term_ns from before it sent the request has passed. Past that, or
+	// when its bucket is empty, it charges per unit of work. A Reserve that
+	// wants units while the slice lives renews it (a new slice_term_ns) when
+	// nobody contends for the rate; the same slice_id means the same slice,
+	// whose bucket the holder keeps. Give it back with end_slice when idle.
+	SliceId       uint64 `protobuf:"varint,7,opt,name=slice_id,json=sliceId,proto3" json:"slice_id,omitempty"`
+	SliceUnits    int64  `protobuf:"varint,8,opt,name=slice_units,json=sliceUnits,proto3" json:"slice_units,omitempty"`
+	SlicePerNs    int64  `protobuf:"varint,9,opt,name=slice_per_ns,json=slicePerNs,proto3" json:"slice_per_ns,omitempty"`
+	SliceBurst    int64  `protobuf:"varint,10,opt,name=slice_burst,json=sliceBurst,proto3" json:"slice_burst,omitempty"`
+	SliceTermNs   int64  `protobuf:"varint,11,opt,name=slice_term_ns,json=sliceTermNs,proto3" json:"slice_term_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2643,6 +2670,41 @@ func (x *Reservation) GetRated() bool {
 		return x.Rated
 	}
 	return false
+}
+
+func (x *Reservation) GetSliceId() uint64 {
+	if x != nil {
+		return x.SliceId
+	}
+	return 0
+}
+
+func (x *Reservation) GetSliceUnits() int64 {
+	if x != nil {
+		return x.SliceUnits
+	}
+	return 0
+}
+
+func (x *Reservation) GetSlicePerNs() int64 {
+	if x != nil {
+		return x.SlicePerNs
+	}
+	return 0
+}
+
+func (x *Reservation) GetSliceBurst() int64 {
+	if x != nil {
+		return x.SliceBurst
+	}
+	return 0
+}
+
+func (x *Reservation) GetSliceTermNs() int64 {
+	if x != nil {
+		return x.SliceTermNs
+	}
+	return 0
 }
 
 type ReportSamplesRequest struct {
@@ -6285,7 +6347,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\agranted\x18\x05 \x01(\x03R\agranted\x12\x1c\n" +
 	"\tcontended\x18\x06 \x01(\bR\tcontended\x12\x1a\n" +
 	"\badaptive\x18\a \x01(\bR\badaptive\x127\n" +
-	"\tread_only\x18\b \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\"\xd6\x01\n" +
+	"\tread_only\x18\b \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\"\xf3\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -6295,14 +6357,24 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06return\x18\x05 \x01(\x03R\x06return\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x18\n" +
 	"\aabandon\x18\a \x01(\bR\aabandon\x12\x14\n" +
-	"\x05exact\x18\b \x01(\bR\x05exact\"\xc7\x01\n" +
+	"\x05exact\x18\b \x01(\bR\x05exact\x12\x1b\n" +
+	"\tend_slice\x18\t \x01(\bR\bendSlice\"\xea\x02\n" +
 	"\vReservation\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x1a\n" +
 	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x18\n" +
 	"\agranted\x18\x04 \x01(\x03R\agranted\x127\n" +
 	"\tread_only\x18\x05 \x01(\v2\x1a.governor.v1.TenantRefusalR\breadOnly\x12\x14\n" +
-	"\x05rated\x18\x06 \x01(\bR\x05rated\"o\n" +
+	"\x05rated\x18\x06 \x01(\bR\x05rated\x12\x19\n" +
+	"\bslice_id\x18\a \x01(\x04R\asliceId\x12\x1f\n" +
+	"\vslice_units\x18\b \x01(\x03R\n" +
+	"sliceUnits\x12 \n" +
+	"\fslice_per_ns\x18\t \x01(\x03R\n" +
+	"slicePerNs\x12\x1f\n" +
+	"\vslice_burst\x18\n" +
+	" \x01(\x03R\n" +
+	"sliceBurst\x12\"\n" +
+	"\rslice_term_ns\x18\v \x01(\x03R\vsliceTermNs\"o\n" +
 	"\x14ReportSamplesRequest\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12!\n" +
 	"\flatencies_ns\x18\x02 \x03(\x03R\vlatenciesNs\x12\x1e\n" +

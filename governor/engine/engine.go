@@ -128,6 +128,7 @@ type Engine struct {
 	deadlines deadlineHeap
 	blocks    map[string]map[LeaseID]*lease        // live blocks by class
 	reserved  map[string]map[*reservation]struct{} // live reservations by resource
+	slices    map[uint64]*slice                    // live slices of rates by id (slice.go)
 	// overridden holds the nodes with a temporary override still to revert
 	// (override.go).
 	overridden map[NodeID]*node
@@ -188,6 +189,7 @@ func New(cfg Config) (*Engine, error) {
 		tombs:     make(map[LeaseID]tombstone),
 		blocks:    make(map[string]map[LeaseID]*lease),
 		reserved:  make(map[string]map[*reservation]struct{}),
+		slices:    make(map[uint64]*slice),
 		queues:    make(map[string]*classQueue),
 		adaptive:  make(map[string]*controller),
 		soonest:   math.MaxInt64,
@@ -330,6 +332,7 @@ func (e *Engine) Reap() (sessions, nodes int) {
 		}
 	}
 	e.purgeTombstones(now)
+	e.endDueSlices(now)
 	e.revertOverrides(now)
 	e.reclaim(now)
 	e.compactDeadlines()
@@ -354,6 +357,7 @@ func (e *Engine) DueIn() (d time.Duration, ok bool) {
 	}
 	next = e.nextRevert(next)
 	next = min(next, e.nextReset)
+	next = e.nextSliceEnd(next)
 	if next == math.MaxInt64 {
 		return 0, false
 	}

@@ -28,6 +28,7 @@ const (
 	EvTenantStateSet
 	EvShadowCharged
 	EvPeriodReset
+	EvSliceEnded
 )
 
 var kindNames = [...]string{
@@ -49,6 +50,7 @@ var kindNames = [...]string{
 	EvTenantStateSet: "tenant_state_set",
 	EvShadowCharged:  "shadow_charged",
 	EvPeriodReset:    "period_reset",
+	EvSliceEnded:     "slice_ended",
 }
 
 func (k EventKind) String() string {
@@ -143,6 +145,11 @@ type Event struct {
 	// changed, EvPeriodReset for Resource's next window; period.go).
 	// EvPeriodReset's Amount is what the window ending spent.
 	Windows map[string]Window `json:"win,omitempty"`
+
+	// Slice is the slice of a rate an EvReserved grants or renews
+	// (slice.go); EvSliceEnded ends the session's slice of Resource on
+	// Node.
+	Slice *SliceGrant `json:"sl,omitempty"`
 }
 
 // apply changes the state as ev says. It is the only code that changes
@@ -200,6 +207,8 @@ func (e *Engine) applyKind(ev *Event) error {
 		return e.applyTenantState(ev)
 	case EvPeriodReset:
 		return e.applyPeriodReset(ev)
+	case EvSliceEnded:
+		return e.applySliceEnded(ev)
 	case EvShadowCharged:
 		n := e.nodes[ev.Node]
 		if n == nil || len(ev.Charges) == 0 {

@@ -22,9 +22,30 @@ type mBucket struct {
 	rate    Rate
 	content *big.Rat // units in the bucket at stamp
 	stamp   int64
+	// carves are the live slices' carves, by slice id: units of the
+	// refill per the rate's period, and of the size (model_slice_test.go).
+	carves map[uint64][2]int64
+}
+
+// carvedSums are the carves' units and bursts.
+func (b *mBucket) carvedSums() (units, burst int64) {
+	for _, c := range b.carves {
+		units += c[0]
+		burst += c[1]
+	}
+	return units, burst
+}
+
+// refill is the units per period the bucket refills at: its rate's, less
+// its slices'.
+func (b *mBucket) refill() int64 {
+	u, _ := b.carvedSums()
+	return max(0, b.rate.Units-u)
 }
 
 type modelRates struct {
+	// slices are the live slices of rates, by id (model_slice_test.go).
+	slices   map[uint64]*mSlice
 	rates    map[NodeID]map[string]*mBucket
 	defRates map[NodeID]map[string]Rate
 	// rateTaken counts takes from buckets, for the run's coverage.
@@ -40,14 +61,21 @@ func neverFitsRate(err error) bool {
 func (m *model) initRates() {
 	m.rates = map[NodeID]map[string]*mBucket{}
 	m.defRates = map[NodeID]map[string]Rate{}
+	m.slices = map[uint64]*mSlice{}
 }
 
-func (b *mBucket) size() *big.Rat {
-	s := b.rate.Burst
-	if s == 0 {
-		s = b.rate.Units
+// full is the bucket's size: what a charge can never be larger than.
+func (b *mBucket) full() int64 {
+	if b.rate.Burst == 0 {
+		return b.rate.Units
 	}
-	return new(big.Rat).SetInt64(s)
+	return b.rate.Burst
+}
+
+// size is what the bucket may hold: its size less its slices' bursts.
+func (b *mBucket) size() *big.Rat {
+	_, burst := b.carvedSums()
+	return new(big.Rat).SetInt64(max(0, b.full()-burst))
 }
 
 // at is the bucket's content at now: no credit for a time before stamp.
@@ -55,7 +83,7 @@ func (b *mBucket) at(now int64) *big.Rat {
 	c := new(big.Rat).Set(b.content)
 	if now > b.stamp {
 		el := new(big.Int).Sub(big.NewInt(now), big.NewInt(b.stamp))
-		credit := new(big.Rat).SetFrac(el.Mul(el, big.NewInt(b.rate.Units)), big.NewInt(b.rate.Per))
+		credit := new(big.Rat).SetFrac(el.Mul(el, big.NewInt(b.refill())), big.NewInt(b.rate.Per))
 		c.Add(c, credit)
 	}
 	if s := b.size(); c.Cmp(s) > 0 {
@@ -71,7 +99,10 @@ func (b *mBucket) wait(amount int64, c *big.Rat) int64 {
 	if need.Sign() <= 0 {
 		return 0
 	}
-	ns := need.Mul(need, new(big.Rat).SetFrac(big.NewInt(b.rate.Per), big.NewInt(b.rate.Units)))
+	if b.refill() == 0 {
+		return math.MaxInt64
+	}
+	ns := need.Mul(need, new(big.Rat).SetFrac(big.NewInt(b.rate.Per), big.NewInt(b.refill())))
 	q, r := new(big.Int).QuoRem(ns.Num(), ns.Denom(), new(big.Int))
 	if r.Sign() > 0 {
 		q.Add(q, big.NewInt(1))
@@ -156,9 +187,13 @@ func (m *model) rateEvent(ev Event) {
 			m.takeRate(ev, ev.Node, c.Resource, c.Amount)
 		}
 	case EvReserved:
-		if ev.Amount > 0 {
+		if ev.Slice != nil {
+			m.sliceEvent(ev)
+		} else if ev.Amount > 0 {
 			m.takeRate(ev, ev.Node, ev.Resource, ev.Amount)
 		}
+	case EvSliceEnded, EvSessionEnded:
+		m.slicesEnded(ev)
 	case EvLeaseReleased:
 		if l, ok := m.leases[ev.Lease]; ok && ev.GivenBack {
 			for _, c := range ev.Charges {
@@ -230,7 +265,7 @@ func (m *model) rateWorst(id NodeID, r string, amount, now int64) (node NodeID, 
 		if b == nil {
 			continue
 		}
-		if b.size().Cmp(new(big.Rat).SetInt64(amount)) < 0 {
+		if b.full() < amount {
 			return 0, 0, true
 		}
 		if w := b.wait(amount, b.at(now)); w > wait {

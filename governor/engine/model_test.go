@@ -389,6 +389,11 @@ func (m *model) reclaim(ev Event, root NodeID) {
 				m.failf("I15 reclaim: event %d reclaims node %d, where session %d reserves %d of %s", ev.Seq, id, k.session, amount, k.resource)
 			}
 		}
+		for sid, sl := range m.slices {
+			if sl.node == id {
+				m.failf("I15 reclaim: event %d reclaims node %d, where session %d holds slice %d of %s", ev.Seq, id, sl.session, sid, sl.resource)
+			}
+		}
 		for lid, l := range m.leases {
 			if l.node == id {
 				m.failf("I15 reclaim: event %d reclaims node %d, which holds lease %d", ev.Seq, id, lid)

@@ -136,6 +136,9 @@ func (m *model) pinDepth(id NodeID) int {
 	for k := range m.reservations {
 		pins = append(pins, k.node)
 	}
+	for _, sl := range m.slices {
+		pins = append(pins, sl.node)
+	}
 	best := -1
 	for _, p := range pins {
 		if d := slices.Index(m.chain(p), id); d >= 0 && (best < 0 || d < best) {

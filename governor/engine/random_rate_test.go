@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -76,10 +78,11 @@ func (w *world) rateOp() {
 }
 
 // checkRated checks I26's delegation rule on a reservation that succeeded:
-// one that is not exact and wants units is answered Rated, with nothing
-// granted, exactly when the model has a bucket of its resource on its
-// node's chain; any other is never Rated.
-func (w *world) checkRated(req ReserveRequest, res Reservation) {
+// one that is not exact and wants units is answered Rated exactly when the
+// model has a bucket of its resource on its node's chain; any other is
+// never Rated. A Rated one grants units only with a slice of the rate
+// (I29), and gets a new slice whenever the model's rule gives one.
+func (w *world) checkRated(req ReserveRequest, res Reservation, held bool, expect *SliceGrant) {
 	rated := false
 	for _, a := range w.m.chain(req.Node) {
 		rated = rated || w.m.rates[a][req.Resource] != nil
@@ -88,9 +91,36 @@ func (w *world) checkRated(req ReserveRequest, res Reservation) {
 	switch {
 	case res.Rated != want:
 		w.fail("I26 rates: reserve %+v answered rated=%v; the model has a rate of %s on the chain: %v", req, res.Rated, req.Resource, rated)
-	case want && res.Granted != 0:
-		w.fail("I26 rates: reserve %+v granted %d of a rated resource", req, res.Granted)
-	case want:
+	case want && res.Granted != 0 && res.Slice == nil:
+		w.fail("I26 rates: reserve %+v granted %d of a rated resource without a slice", req, res.Granted)
+	case want && !held && (expect == nil) != (res.Slice == nil):
+		w.fail("I29 slices: reserve %+v answered slice %+v; the model's rule gives %+v", req, res.Slice, expect)
+	case want && res.Slice == nil:
 		w.tally.rateUndelegated++
 	}
+}
+
+// sliceOp is a sidecar giving its slice of a rate back, or renewing it
+// before its term ends (a top-up while it lives).
+func (w *world) sliceOp() {
+	if len(w.m.slices) == 0 || w.rrng.Intn(6) != 0 {
+		return
+	}
+	ids := slices.Sorted(maps.Keys(w.m.slices))
+	id := ids[w.rrng.Intn(len(ids))]
+	sl := w.m.slices[id]
+	if s := w.e.sessions[sl.session]; s == nil || s.expired(w.clock.Now().UnixNano()) {
+		return
+	}
+	if w.rrng.Intn(3) != 0 {
+		w.reserve(sl.session, ReserveRequest{Node: sl.node, Resource: sl.resource, Want: 1 + w.rrng.Int63n(4)}, w.e.Seq())
+		return
+	}
+	req := ReserveRequest{Node: sl.node, Resource: sl.resource, EndSlice: true}
+	res, err := w.e.Reserve(sl.session, req)
+	if err != nil || res.Slice != nil || w.e.slices[id] != nil || w.m.slices[id] != nil {
+		w.fail("give back the slice of s%d %+v: %+v, %v", sl.session, req, res, err)
+		return
+	}
+	w.tally.slicesGivenBack++
 }

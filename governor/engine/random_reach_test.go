@@ -34,6 +34,10 @@ type coverage struct {
 	// rateUndelegated counts top-ups of a rated resource answered Rated
 	// with nothing reserved (I26).
 	rateUndelegated int
+	// slicesGranted, slicesRenewed and slicesGivenBack count slices of
+	// rates granted, renewed and given back (I29); slicesTermed those
+	// that ended at their term.
+	slicesGranted, slicesRenewed, slicesGivenBack, slicesTermed int
 	// cancelledAtGrant counts waits given up after their grant arrived and
 	// before their caller took it (the race CancelWait undoes).
 	cancelledAtGrant int
@@ -70,6 +74,21 @@ func (r *reached) add(w *world) {
 	r.sum.rateHostile += c.rateHostile
 	r.sum.periodResets += c.periodResets
 	r.sum.rateUndelegated += c.rateUndelegated
+	for _, ev := range w.rec.events {
+		switch {
+		case ev.Kind == EvReserved && ev.Slice != nil && ev.Slice.ID == 0:
+			c.slicesGranted++
+		case ev.Kind == EvReserved && ev.Slice != nil:
+			c.slicesRenewed++
+		case ev.Kind == EvSliceEnded:
+			c.slicesTermed++ // less those given back, below
+		}
+	}
+	c.slicesTermed -= c.slicesGivenBack
+	r.sum.slicesGranted += c.slicesGranted
+	r.sum.slicesRenewed += c.slicesRenewed
+	r.sum.slicesGivenBack += c.slicesGivenBack
+	r.sum.slicesTermed += c.slicesTermed
 	r.sum.cancelledAtGrant += c.cancelledAtGrant
 	r.seeds++
 }
@@ -99,6 +118,10 @@ func (r *reached) check(t *testing.T) {
 		{"a hostile charge decided by a rate", r.sum.rateHostile},
 		{"a quota's window closed by a reset", r.sum.periodResets},
 		{"a top-up of a rated resource answered rated", r.sum.rateUndelegated},
+		{"a slice of a rate granted", r.sum.slicesGranted},
+		{"a slice of a rate renewed", r.sum.slicesRenewed},
+		{"a slice of a rate given back", r.sum.slicesGivenBack},
+		{"a slice of a rate ended at its term", r.sum.slicesTermed},
 		{"a wait given up at the instant of its grant", r.sum.cancelledAtGrant},
 	} {
 		if c.n == 0 {

@@ -64,6 +64,7 @@ func TestRandomized(t *testing.T) {
 				w.dryRunOp()
 				w.overrideOp()
 				w.rateOp()
+				w.sliceOp()
 				w.periodOp()
 				w.respond()
 				w.drain()
@@ -794,6 +795,7 @@ func (w *world) check() {
 	w.checkCounters()
 	w.checkDecisions()
 	w.checkRates()
+	w.checkSlices()
 	w.checkPeriods()
 	heldCount := map[NodeID]map[string]int64{}
 	for id, l := range e.leases {
@@ -1188,6 +1190,8 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	e := w.e
 	k := modelRes{sid, req.Node, req.Resource}
 	invalid := w.reserveInvalid(sid, req)
+	held := w.e.sessions[sid] != nil && w.e.sessions[sid].slices[resKey{req.Node, req.Resource}] != nil
+	expect := w.m.expectedSlice(req.Node, req.Resource, w.clock.Now().UnixNano())
 	res, err := e.Reserve(sid, req)
 	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
 	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid, ErrRateLimited)
@@ -1205,7 +1209,7 @@ func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	if req.Exact && res.Granted != req.Want {
 		w.fail("an exact reservation of %d %s on n%d granted %d", req.Want, req.Resource, req.Node, res.Granted)
 	}
-	w.checkRated(req, res)
+	w.checkRated(req, res, held, expect)
 	loc := w.local[k]
 	if loc == nil {
 		loc = &localRes{}
@@ -1433,6 +1437,9 @@ func (w *world) checkReclaimed() {
 		pins[s.scope.id]++
 		for _, res := range s.reservations {
 			pins[res.node.id]++
+		}
+		for _, sl := range s.slices {
+			pins[sl.node.id]++
 		}
 	}
 	for id, n := range e.nodes {

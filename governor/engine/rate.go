@@ -72,7 +72,24 @@ type bucket struct {
 	level int64 // whole units in the bucket at stamp
 	acc   int64 // credit toward the next unit, in unit-ns, in [0, Per)
 	stamp int64 // the time (unix ns) refill was credited to
+	// carves are the live slices of the bucket's refill and burst, by
+	// slice id (slice.go); carved and carvedSize are their sums. While
+	// they live the bucket refills at Units - carved per Per and holds at
+	// most its size less carvedSize.
+	carves     map[uint64]carve
+	carved     int64
+	carvedSize int64
 }
+
+// carve is what one slice takes of a bucket: Units of its refill per its
+// Per, and Burst of its size.
+type carve struct{ units, burst int64 }
+
+// refill is the units per Per the bucket refills at, less its slices'.
+func (b *bucket) refill() int64 { return max(0, b.Units-b.carved) }
+
+// room is the most the bucket holds, less its slices' bursts.
+func (b *bucket) room() int64 { return max(0, b.size()-b.carvedSize) }
 
 // BucketView is a rate and its bucket as stored, in a NodeView and so in
 // a snapshot: Level units and Acc unit-ns of credit at Stamp.
@@ -81,6 +98,15 @@ type BucketView struct {
 	Level int64 `json:"lv,omitempty"`
 	Acc   int64 `json:"acc,omitempty"`
 	Stamp int64 `json:"at,omitempty"`
+	// Carves are the live slices carved from it, by slice id (slice.go).
+	Carves []BucketCarve `json:"cv,omitempty"`
+}
+
+// BucketCarve is one slice's carve of a bucket, as stored.
+type BucketCarve struct {
+	Slice uint64 `json:"id"`
+	Units int64  `json:"u"`
+	Burst int64  `json:"b,omitempty"`
 }
 
 // at is the bucket's level and credit at now. A time before stamp (a clock
@@ -88,15 +114,15 @@ type BucketView struct {
 // drains or refills but by elapsed time on the engine's clock. A full
 // bucket keeps no credit.
 func (b *bucket) at(now int64) (level, acc int64) {
-	size := b.size()
-	if now <= b.stamp || b.level >= size {
+	size, units := b.room(), b.refill()
+	if now <= b.stamp || b.level >= size || units == 0 {
 		if b.level >= size {
 			return size, 0
 		}
 		return b.level, b.acc
 	}
 	elapsed := uint64(now) - uint64(b.stamp) // now > stamp: exact in uint64
-	hi, lo := bits.Mul64(elapsed, uint64(b.Units))
+	hi, lo := bits.Mul64(elapsed, uint64(units))
 	var c uint64
 	lo, c = bits.Add64(lo, uint64(b.acc), 0)
 	hi += c // elapsed*Units < 2^127, so this cannot wrap
@@ -113,18 +139,23 @@ func (b *bucket) at(now int64) (level, acc int64) {
 
 // wait is how long until the bucket, holding level units and acc credit,
 // holds amount (more than level): ceil(((amount-level)*Per - acc) / Units)
-// nanoseconds, at most math.MaxInt64.
+// nanoseconds, at most math.MaxInt64. Units is what the bucket refills
+// at now (refill): slices' carves slow it down.
 func (b *bucket) wait(amount, level, acc int64) int64 {
+	units := b.refill()
+	if units == 0 {
+		return math.MaxInt64
+	}
 	hi, lo := bits.Mul64(uint64(amount-level), uint64(b.Per))
 	var c uint64
 	lo, c = bits.Sub64(lo, uint64(acc), 0)
 	hi -= c // acc < Per <= (amount-level)*Per
-	lo, c = bits.Add64(lo, uint64(b.Units)-1, 0)
+	lo, c = bits.Add64(lo, uint64(units)-1, 0)
 	hi += c
-	if hi >= uint64(b.Units) {
+	if hi >= uint64(units) {
 		return math.MaxInt64
 	}
-	q, _ := bits.Div64(hi, lo, uint64(b.Units))
+	q, _ := bits.Div64(hi, lo, uint64(units))
 	if q > math.MaxInt64 {
 		return math.MaxInt64
 	}
@@ -138,8 +169,8 @@ func (b *bucket) take(amount, now int64) {
 	b.level, b.acc = b.at(now)
 	b.stamp = max(b.stamp, now)
 	if amount < 0 {
-		b.level += min(-amount, b.size()-b.level)
-		if b.level == b.size() {
+		b.level += min(-amount, max(0, b.room()-b.level))
+		if b.level >= b.room() {
 			b.acc = 0
 		}
 		return
@@ -157,11 +188,16 @@ func (b *bucket) set(r Rate, now int64, fresh bool) {
 	b.level, _ = b.at(now)
 	b.stamp = max(b.stamp, now)
 	b.Rate, b.acc = r, 0
-	b.level = min(b.level, b.size())
+	b.level = min(b.level, b.room())
 }
 
 func (b *bucket) view() BucketView {
-	return BucketView{Rate: b.Rate, Level: b.level, Acc: b.acc, Stamp: b.stamp}
+	v := BucketView{Rate: b.Rate, Level: b.level, Acc: b.acc, Stamp: b.stamp}
+	for _, id := range slices.Sorted(maps.Keys(b.carves)) {
+		c := b.carves[id]
+		v.Carves = append(v.Carves, BucketCarve{Slice: id, Units: c.units, Burst: c.burst})
+	}
+	return v
 }
 
 // RateError is a charge refused for a rate: the bucket of Resource on
@@ -294,7 +330,8 @@ func (n *node) rateViews() map[string]BucketView {
 	return out
 }
 
-// restoreRates rebuilds n's buckets from a snapshot.
+// restoreRates rebuilds n's buckets from a snapshot, with their carves;
+// restoreSlices checks that each carve's slice lives.
 func (n *node) restoreRates(v map[string]BucketView) error {
 	for k, bv := range v {
 		if err := bv.Rate.validate("rate " + k); err != nil || bv.Units == NoCap ||
@@ -304,7 +341,17 @@ func (n *node) restoreRates(v map[string]BucketView) error {
 		if n.rates == nil {
 			n.rates = make(map[string]*bucket, len(v))
 		}
-		n.rates[k] = &bucket{Rate: bv.Rate, level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}
+		b := &bucket{Rate: bv.Rate, level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}
+		for _, c := range bv.Carves {
+			if c.Units < 1 || c.Burst < 1 || c.Units > math.MaxInt64-b.carved || c.Burst > math.MaxInt64-b.carvedSize || b.carves[c.Slice] != (carve{}) {
+				return fmt.Errorf("%w: snapshot node %d has a bad carve of slice %d on %s", ErrCorrupt, n.id, c.Slice, k)
+			}
+			b.addCarve(c.Slice, carve{c.Units, c.Burst})
+		}
+		if b.level > b.room() {
+			return fmt.Errorf("%w: snapshot node %d holds %d %s, more than its slices leave", ErrCorrupt, n.id, b.level, k)
+		}
+		n.rates[k] = b
 	}
 	return nil
 }

@@ -70,16 +70,12 @@ func TestRateOnEveryLevelAllOrNone(t *testing.T) {
 		t.Fatalf("used %d, want 4", v.Used["calls"])
 	}
 	// Acquire with charges, and an exact reservation (one call's hold),
-	// take from the buckets too. A reservation that is not exact reserves
-	// nothing of a rated resource (TestRatedResourceIsNotDelegated).
+	// take from the buckets too. A reservation that is not exact takes a
+	// slice of the rate instead (slice_test.go).
 	if _, _, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job2, Charges: map[string]int64{"calls": 2}}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job2, Resource: "calls", Want: 10})
-	if err != nil || res.Granted != 0 || !res.Rated {
-		t.Fatalf("reserve of a rated resource: %+v %v; want nothing granted, rated", res, err)
-	}
-	res, err = f.e.Reserve(f.sA, ReserveRequest{Node: f.job2, Resource: "calls", Want: 1, Exact: true})
+	res, err := f.e.Reserve(f.sA, ReserveRequest{Node: f.job2, Resource: "calls", Want: 1, Exact: true})
 	if err != nil || res.Granted != 1 || res.Rated { // the quota's headroom is 1
 		t.Fatalf("exact reserve: %+v %v", res, err)
 	}
@@ -257,7 +253,9 @@ func TestRateGivenBackGrantReturnsItsUnits(t *testing.T) {
 // an instant. So a reservation that is not exact reserves nothing of a
 // resource a rate binds anywhere on the chain, says Rated, and emits
 // nothing unless it settles; once the rate is removed, reservations are
-// granted again.
+// granted again. (Without contention a slice of the rate is delegated
+// instead, which is exact: slice_test.go. Here the bucket is drained
+// below half, which is contention.)
 func TestRatedResourceIsNotDelegated(t *testing.T) {
 	f := newFixture(t)
 	sA2 := f.open(f.acme, longTTL)
@@ -267,6 +265,7 @@ func TestRatedResourceIsNotDelegated(t *testing.T) {
 		t.Fatalf("reserve before any rate: %+v %v", res, err)
 	}
 	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": {Units: 50, Per: int64(time.Second)}}})
+	f.consume(sA2, f.job2, "calls", 26)
 
 	before := f.e.Seq()
 	res, err = f.e.Reserve(f.sA, ReserveRequest{Node: f.step, Resource: "calls", Want: 50})

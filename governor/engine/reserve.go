@@ -54,7 +54,10 @@ type ReserveRequest struct {
 	// Exact reserves all of Want or nothing, checked as a consume of Want
 	// would be: the hold of one call's estimate, which must not come back
 	// short. It settles nothing: Spent and Return are 0.
-	Exact     bool
+	Exact bool
+	// EndSlice gives back the session's slice of the resource's rate on
+	// the node, if it holds one (slice.go). It reserves nothing (Want 0).
+	EndSlice  bool
 	RequestID string
 }
 
@@ -74,8 +77,13 @@ type Reservation struct {
 	// their holder would not be taken from the buckets at the time of
 	// their spending, and the fleet could pass the rate. The holder charges
 	// the resource per unit of work instead, and may ask again later (the
-	// rate may be removed).
+	// rate may be removed). With a slice of the rate (Slice), units
+	// are reserved all the same: the holder spends them as its slice lets
+	// it, and charges per unit of work when its slice has nothing.
 	Rated bool
+	// Slice is the session's slice of the resource's rate on the node, as
+	// it stands after the request, or nil (slice.go).
+	Slice *Slice
 }
 
 // Reserve settles what the session spent of its reservation of
@@ -100,8 +108,11 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	if r.Spent < 0 || r.Return < 0 || r.Want < 0 {
 		return Reservation{}, invalid("spent %d, return %d and want %d cannot be negative", r.Spent, r.Return, r.Want)
 	}
-	if r.Spent == 0 && r.Return == 0 && r.Want == 0 {
+	if r.Spent == 0 && r.Return == 0 && r.Want == 0 && !r.EndSlice {
 		return Reservation{}, invalid("nothing to reserve, settle or return")
+	}
+	if r.EndSlice && (r.Want != 0 || r.Exact) {
+		return Reservation{}, invalid("giving a slice back reserves nothing (want %d)", r.Want)
 	}
 	if r.Exact && (r.Want == 0 || r.Spent != 0 || r.Return != 0) {
 		return Reservation{}, invalid("an exact reservation reserves want units and settles nothing (want %d, spent %d, return %d)", r.Want, r.Spent, r.Return)
@@ -114,7 +125,7 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 				return Reservation{}, err
 			}
 			v := Reservation{Node: r.Node, Resource: r.Resource, Granted: res.amount,
-				Reserved: s.reservedOn(r.Node, r.Resource)}
+				Reserved: s.reservedOn(r.Node, r.Resource), Slice: s.sliceView(r.Node, r.Resource, now)}
 			if n := e.nodes[r.Node]; n != nil {
 				v.ReadOnly = n.writesRefused()
 			}
@@ -132,13 +143,17 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 	if r.Spent > have || r.Return > have-r.Spent {
 		return Reservation{}, invalid("spent %d and return %d settle more than the %d units reserved", r.Spent, r.Return, have)
 	}
-	grant, rated, err := e.reserveWant(s, n, r, now)
+	grant, rated, sg, err := e.reserveWant(s, n, r, now)
 	if err != nil {
 		return Reservation{}, err
 	}
-	if rated && r.Spent == 0 && r.Return == 0 {
-		// Nothing changes: no event.
-		return Reservation{Node: n.id, Resource: r.Resource, Reserved: have, Rated: true, ReadOnly: n.writesRefused()}, nil
+	if r.EndSlice && s.slices[resKey{n.id, r.Resource}] != nil {
+		e.emit(Event{Kind: EvSliceEnded, At: now, Session: s.id, Node: n.id, Resource: r.Resource})
+	}
+	if r.Spent == 0 && r.Return == 0 && grant == 0 && sg == nil {
+		// Nothing changes but the slice given back, if any: no EvReserved.
+		return Reservation{Node: n.id, Resource: r.Resource, Reserved: have, Rated: rated,
+			Slice: s.sliceView(n.id, r.Resource, now), ReadOnly: n.writesRefused()}, nil
 	}
 	var warn []Warning
 	if grant > 0 {
@@ -147,36 +162,41 @@ func (e *Engine) Reserve(sid SessionID, r ReserveRequest) (Reservation, error) {
 		warn = n.warnings([]Charge{{r.Resource, grant - r.Return}}, "", 0)
 	}
 	e.emit(Event{Kind: EvReserved, At: now, Session: s.id, Node: n.id, Resource: r.Resource,
-		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp, Warnings: warn})
+		Spent: r.Spent, Returned: r.Return, Amount: grant, RequestID: r.RequestID, Fingerprint: fp, Warnings: warn, Slice: sg})
 	return Reservation{Node: n.id, Resource: r.Resource, Reserved: s.reservedOn(n.id, r.Resource), Granted: grant,
-		Rated: rated, ReadOnly: n.writesRefused()}, nil
+		Rated: rated, Slice: s.sliceView(n.id, r.Resource, now), ReadOnly: n.writesRefused()}, nil
 }
 
 // reserveWant decides what r's Want adds on n at now: nothing without a
-// Want; nothing, and rated, for a resource a rate binds on n's chain
-// (unless exact: one call's hold is taken as its charge would be);
-// otherwise the grant, sized to quotas and rates, or the refusal.
-func (e *Engine) reserveWant(s *session, n *node, r ReserveRequest, now int64) (grant int64, rated bool, err error) {
+// Want; for a resource a rate binds on n's chain (unless exact: one call's
+// hold is taken as its charge would be), rated, and nothing unless a
+// slice of the rate is granted or renewed (slice.go), with which the
+// units are granted as if no rate bound them; otherwise the grant, sized
+// to quotas and rates, or the refusal.
+func (e *Engine) reserveWant(s *session, n *node, r ReserveRequest, now int64) (grant int64, rated bool, sg *SliceGrant, err error) {
 	if r.Want == 0 {
-		return 0, false, nil
+		return 0, false, nil, nil
 	}
 	if err := e.checkOpen(n, now); err != nil {
-		return 0, false, err
+		return 0, false, nil, err
 	}
 	if err := n.admits(false, false); err != nil {
-		return 0, false, err
+		return 0, false, nil, err
 	}
 	if !r.Exact && n.rated(r.Resource) {
-		return 0, true, nil
+		if sg = e.sliceFor(s, n, r.Resource, now); sg == nil {
+			return 0, true, nil, nil
+		}
+		rated = true
 	}
 	grant, err = n.reserveGrant(r)
 	if err != nil {
-		return 0, false, e.refused(s, err)
+		return 0, false, nil, e.refused(s, err)
 	}
-	if grant, err = n.reserveRate(r, grant, now); err != nil {
-		return 0, false, err
+	if sg == nil {
+		grant, err = n.reserveRate(r, grant, now)
 	}
-	return grant, false, nil
+	return grant, rated, sg, err
 }
 
 // reserveGrant is how many units r adds on n: all of Want or a refusal for
@@ -200,6 +220,9 @@ func (r *ReserveRequest) fingerprint() uint64 {
 	fp := fnvAdd(fnvAdd(fingerprint(opReserve, r.Node, r.Resource, r.Want), uint64(r.Spent)), uint64(r.Return))
 	if r.Exact {
 		fp = fnvAdd(fp, 1)
+	}
+	if r.EndSlice {
+		fp = fnvAdd(fp, 2)
 	}
 	return fp
 }
@@ -299,7 +322,11 @@ func (e *Engine) applyReserved(ev *Event) error {
 		g.n += ev.Spent
 		g.r += ev.Amount - settled
 	}
-	n.takeRate(ev.Resource, ev.Amount, ev.At)
+	if ev.Slice == nil {
+		n.takeRate(ev.Resource, ev.Amount, ev.At)
+	} else if err := e.applySlice(s, n, ev); err != nil {
+		return err
+	}
 	if res == nil {
 		if ev.Amount == 0 {
 			return nil

@@ -39,6 +39,7 @@ type session struct {
 	leases       map[LeaseID]*lease
 	blocks       map[blockKey]*lease // its blocks, also in leases
 	reservations map[resKey]*reservation
+	slices       map[resKey]*slice // its slices of rates (slice.go)
 	waiters      []*waiter
 	requests     requestMemory
 }
@@ -169,6 +170,7 @@ func (e *Engine) applySessionEnded(s *session, ev *Event) {
 		e.endLease(s.leases[id], reason, ev.At)
 	}
 	e.spendReservations(s)
+	e.endSlices(s, ev.At)
 	s.scope.unpinSession()
 	delete(e.sessions, s.id)
 	if s.token != "" {

@@ -36,6 +36,7 @@ type SessionSnapshot struct {
 	TTL          time.Duration
 	Requests     []RequestSnapshot     // oldest first
 	Reservations []ReservationSnapshot `json:",omitempty"` // by node, then resource
+	Slices       []SliceSnapshot       `json:",omitempty"` // by id (slice.go)
 }
 
 // ReservationSnapshot is a session's unspent reservation.
@@ -151,6 +152,7 @@ func (e *Engine) SnapshotPausing(pause func()) Snapshot {
 		for _, res := range s.sortedReservations() {
 			ss.Reservations = append(ss.Reservations, ReservationSnapshot{Node: res.node.id, Resource: res.resource, Amount: res.amount})
 		}
+		ss.Slices = s.sliceSnapshots()
 		snap.Sessions = append(snap.Sessions, ss)
 	}
 	for _, id := range sortedKeys(e.leases) {
@@ -203,6 +205,10 @@ func (e *Engine) Restore(snap Snapshot) error {
 	if err != nil {
 		return err
 	}
+	sliced, err := restoreSlices(snap, sessions, nodes)
+	if err != nil {
+		return err
+	}
 	tombs := make(map[LeaseID]tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {
 		if t.Lease < 1 || t.Lease >= snap.NextLease || leases[t.Lease] != nil {
@@ -219,7 +225,7 @@ func (e *Engine) Restore(snap Snapshot) error {
 	e.overridden = overridden
 	e.nodes, e.root, e.sessions, e.byToken, e.leases, e.tombs, e.deadlines = nodes, nodes[RootID], sessions, byToken, leases, tombs, deadlines
 	e.soonest = 0 // the next Reap works it out anew
-	e.blocks, e.reserved = blocks, reserved
+	e.blocks, e.reserved, e.slices = blocks, reserved, sliced
 	e.tombOrder = slices.SortedFunc(maps.Keys(tombs), func(a, b LeaseID) int {
 		return cmp.Or(cmp.Compare(tombs[a].at, tombs[b].at), cmp.Compare(a, b))
 	})

@@ -79,3 +79,22 @@ func TestSpecAdaptiveCutIs70Percent(t *testing.T) {
 		}
 	}
 }
+
+func TestSpecSliceTermIsFourSeconds(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": {Units: 40, Per: int64(time.Second)}}})
+	res := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 1})
+	if res.Slice == nil || res.Slice.Left != 4*time.Second {
+		t.Fatalf("slice %+v; want a term of 4s", res.Slice)
+	}
+	f.clock.Advance(4*time.Second - time.Nanosecond)
+	f.e.Reap()
+	if len(f.e.slices) != 1 {
+		t.Fatal("the slice ended a nanosecond before its term")
+	}
+	f.clock.Advance(time.Nanosecond)
+	f.e.Reap()
+	if len(f.e.slices) != 0 {
+		t.Fatal("the slice outlived its term of 4s")
+	}
+}

@@ -12,11 +12,15 @@
 // queue at governord anywhere (a Watch notice, or the answer to a top-up),
 // idle slots go back at once and each request takes a single lease through
 // governord's fair queue, so weights hold exactly under contention.
-// A resource that a rate binds on the node's chain is not delegated:
-// governord answers a top-up of it with nothing reserved and Rated, since
-// units spent here later would escape the rate's buckets and the fleet
-// could pass the rate; each request then charges it at governord, as with
-// delegation off, and a top-up asks again after RatedRecheck.
+// A resource that a rate binds on the node's chain is delegated only with
+// a slice of the rate (slice.go): while nobody contends for the rate,
+// governord answers a top-up with units and a share of the rate's refill
+// and burst for a short term, which requests spend from a local bucket
+// with no call, and later top-ups renew. Under contention it answers with
+// nothing reserved and Rated, since units spent here later would escape
+// the rate's buckets and the fleet could pass the rate; each request then
+// charges it at governord, as with delegation off, and a top-up asks again
+// after RatedRecheck.
 // Reservations are spent locally, settled every settle interval, topped up
 // in one call, given back when idle and at shutdown, and given back at
 // once when governord recalls them for someone else: a quota of N admits

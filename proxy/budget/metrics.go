@@ -21,6 +21,7 @@ type Metrics struct {
 	subtasksIdle    prometheus.Counter
 	heldOver        prometheus.Counter
 	pacedTotal      *prometheus.CounterVec
+	sliceAdmitted   prometheus.Counter
 	pacingWait      *prometheus.HistogramVec
 
 	a *Admitter // for the gauges read at each scrape
@@ -35,7 +36,7 @@ func NewMetrics() *Metrics {
 		Help: "Slots granted to work, by how: from a block delegated to the sidecar (no call), or as a single lease from governord's queue."}, []string{"how"})
 	m.blockGrants = m.slotGrants.WithLabelValues("block")
 	m.topUps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_topups_total",
-		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed; rated: governord reserves none of a resource a rate binds, which is then charged per request)."}, []string{"kind", "outcome"})
+		Help: "Calls that grew a block (slots) or a reservation (quota), by outcome (granted, none, denied, failed; rated: governord reserves none of a resource a rate binds, which is then charged per request; slice: units granted with a slice of the rate, new or renewed; slice_returned: a slice given back)."}, []string{"kind", "outcome"})
 	m.notices = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_notices_total",
 		Help: "Notices from governord about delegated budgets, by kind, counted once acted on."}, []string{"kind"})
 	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_admission_denials_total",
@@ -49,6 +50,8 @@ func NewMetrics() *Metrics {
 	m.pacedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_paced_total",
 		Help: "Work a rate refused that the sidecar held until the rate had room (on_rate: wait), by resource and how it ended: admitted, refused (the wait did not fit in the wait timeout), canceled (the client went away) or denied (for another cause)."},
 		[]string{"resource", "status"})
+	m.sliceAdmitted = prometheus.NewCounter(prometheus.CounterOpts{Name: "governor_proxy_rate_slice_admitted_total",
+		Help: "Work charging a rated resource admitted from the sidecar's slice of the rate, with no call to governord."})
 	m.pacingWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "governor_proxy_pacing_wait_seconds",
 		Help:    "How long paced work waited for a rate to have room, by resource.",
 		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"resource"})
@@ -79,7 +82,7 @@ func (m *Metrics) paced(resource, status string, waited time.Duration) {
 // read from a at each scrape.
 func (m *Metrics) Register(reg prometheus.Registerer, a *Admitter) error {
 	m.a = a
-	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, m.heldOver, m.pacedTotal, m.pacingWait, delegated{a}} {
+	for _, c := range []prometheus.Collector{m.sessionUp, m.slotGrants, m.topUps, m.notices, m.denials, m.releaseFailures, m.subtasksIdle, m.heldOver, m.pacedTotal, m.pacingWait, m.sliceAdmitted, delegated{a}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -45,13 +45,19 @@ type reservation struct {
 	// buckets), so until then each request charges it at governord, and
 	// the next top-up after it asks again (the rate may be gone).
 	ratedUntil time.Time
+	// slice is governord's slice of the rate that binds the resource,
+	// while it is held (slice.go): units are spent as its bucket allows.
+	slice *localSlice
 }
 
 // errRated: see take.
 var errRated = errors.New("budget: a rate binds the resource; it is charged per request")
 
-// ratedLocked says whether the resource is charged per request now.
-func (q *reservation) ratedLocked(now time.Time) bool { return now.Before(q.ratedUntil) }
+// ratedLocked says whether the resource is charged per request now: a
+// rate binds it and no slice of the rate lives.
+func (q *reservation) ratedLocked(now time.Time) bool {
+	return now.Before(q.ratedUntil) || (q.slice != nil && !q.slice.lives(now))
+}
 
 // errShortTopUp: see take.
 var errShortTopUp = errors.New("budget: a top-up came back short of the charge")
@@ -72,11 +78,17 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 	var needed int64
 	for {
 		q.mu.Lock()
-		if q.ratedLocked(time.Now()) {
+		now := time.Now()
+		if q.ratedLocked(now) {
+			q.refillLocked() // a slice past its term is asked for again
 			q.mu.Unlock()
 			return errRated
 		}
 		if q.unspent >= amount {
+			if q.slice != nil && !q.sliceTakeLocked(amount, now) {
+				q.mu.Unlock()
+				return errRated // charged at governord, from what the slices leave
+			}
 			q.unspent -= amount
 			q.held += amount
 			q.lastUse = time.Now()
@@ -128,11 +140,15 @@ func (q *reservation) take(ctx context.Context, amount int64) error {
 // refillLocked tops the reservation up in the background once less than
 // half of its last grant is left, so that requests rarely wait for a top-up
 // and a short governord outage finds units in hand.
+//
+// A slice of a rate is renewed the same way, past half its term.
 func (q *reservation) refillLocked() {
-	if q.topUp != nil || q.lastGrant == 0 || q.unspent >= q.lastGrant/2 || q.ratedLocked(time.Now()) {
+	now := time.Now()
+	renew := q.renewDueLocked(now)
+	if !renew && (q.topUp != nil || q.lastGrant == 0 || q.unspent >= q.lastGrant/2 || q.ratedLocked(now)) {
 		return
 	}
-	want := min(2*q.lastGrant, q.n.s.a.cfg.MaxReservation)
+	want := min(2*max(q.lastGrant, 1), q.n.s.a.cfg.MaxReservation)
 	f := &flight{done: make(chan struct{}), epoch: q.n.ts.begin()}
 	q.topUp = f
 	spent := q.spent
@@ -154,7 +170,8 @@ func (q *reservation) unspentNow() (units int64, moving bool) {
 func (q *reservation) tryTake(amount int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.unspent < amount || q.ratedLocked(time.Now()) {
+	now := time.Now()
+	if q.unspent < amount || q.ratedLocked(now) || (q.slice != nil && !q.sliceTakeLocked(amount, now)) {
 		return false
 	}
 	q.unspent -= amount
@@ -186,6 +203,7 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 		q.mu.Unlock()
 	}
 	var r governor.Reservation
+	sent := time.Now() // a slice's term counts from here
 	if err == nil {
 		r, err = q.n.t.Reserve(ctx, q.resource, 0, 0, want)
 	}
@@ -203,9 +221,15 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 		return
 	}
 	q.lastSettle = time.Now()
-	if r.Rated {
+	outcome := "granted"
+	switch {
+	case r.Rated && (r.Slice == nil || r.Granted == 0):
+		// No slice, or one not renewed under contention: per request.
 		q.learnRated(f)
 		return
+	case r.Slice != nil:
+		q.learnSlice(r.Slice, sent)
+		outcome = "slice"
 	}
 	if q.n.ts.learn(f.epoch, r.ReadOnly) { // before any unit can be taken
 		q.unspent += r.Granted
@@ -216,30 +240,31 @@ func (q *reservation) grow(f *flight, spent, want int64) {
 		q.n.s.a.bg.Spawn(func() { // q.mu is held
 			ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
 			defer cancel()
-			q.finishSettle(ctx, 0, r.Granted)
+			q.finishSettle(ctx, settlement{ret: r.Granted})
 		})
 	}
 	q.lastGrant = r.Granted
 	f.granted = r.Granted
-	q.n.s.a.m.topUps.WithLabelValues("quota", "granted").Inc()
+	q.n.s.a.m.topUps.WithLabelValues("quota", outcome).Inc()
 }
 
-// learnRated acts on governord's answer that a rate binds the resource:
-// nothing was reserved, requests charge it at governord until the recheck
-// is due, and units still unspent from before the rate go back, so that
-// none is spent here past the rate. q.mu is held.
+// learnRated acts on governord's answer that a rate binds the resource
+// and no slice of it is granted or renewed: nothing was reserved, requests
+// charge it at governord until the recheck is due, and units still unspent
+// from before go back, with the slice if one is held, so that none is
+// spent here past the rate. q.mu is held.
 func (q *reservation) learnRated(f *flight) {
 	q.ratedUntil = time.Now().Add(q.n.s.a.cfg.RatedRecheck)
 	q.lastGrant, f.granted, f.rated = 0, 0, true
 	q.n.s.a.m.topUps.WithLabelValues("quota", "rated").Inc()
-	spent, ret, ok := q.startSettle(true)
+	st, ok := q.startSettle(true)
 	if !ok {
 		return
 	}
 	q.n.s.a.bg.Spawn(func() { // q.mu is held
 		ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
 		defer cancel()
-		q.finishSettle(ctx, spent, ret)
+		q.finishSettle(ctx, st)
 	})
 }
 
@@ -266,7 +291,7 @@ func (q *reservation) untake(amount int64) {
 		q.n.s.a.bg.Spawn(func() { // q.mu is held
 			ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
 			defer cancel()
-			q.finishSettle(ctx, 0, owed)
+			q.finishSettle(ctx, settlement{ret: owed})
 		})
 	}
 }
@@ -299,10 +324,10 @@ func (q *reservation) spendUpTo(ctx context.Context, amount int64) {
 }
 
 // settle reports the spent units, and with all gives back the unspent ones
-// too, in the background.
+// too, and the slice of a rate if one is held, in the background.
 func (q *reservation) settle(all bool) {
 	q.mu.Lock()
-	spent, ret, ok := q.startSettle(all)
+	st, ok := q.startSettle(all)
 	q.mu.Unlock()
 	if !ok {
 		return
@@ -310,46 +335,67 @@ func (q *reservation) settle(all bool) {
 	q.n.s.a.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(q.n.s.life, callTimeout)
 		defer cancel()
-		q.finishSettle(ctx, spent, ret)
+		q.finishSettle(ctx, st)
 	})
 }
 
 // settleNow is settle, waiting for the answer (shutdown).
 func (q *reservation) settleNow(ctx context.Context, all bool) {
 	q.mu.Lock()
-	spent, ret, ok := q.startSettle(all)
+	st, ok := q.startSettle(all)
 	q.mu.Unlock()
 	if ok {
-		q.finishSettle(ctx, spent, ret)
+		q.finishSettle(ctx, st)
 	}
 }
 
-func (q *reservation) startSettle(all bool) (spent, ret int64, ok bool) {
-	spent = q.spent
+// settlement is one call's report: units spent, units given back, and
+// whether the slice of a rate goes back with them.
+type settlement struct {
+	spent, ret int64
+	endSlice   bool
+}
+
+// startSettle takes what a settlement reports out of the reservation; with
+// all, the unspent units and the slice too, which admits nothing more.
+// q.mu is held.
+func (q *reservation) startSettle(all bool) (settlement, bool) {
+	st := settlement{spent: q.spent}
 	if all {
-		ret = q.unspent
+		st.ret = q.unspent
+		st.endSlice = q.slice != nil
+		q.slice = nil
 	}
-	if spent == 0 && ret == 0 {
-		return 0, 0, false
+	if st.spent == 0 && st.ret == 0 && !st.endSlice {
+		return st, false
 	}
-	q.spent -= spent
-	q.unspent -= ret
-	q.settling += spent
-	q.returning += ret
-	return spent, ret, true
+	q.spent -= st.spent
+	q.unspent -= st.ret
+	q.settling += st.spent
+	q.returning += st.ret
+	return st, true
 }
 
-func (q *reservation) finishSettle(ctx context.Context, spent, ret int64) {
-	_, err := q.n.t.Reserve(ctx, q.resource, spent, ret, 0)
+func (q *reservation) finishSettle(ctx context.Context, st settlement) {
+	var err error
+	if st.endSlice {
+		_, err = q.n.t.EndSlice(ctx, q.resource, st.spent, st.ret)
+		if err == nil {
+			q.n.s.a.m.topUps.WithLabelValues("quota", "slice_returned").Inc()
+		}
+	} else {
+		_, err = q.n.t.Reserve(ctx, q.resource, st.spent, st.ret, 0)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.settling -= spent
-	q.returning -= ret
+	q.settling -= st.spent
+	q.returning -= st.ret
 	if err != nil {
 		// Kept for the next settlement. A session that ends first has all
-		// of it counted as spent by governord.
-		q.spent += spent
-		q.unspent += ret
+		// of it counted as spent by governord. A slice not given back ends
+		// at its term.
+		q.spent += st.spent
+		q.unspent += st.ret
 		q.n.s.a.log.Debug("governor-proxy: settling a reservation failed", "resource", q.resource, "err", err)
 		return
 	}
@@ -360,7 +406,7 @@ func (q *reservation) finishSettle(ctx context.Context, spent, ret int64) {
 // has been unspent and unasked for for the linger.
 func (q *reservation) tick(now time.Time, linger, settleEvery time.Duration) {
 	q.mu.Lock()
-	idle := q.unspent > 0 && q.held == 0 && q.topUp == nil && now.Sub(q.lastUse) >= linger
+	idle := (q.unspent > 0 || q.slice != nil) && q.held == 0 && q.topUp == nil && now.Sub(q.lastUse) >= linger
 	due := q.spent > 0 && now.Sub(q.lastSettle) >= settleEvery
 	q.mu.Unlock()
 	if idle || due {

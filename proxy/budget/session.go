@@ -260,7 +260,8 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			// it: the request is charged there, with its slot, as with
 			// delegation off, and the rate decides it exactly.
 			n.untake(resources[:i], r.Charges)
-			return n.admitDirect(ctx, r)
+			t, err := n.admitDirect(ctx, r)
+			return t, n.sliceRetry(err, r.Charges)
 		}
 		if err != nil {
 			n.untake(resources[:i], r.Charges)
