@@ -134,14 +134,14 @@ func compileTraffic(r *rule, fr *fileRule) error {
 }
 
 func (b *Bytes) String() string {
-	dir := "request and response bodies"
+	dir := "request and response bodies (a tunnel's both ways"
 	switch {
 	case !b.Response:
-		dir = "request bodies"
+		dir = "request bodies (what a tunnel's client sends"
 	case !b.Request:
-		dir = "response bodies"
+		dir = "response bodies (what a tunnel's upstream sends"
 	}
-	return fmt.Sprintf("charge the bytes of %s (a tunnel's bytes, when not intercepted) to %s, %d at a time", dir, b.Resource, b.Chunk)
+	return fmt.Sprintf("charge the bytes of %s, when not intercepted) to %s, up to %d a charge as they stream", dir, b.Resource, b.Chunk)
 }
 
 func (r *Result) String() string {

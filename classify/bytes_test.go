@@ -39,7 +39,7 @@ rules:
 			t.Errorf("%s: bytes %+v, want %+v", host, b, want)
 		}
 	}
-	if s := http("a.test").String(); !strings.Contains(s, "charge the bytes of response bodies (a tunnel's bytes, when not intercepted) to egress_bytes, 65536 at a time") {
+	if s := http("a.test").String(); !strings.Contains(s, "charge the bytes of response bodies (what a tunnel's upstream sends, when not intercepted) to egress_bytes, up to 65536 a charge as they stream") {
 		t.Errorf("String: %s", s)
 	}
 	d, ok := rs.MatchSQL(SQLStatement{Kinds: []string{KindSelect}})
