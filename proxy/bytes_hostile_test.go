@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/governor-project/governor/governor/engine"
 )
 
 // bytesProxy is an in-process governord and sidecar whose task has a bytes
@@ -129,5 +132,37 @@ func TestBytesTunnelCutAtQuota(t *testing.T) {
 	p.settle()
 	if used := a.node("payments", "pod-7").GetUsed()["egress_bytes"]; used > mib {
 		t.Errorf("governord counts %d bytes under a quota of %d", used, mib)
+	}
+}
+
+// TestBytesChunkOverTheBurstShrinks: a rule whose chunk (4 MiB) no bucket
+// of the rate can ever hold (a burst of 64 KiB) is not refused: the chunk
+// shrinks until it fits, and a download of unknown length goes through at
+// the rate (4 MiB/s: 2 MiB in about half a second, the burst at once).
+func TestBytesChunkOverTheBurstShrinks(t *testing.T) {
+	g := startGovernord(t, func(c *serverConfig) {
+		c.Tenants[0].Rates = map[string]engine.Rate{"egress_bytes": {Units: 4 * mib, Per: int64(time.Second), Burst: 64 << 10}}
+	})
+	srv := origin(t, download{size: 2 * mib, streamed: true}, false, false)
+	p := startProxy(t, proxyOpts{gaddr: g.Addr(), yaml: `
+rules:
+  - {name: bytes, match: {host: origin.test}, bytes: {resource: egress_bytes, count: response, chunk: 4194304}}
+`})
+	began := time.Now()
+	resp, err := p.client("", nil).Get(hostURL(srv, "origin.test") + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	took := time.Since(began)
+	if err != nil || n != 2*mib || resp.StatusCode != 200 {
+		t.Fatalf("status %d, %d bytes, err %v; want 200 and all 2 MiB", resp.StatusCode, n, err)
+	}
+	if took < 400*time.Millisecond || took > 5*time.Second {
+		t.Errorf("2 MiB at 4 MiB/s (burst 64 KiB) took %v, want about 0.5 s", took)
+	}
+	if c := p.metric(`governor_proxy_bytes_cut_total{cause="bad-request",resource="egress_bytes",rule="bytes"}`); c != 0 {
+		t.Errorf("%v cuts for a chunk over the burst", c)
 	}
 }

@@ -2,12 +2,17 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -204,5 +209,30 @@ func TestBytesStreamCutAtQuota(t *testing.T) {
 	a := newAdmin(t, g.addr)
 	if used := a.node("payments", "pod-cut").GetUsed()["egress_bytes"]; used > mib {
 		t.Errorf("governord counts %d bytes under a quota of %d", used, mib)
+	}
+}
+
+// TestBadBytesKeysExitTwo: the real governor-proxy given a bytes: or
+// result: key it cannot use exits 2 naming the key, before it listens.
+func TestBadBytesKeysExitTwo(t *testing.T) {
+	bin := buildSidecar(t)
+	for _, tc := range []struct{ rule, key string }{
+		{"{name: dl, bytes: {resource: egress_bytes, count: sideways}}", "rules[0].bytes.count"},
+		{"{name: dl, bytes: {resource: egress_bytes, chunk: 9223372036854775807}}", "rules[0].bytes.chunk"},
+		{"{name: dl, bytes: {resource: egress_bytes, chunk: many}}", "rules[0].bytes.chunk"},
+		{"{name: q, match: {sql: select}, result: {rows: r, bytes: r}}", "rules[0].result"},
+	} {
+		path := filepath.Join(t.TempDir(), "proxy.yaml")
+		must(t, os.WriteFile(path, []byte("governor: {api_key: k-0123456789abcdef}\ntask: {name: pod-7}\nrules:\n  - "+tc.rule+"\n"), 0o600))
+		var stderr bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // one that starts runs until killed
+		cmd := exec.CommandContext(ctx, bin, "-config", path)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "config: "+tc.key) {
+			t.Errorf("%s: got %v, want exit 2 naming %s\n%s", tc.rule, err, tc.key, stderr.String())
+		}
 	}
 }
