@@ -50,6 +50,8 @@ type fileRule struct {
 	Read             *bool              `yaml:"read"`
 	Mode             *string            `yaml:"mode"`
 	OnRate           *string            `yaml:"on_rate"`
+	Bytes            *fileBytes         `yaml:"bytes"`
+	Result           *fileResult        `yaml:"result"`
 }
 
 type fileMatch struct {
@@ -330,10 +332,12 @@ func compileRule(fr *fileRule) (rule, error) {
 		}
 		r.decision.Meter = m
 	}
-	if fr.Match == nil {
-		return r, nil // no match: matches everything, like match: {}
+	if fr.Match != nil { // no match: matches everything, like match: {}
+		if err := compileMatch(&r, fr.Match); err != nil {
+			return r, err
+		}
 	}
-	return r, compileMatch(&r, fr.Match)
+	return r, compileTraffic(&r, fr)
 }
 
 // compileCharges checks and copies the rule's fixed charges.

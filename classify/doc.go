@@ -35,6 +35,13 @@
 // header (HeaderCharge.Amount): a decimal integer >= 0. A missing header or
 // any other value charges nothing; the proxy counts and logs it.
 //
+// bytes: (HTTP rules; Bytes) charges the bytes of request bodies, response
+// bodies or both (count: request, response, both) to a resource, chunk
+// bytes at most per charge as they stream; result: (SQL rules; Result)
+// charges the rows a statement returns to one resource and their bytes to
+// another. Each is refused on a rule of the other kind, and bytes on a
+// rule that meters.
+//
 // # HTTP fields
 //
 //   - host: a name or a glob, e.g. "*.openai.com". Case-insensitive; the

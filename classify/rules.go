@@ -33,6 +33,12 @@ type Decision struct {
 	ChargeFromHeader *HeaderCharge
 	// Meter, when not nil, meters the call's LLM tokens (see Meter).
 	Meter *Meter
+	// Bytes, when not nil, charges the bytes an HTTP request, its
+	// response or a tunnel carries (see Bytes).
+	Bytes *Bytes
+	// Result, when not nil, charges the rows a SQL statement returns, or
+	// their bytes (see Result).
+	Result *Result
 	// Read marks what the rule matches as reads, whatever the HTTP method,
 	// so that a read-only tenant does not refuse it (a search by POST).
 	Read bool
@@ -130,6 +136,12 @@ func (d Decision) String() string {
 	}
 	if m := d.Meter; m != nil {
 		b.WriteString("; " + m.String())
+	}
+	if by := d.Bytes; by != nil {
+		b.WriteString("; " + by.String())
+	}
+	if r := d.Result; r != nil {
+		b.WriteString("; " + r.String())
 	}
 	return b.String()
 }

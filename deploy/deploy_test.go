@@ -382,17 +382,18 @@ var designLabels = []string{"tenant", "class", "resource", "rule", "status"}
 // configuration-bound values (never a task, a lease or a URL). They are
 // listed so that a new one fails this test and gets decided on purpose.
 var otherLabels = map[string]string{
-	"method":  "gRPC method (governor_calls_total)",
-	"code":    "gRPC status code (governor_calls_total)",
-	"kind":    "event, notice, top-up or failure kind",
-	"why":     "why a grant was given back; why admission refused a call (busy, api_rate)",
-	"lane":    "admission's lane of a call: work or control (governor_call_seconds)",
-	"outcome": "outcome of a request, reload or charge",
-	"cause":   "the Governor-Denied cause",
-	"state":   "in_use/idle slots, unspent/unsettled units, event seq, a tenant's overage state",
-	"mode":    "a cap's enforcement mode: soft or warn_only (governor_cap_warnings_total)",
-	"how":     "block or lease grant",
-	"reason":  "why an intercepted TLS handshake ended as it did (a fixed set: ok, client_refused_certificate, ...)",
+	"method":    "gRPC method (governor_calls_total)",
+	"code":      "gRPC status code (governor_calls_total)",
+	"kind":      "event, notice, top-up or failure kind",
+	"why":       "why a grant was given back; why admission refused a call (busy, api_rate)",
+	"lane":      "admission's lane of a call: work or control (governor_call_seconds)",
+	"outcome":   "outcome of a request, reload or charge",
+	"cause":     "the Governor-Denied cause",
+	"state":     "in_use/idle slots, unspent/unsettled units, event seq, a tenant's overage state",
+	"mode":      "a cap's enforcement mode: soft or warn_only (governor_cap_warnings_total)",
+	"how":       "block or lease grant",
+	"reason":    "why an intercepted TLS handshake ended as it did (a fixed set: ok, client_refused_certificate, ...)",
+	"direction": "which way a bytes rule's bytes went: request or response (governor_proxy_bytes_total)",
 }
 
 // Labels that would make the number of series follow the work.

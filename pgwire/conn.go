@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -68,6 +69,13 @@ type conn struct {
 	serverDone bool          // serverLoop has returned
 
 	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
+
+	// resultsOn: a message of this connection has had its result charged
+	// (result.go), so DataRows are counted; nextResult is the charge of
+	// the message just admitted, the client goroutine's own until the
+	// machine takes it.
+	resultsOn  atomic.Bool
+	nextResult *resultCharge
 
 	// The client goroutine's own state.
 	rulesSeen   *classify.Rules   // the rules connRule was decided under
@@ -453,6 +461,10 @@ func (c *conn) serverLoop() error {
 			continue
 		case MsgParameterStatus, MsgParseComplete, MsgCloseComplete, MsgCommandComplete:
 			c.peekServer(t, n)
+		case MsgDataRow:
+			if c.resultsOn.Load() {
+				c.countRow(n)
+			}
 		}
 		if err := c.streamServer(&hdr, n); err != nil {
 			return err
@@ -481,6 +493,8 @@ func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
 		switch a.kind {
 		case actEnd:
 			endTickets(a)
+		case actSettle:
+			c.settleResults(a.results)
 		case actClient:
 			err = c.writeClient(a.data, false)
 		case actForward:
@@ -535,6 +549,10 @@ func (c *conn) endTx() {
 	acts := c.m.ended()
 	c.mu.Unlock()
 	for _, a := range acts {
+		if a.kind == actSettle {
+			c.settleResults(a.results)
+			continue
+		}
 		endTickets(a)
 	}
 }
@@ -623,6 +641,7 @@ func (c *conn) apply(acts []action, t MsgType, n int, read bool) error {
 			var buf [2]heldTicket
 			deny, grants := c.admit(a.ask, buf[:0])
 			c.mu.Lock()
+			c.m.nextResult, c.nextResult = c.nextResult, nil
 			next := c.m.answered(deny, grants)
 			c.mu.Unlock()
 			return c.apply(next, t, n, read)

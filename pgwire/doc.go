@@ -52,6 +52,9 @@
 //     connection's prepared statements and portals (followed by the
 //     machine), and the lexing settings the server reports; the shell's
 //     waits for the server to settle them.
+//   - result.go: what statements of rules with result: return, counted
+//     from the server's DataRows (the machine attaches each charge to the
+//     ReadyForQuery its message is owed) and charged as it streams.
 //   - notice.go: the NOTICE a transaction near or over a cap gets
 //     (cap_notices), and the dry runs of rules in shadow mode.
 //   - admit.go: the one rendering of a denial as a SQLSTATE.

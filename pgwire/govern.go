@@ -108,12 +108,18 @@ type plan struct {
 	charges  map[string]int64
 	owned    bool // charges is the plan's own (a sum), not a rule's
 	chargeBy classify.Decision
+	// result is the first rule of the message whose statements' results
+	// are charged (result.go).
+	result classify.Decision
 	// Room for the common case, so that planning allocates nothing.
 	heldBuf  [4]string
 	classBuf [2]ask
 }
 
 func (p *plan) add(d classify.Decision, count int) {
+	if d.Result != nil && p.result.Result == nil {
+		p.result = d
+	}
 	if d.Class != "" && p.readRule.Rule == "" && slices.Contains(p.readHeld, d.Class) {
 		p.readRule = d
 	}
@@ -149,14 +155,20 @@ func (p *plan) add(d classify.Decision, count int) {
 // slot is.
 func (p *plan) asks() []ask {
 	slices.SortFunc(p.classes, func(a, b ask) int { return strings.Compare(a.req.Class, b.req.Class) })
-	if p.charges == nil {
-		return p.classes
+	asks := p.classes
+	switch {
+	case p.charges == nil:
+	case len(asks) == 0:
+		asks = append(asks, ask{req: admission.Request{Charges: p.charges, DenyRate: p.chargeBy.DenyRate}, d: p.chargeBy})
+	default:
+		asks[len(asks)-1].req.Charges, asks[len(asks)-1].req.DenyRate = p.charges, p.chargeBy.DenyRate
 	}
-	if len(p.classes) == 0 {
-		return []ask{{req: admission.Request{Charges: p.charges, DenyRate: p.chargeBy.DenyRate}, d: p.chargeBy}}
+	if r := p.result.Result; r != nil {
+		// First: what it holds is given back whole if a later ask is
+		// refused (obtain), where a charge taken could not be.
+		asks = slices.Insert(asks, 0, ask{req: admission.Request{Charges: resultHold(r), Held: true}, d: p.result})
 	}
-	p.classes[len(p.classes)-1].req.Charges, p.classes[len(p.classes)-1].req.DenyRate = p.charges, p.chargeBy.DenyRate
-	return p.classes
+	return asks
 }
 
 // admit asks the Admitter about the statements of a message about to be
@@ -235,6 +247,9 @@ func (c *conn) obtain(asks []ask, grants []heldTicket) ([]byte, []heldTicket) {
 		t, waited, den := c.admitOne(&w, a)
 		if den != nil {
 			for _, g := range gs {
+				if s, ok := g.t.(admission.Settler); ok && g.req.Held {
+					s.Settle(map[string]int64{}) // nothing was used: what it held goes back
+				}
 				if g.t != nil {
 					g.t.End(0, false) // the message never ran
 				}
@@ -245,6 +260,11 @@ func (c *conn) obtain(asks []ask, grants []heldTicket) ([]byte, []heldTicket) {
 	}
 	now := time.Now()
 	for _, g := range gs {
+		if s, ok := g.t.(admission.Settler); ok && g.req.Held {
+			c.resultsOn.Store(true)
+			c.nextResult = &resultCharge{rule: g.d.Rule, res: g.d.Result, subtask: g.req.Subtask, t: s}
+			continue
+		}
 		if g.t != nil {
 			grants = append(grants, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
 		}

@@ -42,6 +42,7 @@ const (
 	actClient                 // send data to the client, in the message's place
 	actAsk                    // ask admission about the message (ask); feed the answer to answered
 	actEnd                    // end the transaction's leases (end, overloaded)
+	actSettle                 // charge and settle what messages' results owe (results, result.go)
 )
 
 // action is one thing the shell does. The slice of actions, data and ask
@@ -52,6 +53,7 @@ type action struct {
 	ask        admitReq
 	end        []heldTicket
 	overloaded bool
+	results    []*resultCharge
 }
 
 // admitReq is what a message asks admission about: its class, the
@@ -89,6 +91,7 @@ type clientMsg struct {
 type pending struct {
 	deny           []byte
 	parses, closes uint64
+	results        []*resultCharge // what the message's statements return is charged to (result.go)
 }
 
 // The messages the proxy sends the server in place of a denied one.
@@ -113,6 +116,12 @@ type machine struct {
 
 	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
 	overloaded bool         // the server reported overload during them
+
+	// Results charged (result.go): nextResult is the charge of the message
+	// being admitted, set by the shell before answered; batchResults those
+	// of the Executes sent since the last Sync.
+	nextResult   *resultCharge
+	batchResults []*resultCharge
 
 	// What the statements run (statements.go).
 	lex     sqlclass.Settings // how the server lexes text, from ParameterStatus
@@ -191,8 +200,8 @@ func (m *machine) ask(msg clientMsg) []action {
 // answered takes admission's answer to the message held: the leases it
 // granted (all it asked for), or the ErrorResponse of its denial.
 func (m *machine) answered(deny []byte, grants []heldTicket) []action {
-	h := m.held
-	m.held, m.asking = clientMsg{}, false
+	h, rc := m.held, m.nextResult
+	m.held, m.asking, m.nextResult = clientMsg{}, false, nil
 	m.cacts = m.cacts[:0]
 	if deny == nil {
 		for _, g := range grants {
@@ -204,8 +213,14 @@ func (m *machine) answered(deny []byte, grants []heldTicket) []action {
 		m.commitChanges(h.changes)
 		if h.t == MsgExecute {
 			m.batchRan = true
+			if rc != nil {
+				m.batchResults = append(m.batchResults, rc)
+			}
 		} else {
 			m.expect(nil)
+			if rc != nil {
+				m.queue[len(m.queue)-1].results = []*resultCharge{rc}
+			}
 		}
 		return m.cact(action{kind: actForward})
 	}
@@ -238,6 +253,9 @@ func (m *machine) server(t MsgType, body []byte) []action {
 			p := m.queue[0]
 			m.queue = m.queue[:copy(m.queue, m.queue[1:])]
 			m.noteAnswered(p)
+			if len(p.results) > 0 {
+				m.sacts = append(m.sacts, action{kind: actSettle, results: p.results})
+			}
 		}
 		m.detach(false)
 	case MsgErrorResponse:
@@ -277,8 +295,36 @@ func (m *machine) serverError(body []byte) []byte {
 // whatever the transaction's state.
 func (m *machine) ended() []action {
 	m.sacts = m.sacts[:0]
+	results := m.batchResults
+	for _, p := range m.queue {
+		results = append(results, p.results...)
+	}
+	if len(results) > 0 {
+		m.sacts = append(m.sacts, action{kind: actSettle, results: results})
+	}
+	for i := range m.queue {
+		m.queue[i].results = nil
+	}
+	m.batchResults = nil
 	m.detach(true)
 	return m.sacts
+}
+
+// dataRow counts a DataRow of n bytes to the result of the message the
+// server is answering, if it is charged: the oldest owed a ReadyForQuery,
+// or, with none owed, the first Execute of the batch not yet synced. It
+// returns that result when a chunk of it is due to be charged.
+func (m *machine) dataRow(n int) *resultCharge {
+	var rcs []*resultCharge
+	if len(m.queue) > 0 {
+		rcs = m.queue[0].results
+	} else {
+		rcs = m.batchResults
+	}
+	if len(rcs) == 0 || !rcs[0].counted(n) {
+		return nil
+	}
+	return rcs[0]
 }
 
 // detach ends the transaction's leases when the connection is idle (or,
@@ -295,7 +341,8 @@ func (m *machine) detach(dropped bool) {
 // to be sent (a Query, FunctionCall or Sync). It is recorded before the
 // message goes out, so the answer cannot overtake it.
 func (m *machine) expect(deny []byte) {
-	m.queue = append(m.queue, pending{deny: deny, parses: m.names.parses, closes: m.names.closes})
+	m.queue = append(m.queue, pending{deny: deny, parses: m.names.parses, closes: m.names.closes, results: m.batchResults})
+	m.batchResults = nil
 	m.batches++
 	m.inBatch, m.batchRan = false, false
 }

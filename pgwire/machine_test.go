@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/governor-project/governor/classify"
 	"github.com/governor-project/governor/classify/sqlclass"
 )
 
@@ -29,8 +30,10 @@ import (
 //	state               the machine's state
 //
 // Inputs: client <Message> [args], server <Message> [args],
-// admission granted [class...], admission denied <SQLSTATE> "<message>",
-// backend gone. Strings are Go-quoted.
+// admission granted [class...] [+result], admission denied <SQLSTATE>
+// "<message>", backend gone. Strings are Go-quoted. +result grants the
+// message a result charge (result.go) of a rule "r" counting rows to rows
+// and bytes to bytes; a server DataRow is counted as 10 bytes.
 //
 // go test ./pgwire -run TestMachineTraces -rewrite regenerates the
 // expected output.
@@ -195,12 +198,19 @@ func (r *traceRunner) step(line string) ([]action, error) {
 		if err != nil {
 			return nil, err
 		}
+		if t == MsgDataRow {
+			r.m.dataRow(10)
+		}
 		return r.m.server(t, body), nil
 	case "admission":
 		switch {
 		case args[1] == "granted":
 			var grants []heldTicket
 			for _, class := range args[2:] {
+				if class == "+result" {
+					r.m.nextResult = &resultCharge{rule: "r", res: &classify.Result{Rows: "rows", Bytes: "bytes"}}
+					continue
+				}
 				grants = append(grants, heldTicket{class: class, t: traceTicket{}, since: time.Time{}})
 			}
 			return r.m.answered(nil, grants), nil
@@ -348,6 +358,12 @@ func describeAction(a action) string {
 		return "to client: " + describeMsgs(a.data, true)
 	case actAsk:
 		return "ask admission: " + describeRun(a.ask)
+	case actSettle:
+		var rs []string
+		for _, rc := range a.results {
+			rs = append(rs, fmt.Sprintf("%s rows=%d bytes=%d", rc.rule, rc.rows, rc.bytes))
+		}
+		return "settle results: " + strings.Join(rs, ", ")
 	case actEnd:
 		var classes []string
 		for _, h := range a.end {

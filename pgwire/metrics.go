@@ -19,6 +19,9 @@ type Metrics struct {
 	// shadow counts statements of rules in dry run that governord would
 	// have refused, by rule and cause (notice.go).
 	shadow *prometheus.CounterVec
+	// resultRows and resultBytes: what statements of result rules
+	// returned, as charged (result.go).
+	resultRows, resultBytes *prometheus.CounterVec
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -35,6 +38,10 @@ func NewMetrics() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}, []string{"class"})
 	m.shadow = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_shadow_denials_total",
 		Help: "pgwire statements of rules in dry run (mode: shadow) that governord would have refused, by rule and cause; they ran all the same."}, []string{"rule", "cause"})
+	m.resultRows = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_result_rows_total",
+		Help: "Rows (DataRow messages) statements of rules with result: returned, charged to result.rows, by rule: asked as far as the caps allow."}, []string{"rule"})
+	m.resultBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_pgwire_result_bytes_total",
+		Help: "Bytes of the DataRow messages statements of rules with result: returned, charged to result.bytes, by rule: asked as far as the caps allow."}, []string{"rule"})
 	for _, cause := range admission.DeniedLabels() {
 		m.denials.WithLabelValues(cause)
 	}
@@ -43,7 +50,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.transactions, m.charges, m.denials, m.wait, m.shadow} {
+	for _, c := range []prometheus.Collector{m.transactions, m.charges, m.denials, m.wait, m.shadow, m.resultRows, m.resultBytes} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -97,4 +104,14 @@ func (m *Metrics) denied(rule, class string, cause admission.Cause, waited time.
 		return
 	}
 	m.charges.WithLabelValues(rule, "denied").Inc()
+}
+
+// result counts rows and bytes of results asked to be charged.
+func (m *Metrics) result(rule string, rows, bytes int64) {
+	if rows > 0 {
+		m.resultRows.WithLabelValues(rule).Add(float64(rows))
+	}
+	if bytes > 0 {
+		m.resultBytes.WithLabelValues(rule).Add(float64(bytes))
+	}
 }

@@ -49,6 +49,7 @@ const (
 	MsgParameterDescriptor MsgType = 't'
 	MsgParseComplete       MsgType = '1'
 	MsgCloseComplete       MsgType = '3'
+	MsgDataRow             MsgType = 'D'
 )
 
 // Codes in the first four bytes of a startup-phase packet, after its length.

@@ -311,6 +311,8 @@ func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxyconfig.Con
 	}
 	charges := chargeList(d.Charges)
 	switch {
+	case d.Class == "" && len(d.Charges) == 0 && d.Bytes != nil:
+		fmt.Fprintln(w, "  before forwarding: no lease and no charge per request")
 	case d.Class == "" && len(d.Charges) == 0:
 		fmt.Fprintln(w, "  forwarded without asking governord: the rule takes no lease and charges nothing")
 	case d.Class == "":
@@ -321,6 +323,7 @@ func describe(w io.Writer, d classify.Decision, tunnel bool, cfg proxyconfig.Con
 		fmt.Fprintf(w, "  before forwarding, in one call: charge %s and take a lease of class %s (waiting up to %v while the limit is full); held %s\n",
 			charges, d.Class, cfg.HTTP.WaitTimeout, holds)
 	}
+	describeBytes(w, d, tunnel)
 	if hc := d.ChargeFromHeader; hc != nil {
 		if tunnel {
 			fmt.Fprintf(w, "  charge_from_header (%s from %s) never applies to a tunnel: the proxy cannot see its responses\n", hc.Resource, hc.Header)
@@ -490,6 +493,8 @@ func explainStatement(w io.Writer, cfg proxyconfig.Config, how string, st classi
 	}
 	fmt.Fprintf(w, "decision: %s\n", d)
 	switch {
+	case d.Class == "" && len(d.Charges) == 0 && d.Result != nil:
+		fmt.Fprintln(w, "  before it runs: hold 1 of each result resource (refused with 53400 while a quota of them is spent)")
 	case d.Class == "" && len(d.Charges) == 0:
 		fmt.Fprintln(w, "  run without asking governord")
 	case d.Class == "":
@@ -504,4 +509,22 @@ func orNone(s string) string {
 		return "nothing"
 	}
 	return s
+}
+
+// describeBytes says how a bytes rule charges what the request carries.
+func describeBytes(w io.Writer, d classify.Decision, tunnel bool) {
+	b := d.Bytes
+	if b == nil {
+		return
+	}
+	if tunnel {
+		fmt.Fprintf(w, "  the tunnel's bytes are charged to %s as they pass (a chunk of up to %d at a time; a rate slows the copy, a spent quota cuts the tunnel)\n", b.Resource, b.Chunk)
+		return
+	}
+	if b.Request {
+		fmt.Fprintf(w, "  the request body is charged to %s: a known Content-Length whole, with the admission (a quota too small refuses it, 429); any other as it streams\n", b.Resource)
+	}
+	if b.Response {
+		fmt.Fprintf(w, "  the response body is charged to %s: a known Content-Length whole before it is passed on; any other as it streams, cut where the quota ends\n", b.Resource)
+	}
 }

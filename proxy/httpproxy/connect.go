@@ -182,6 +182,7 @@ func (p *Proxy) dialConnect(req *http.Request, network, addr string) (net.Conn, 
 	p.finish(ex, outcomeForwarded)
 	client, _ := req.Context().Value(clientConnKey{}).(net.Conn)
 	t := &tunnelConn{Conn: conn, client: client, idle: p.Config.TunnelIdleTimeout, ex: ex}
+	p.tunnelBytes(t)
 	t.touch()
 	t.track(&p.tunnels)
 	t.watch()
@@ -230,6 +231,10 @@ type tunnelConn struct {
 	idle   time.Duration
 	ex     *exchange    // holds the tunnel's ticket
 	last   atomic.Int64 // UnixNano of the last byte either way
+	// down and up charge the bytes of a bytes rule (bytes.go); nil
+	// without one. stopBytes ends their waits.
+	down, up  *byteMeter
+	stopBytes func()
 
 	mu      sync.Mutex
 	closed  bool
@@ -244,6 +249,9 @@ func (t *tunnelConn) idleFor() time.Duration {
 }
 
 func (t *tunnelConn) Read(b []byte) (int, error) {
+	if t.down != nil {
+		return t.readMetered(b)
+	}
 	n, err := t.Conn.Read(b)
 	if n > 0 {
 		t.touch()
@@ -252,6 +260,9 @@ func (t *tunnelConn) Read(b []byte) (int, error) {
 }
 
 func (t *tunnelConn) Write(b []byte) (int, error) {
+	if t.up != nil {
+		return t.writeMetered(b)
+	}
 	n, err := t.Conn.Write(b)
 	if n > 0 {
 		t.touch()
@@ -334,6 +345,9 @@ func (t *tunnelConn) Close() error {
 	}
 	if t.client != nil {
 		t.client.Close()
+	}
+	if t.stopBytes != nil {
+		t.stopBytes()
 	}
 	t.ex.end(0, false) // a tunnel's lifetime says nothing about the upstream's latency
 	if untrack != nil {

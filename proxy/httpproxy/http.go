@@ -35,6 +35,10 @@ type exchange struct {
 	local    bool             // the response is the proxy's own: keep its Governor-Denied
 	meter    *metered         // a metered LLM call; nil otherwise
 	shadowed bool             // its rule is in dry run: nothing is charged, before or after
+	// A bytes rule's charges (bytes.go): the request body's length charged
+	// with the admission, and the bodies charged as they stream.
+	upfront             int64
+	reqBytes, respBytes *byteMeter
 }
 
 // governed reports whether a rule admitted the exchange: a slot held or
@@ -77,7 +81,7 @@ func (p *Proxy) decide(ctx context.Context, r *http.Request, q classify.HTTPRequ
 		return nil
 	}
 	ex.decision, ex.rule = d, d.Rule
-	admits := d.Class != "" || len(d.Charges) > 0 || d.Meter != nil
+	admits := d.Class != "" || len(d.Charges) > 0 || d.Meter != nil || d.Bytes != nil
 	if !admits && d.ChargeFromHeader == nil {
 		p.logDecision(ex, q, "ungoverned", 0)
 		return nil
@@ -141,6 +145,12 @@ func (p *Proxy) admit(ctx context.Context, r *http.Request, q classify.HTTPReque
 			req = mt.request(ex.subtask, d, req.Write)
 		}
 	}
+	if n, err := upfrontBytes(r, d); err != nil {
+		p.deny(ex, q, err.(*admission.Denial), 0)
+		return err
+	} else if n > 0 {
+		req.Charges, ex.upfront = withBytes(d.Charges, d.Bytes.Resource, n), n
+	}
 	if f, ok := p.Admitter.(admission.Fast); ok {
 		if t, ok := f.TryAdmit(req); ok {
 			p.m.leaseWait.WithLabelValues(d.Class).Observe(0)
@@ -154,6 +164,12 @@ func (p *Proxy) admit(ctx context.Context, r *http.Request, q classify.HTTPReque
 	defer cancel()
 	began := time.Now()
 	t, err := p.Admitter.Admit(wctx, req)
+	if err != nil && ex.upfront > 0 && chargedAsItStreams(admission.Deny(wctx, err, d.Class, wait), d.Bytes.Resource) {
+		// A rate has no room for the whole body at once: it is charged,
+		// and paced, as it streams.
+		req.Charges, ex.upfront = d.Charges, 0
+		t, err = p.Admitter.Admit(wctx, req)
+	}
 	waited := time.Since(began)
 	p.m.leaseWait.WithLabelValues(d.Class).Observe(waited.Seconds())
 	if err != nil {
@@ -230,6 +246,9 @@ func (p *Proxy) onRequest(r *http.Request, pctx *goproxy.ProxyCtx) (*http.Reques
 	}
 	// It was for this proxy (goproxy strips it too, unless told to keep it).
 	r.Header.Del("Proxy-Authorization")
+	if b := ex.decision.Bytes; b != nil && b.Request && !ex.shadowed {
+		p.requestBytes(r, ex)
+	}
 	return r, nil
 }
 
@@ -266,9 +285,18 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	if err != nil {
 		p.settle(ex, meter.Usage{}, false)
 		ex.end(0, false)
+		if den := ex.cutDenial(); den != nil { // the request's body was cut: say why
+			return p.bytesDenied(req, ex, den), nil
+		}
 		return nil, err
 	}
 	latency := time.Since(start)
+	if b := ex.decision.Bytes; b != nil && b.Response && !ex.shadowed && resp.StatusCode != http.StatusSwitchingProtocols && bodyAllowed(req, resp) {
+		if den := p.responseBytes(req, ex, resp); den != nil {
+			ex.end(latency, false)
+			return p.bytesDenied(req, ex, den), nil
+		}
+	}
 	p.m.upstream.WithLabelValues(ex.rule).Observe(latency.Seconds())
 	p.finish(ex, outcomeForwarded)
 	// Only the proxy says Governor-Denied, Governor-Warning and
@@ -395,6 +423,13 @@ func (b *leaseBody) Read(p []byte) (int, error) {
 			b.resp.Trailer.Del(HeaderDenied)
 		}
 		b.done()
+		var cut *errBytesCut
+		if errors.As(err, &cut) {
+			// A bytes rule cut the body. goproxy reads it in the handler,
+			// and would end a chunked body as if it were complete: abort
+			// the response instead (the connection, or the HTTP/2 stream).
+			panic(http.ErrAbortHandler)
+		}
 	}
 	return n, err
 }

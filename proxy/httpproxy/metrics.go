@@ -46,6 +46,9 @@ type Metrics struct {
 	// terminates (intercept.go).
 	interceptHandshakes *prometheus.CounterVec
 	intercepted         prometheus.Gauge
+	// bytes and bytesCut: bytes rules (bytes.go).
+	bytes    *prometheus.CounterVec
+	bytesCut *prometheus.CounterVec
 }
 
 // NewMetrics returns the series, not yet registered.
@@ -88,6 +91,10 @@ func NewMetrics() *Metrics {
 	}
 	m.intercepted = prometheus.NewGauge(prometheus.GaugeOpts{Name: "governor_proxy_intercepted_connections",
 		Help: "Intercepted CONNECT tunnels open now, each served as a decrypted HTTP/1.1 or HTTP/2 connection."})
+	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_bytes_total",
+		Help: "Bytes charged by bytes rules, by rule, resource and direction (request: request bodies and what a tunnel's client sends; response: response bodies and what a tunnel's upstream sends). A body of unknown length is charged a chunk ahead of what passes."}, []string{"rule", "resource", "direction"})
+	m.bytesCut = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "governor_proxy_bytes_cut_total",
+		Help: "Transfers a bytes rule stopped midway because a chunk of their bytes was refused, by rule, resource and cause (quota, unavailable, task-ended, ...)."}, []string{"rule", "resource", "cause"})
 	for _, cause := range admission.DeniedLabels() {
 		m.denials.WithLabelValues(cause)
 	}
@@ -98,7 +105,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the series with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.meterOver, m.meterOverTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted} {
+	for _, c := range []prometheus.Collector{m.requests, m.denials, m.leaseWait, m.upstream, m.headerCharges, m.meterSettlements, m.meterTokens, m.meterOver, m.meterOverTokens, m.tunnels, m.inflight, m.rateLimitErrors, m.shadowRequests, m.shadowDenials, m.interceptHandshakes, m.intercepted, m.bytes, m.bytesCut} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
