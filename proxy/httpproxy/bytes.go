@@ -37,6 +37,14 @@ const (
 // second.
 const rateChunkShare = 10
 
+// rateChunkOfBurst is the most of a rate's burst one chunk takes. While
+// sidecars hold slices of the rate, its bucket at governord holds its
+// burst less what they carved (half of it for the first slice, half of
+// the rest for the next) and each slice's own bucket holds what it
+// carved: a chunk of a quarter of the burst fits in both while up to two
+// slices live, rather than waiting for them to end.
+const rateChunkOfBurst = 4
+
 // byteMeter charges the bytes of one direction of one exchange.
 type byteMeter struct {
 	p         *Proxy
@@ -135,15 +143,16 @@ func (p *Proxy) admitNow(ctx context.Context, req admission.Request) (admission.
 	return p.Admitter.Admit(ctx, req)
 }
 
-// rateChunk is the chunk a rate allows: no more than its bucket holds nor
-// a tenth of a second of it, and at least 1.
+// rateChunk is the chunk a rate allows: no more than a quarter of what
+// its bucket holds (rateChunkOfBurst) nor a tenth of a second of it, and
+// at least 1.
 func rateChunk(chunk int64, r *governor.RateLimitedError) int64 {
 	burst := r.Burst
 	if burst <= 0 {
 		burst = r.Units
 	}
 	if burst > 0 {
-		chunk = min(chunk, burst)
+		chunk = min(chunk, max(1, burst/rateChunkOfBurst))
 	}
 	if r.Units > 0 && r.Per > 0 {
 		perStep := float64(r.Units) * float64(time.Second/rateChunkShare) / float64(r.Per)
