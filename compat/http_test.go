@@ -275,6 +275,7 @@ func (s *httpSetup) runClient(t *testing.T, client string, run func(t *testing.T
 	// A client's error message names ports and hosts: the doc keeps only
 	// what it shows of the denial.
 	if r := cells[cellTunnel]; r.Result == "error" {
+		t.Logf("%s: the denied CONNECT raised: %s", client, r.Detail) // the raw message, for when a row changes
 		r.Detail = tunnelErrorDetail(r.Detail)
 		cells[cellTunnel] = r
 	}
