@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/governor-project/governor/api/governorpb"
@@ -259,5 +260,39 @@ func TestUsageRollupsOutliveAShortRetention(t *testing.T) {
 	})
 	if got, want := perHour(), "2026-05-04T09:00:00Z..10:00:00Z spend tokens=12 lease db=1800s peak db=1"; len(got) != 1 || got[0] != want {
 		t.Errorf("the hour closed: %q, want %q", got, want)
+	}
+}
+
+// A window's ends anywhere a protobuf timestamp reaches (years 1 to 9999)
+// are answered, per unit or not: past what unix nanoseconds hold, an end
+// is taken as the nearest instant they do. A window to 9999 per hour
+// once crashed governord (its nanoseconds wrapped, the bucket count went
+// negative, and no bucket was made).
+func TestUsageWindowsAtTheEndsOfTime(t *testing.T) {
+	srv := start(t, testConfig())
+	pay := session(t, srv.Addr(), "pay-key", 0)
+	year1, year9999 := time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+	now := time.Now()
+	for _, c := range []struct {
+		per      string
+		from, to time.Time
+		ok       bool
+	}{
+		{"", now, year9999, true},
+		{"", year1, now, true},
+		{"", year1, year9999, true},
+		{"hour", now, year9999, false},
+		{"day", now, year9999, false},
+		{"month", year1, year9999, false},
+		{"month", now, year9999, false},
+		{"hour", year9999.Add(-time.Hour), year9999, true}, // both past 2262: the same instant
+	} {
+		_, err := pay.GetUsage(pay.ctx, &governorpb.GetUsageRequest{Per: c.per, From: timestamppb.New(c.from), To: timestamppb.New(c.to)})
+		if c.ok && err != nil && status.Code(err) != codes.InvalidArgument || !c.ok && status.Code(err) != codes.InvalidArgument {
+			t.Errorf("per %q from %v to %v: %v", c.per, c.from, c.to, err)
+		}
+	}
+	if _, err := pay.GetUsage(pay.ctx, &governorpb.GetUsageRequest{}); err != nil {
+		t.Fatalf("governord after the windows: %v", err)
 	}
 }

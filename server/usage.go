@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -213,6 +214,26 @@ func (s *Server) trimUsage(ctx context.Context, before int64) {
 	}
 }
 
+// The instants a usage window may name: unix nanoseconds that an int64
+// holds (1677 to 2262), less an hour at each end so that rounding a
+// window out to whole minutes and buckets does not overflow. A timestamp
+// past them (protobuf's reach from year 1 to 9999) is taken as the
+// nearest.
+var (
+	usageEarliest = time.Unix(0, math.MinInt64).Add(time.Hour)
+	usageLatest   = time.Unix(0, math.MaxInt64).Add(-time.Hour)
+)
+
+func clampUsageTime(t time.Time) time.Time {
+	switch {
+	case t.Before(usageEarliest):
+		return usageEarliest
+	case t.After(usageLatest):
+		return usageLatest
+	}
+	return t
+}
+
 func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) (*governorpb.UsageReport, error) {
 	now := s.cfg.Clock.Now()
 	to, from := now, now.Add(-defaultUsageWindow)
@@ -229,6 +250,7 @@ func (s *Server) GetUsage(ctx context.Context, req *governorpb.GetUsageRequest) 
 		}
 		from = f.AsTime()
 	}
+	from, to = clampUsageTime(from), clampUsageTime(to)
 	if !from.Before(to) {
 		return nil, status.Errorf(codes.InvalidArgument, "from %v is not before to %v", from, to)
 	}
@@ -299,6 +321,9 @@ func (s *Server) usagePer(ctx context.Context, req *governorpb.GetUsageRequest, 
 		return nil, status.Errorf(codes.InvalidArgument, "the window holds more than %d buckets of a %s; ask for a shorter one", maxUsageBuckets, unit)
 	}
 	buckets := usage.Buckets(unit, first, last, s.location())
+	if len(buckets) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "the window from %v to %v holds no %s", from, to, unit)
+	}
 	for i := range buckets {
 		buckets[i].Now = now.UnixNano()
 	}
