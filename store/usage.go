@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"slices"
 )
 
 // This file keeps usage records: small aggregates (per tenant, task, minute,
@@ -200,28 +199,4 @@ func (m *Memory) addUsage(rows []UsageRow) {
 			usage[r.key()] = r
 		}
 	}
-}
-
-// sortUsage orders rows by key, for stable output.
-func sortUsage(rows []UsageRow) {
-	slices.SortFunc(rows, func(a, b UsageRow) int {
-		switch {
-		case a.Tenant != b.Tenant:
-			return int(a.Tenant - b.Tenant)
-		case a.Task != b.Task:
-			return int(a.Task - b.Task)
-		case a.Minute != b.Minute:
-			return int(a.Minute - b.Minute)
-		case a.Kind != b.Kind:
-			if a.Kind < b.Kind {
-				return -1
-			}
-			return 1
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
 }

@@ -33,16 +33,6 @@ func (g *gauge) full(amount int64) bool {
 	return ok && amount > eff-g.spent()-g.r
 }
 
-// room is how much more fits under the cap as enforced (policy.go),
-// counting what is reserved; ok is false when nothing is refused.
-func (g *gauge) room() (n int64, ok bool) {
-	eff, ok := g.enforced()
-	if !ok {
-		return 0, false
-	}
-	return max(eff-g.spent()-g.r, 0), true
-}
-
 // gauges maps a name to its gauge. An entry exists while it is capped or has
 // been used.
 type gauges map[string]*gauge
