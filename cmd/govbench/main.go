@@ -65,15 +65,18 @@ func main() {
 // scenarios are govbench's subcommands; the hidden ones serve the
 // processes the scenarios start (an origin, a bare goproxy).
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
-	"sidecar":       sidecarMain,
-	"fair":          fairMain,
-	"fair-quiet":    fairQuiet,
-	"ha":            haMain,
-	"scaling":       scalingMain,
-	"plot":          plotMain,
-	"serve-origin":  serveOrigin,
-	"serve-goproxy": serveGoproxy,
-	"https-load":    httpsLoad,
+	"sidecar":        sidecarMain,
+	"fair":           fairMain,
+	"fair-quiet":     fairQuiet,
+	"ha":             haMain,
+	"scaling":        scalingMain,
+	"plot":           plotMain,
+	"serve-origin":   serveOrigin,
+	"serve-goproxy":  serveGoproxy,
+	"serve-nethttp":  serveNetHTTP,
+	"serve-fasthttp": serveFastHTTP,
+	"serve-relay":    serveRelay,
+	"https-load":     httpsLoad,
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -339,71 +338,48 @@ func serveUntilKilled(ln net.Listener, h http.Handler, stderr io.Writer) int {
 	return 0
 }
 
-// startPgbouncer starts pgbouncer in session mode in front of the server
-// on pgPort, as the postgres user when this is root (pgbouncer refuses to
-// run as root), and returns its port.
-func startPgbouncer(dir, pgPort string) (*proc, string, error) {
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/pgbouncer"); serr != nil {
-			return nil, "", errors.New("pgbouncer is not installed")
-		}
-		bin = "/usr/sbin/pgbouncer"
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, "", err
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
-	bdir := filepath.Join(dir, "pgbouncer")
-	if err := os.MkdirAll(bdir, 0o777); err != nil {
-		return nil, "", err
-	}
-	os.Chmod(bdir, 0o777)
-	ini := fmt.Sprintf(`[databases]
-governor = host=127.0.0.1 port=%s dbname=governor
+// pgbouncerConfig is pgbouncer in session mode in front of the server on
+// pgPort, trusting the benchmark's user.
+const pgbouncerConfig = `[databases]
+governor = host=127.0.0.1 port=%[1]s dbname=governor
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = %s
+listen_port = %[2]s
 auth_type = trust
-auth_file = %s/users.txt
+auth_file = %[3]s/users.txt
 pool_mode = session
 max_client_conn = 400
 default_pool_size = 200
 unix_socket_dir =
-`, pgPort, port, bdir)
-	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"governor" "governor"` + "\n"} {
-		if err := os.WriteFile(filepath.Join(bdir, name), []byte(text), 0o644); err != nil {
-			return nil, "", err
-		}
-	}
-	cmd := exec.Command(bin, filepath.Join(bdir, "pgbouncer.ini"))
-	if os.Getuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, "", fmt.Errorf("pgbouncer refuses root, and there is no postgres user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	}
-	p, err := start("pgbouncer", cmd)
+`
+
+// startPgbouncer starts pgbouncer in session mode in front of the server
+// on pgPort, as the postgres user when this is root (pgbouncer refuses to
+// run as root), and returns its port.
+func startPgbouncer(dir, pgPort string) (*proc, string, error) {
+	bin, err := lookSbin("pgbouncer")
 	if err != nil {
 		return nil, "", err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			return p, port, nil
+	p, addr, err := startPeer(dir, "pgbouncer", func(bdir, port string) (*exec.Cmd, error) {
+		ini := fmt.Sprintf(pgbouncerConfig, pgPort, port, bdir)
+		for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"governor" "governor"` + "\n"} {
+			if err := os.WriteFile(filepath.Join(bdir, name), []byte(text), 0o644); err != nil {
+				return nil, err
+			}
 		}
-		if time.Now().After(deadline) {
-			p.stop()
-			return nil, "", fmt.Errorf("pgbouncer never listened:\n%s", lastLines(p.logText(), 10))
+		cmd := exec.Command(bin, filepath.Join(bdir, "pgbouncer.ini"))
+		if os.Getuid() == 0 {
+			if err := asUser(cmd, "postgres"); err != nil {
+				return nil, fmt.Errorf("pgbouncer refuses root, and there is no postgres user: %w", err)
+			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		return cmd, nil
+	})
+	if err != nil {
+		return nil, "", err
 	}
+	return p, portOf(addr), nil
 }
 
 // dieWithUs has the kernel kill the process when govbench dies, however it

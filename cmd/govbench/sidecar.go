@@ -41,18 +41,17 @@ type sample struct {
 }
 
 type sidecarBench struct {
-	stdout      io.Writer
-	seconds     int
-	dir         string
-	governord   string
-	proxy       string
-	pgPort      string
-	samples     []sample
-	stops       []func()
-	stopOnce    sync.Once
-	originAddr  string
-	goproxyAddr string
-	goproxyCPU  func() time.Duration
+	stdout     io.Writer
+	seconds    int
+	dir        string
+	governord  string
+	proxy      string
+	pgPort     string
+	samples    []sample
+	stops      []func()
+	stopOnce   sync.Once
+	originAddr string
+	httpPeers  map[string]*peer // ungoverned HTTP targets by name (sidecarpeers.go)
 	// The interception runs (intercept.go).
 	withHTTPS       bool
 	caCert, caKey   string
@@ -73,6 +72,7 @@ type pgTarget struct {
 	name string
 	port string
 	cpu  func() time.Duration // the middle tier's; nil for direct
+	pid  int                  // the middle tier's, to profile; 0 for direct
 }
 
 func sidecarMain(args []string, stdout, stderr io.Writer) int {
@@ -86,10 +86,14 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	noPG := fs.Bool("no-pg", false, "skip the PostgreSQL runs")
 	noHTTP := fs.Bool("no-http", false, "skip the HTTP runs")
 	noHTTPS := fs.Bool("no-https", false, "skip the intercepted HTTPS runs")
+	profileDir := fs.String("profile", "", "after the runs, write a CPU profile (perf) of each -profile-targets target into this folder")
+	profileTargets := fs.String("profile-targets", "http:fasthttp,http:squid,http:gov-memory,pg:relay-gnet,pg:pgbouncer,pg:gov-memory",
+		"the targets -profile profiles: http:NAME under wrk with 1 connection, pg:NAME under pgbench -S with 8 clients")
 	if fs.Parse(args) != nil {
 		return 2
 	}
-	b := &sidecarBench{stdout: stdout, seconds: *seconds, httpTargets: map[string]*daemon{}, withHTTPS: !*noHTTP && !*noHTTPS}
+	b := &sidecarBench{stdout: stdout, seconds: *seconds, httpTargets: map[string]*daemon{}, httpPeers: map[string]*peer{},
+		withHTTPS: !*noHTTP && !*noHTTPS}
 	defer b.stop()
 	// An interrupt stops the run cleanly: the daemons and the temporary
 	// folder go with it.
@@ -105,6 +109,9 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	err := b.run(*rounds, ints(*pgClients), ints(*httpClients), strings.Split(*stores, ","), !*noPG, !*noHTTP)
 	if err == nil && *out != "" {
 		err = b.write(*out)
+	}
+	if err == nil && *profileDir != "" {
+		err = b.profileAll(*profileDir, strings.Split(*profileTargets, ","))
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "govbench sidecar:", err)
@@ -237,8 +244,9 @@ func (b *sidecarBench) setup(stores []string, pg, web bool) error {
 // later stops f's process when the runs end.
 func (b *sidecarBench) later(f func()) { b.stops = append(b.stops, f) }
 
-// startOrigins starts the HTTP origin, bare goproxy in front of it, and a
-// slow origin for the contended runs.
+// startOrigins starts the HTTP origin, the ungoverned proxies in front of
+// it (bare goproxy, the floors, the peers), and a slow origin for the
+// contended runs.
 func (b *sidecarBench) startOrigins() error {
 	o, addr, err := startSelf("serve-origin")
 	if err != nil {
@@ -246,12 +254,9 @@ func (b *sidecarBench) startOrigins() error {
 	}
 	b.later(o.stop)
 	b.originAddr = addr
-	g, addr, err := startSelf("serve-goproxy")
-	if err != nil {
+	if err := b.startHTTPPeers(); err != nil {
 		return err
 	}
-	b.later(g.stop)
-	b.goproxyAddr, b.goproxyCPU = addr, g.cpu
 	slow, addr, err := startSelf("serve-origin", "-delay", "5ms")
 	if err != nil {
 		return err
@@ -308,7 +313,7 @@ func (b *sidecarBench) startPGTargets(stores []string, memory *daemon, pgwire st
 		b.printf("govbench: no pgbouncer target: %v\n", err)
 	} else {
 		b.later(bp.stop)
-		b.pgTargets = append(b.pgTargets, pgTarget{name: "pgbouncer", port: port, cpu: bp.cpu})
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "pgbouncer", port: port, cpu: bp.cpu, pid: bp.cmd.Process.Pid})
 	}
 	if memory != nil {
 		// Passing through: the same sidecar, whose rules match no SQL.
@@ -318,11 +323,14 @@ func (b *sidecarBench) startPGTargets(stores []string, memory *daemon, pgwire st
 			return err
 		}
 		b.later(s.stop)
-		b.pgTargets = append(b.pgTargets, pgTarget{name: "passthrough", port: portOf(s.pg), cpu: s.cpu})
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "passthrough", port: portOf(s.pg), cpu: s.cpu, pid: s.cmd.Process.Pid})
+	}
+	if err := b.startRelayFloors(); err != nil {
+		return err
 	}
 	for _, store := range stores {
 		s := b.httpTargets["gov-"+store]
-		b.pgTargets = append(b.pgTargets, pgTarget{name: "gov-" + store, port: portOf(s.pg), cpu: s.cpu})
+		b.pgTargets = append(b.pgTargets, pgTarget{name: "gov-" + store, port: portOf(s.pg), cpu: s.cpu, pid: s.cmd.Process.Pid})
 	}
 	return nil
 }
@@ -361,7 +369,12 @@ func portOf(addr string) string {
 }
 
 func (b *sidecarBench) httpOrder() []string {
-	names := []string{"direct", "goproxy"}
+	names := []string{"direct"}
+	for _, name := range httpPeerNames {
+		if b.httpPeers[name] != nil {
+			names = append(names, name)
+		}
+	}
 	for _, store := range []string{"memory", "sqlite"} {
 		if b.httpTargets["gov-"+store] != nil {
 			names = append(names, "gov-"+store)
@@ -463,13 +476,13 @@ func (b *sidecarBench) wrkRun(origin, proxy string, clients int) (rps, p50us flo
 }
 
 func (b *sidecarBench) wrk(name string, clients, round int) {
-	proxy := ""
+	proxy := b.httpAddr(name)
 	var cpu func() time.Duration
 	switch {
-	case name == "goproxy":
-		proxy, cpu = b.goproxyAddr, b.goproxyCPU
+	case b.httpPeers[name] != nil:
+		cpu = b.httpPeers[name].cpu
 	case b.httpTargets[name] != nil:
-		proxy, cpu = b.httpTargets[name].addr, b.httpTargets[name].cpu
+		cpu = b.httpTargets[name].cpu
 	}
 	var cpu0 time.Duration
 	if cpu != nil {
@@ -486,6 +499,17 @@ func (b *sidecarBench) wrk(name string, clients, round int) {
 	}
 	b.samples = append(b.samples, s)
 	b.printf("wrk 1 KiB   %-12s c=%-3d round %d: %8.0f req/s  p50 %6.0f µs  %s\n", name, clients, round, rps, p50, cpuNote(s.CPUus, "request"))
+}
+
+// httpAddr is the proxy address of an HTTP target (empty: direct).
+func (b *sidecarBench) httpAddr(name string) string {
+	if p := b.httpPeers[name]; p != nil {
+		return p.addr
+	}
+	if s := b.httpTargets[name]; s != nil {
+		return s.addr
+	}
+	return ""
 }
 
 // pgContended runs pgbench -S with 8 clients through each tenant's sidecar
@@ -617,22 +641,7 @@ func (b *sidecarBench) report(pg, web bool) {
 		fmt.Fprintln(w)
 	}
 	if web {
-		fmt.Fprintln(w, "wrk 1 KiB\tclients\treq/s, median (range)\t/goproxy\tp50 µs\tadded p50 µs\tadded p50 /goproxy's\tmiddle CPU/req µs")
-		for _, c := range b.clientCounts("wrk") {
-			direct := statOf(b.values("wrk", "direct", c, p50)).med
-			goproxyAdded := statOf(b.values("wrk", "goproxy", c, p50)).med - direct
-			for _, name := range b.httpOrder() {
-				added := statOf(b.values("wrk", name, c, p50)).med - direct
-				rel := "-"
-				if name != "direct" && goproxyAdded > 0 {
-					rel = fmt.Sprintf("%.2f", added/goproxyAdded)
-				}
-				fmt.Fprintf(w, "%s\t%d\t%v\t%s\t%v\t%.0f\t%s\t%v\n", name, c, statOf(b.values("wrk", name, c, rate)),
-					b.ratio("wrk", name, "goproxy", c, rate), statOf(b.values("wrk", name, c, p50)), added, rel,
-					statOf(b.values("wrk", name, c, cpu)))
-			}
-		}
-		fmt.Fprintln(w)
+		b.reportWRK(w)
 	}
 	if b.withHTTPS {
 		b.httpsReport(w)
@@ -649,6 +658,30 @@ func (b *sidecarBench) report(pg, web bool) {
 		}
 	}
 	w.Flush()
+}
+
+// reportWRK prints the wrk table: each target's rate and added median
+// latency, against bare goproxy (the library the sidecar is built on) and
+// against Squid (what users run).
+func (b *sidecarBench) reportWRK(w io.Writer) {
+	fmt.Fprintln(w, "wrk 1 KiB\tclients\treq/s, median (range)\t/goproxy\t/squid\tp50 µs\tadded p50 µs\tadded p50 /goproxy's\t/squid's\tmiddle CPU/req µs")
+	for _, c := range b.clientCounts("wrk") {
+		direct := statOf(b.values("wrk", "direct", c, p50)).med
+		added := func(name string) float64 { return statOf(b.values("wrk", name, c, p50)).med - direct }
+		relative := func(name, base string) string {
+			if name == "direct" || len(b.values("wrk", base, c, p50)) == 0 || added(base) <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", added(name)/added(base))
+		}
+		for _, name := range b.httpOrder() {
+			fmt.Fprintf(w, "%s\t%d\t%v\t%s\t%s\t%v\t%.0f\t%s\t%s\t%v\n", name, c, statOf(b.values("wrk", name, c, rate)),
+				b.ratio("wrk", name, "goproxy", c, rate), b.ratio("wrk", name, "squid", c, rate),
+				statOf(b.values("wrk", name, c, p50)), added(name), relative(name, "goproxy"), relative(name, "squid"),
+				statOf(b.values("wrk", name, c, cpu)))
+		}
+	}
+	fmt.Fprintln(w)
 }
 
 func (b *sidecarBench) clientCounts(kind string) []int {
