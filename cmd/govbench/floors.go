@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 
 	"github.com/panjf2000/gnet/v2"
@@ -26,7 +27,8 @@ import (
 //     and io.Copy, the model of pgwire's relay loops;
 //   - serve-relay -core gnet: a TCP relay on one event loop of
 //     github.com/panjf2000/gnet/v2 (epoll, one locked thread), which
-//     handles every ready connection per wake-up, as pgbouncer does.
+//     handles every ready connection per wake-up, as pgbouncer does; with
+//     -procs 1 the Go runtime has one P too, as pgbouncer has one thread.
 
 // serveNetHTTP serves the net/http floor.
 func serveNetHTTP(args []string, stdout, stderr io.Writer) int {
@@ -102,8 +104,12 @@ func serveRelay(args []string, stdout, stderr io.Writer) int {
 	fs := flagSet("serve-relay", stderr)
 	upstream := fs.String("upstream", "", "the address to relay to (host:port)")
 	core := fs.String("core", "copy", "copy (a goroutine per direction) or gnet (one event loop)")
+	procs := fs.Int("procs", 0, "GOMAXPROCS (0: Go's default, one per core)")
 	if fs.Parse(args) != nil {
 		return 2
+	}
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
 	}
 	if *upstream == "" {
 		fmt.Fprintln(stderr, "govbench serve-relay: -upstream is required")

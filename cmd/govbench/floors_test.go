@@ -205,3 +205,28 @@ func startEchoUpstream(t *testing.T) (addr string, closed <-chan struct{}) {
 	}()
 	return ln.Addr().String(), ends
 }
+
+// topLines keeps each perf table's heading and its first rows, so that
+// what -profile prints is the top of every table.
+func TestTopLinesKeepsEachTablesTop(t *testing.T) {
+	report := `# Samples: 10K of event 'cpu-clock'
+#
+# Overhead  Shared Object
+# ........  .............
+#
+    60.00%  [kernel.kallsyms]
+    39.00%  govbench
+     1.00%  libc.so.6
+
+# Overhead  Symbol
+# ........  ......
+    50.00%  [k] pvm_irq_enable
+    10.00%  [.] runtime.futex
+     5.00%  [.] runtime.usleep
+`
+	want := "# Overhead  Shared Object\n    60.00%  [kernel.kallsyms]\n    39.00%  govbench\n" +
+		"# Overhead  Symbol\n    50.00%  [k] pvm_irq_enable\n    10.00%  [.] runtime.futex"
+	if got := topLines(report, 2); got != want {
+		t.Errorf("topLines:\n%s\nwant:\n%s", got, want)
+	}
+}

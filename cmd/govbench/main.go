@@ -1,6 +1,6 @@
 // Command govbench runs Governor's benchmark and failure scenarios against
 // real processes: governord and governor-proxy as an operator runs them,
-// PostgreSQL, pgbouncer, pgbench and wrk.
+// PostgreSQL, pgbouncer, Squid, tinyproxy, pgbench and wrk.
 //
 //	go run ./cmd/govbench [-out docs/bench] [-only NAMES] [-short] [-store memory|sqlite|postgres] [-runs 5] [-seed 1]
 //	go run ./cmd/govbench sidecar [-T 10] [-rounds 3] [-out docs/bench]
@@ -32,13 +32,17 @@
 //     8 and 32 clients against PostgreSQL directly, pgbouncer in session
 //     mode, governor-proxy passing through (no rule matches SQL) and
 //     governor-proxy governing every transaction (governord in memory and
-//     on SQLite); wrk with 1 KiB responses over keep-alive at 1 and 32
-//     clients through bare goproxy and governor-proxy governing every
-//     request; and both contended (two tenants of weights 3 and 1 behind
-//     their own sidecars, a pool smaller than the clients), with each
-//     tenant's share. Runs are interleaved round by round so that the
+//     on SQLite), and the relay floors (floors.go: a goroutine per
+//     direction, one gnet event loop); wrk with 1 KiB responses over
+//     keep-alive at 1 and 32 clients through bare goproxy, the HTTP floors
+//     (net/http's and fasthttp's smallest forward proxies), the peers users
+//     run (Squid and tinyproxy from Debian; peers.go) and governor-proxy
+//     governing every request; and both contended (two tenants of
+//     weights 3 and 1 behind their own sidecars, a pool smaller than the
+//     clients), with each tenant's share. Runs are interleaved round by round so that the
 //     machine's noise falls on every target alike, and reported as the
-//     median and the range of the rounds.
+//     median and the range of the rounds. -profile records CPU profiles
+//     of chosen targets under load with perf (sidecarpeers.go).
 //
 //   - fair: one tenant's flood (64 callers churning tasks) against another
 //     tenant's latency (one caller, in a process of its own) on governord's
@@ -63,7 +67,7 @@ func main() {
 }
 
 // scenarios are govbench's subcommands; the hidden ones serve the
-// processes the scenarios start (an origin, a bare goproxy).
+// processes the scenarios start (an origin, a bare goproxy, the floors).
 var scenarios = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"sidecar":        sidecarMain,
 	"fair":           fairMain,

@@ -87,7 +87,7 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	noHTTP := fs.Bool("no-http", false, "skip the HTTP runs")
 	noHTTPS := fs.Bool("no-https", false, "skip the intercepted HTTPS runs")
 	profileDir := fs.String("profile", "", "after the runs, write a CPU profile (perf) of each -profile-targets target into this folder")
-	profileTargets := fs.String("profile-targets", "http:fasthttp,http:squid,http:gov-memory,pg:relay-gnet,pg:pgbouncer,pg:gov-memory",
+	profileTargets := fs.String("profile-targets", "http:fasthttp,http:squid,http:gov-memory,pg:relay-gnet,pg:relay-gnet-p1,pg:pgbouncer,pg:gov-memory",
 		"the targets -profile profiles: http:NAME under wrk with 1 connection, pg:NAME under pgbench -S with 8 clients")
 	if fs.Parse(args) != nil {
 		return 2

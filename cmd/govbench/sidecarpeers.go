@@ -59,13 +59,15 @@ func (b *sidecarBench) startHTTPPeers() error {
 // startRelayFloors adds the TCP relay floors in front of PostgreSQL to
 // the pgwire targets.
 func (b *sidecarBench) startRelayFloors() error {
-	for _, core := range []string{"copy", "gnet"} {
-		p, addr, err := startSelf("serve-relay", "-core", core, "-upstream", "127.0.0.1:"+b.pgPort)
+	for _, f := range []struct{ name, core, procs string }{
+		{"relay-copy", "copy", "0"}, {"relay-gnet", "gnet", "0"}, {"relay-gnet-p1", "gnet", "1"},
+	} {
+		p, addr, err := startSelf("serve-relay", "-core", f.core, "-procs", f.procs, "-upstream", "127.0.0.1:"+b.pgPort)
 		if err != nil {
-			return fmt.Errorf("start relay-%s: %w", core, err)
+			return fmt.Errorf("start %s: %w", f.name, err)
 		}
 		b.later(p.stop)
-		b.pgTargets = append(b.pgTargets, pgTarget{name: "relay-" + core, port: portOf(addr), cpu: p.cpu, pid: p.cmd.Process.Pid})
+		b.pgTargets = append(b.pgTargets, pgTarget{name: f.name, port: portOf(addr), cpu: p.cpu, pid: p.cmd.Process.Pid})
 	}
 	return nil
 }
