@@ -3,7 +3,7 @@
 # a worker, side by side in one run (pgbench -S against PostgreSQL directly,
 # pgbouncer, the relay floors, the sidecar passing through and governing;
 # wrk against bare goproxy, the HTTP floors, Squid, tinyproxy and the
-# sidecar governing; both contended). It is optional and slow (about 30
+# sidecar governing; both contended). It is optional and slow (about 35
 # minutes with the defaults); ./test.sh does not run it.
 # docs/sidecar-performance.md holds the figures.
 #

@@ -424,7 +424,7 @@ func (b *sidecarBench) pgbench(t pgTarget, clients, round int) {
 	}
 	tps, txs, failed, err := b.pgbenchRun(t.port, clients)
 	if err != nil {
-		b.printf("pgbench -S  %-12s c=%-3d round %d: FAILED: %v\n", t.name, clients, round, err)
+		b.printf("pgbench -S  %-13s c=%-3d round %d: FAILED: %v\n", t.name, clients, round, err)
 		return
 	}
 	s := sample{Kind: "pgbench", Target: t.name, Clients: clients, Round: round, Rate: tps, Failed: failed}
@@ -432,7 +432,7 @@ func (b *sidecarBench) pgbench(t pgTarget, clients, round int) {
 		s.CPUus = float64(t.cpu()-cpu0) / float64(txs) / 1e3
 	}
 	b.samples = append(b.samples, s)
-	b.printf("pgbench -S  %-12s c=%-3d round %d: %8.0f tps  %s\n", t.name, clients, round, tps, cpuNote(s.CPUus, "tx"))
+	b.printf("pgbench -S  %-13s c=%-3d round %d: %8.0f tps  %s\n", t.name, clients, round, tps, cpuNote(s.CPUus, "tx"))
 }
 
 var (
@@ -490,7 +490,7 @@ func (b *sidecarBench) wrk(name string, clients, round int) {
 	}
 	rps, p50, reqs, bad, err := b.wrkRun(b.originAddr, proxy, clients)
 	if err != nil {
-		b.printf("wrk 1 KiB   %-12s c=%-3d round %d: FAILED: %v\n", name, clients, round, err)
+		b.printf("wrk 1 KiB   %-13s c=%-3d round %d: FAILED: %v\n", name, clients, round, err)
 		return
 	}
 	s := sample{Kind: "wrk", Target: name, Clients: clients, Round: round, Rate: rps, P50us: p50, Failed: bad}
@@ -498,7 +498,7 @@ func (b *sidecarBench) wrk(name string, clients, round int) {
 		s.CPUus = float64(cpu()-cpu0) / float64(reqs) / 1e3
 	}
 	b.samples = append(b.samples, s)
-	b.printf("wrk 1 KiB   %-12s c=%-3d round %d: %8.0f req/s  p50 %6.0f µs  %s\n", name, clients, round, rps, p50, cpuNote(s.CPUus, "request"))
+	b.printf("wrk 1 KiB   %-13s c=%-3d round %d: %8.0f req/s  p50 %6.0f µs  %s\n", name, clients, round, rps, p50, cpuNote(s.CPUus, "request"))
 }
 
 // httpAddr is the proxy address of an HTTP target (empty: direct).
