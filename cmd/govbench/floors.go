@@ -108,12 +108,16 @@ func serveRelay(args []string, stdout, stderr io.Writer) int {
 	if fs.Parse(args) != nil {
 		return 2
 	}
-	if *procs > 0 {
-		runtime.GOMAXPROCS(*procs)
-	}
 	if *upstream == "" {
 		fmt.Fprintln(stderr, "govbench serve-relay: -upstream is required")
 		return 2
+	}
+	if *procs < 0 || *procs > maxProcs {
+		fmt.Fprintf(stderr, "govbench serve-relay: -procs %d: want 0 (Go's default) to %d\n", *procs, maxProcs)
+		return 2
+	}
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
 	}
 	relay, err := relayFloor(*core)
 	if err != nil {
@@ -132,6 +136,10 @@ func serveRelay(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// maxProcs bounds -procs: far above any machine this runs on, and below
+// what the runtime would quietly clamp.
+const maxProcs = 1024
 
 // A relayFunc carries one accepted connection to upstream until either
 // end closes.

@@ -230,3 +230,31 @@ func TestTopLinesKeepsEachTablesTop(t *testing.T) {
 		t.Errorf("topLines:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// serve-relay refuses bad flags with status 2 and a message naming the
+// flag, before it changes the runtime or listens.
+func TestServeRelayRefusesBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-procs", "-1"}, "-procs -1"},
+		{[]string{"-procs", "1025"}, "-procs 1025"},
+		{[]string{"-procs", "2147483648"}, "-procs 2147483648"},
+		{[]string{"-procs", "9007199254740992"}, "-procs 9007199254740992"},
+		{[]string{"-procs", "9223372036854775807"}, "-procs 9223372036854775807"},
+		{[]string{"-procs", "9223372036854775808"}, "-procs"},
+		{[]string{"-procs", "one"}, "-procs"},
+		{[]string{"-core", "epoll"}, `-core "epoll"`},
+		{nil, "-upstream is required"},
+	} {
+		args := tc.args
+		if tc.want != "-upstream is required" {
+			args = append([]string{"-upstream", "127.0.0.1:1"}, args...)
+		}
+		var stdout, stderr strings.Builder
+		if code := serveRelay(args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) || stdout.Len() > 0 {
+			t.Errorf("serve-relay %v: status %d, stdout %q, stderr %q; want 2, nothing, and %q", args, code, stdout.String(), stderr.String(), tc.want)
+		}
+	}
+}

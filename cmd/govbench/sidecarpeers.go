@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -131,17 +130,21 @@ func (b *sidecarBench) profile(dir, name string, pid int, load func()) error {
 	data := filepath.Join(dir, name+".perf.data")
 	rec := exec.Command("perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-g", "-p", strconv.Itoa(pid), "-o", data,
 		"--", "sleep", strconv.Itoa(b.seconds))
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		time.Sleep(200 * time.Millisecond) // perf attaches before the load starts; a short load is still inside
-		load()
-	}()
-	out, err := rec.CombinedOutput()
-	wg.Wait()
-	if err != nil {
-		return fmt.Errorf("perf record %s: %v: %s", name, err, lastLines(string(out), 3))
+	var out strings.Builder
+	rec.Stdout, rec.Stderr = &out, &out
+	if err := rec.Start(); err != nil {
+		return fmt.Errorf("perf record %s: %w", name, err)
+	}
+	// perf writes its file's header once it is attached: the load starts
+	// then, so that the profile covers it.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if st, err := os.Stat(data); err == nil && st.Size() > 0 {
+			break
+		}
+	}
+	load()
+	if err := rec.Wait(); err != nil {
+		return fmt.Errorf("perf record %s: %v: %s", name, err, lastLines(out.String(), 3))
 	}
 	var report strings.Builder
 	for _, sortBy := range []string{"dso", "sym"} {
