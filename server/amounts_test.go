@@ -129,3 +129,34 @@ func TestHostileAmountsAreRefusedAtTheEdge(t *testing.T) {
 		}
 	}
 }
+
+// One tenant that charges all an int64 can hold of something nobody caps
+// refuses nothing of another tenant's: the root, which both count on,
+// saturates instead of refusing the other tenant's units as an overflow.
+// At most MaxAmount crosses the API per call, so it takes the hostile
+// tenant 1,024 calls.
+func TestATenantCannotOverflowTheRootForAnother(t *testing.T) {
+	srv := start(t, testConfig())
+	pay := session(t, srv.Addr(), "pay-key", 10*time.Second)
+	recon := session(t, srv.Addr(), "recon-key", 10*time.Second)
+	for left := int64(math.MaxInt64); left > 0; left -= min(left, governorpb.MaxAmount) {
+		if _, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: pay.scope, Resource: "free",
+			Amount: min(left, governorpb.MaxAmount)}); err != nil {
+			t.Fatalf("payments' consume with %d left: %v", left, err)
+		}
+	}
+	_, err := pay.Consume(pay.ctx, &governorpb.ConsumeRequest{NodeId: pay.scope, Resource: "free", Amount: 1})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("payments' own next unit: %v, want INVALID_ARGUMENT (its own counter is full)", err)
+	}
+	if _, err := recon.Consume(recon.ctx, &governorpb.ConsumeRequest{NodeId: recon.scope, Resource: "free", Amount: 3}); err != nil {
+		t.Errorf("reconciliation's consume after payments filled the root: %v", err)
+	}
+	adm := session(t, srv.Addr(), "admin-key", 10*time.Second)
+	if got := adm.node(t, 1).GetUsed()["free"]; got != math.MaxInt64 {
+		t.Errorf("the root counts %d free units, want MaxInt64 (saturated)", got)
+	}
+	if got := adm.node(t, recon.scope).GetUsed()["free"]; got != 3 {
+		t.Errorf("reconciliation counts %d free units, want 3", got)
+	}
+}

@@ -189,7 +189,8 @@ func (r *BlockRequest) fingerprint() uint64 {
 
 // headroom is how many more slots of class fit under every limit on n's
 // chain, at most want. Slots that would take a node's count past MaxInt64
-// (where no limit stops them first) are refused as invalid.
+// (where no limit stops them first) are refused as invalid, except on the
+// root, whose count saturates (node.saturates).
 func (n *node) headroom(class string, want int64) (int64, error) {
 	room, space := want, int64(math.MaxInt64)
 	for a := n; a != nil; a = a.parent {
@@ -197,7 +198,9 @@ func (n *node) headroom(class string, want int64) (int64, error) {
 			if eff, ok := g.enforced(); ok {
 				room = min(room, max(eff-g.n, 0))
 			}
-			space = min(space, math.MaxInt64-g.n)
+			if !a.saturates(g) {
+				space = min(space, math.MaxInt64-g.n)
+			}
 		}
 	}
 	if room > space {
@@ -213,7 +216,7 @@ func (e *Engine) applyBlockResized(ev *Event) error {
 	}
 	l.count += ev.Amount
 	for a := l.node; a != nil; a = a.parent {
-		a.limit.add(l.class, ev.Amount)
+		a.limit.add(l.class, ev.Amount, a.isRoot())
 	}
 	return nil
 }

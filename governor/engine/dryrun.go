@@ -1,6 +1,9 @@
 package engine
 
-import "errors"
+import (
+	"errors"
+	"math"
+)
 
 // DryRun is a request decided as Acquire would decide it at this instant,
 // with nothing charged, held, queued or ended: what a shadow rule of the
@@ -136,6 +139,6 @@ func (n *node) shadowCharge(r string, amount int64) {
 		if a.shadow == nil {
 			a.shadow = make(map[string]int64)
 		}
-		a.shadow[r] += amount
+		a.shadow[r] = clampedAdd(a.shadow[r], amount, math.MaxInt64) // exact below the root: checked
 	}
 }

@@ -23,14 +23,49 @@ type gauge struct {
 }
 
 // full reports whether amount more would go over the cap, counting what is
-// reserved, or past what the counters can hold (MaxInt64), cap or not.
-// A soft cap is full past its burst; a warn_only cap only at MaxInt64.
-func (g *gauge) full(amount int64) bool {
-	if amount > math.MaxInt64-g.n-g.r {
+// reserved, or past what the counters can hold (MaxInt64), cap or not,
+// unless they saturate there (node.saturates). A soft cap is full past its
+// burst; a warn_only cap only where the counters stop.
+func (g *gauge) full(amount int64, saturates bool) bool {
+	if !saturates && amount > math.MaxInt64-g.n-g.r {
 		return true
 	}
 	eff, ok := g.enforced()
 	return ok && amount > eff-g.spent()-g.r
+}
+
+// shift changes what is used and reserved. Below the root a change is
+// exact: the checks before it refuse what a counter could not hold (I24).
+// The root's counters are held to their range instead (root set): used to
+// [0, MaxInt64], then reserved to what used leaves of it. See
+// node.saturates for why, and for when that range is reached.
+func (g *gauge) shift(used, reserved int64, root bool) {
+	if !root {
+		g.n += used
+		g.r += reserved
+		return
+	}
+	g.n = clampedAdd(g.n, used, math.MaxInt64)
+	g.r = clampedAdd(g.r, reserved, math.MaxInt64-g.n)
+}
+
+// counted is what counts against the cap: spent and reserved, with extra
+// (a shadow ledger), held to MaxInt64 (the root's ledger saturates apart
+// from its counters, so the three may pass it together there).
+func (g *gauge) counted(extra int64) int64 {
+	return clampedAdd(g.spent()+g.r, extra, math.MaxInt64)
+}
+
+// clampedAdd is v+d held to [0, hi], for v >= 0 and hi >= 0, without
+// wrapping.
+func clampedAdd(v, d, hi int64) int64 {
+	switch {
+	case d > 0 && v > hi-d:
+		return hi
+	case v+d < 0: // v >= 0, so v+d does not wrap
+		return 0
+	}
+	return min(v+d, hi)
 }
 
 // gauges maps a name to its gauge. An entry exists while it is capped or has
@@ -67,10 +102,11 @@ func (gs *gauges) setCap(k string, v int64) {
 	gs.tidy(k, g)
 }
 
-// add changes what is in use. An entry that drops to zero stays, so a hot
-// class does not allocate on every grant.
-func (gs *gauges) add(k string, d int64) {
-	gs.at(k).n += d
+// add changes what is in use, held to its range at the root (shift). An
+// entry that drops to zero stays, so a hot class does not allocate on
+// every grant.
+func (gs *gauges) add(k string, d int64, root bool) {
+	gs.at(k).shift(d, 0, root)
 }
 
 // capOf returns the cap on k, if there is one.

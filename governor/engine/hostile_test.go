@@ -146,12 +146,19 @@ func TestHostileAmounts(t *testing.T) {
 			_, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: a})
 			return err
 		}, positive(outcomes{0: ok})},
+		{"block's want over its tenant's block of half", func(f *fixture) {
+			f.block(f.sA, f.job2, "db", half, 0)
+		}, func(f *fixture, a int64) error {
+			_, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: a})
+			return err
+		}, positive(outcomes{0: ok, half: ErrInvalid, math.MaxInt64: ErrInvalid})},
+		// The root's count saturates: another tenant's slots refuse nothing.
 		{"block's want over another tenant's block of half", func(f *fixture) {
 			f.block(f.sB, f.otherJob, "db", half, 0)
 		}, func(f *fixture, a int64) error {
 			_, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: a})
 			return err
-		}, positive(outcomes{0: ok, half: ErrInvalid, math.MaxInt64: ErrInvalid})},
+		}, positive(outcomes{0: ok})},
 		{"block's want under a limit", func(f *fixture) {
 			f.setCaps(RootID, CapsEdit{Limits: map[string]int64{"db": 4}})
 		}, func(f *fixture, a int64) error {
@@ -261,14 +268,14 @@ func TestQueuedChargeThatWouldOverflowFails(t *testing.T) {
 	if err != nil || w == nil {
 		t.Fatalf("acquire: %v, queued %v; want it queued", err, w != nil)
 	}
-	f.consume(f.sB, f.otherJob, "tokens", half) // the root's tokens can no longer take half more
+	f.consume(f.sA, f.job2, "tokens", half) // the tenant's tokens can no longer take half more
 	f.release(f.sA, l)
 	o, arrived := outcome(w)
 	if !arrived || !errors.Is(o.Err, ErrInvalid) {
 		t.Fatalf("the queued acquire ended %+v (arrived %v), want ErrInvalid", o, arrived)
 	}
-	if used := f.node(RootID).Used["tokens"]; used != half {
-		t.Errorf("the root used %d tokens, want %d", used, int64(half))
+	if used := f.node(f.acme).Used["tokens"]; used != half {
+		t.Errorf("the tenant used %d tokens, want %d", used, int64(half))
 	}
 }
 
@@ -276,7 +283,7 @@ func TestQueuedChargeThatWouldOverflowFails(t *testing.T) {
 // acquire waits, a block cannot grow, and nothing wraps.
 func TestSlotsAtMaxInt64AreFull(t *testing.T) {
 	f, _ := delegationFixture(t)
-	f.block(f.sB, f.otherJob, "db", math.MaxInt64, 0)
+	f.block(f.sA, f.job2, "db", math.MaxInt64, 0)
 	err := unchanged(t, f.e, func() error {
 		_, err := f.e.Block(f.sA, BlockRequest{Node: f.job, Class: "db", Want: 1})
 		return err
@@ -287,7 +294,7 @@ func TestSlotsAtMaxInt64AreFull(t *testing.T) {
 		t.Fatalf("acquire beside a block of MaxInt64 slots: %v, queued %v; want it queued", err, w != nil)
 	}
 	noOutcome(t, w, "an acquire beside a block of MaxInt64 slots")
-	f.block(f.sB, f.otherJob, "db", 0, 1) // one slot back: the acquire has it
+	f.block(f.sA, f.job2, "db", 0, 1) // one slot back: the acquire has it
 	granted(t, w, "an acquire once a slot came back")
 	if bad := counterErrors(f.e); len(bad) > 0 {
 		t.Error(bad)

@@ -194,7 +194,7 @@ func (e *Engine) applyGrant(ev *Event) error {
 	}
 	e.attach(l)
 	for a := n; a != nil; a = a.parent {
-		a.limit.add(l.class, l.count)
+		a.limit.add(l.class, l.count, a.isRoot())
 	}
 	e.nextLease = l.id + 1
 	return nil
@@ -240,7 +240,7 @@ func (e *Engine) endLease(l *lease, why EndReason, at int64) {
 	// An empty block frees nothing, and must not bring back a class
 	// whose cap was removed while it held no slot (a name, for bounds).
 	for a := l.node; a != nil && l.count != 0; a = a.parent {
-		a.limit.add(l.class, -l.count)
+		a.limit.add(l.class, -l.count, a.isRoot())
 	}
 	e.tombs[l.id] = tombstone{session: l.session.id, node: l.node.id, class: l.class, reason: why, at: at}
 	e.tombOrder = append(e.tombOrder, l.id)

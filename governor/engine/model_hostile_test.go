@@ -2,6 +2,8 @@ package engine
 
 import (
 	"cmp"
+	"maps"
+	"math/big"
 	"math"
 	"slices"
 )
@@ -73,9 +75,13 @@ func (m *model) checkCapsPassed(ev Event, before map[usageKey]int64) {
 
 // quotaOverflows reports whether amount more of r on id would take a
 // counter on its chain past MaxInt64 (I24): used plus reserved, plus the
-// shadow ledger when shadow is set, or the ledger itself.
+// shadow ledger when shadow is set, or the ledger itself. The root's
+// counters saturate where it enforces no cap of r, and refuse nothing.
 func (m *model) quotaOverflows(id NodeID, r string, amount int64, shadow bool) bool {
 	for _, a := range m.chain(id) {
+		if m.rootSaturates(a, false, r) {
+			continue
+		}
 		want := amount
 		if shadow {
 			if m.shadow[a][r] > math.MaxInt64-amount {
@@ -102,10 +108,51 @@ func (m *model) chargesInvalid(id NodeID, charges map[string]int64, shadow bool)
 	return false
 }
 
+// unlessClamped is what a recount of counts on id should find: the
+// recount, except for the root's counts that were ever held to their range,
+// which are then only bounded by it (and checked against the model's own
+// arithmetic instead).
+func (m *model) unlessClamped(id NodeID, what string, engine, recount map[string]int64) map[string]int64 {
+	if id != RootID {
+		return recount
+	}
+	out := maps.Clone(recount)
+	for k, v := range engine {
+		if m.rootClamped[what+"/"+k] && v <= recount[k] {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// upToMax is a+b, for a and b not negative, or MaxInt64 when that is
+// more: what the root's counters and its shadow ledger count together.
+func upToMax(a, b int64) int64 {
+	sum := new(big.Int).Add(big.NewInt(a), big.NewInt(b))
+	if !sum.IsInt64() {
+		return math.MaxInt64
+	}
+	return sum.Int64()
+}
+
+// rootSaturates reports whether a's count of name saturates rather than
+// refusing an amount it cannot hold: the root's, unless a cap enforced on
+// it counts from a period's base (what earlier windows spent).
+func (m *model) rootSaturates(a NodeID, limit bool, name string) bool {
+	if a != RootID {
+		return false
+	}
+	_, enforced := m.refusesAt(a, limit, name)
+	return !enforced || limit || m.used[a][name] == m.spent(a, name)
+}
+
 // slotsOverflow reports whether n more slots of class on id would take a
 // count of slots held on its chain past MaxInt64.
 func (m *model) slotsOverflow(id NodeID, class string, n int64) bool {
 	for _, a := range m.chain(id) {
+		if m.rootSaturates(a, true, class) {
+			continue
+		}
 		if n > math.MaxInt64-m.held[a][class] {
 			return true
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/big"
 	"time"
 )
 
@@ -23,7 +24,11 @@ type model struct {
 	shadow   map[NodeID]map[string]int64 // the shadow ledger (dryrun.go)
 	reserved map[NodeID]map[string]int64
 	held     map[NodeID]map[string]int64
-	leases   map[LeaseID]modelLease
+	// rootClamped names the root's counts ("reserved/tokens") that were
+	// ever held to their range (rootCount): from then on they are no longer
+	// the sum of their sources.
+	rootClamped map[string]bool
+	leases      map[LeaseID]modelLease
 	// reservations are the sessions' unspent reserved units.
 	reservations map[modelRes]int64
 	scope        map[SessionID]NodeID
@@ -72,7 +77,7 @@ func newModel(retention time.Duration) *model {
 		quotas: map[NodeID]map[string]int64{}, limits: map[NodeID]map[string]int64{},
 		defQ: map[NodeID]map[string]int64{}, defL: map[NodeID]map[string]int64{},
 		used: map[NodeID]map[string]int64{}, held: map[NodeID]map[string]int64{}, shadow: map[NodeID]map[string]int64{},
-		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{},
+		reserved: map[NodeID]map[string]int64{}, reservations: map[modelRes]int64{}, rootClamped: map[string]bool{},
 		leases: map[LeaseID]modelLease{}, scope: map[SessionID]NodeID{},
 		endedAt: map[NodeID]int64{}, gone: map[NodeID]map[string]int64{}, retention: retention,
 		modes: map[NodeID]map[modeKey]CapMode{}, overrides: map[NodeID]map[modeKey]modelOverride{},
@@ -143,12 +148,42 @@ func add(m map[NodeID]map[string]int64, id NodeID, key string, v int64) {
 
 // count adds v to what tbl counts of key on id, as add does. The engine's
 // counters are int64 and must never leave [0, MaxInt64] (I24): a count
-// that would is a failure, whatever the engine's own says.
+// that would is a failure, whatever the engine's own says; but the root's
+// are held to their range instead (rootCount).
 func (m *model) count(tbl map[NodeID]map[string]int64, what string, id NodeID, key string, v int64) {
+	if id == RootID {
+		m.rootCount(tbl, what, key, v)
+		return
+	}
 	if cur := tbl[id][key]; (v > 0 && cur > math.MaxInt64-v) || cur+v < 0 {
 		m.failf("I24 counters: event %d takes %s of %s on node %d from %d by %d, out of [0, MaxInt64]", m.seq, what, key, id, cur, v)
 	}
 	add(tbl, id, key, v)
+}
+
+// rootCount is count on the root, whose counters every tenant shares and
+// so saturate rather than refuse (I24): each stops at MaxInt64 and at 0,
+// and what is reserved at what is used leaves of MaxInt64, which a change
+// of what is used lowers it to at once. Worked out in big integers, apart
+// from the engine's arithmetic.
+func (m *model) rootCount(tbl map[NodeID]map[string]int64, what string, key string, v int64) {
+	hi := big.NewInt(math.MaxInt64)
+	if what == "reserved" {
+		hi.Sub(hi, big.NewInt(m.used[RootID][key]))
+	}
+	sum := new(big.Int).Add(big.NewInt(tbl[RootID][key]), big.NewInt(v))
+	if sum.Sign() < 0 {
+		sum.SetInt64(0)
+		m.rootClamped[what+"/"+key] = true
+	}
+	if sum.Cmp(hi) > 0 {
+		sum.Set(hi)
+		m.rootClamped[what+"/"+key] = true
+	}
+	add(tbl, RootID, key, sum.Int64()-tbl[RootID][key])
+	if what == "used" {
+		m.rootCount(m.reserved, "reserved", key, 0)
+	}
 }
 
 // Emit audits one event and applies it to the model, then follows what

@@ -52,8 +52,8 @@ var mutants = []mutant{
 		"\t\te.emit(Event{Kind: EvLeaseReleased, At: e.tick(), Session: l.session.id, Lease: l.id,\n\t\t\tForget: w.requestID, Charges: w.charges, GivenBack: true})\n\t\te.dispatch(l.class)", "\t\t_ = l", `I5 lease .* leaked|cancelled at the instant of its grant kept`},
 	// Delegated budgets: blocks of slots and reservations of quota.
 	{"a block not charged on an ancestor", "block.go",
-		"for a := l.node; a != nil; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount)",
-		"for a := l.node; a == l.node; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount)", `held (recounted )?\(I2\)|I3 limits`},
+		"for a := l.node; a != nil; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount, a.isRoot())",
+		"for a := l.node; a == l.node; a = a.parent {\n\t\ta.limit.add(l.class, ev.Amount, a.isRoot())", `held (recounted )?\(I2\)|I3 limits`},
 	{"a grant beyond the block", "block.go",
 		"if grow, err = n.headroom(r.Class, r.Want); err != nil {", "if grow, err = r.Want, nil; err != nil {", `I3 limits`},
 	{"a block that grows while acquires queue", "block.go",
@@ -61,7 +61,14 @@ var mutants = []mutant{
 	{"a recall that forgets a reservation", "notice.go",
 		"if res.node.within(n) {\n\t\t\t\t\ttell(res.session.id)", "if res.node == n {\n\t\t\t\t\ttell(res.session.id)", `I13 recall`},
 	{"a return that refunds spent units", "reserve.go",
-		"\t\tg.n += ev.Spent\n", "\t\tg.n += ev.Spent - ev.Returned\n", `used \(I2\)`},
+		"shift(ev.Spent, ev.Amount-settled, a.isRoot())", "shift(ev.Spent-ev.Returned, ev.Amount-settled, a.isRoot())", `used \(I2\)`},
+	// The root saturates (I24): one tenant's amounts refuse no other's.
+	{"the root refuses an overflow another tenant caused", "tree.go",
+		"\tif g == nil || g.base == 0 {\n\t\treturn true\n\t}", "\tif g == nil || g.base == 0 {\n\t\treturn false\n\t}", `I24 hostile`},
+	{"the root's counters wrap instead of saturating", "gauge.go",
+		"func (g *gauge) shift(used, reserved int64, root bool) {\n\tif !root {", "func (g *gauge) shift(used, reserved int64, root bool) {\n\tif true {", `I24 counters|I2`},
+	{"a reservation's top-up limited by a saturated root", "reserve.go",
+		"\t\tif !a.saturates(g) {\n\t\t\t// Spent units move", "\t\tif true {\n\t\t\t// Spent units move", `I24 hostile`},
 	{"reserved units not counted against the cap", "gauge.go",
 		"return ok && amount > eff-g.spent()-g.r\n", "return ok && amount > eff-g.spent()\n", `I1 quotas`},
 	{"a denial while reservations could be recalled", "quota.go",
@@ -70,9 +77,10 @@ var mutants = []mutant{
 	{"a shadow request decided without its ledger", "dryrun.go",
 		"dr, n, err := e.dryRun(s, now, r, charges, true)", "dr, n, err := e.dryRun(s, now, r, charges, false)", `I23 shadow`},
 	{"the shadow ledger kept on the node alone", "dryrun.go",
-		"\t\ta.shadow[r] += amount\n", "\t\ta.shadow[r] += amount\n\t\tbreak\n", `shadow ledger \(I23\)|I23 shadow`},
+		"\t\ta.shadow[r] = clampedAdd(a.shadow[r], amount, math.MaxInt64) // exact below the root: checked\n",
+		"\t\ta.shadow[r] = clampedAdd(a.shadow[r], amount, math.MaxInt64)\n\t\tbreak\n", `shadow ledger \(I23\)|I23 shadow`},
 	{"a shadow denial's Used without the ledger", "quota.go",
-		"\t\td.Used += deniedWant - amount\n", "\t\t_ = deniedWant\n", `I23 shadow`},
+		"\t\t\td.Used = clampedAdd(d.Used, denied.shadow[r], math.MaxInt64)\n", "\t\t\t_ = denied\n", `I23 shadow`},
 	// Enforcement modes (policy.go).
 	{"a soft cap refuses one past its burst", "policy.go",
 		"return g.cap + g.burst, true", "return g.cap + g.burst + 1, true", `I[13] (quotas|limits)`},
@@ -105,7 +113,7 @@ var mutants = []mutant{
 	// caught by the randomized checker and its model, not by a unit test.
 	{"a tenant forfeiting a turn to its own full cap keeps what is left of it", "queue.go",
 		"\t\t\tif w := tq.firstFit(class); w != nil {\n\t\t\t\treturn tq, w\n\t\t\t}\n\t\t}\n\t\ttq.deficit = 0\n",
-		"\t\t\tif w := tq.firstFit(class); w != nil {\n\t\t\t\treturn tq, w\n\t\t\t}\n\t\t}\n\t\tif g := tq.tenant.limit[class]; g == nil || !g.full(1) {\n\t\t\ttq.deficit = 0\n\t\t}\n",
+		"\t\t\tif w := tq.firstFit(class); w != nil {\n\t\t\t\treturn tq, w\n\t\t\t}\n\t\t}\n\t\tif g := tq.tenant.limit[class]; g == nil || !g.full(1, false) {\n\t\t\ttq.deficit = 0\n\t\t}\n",
 		`I6 DRR`},
 	{"tombstones kept for 50 seconds, not a minute", "engine.go",
 		"TombstoneTTL = time.Minute", "TombstoneTTL = 50 * time.Second", `answered .*; its tombstone`},
@@ -115,7 +123,7 @@ var mutants = []mutant{
 		"Class: l.class, Granted: l.granted,", "Class: l.class,", `holds other tables than the live engine`},
 	// Issue 25: hostile amounts (I24). Only the new checks catch these.
 	{"an overflowing charge let through", "quota.go",
-		"if g != nil && want > math.MaxInt64-g.n-g.r {", "if false {", `I24 hostile`},
+		"if g != nil && !n.saturates(g) && want > math.MaxInt64-g.n-g.r {", "if false {", `I24 hostile`},
 	{"a give-back that refunds what its caller names", "giveback.go",
 		"\tif !slices.Equal(charges, l.charges) {", "\tif l.charges = charges; !slices.Equal(charges, l.charges) {", `I24 hostile`},
 	// Issue 25, point 11: what no random seed saw before the driver scoped

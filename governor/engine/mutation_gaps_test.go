@@ -1088,3 +1088,39 @@ func TestTidyKeepsWhatWaitsForReclamation(t *testing.T) {
 		t.Fatalf("reclaimed %v after a Tidy and the retention; want the task %d", got, task)
 	}
 }
+
+// Gaps the run of December 5 over period.go found (docs/engine-mutation.md):
+// a period's name in messages, and a new node's default periods checked
+// against the default quotas it will have.
+
+func TestPeriodNames(t *testing.T) {
+	for p, want := range map[Period]string{
+		{Unit: PeriodMonth}:             "month",
+		{Unit: PeriodDay}:               "day",
+		{Every: int64(10 * time.Second)}: "10s",
+		{Every: int64(90 * time.Minute)}: "1h30m0s",
+	} {
+		if got := p.String(); got != want {
+			t.Errorf("%#v is %q, want %q", p, got, want)
+		}
+	}
+}
+
+// A new node's default periods may name the default quotas its own spec
+// sets, or, when it sets none, those it inherits; a default period with
+// no default quota under it is refused.
+func TestNewNodesDefaultPeriodsFollowItsDefaultQuotas(t *testing.T) {
+	f := newFixture(t)
+	hour := map[string]Period{"tokens": {Unit: PeriodHour}}
+	if _, err := f.e.CreateNode(System, f.acme, NodeSpec{Name: "own",
+		DefaultQuotas: map[string]int64{"tokens": 5}, DefaultQuotaPeriods: hour}, ""); err != nil {
+		t.Errorf("default period over the node's own default quota: %v", err)
+	}
+	f.setCaps(f.other, CapsEdit{DefaultQuotas: map[string]int64{"tokens": 7}})
+	if _, err := f.e.CreateNode(System, f.other, NodeSpec{Name: "inherits", DefaultQuotaPeriods: hour}, ""); err != nil {
+		t.Errorf("default period over an inherited default quota: %v", err)
+	}
+	if _, err := f.e.CreateNode(System, f.acme, NodeSpec{Name: "bare", DefaultQuotaPeriods: hour}, ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("default period with no default quota: %v, want invalid", err)
+	}
+}

@@ -209,7 +209,7 @@ type CapStatus struct {
 // counting extra units as used too: a node's shadow ledger, for a shadow
 // rule's requests (ShadowStatus); 0 otherwise.
 func (g *gauge) statusWith(extra int64, near []int) (Overage, int) {
-	used := g.spent() + g.r + extra
+	used := g.counted(extra)
 	threshold := 0
 	for _, t := range near {
 		// used/cap >= t/100, in floats so that no product overflows; a cap
@@ -233,10 +233,10 @@ func (g *gauge) statusWith(extra int64, near []int) (Overage, int) {
 func (e *Engine) capStatus(a *node, limit bool, k string, g *gauge, shadow bool) CapStatus {
 	var extra int64
 	if shadow && !limit {
-		extra = a.shadow[k] // bounded: Shadow refuses a ledger that would overflow
+		extra = a.shadow[k]
 	}
 	st, th := g.statusWith(extra, e.near)
-	used := g.spent() + g.r + extra
+	used := g.counted(extra)
 	return CapStatus{Node: a.id, NodeName: a.name, Limit: limit, Name: k, Mode: g.mode, Cap: g.cap, Burst: g.burst,
 		Used: used, Remaining: max(g.cap-used, 0), State: st, Threshold: th}
 }

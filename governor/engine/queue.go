@@ -48,7 +48,7 @@ type tenantQueue struct {
 // chain.
 func (n *node) fits(class string) bool {
 	for a := n; a != nil; a = a.parent {
-		if g := a.limit[class]; g != nil && g.full(1) {
+		if g := a.limit[class]; g != nil && g.full(1, a.saturates(g)) {
 			return false
 		}
 	}
@@ -113,7 +113,7 @@ func (e *Engine) failWaiter(w *waiter, err error) {
 // everywhere on its chain. It skips the scan when the tenant's own cap is
 // full, since then none of its waiters can fit.
 func (tq *tenantQueue) firstFit(class string) *waiter {
-	if g := tq.tenant.limit[class]; g != nil && g.full(1) {
+	if g := tq.tenant.limit[class]; g != nil && g.full(1, false) { // a tenant is never the root
 		return nil
 	}
 	if w := tq.aged(class); w != nil {

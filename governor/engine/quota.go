@@ -75,25 +75,27 @@ func (n *node) check(r string, amount int64) error {
 // same answer whatever the caps say.
 func (n *node) checkAs(r string, amount int64, shadow bool) error {
 	var denied, blocked *node
-	var deniedLimit, deniedWant int64
+	var deniedLimit int64
 	for a := n; a != nil; a = a.parent {
 		g := a.quota[r]
 		want, err := a.counted(g, r, amount, shadow)
 		if err != nil {
 			return err
 		}
-		if g == nil || denied != nil || !g.full(want) {
+		if g == nil || denied != nil || !g.full(want, a.saturates(g)) {
 			continue
 		}
 		if eff, _ := g.enforced(); want > eff-g.spent() { // full, so enforced
-			denied, deniedLimit, deniedWant = a, eff, want
+			denied, deniedLimit = a, eff
 			continue
 		}
 		blocked = a
 	}
 	if denied != nil {
 		d := denied.denial(r, amount, deniedLimit)
-		d.Used += deniedWant - amount
+		if shadow { // the ledger counts as spent (the root's may pass MaxInt64 with it)
+			d.Used = clampedAdd(d.Used, denied.shadow[r], math.MaxInt64)
+		}
 		return d
 	}
 	if blocked != nil {
@@ -138,17 +140,19 @@ func (n *node) overflows(r string, amount int64, shadow bool) error {
 
 // counted is what amount of r counts for on n, whose gauge of r is g (nil
 // for none): amount, plus n's shadow ledger when shadow is set. It is
-// ErrInvalid when that, or used and reserved with it, would pass MaxInt64.
+// ErrInvalid when that, or used and reserved with it, would pass MaxInt64,
+// except on the root, whose counters saturate (gauge.shift).
 func (n *node) counted(g *gauge, r string, amount int64, shadow bool) (int64, error) {
 	want := amount
 	if shadow {
-		if n.shadow[r] > math.MaxInt64-amount {
+		ledger := n.shadow[r]
+		if ledger > math.MaxInt64-amount && !n.saturates(g) {
 			return 0, invalid("%s on %q would overflow its shadow ledger", r, n.name)
 		}
-		want += n.shadow[r]
+		want = clampedAdd(ledger, amount, math.MaxInt64)
 	}
 	// Used plus reserved never passes MaxInt64, so neither side wraps.
-	if g != nil && want > math.MaxInt64-g.n-g.r {
+	if g != nil && !n.saturates(g) && want > math.MaxInt64-g.n-g.r {
 		return 0, invalid("%s on %q would overflow", r, n.name)
 	}
 	return want, nil

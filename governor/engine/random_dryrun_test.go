@@ -209,13 +209,14 @@ func (m *model) chargeRefusal(id NodeID, r string, amount int64, shadow bool) st
 		if !refuses {
 			continue
 		}
-		want := amount
+		want, ledger := amount, int64(0)
 		if shadow {
-			want += m.shadow[a][r]
+			ledger = m.shadow[a][r]
+			want = upToMax(amount, ledger) // the root's ledger saturates
 		}
 		switch used := m.spent(a, r); {
 		case want > q-used:
-			return fmt.Sprintf("denied %d of %s at n%d (%d of %d)", amount, r, a, used+want-amount, q)
+			return fmt.Sprintf("denied %d of %s at n%d (%d of %d)", amount, r, a, upToMax(used, ledger), q)
 		case want > q-used-m.reserved[a][r]:
 			recall = true
 		}

@@ -127,7 +127,7 @@ func (w *world) reserveInvalid(sid SessionID, req ReserveRequest) bool {
 		return m.quotaOverflows(req.Node, req.Resource, req.Want, false)
 	}
 	for _, a := range m.chain(req.Node) {
-		if m.used[a][req.Resource]+m.reserved[a][req.Resource]-req.Return >= math.MaxInt64 {
+		if !m.rootSaturates(a, false, req.Resource) && m.used[a][req.Resource]+m.reserved[a][req.Resource]-req.Return >= math.MaxInt64 {
 			return true
 		}
 	}

@@ -242,7 +242,7 @@ func (w *world) shadowOp() {
 	switch {
 	case errors.As(dr.Err, &d):
 		q, ok := w.m.refusesAt(d.Node, false, d.Resource)
-		if want := w.m.spent(d.Node, d.Resource) + w.m.shadow[d.Node][d.Resource]; !ok || d.Limit != q || d.Used != want ||
+		if want := upToMax(w.m.spent(d.Node, d.Resource), w.m.shadow[d.Node][d.Resource]); !ok || d.Limit != q || d.Used != want ||
 			d.Amount <= d.Limit-d.Used || !slices.Contains(w.m.chain(r.Node), d.Node) {
 			w.fail("I23 shadow: %s refused by %v; the model has %d spent and in the ledger of %d (enforced %v) there", what, d, want, q, ok)
 		}

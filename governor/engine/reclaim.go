@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -158,7 +159,7 @@ func (e *Engine) applyReclaimed(ev *Event) error {
 				if p.gone == nil {
 					p.gone = make(map[string]int64)
 				}
-				p.gone[r] += g.n
+				p.gone[r] = clampedAdd(p.gone[r], g.n, math.MaxInt64) // exact but on the root (node.saturates)
 			}
 		}
 		e.forget(n)

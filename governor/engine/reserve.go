@@ -251,12 +251,14 @@ func (n *node) reserveRoom(r string, spent, returned int64) (int64, error) {
 		if g == nil {
 			continue
 		}
-		// Spent units move from reserved to used: the sum stays.
-		space := math.MaxInt64 - g.n - g.r + returned
-		if space <= 0 {
-			return 0, invalid("%s on %q is at the largest count it can hold", r, a.name)
+		if !a.saturates(g) {
+			// Spent units move from reserved to used: the sum stays.
+			space := math.MaxInt64 - g.n - g.r + returned
+			if space <= 0 {
+				return 0, invalid("%s on %q is at the largest count it can hold", r, a.name)
+			}
+			room = min(room, space)
 		}
-		room = min(room, space)
 		eff, refuses := g.enforced()
 		if !refuses || denied != nil {
 			continue
@@ -318,9 +320,7 @@ func (e *Engine) applyReserved(ev *Event) error {
 		return fmt.Errorf("%w: session %d settles %d units of %s on node %d, more than it holds", ErrCorrupt, ev.Session, settled, ev.Resource, ev.Node)
 	}
 	for a := n; a != nil; a = a.parent {
-		g := a.quota.at(ev.Resource)
-		g.n += ev.Spent
-		g.r += ev.Amount - settled
+		a.quota.at(ev.Resource).shift(ev.Spent, ev.Amount-settled, a.isRoot())
 	}
 	if ev.Slice == nil {
 		n.takeRate(ev.Resource, ev.Amount, ev.At)
@@ -370,9 +370,7 @@ func (e *Engine) dropReservation(res *reservation) {
 func (e *Engine) spendReservations(s *session) {
 	for _, res := range s.reservations {
 		for a := res.node; a != nil; a = a.parent {
-			g := a.quota.at(res.resource)
-			g.n += res.amount
-			g.r -= res.amount
+			a.quota.at(res.resource).shift(res.amount, -res.amount, a.isRoot())
 		}
 		e.dropReservation(res)
 	}

@@ -298,13 +298,13 @@ func (e *Engine) restoreNode(v NodeView, parent *node) (*node, error) {
 	}
 	n.defRates = maps.Clone(v.DefaultRates)
 	for k, u := range v.Used {
-		n.quota.add(k, u)
+		n.quota.add(k, u, false) // as saved
 	}
 	for k, r := range v.Reserved {
 		n.quota.at(k).r = r
 	}
 	for k, h := range v.Held {
-		n.limit.add(k, h)
+		n.limit.add(k, h, false)
 	}
 	n.defQuotas, n.defLimits = maps.Clone(v.DefaultQuotas), maps.Clone(v.DefaultLimits)
 	if err := e.restorePeriods(n, v.Periods); err != nil {

@@ -272,8 +272,35 @@ func (n *node) within(scope *node) bool {
 // it fits; this is the one place usage grows.
 func (n *node) charge(r string, amount int64) {
 	for a := n; a != nil; a = a.parent {
-		a.quota.at(r).n += amount
+		a.quota.at(r).shift(amount, 0, a.isRoot())
 	}
+}
+
+func (n *node) isRoot() bool { return n.parent == nil }
+
+// saturates reports whether n's counter g (nil for none yet) saturates at
+// MaxInt64 rather than refusing an amount it cannot hold. Only the root's
+// do: every tenant's work counts on the root, so a root that refused an
+// amount for overflow would let one tenant, by charging 2^63-1 units of
+// something nobody caps, refuse every other tenant's work. Below the root
+// a tenant's own amounts refuse only its own work.
+//
+// An enforced cap is at most MaxInt64 and refuses before its counter could
+// pass it, so under one the root saturates only a count that saturated
+// before the cap was set, which the cap then finds full. The exception is
+// the base of a period's past windows, which used carries on top of what
+// the window spent: a used that overflowed there would hide spending from
+// the cap, so a capped root with a base refuses the overflow instead. A
+// tenant cannot hasten that: each window admits at most the cap.
+func (n *node) saturates(g *gauge) bool {
+	if !n.isRoot() {
+		return false
+	}
+	if g == nil || g.base == 0 {
+		return true
+	}
+	_, enforced := g.enforced()
+	return !enforced
 }
 
 func (gs *gauges) setCaps(m map[string]int64) {
