@@ -3,8 +3,8 @@ package engine
 import (
 	"cmp"
 	"maps"
-	"math/big"
 	"math"
+	"math/big"
 	"slices"
 )
 

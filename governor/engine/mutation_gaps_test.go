@@ -1095,8 +1095,8 @@ func TestTidyKeepsWhatWaitsForReclamation(t *testing.T) {
 
 func TestPeriodNames(t *testing.T) {
 	for p, want := range map[Period]string{
-		{Unit: PeriodMonth}:             "month",
-		{Unit: PeriodDay}:               "day",
+		{Unit: PeriodMonth}:              "month",
+		{Unit: PeriodDay}:                "day",
 		{Every: int64(10 * time.Second)}: "10s",
 		{Every: int64(90 * time.Minute)}: "1h30m0s",
 	} {
