@@ -65,8 +65,6 @@ type conn struct {
 	clientDone bool          // clientLoop has returned
 	serverDone bool          // serverLoop has returned
 
-	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
-
 	// resultsOn: a message of this connection has had its result charged
 	// (result.go), so DataRows are counted.
 	resultsOn atomic.Bool
@@ -426,9 +424,6 @@ func (c *conn) serverLoop() error {
 func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
 	if t == MsgReadyForQuery && len(body) != 1 {
 		return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
-	}
-	if t == MsgErrorResponse {
-		c.srvFatal = fatal(body)
 	}
 	c.mu.Lock()
 	acts := c.m.server(t, body)

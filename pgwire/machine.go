@@ -179,6 +179,11 @@ type machine struct {
 	discarding  bool   // after a denial in the extended protocol, until Sync
 	pendingDeny []byte // that denial, for the Sync's ReadyForQuery
 
+	// saidFatal: the server's last ErrorResponse was FATAL or PANIC, so
+	// that the client needs no FATAL of the proxy's when the server's
+	// side ends (lifecycle.go).
+	saidFatal bool
+
 	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
 	overloaded bool         // the server reported overload during them
 
@@ -399,6 +404,7 @@ func (m *machine) serve(t MsgType, body []byte) {
 		}
 		m.detach(false)
 	case MsgErrorResponse:
+		m.saidFatal = fatal(body)
 		if d := m.serverError(body); d != nil {
 			m.sact(action{kind: actClient, data: d})
 			return

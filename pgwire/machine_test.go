@@ -621,6 +621,9 @@ func (r *traceRunner) state() string {
 	if m.waiting {
 		s += "; waiting for the server"
 	}
+	if m.saidFatal {
+		s += "; the server said FATAL"
+	}
 	s += "; statements [" + describeNames(m.names.stmts) + "]"
 	s += "; portals [" + describeNames(m.names.portals) + "]"
 	if len(m.names.undo) > 0 {

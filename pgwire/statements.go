@@ -34,6 +34,12 @@ import (
 // way; within one batch, after an Execute whose ParameterStatus comes only
 // at the batch's end, a text that lexes differently under any setting is
 // unknown.
+//
+// A message that waits is held by the machine (actAwait) until the
+// server's answer that leaves nothing owed (actWake). The shell bounds the
+// wait by the wait timeout, once per message; a wait given up leaves
+// unknown what the message waited for: its text, or the prepared
+// statement it names.
 
 // names is the connection's view of the server's prepared statements and
 // portals, the machine's.
