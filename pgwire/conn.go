@@ -22,17 +22,6 @@ import (
 
 const bufSize = 32 << 10
 
-// denyMarker is in the text of the statement the proxy sends the server in
-// place of a denied one (see denyStatement); the server's error for it is
-// recognised by this marker and replaced by the denial.
-const denyMarker = "governor-proxy: statement denied"
-
-// denyStatement fails on the server without touching anything: the cast of
-// a constant fails during parse analysis (22P02), which aborts an open
-// transaction, so a later COMMIT rolls back. It needs no function, schema
-// or language, and it names itself in the server's log.
-const denyStatement = "SELECT '" + denyMarker + "'::pg_catalog.int4"
-
 // conn is one client connection and its upstream connection.
 type conn struct {
 	p      *Proxy
@@ -46,7 +35,10 @@ type conn struct {
 	sr *bufio.Reader
 	sw *bufio.Writer // written by the client goroutine only
 
-	cwMu   sync.Mutex // guards cw: both goroutines and the wait notice write to the client
+	// cwMu guards cw: both goroutines and the wait notice write to the
+	// client. The server goroutine takes it with mu held (fromServer);
+	// nothing takes mu with it held.
+	cwMu   sync.Mutex
 	cw     *bufio.Writer
 	cwDone bool // the proxy has said its last word to the client
 

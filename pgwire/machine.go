@@ -153,6 +153,17 @@ type pending struct {
 	results        []*resultCharge // what the message's statements return is charged to (result.go)
 }
 
+// denyMarker is in the text of the statement the proxy sends the server in
+// place of a denied one (see denyStatement); the server's error for it is
+// recognised by this marker and replaced by the denial.
+const denyMarker = "governor-proxy: statement denied"
+
+// denyStatement fails on the server without touching anything: the cast of
+// a constant fails during parse analysis (22P02), which aborts an open
+// transaction, so a later COMMIT rolls back. It needs no function, schema
+// or language, and it names itself in the server's log.
+const denyStatement = "SELECT '" + denyMarker + "'::pg_catalog.int4"
+
 // The messages the proxy sends the server in place of a denied one.
 var (
 	denyQuery, _ = (&pgproto3.Query{String: denyStatement}).Encode(nil)
