@@ -288,7 +288,7 @@ func (m *machine) take(msg clientMsg) []action {
 
 // resumed takes the end of an actAwait: the server has answered what the
 // message held waited for, or the shell gave up waiting (gaveUp), and
-// what the message would have waited for counts as unknown.
+// what the server has still not answered counts as unknown.
 func (m *machine) resumed(gaveUp bool) []action {
 	m.cacts = m.cacts[:0]
 	msg := m.held

@@ -37,9 +37,9 @@ import (
 //
 // A message that waits is held by the machine (actAwait) until the
 // server's answer that leaves nothing owed (actWake). The shell bounds the
-// wait by the wait timeout, once per message; a wait given up leaves
-// unknown what the message waited for: its text, or the prepared
-// statement it names.
+// wait by the wait timeout, once per message; once it gives up, what the
+// server has still not answered is unknown: the message's text, or the
+// prepared statement it names.
 
 // names is the connection's view of the server's prepared statements and
 // portals, the machine's.
