@@ -22,17 +22,6 @@ import (
 
 const bufSize = 32 << 10
 
-// denyMarker is in the text of the statement the proxy sends the server in
-// place of a denied one (see denyStatement); the server's error for it is
-// recognised by this marker and replaced by the denial.
-const denyMarker = "governor-proxy: statement denied"
-
-// denyStatement fails on the server without touching anything: the cast of
-// a constant fails during parse analysis (22P02), which aborts an open
-// transaction, so a later COMMIT rolls back. It needs no function, schema
-// or language, and it names itself in the server's log.
-const denyStatement = "SELECT '" + denyMarker + "'::pg_catalog.int4"
-
 // conn is one client connection and its upstream connection.
 type conn struct {
 	p      *Proxy
@@ -46,7 +35,10 @@ type conn struct {
 	sr *bufio.Reader
 	sw *bufio.Writer // written by the client goroutine only
 
-	cwMu   sync.Mutex // guards cw: both goroutines and the wait notice write to the client
+	// cwMu guards cw: both goroutines and the wait notice write to the
+	// client. The server goroutine takes it with mu held (fromServer);
+	// nothing takes mu with it held.
+	cwMu   sync.Mutex
 	cw     *bufio.Writer
 	cwDone bool // the proxy has said its last word to the client
 
@@ -57,25 +49,17 @@ type conn struct {
 	upPID uint32    // what the server gave
 	upKey []byte
 
-	mu sync.Mutex
-	m  *machine // the protocol's state (machine.go)
-	// capNoticed: the transaction has had its NOTICE of a cap near or over
-	// (notice.go).
-	capNoticed bool
-	answered   chan struct{} // closed when the server owes nothing more; see settle
+	mu         sync.Mutex
+	m          *machine      // the protocol's state (machine.go)
+	wake       chan struct{} // the server's side's actWake, to the client's side's actAwait
 	relaying   bool          // both loops run, or ran (lifecycle.go)
 	stopping   bool          // Proxy.Close is ending the connection
 	clientDone bool          // clientLoop has returned
 	serverDone bool          // serverLoop has returned
 
-	srvFatal bool // the server's last ErrorResponse was FATAL or PANIC; the server goroutine's own
-
 	// resultsOn: a message of this connection has had its result charged
-	// (result.go), so DataRows are counted; nextResult is the charge of
-	// the message just admitted, the client goroutine's own until the
-	// machine takes it.
-	resultsOn  atomic.Bool
-	nextResult *resultCharge
+	// (result.go), so DataRows are counted.
+	resultsOn atomic.Bool
 
 	// The client goroutine's own state.
 	rulesSeen   *classify.Rules   // the rules connRule was decided under
@@ -107,7 +91,13 @@ func (c *conn) serve() {
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	defer c.cancel()
 	c.client.SetDeadline(time.Now().Add(DefaultStartupTimeout))
-	params, minor, ok := c.startup()
+	var cl textClassifier
+	if c.governs() {
+		cl = c.p.cache
+	}
+	c.m = newMachine(cl, c.p.TLSConfig != nil)
+	c.wake = make(chan struct{}, 1)
+	params, ok := c.startup()
 	if !ok {
 		return
 	}
@@ -118,7 +108,7 @@ func (c *conn) serve() {
 	up, err := c.p.dialUpstream(c.ctx)
 	if err != nil {
 		c.fail(FailUpstream, err)
-		c.writeFatalNow("08001", "governor-proxy: cannot reach the database server")
+		c.client.Write(errorResponse("FATAL", "08001", "governor-proxy: cannot reach the database server"))
 		return
 	}
 	c.p.mu.Lock()
@@ -135,34 +125,27 @@ func (c *conn) serve() {
 	c.cw = bufio.NewWriterSize(c.client, bufSize)
 	c.sr = bufio.NewReaderSize(up, bufSize)
 	c.sw = bufio.NewWriterSize(up, bufSize)
-	c.m = newMachine(c.governs())
 	defer c.p.unregister(c)
-	if c.login(params, minor) {
+	if c.login() {
 		c.relay()
 	}
 }
 
 // login relays the startup and authentication, and reports whether the
 // client is logged in.
-func (c *conn) login(params map[string]string, minor uint16) bool {
-	if minor != 0 {
-		// We speak 3.0 upstream; tell the client so, as a server would.
-		b, _ := (&pgproto3.NegotiateProtocolVersion{NewestMinorProtocol: 0}).Encode(nil)
-		c.cw.Write(b)
-	}
-	if err := c.sendStartup(params); err != nil {
-		c.fail(FailUpstream, err)
-		return false
-	}
+func (c *conn) login() bool {
 	if err := c.authenticate(); err != nil {
 		if errors.Is(err, ErrMessageTooLarge) {
 			c.fail(FailTooLarge, err)
-			c.writeFatalNow("08P01", "governor-proxy: "+err.Error())
+			c.client.Write(errorResponse("FATAL", "08P01", "governor-proxy: "+err.Error()))
 			closeWrite(c.client)
 			c.linger()
 			return false
 		}
-		if !errors.Is(err, errStopping) {
+		switch {
+		case errors.Is(err, errSendStartup):
+			c.fail(FailUpstream, err)
+		case !errors.Is(err, errStopping):
 			c.fail(FailAuth, err)
 		}
 		return false
@@ -201,103 +184,74 @@ func (c *conn) relay() {
 	}
 }
 
-var errProtocol = errors.New("protocol violation")
+var (
+	errProtocol    = errors.New("protocol violation")
+	errSendStartup = errors.New("send the startup to the server")
+)
 
-// startup reads startup packets until a StartupMessage, answering
-// SSLRequest and GSSENCRequest and serving a CancelRequest. It returns the
-// startup parameters in order of appearance (as a map) and the protocol's
-// minor version.
-func (c *conn) startup() (map[string]string, uint16, bool) {
-	tlsDone := false
+// startup reads the client's startup packets and carries out what the
+// machine answers, until a StartupMessage, whose parameters it returns.
+func (c *conn) startup() (map[string]string, bool) {
 	for {
 		code, payload, err := readStartup(c.client)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				c.fail(FailStartup, err)
 			}
-			return nil, 0, false
+			return nil, false
 		}
-		switch {
-		case code == CodeSSLRequest && len(payload) == 0 && !tlsDone:
-			if c.p.TLSConfig == nil {
-				if _, err := c.client.Write([]byte{answerNo}); err != nil {
-					return nil, 0, false
+		c.mu.Lock()
+		acts := c.m.startup(code, payload)
+		c.mu.Unlock()
+		for _, a := range acts {
+			switch a.kind {
+			case actClient:
+				_, err = c.client.Write(a.data)
+			case actTLS:
+				err = c.startTLS(a.data)
+			case actCancel:
+				if err := c.p.cancel(a.data); err != nil {
+					c.fail(FailCancel, err)
 				}
-				continue
+				return nil, false
+			case actFail:
+				c.fail(a.failure, a.err)
+				c.client.Write(a.data)
+				return nil, false
+			case actDial:
+				return a.params, true
 			}
-			if _, err := c.client.Write([]byte{answerYes}); err != nil {
-				return nil, 0, false
-			}
-			tc := tls.Server(c.client, c.p.TLSConfig)
-			if err := tc.HandshakeContext(c.ctx); err != nil {
-				c.fail(FailTLS, err)
-				return nil, 0, false
-			}
-			c.client = tc
-			tlsDone = true
-		case code == CodeGSSENCRequest && len(payload) == 0:
-			if _, err := c.client.Write([]byte{answerNo}); err != nil {
-				return nil, 0, false
-			}
-		case code == CodeCancelRequest:
-			if err := c.p.cancel(payload); err != nil {
-				c.fail(FailCancel, err)
-			}
-			return nil, 0, false
-		case code>>protocolMajorShift == 3:
-			params, err := parseParams(payload)
 			if err != nil {
-				c.fail(FailStartup, err)
-				c.writeFatalNow("08P01", "invalid startup packet: "+err.Error())
-				return nil, 0, false
+				return nil, false
 			}
-			if params["user"] == "" {
-				c.fail(FailStartup, errors.New("no user in the startup packet"))
-				c.writeFatalNow("28000", "no PostgreSQL user name specified in startup packet")
-				return nil, 0, false
-			}
-			return params, uint16(code), true
-		default:
-			c.fail(FailStartup, fmt.Errorf("unsupported startup code %d", code))
-			c.writeFatalNow("0A000", fmt.Sprintf("unsupported frontend protocol %d.%d", code>>16, code&0xffff))
-			return nil, 0, false
 		}
 	}
 }
 
-func parseParams(b []byte) (map[string]string, error) {
-	m := make(map[string]string)
-	for len(b) > 0 && b[0] != 0 {
-		k, rest, ok := cstring(b)
-		if !ok {
-			return nil, errors.New("unterminated parameter name")
-		}
-		v, rest, ok := cstring(rest)
-		if !ok {
-			return nil, fmt.Errorf("unterminated value of %q", k)
-		}
-		m[k] = v
-		b = rest
-	}
-	if len(b) == 0 {
-		return nil, errors.New("missing terminator")
-	}
-	return m, nil
-}
-
-func (c *conn) sendStartup(params map[string]string) error {
-	msg := &pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: params}
-	b, err := msg.Encode(nil)
-	if err != nil {
+// startTLS answers an SSLRequest with yes and takes the client's TLS
+// handshake.
+func (c *conn) startTLS(yes []byte) error {
+	if _, err := c.client.Write(yes); err != nil {
 		return err
 	}
-	_, err = c.server.Write(b)
-	return err
+	tc := tls.Server(c.client, c.p.TLSConfig)
+	if err := tc.HandshakeContext(c.ctx); err != nil {
+		c.fail(FailTLS, err)
+		return err
+	}
+	c.client = tc
+	return nil
 }
 
-// authenticate relays the login: the server's Authentication requests to
-// the client and the client's answers back, until the first ReadyForQuery.
+// authenticate relays the login, as the machine says, until the first
+// ReadyForQuery.
 func (c *conn) authenticate() error {
+	c.mu.Lock()
+	acts := c.m.dialed(c.upTLS)
+	c.mu.Unlock()
+	if _, err := c.loginActs(acts, 0, nil); err != nil {
+		return fmt.Errorf("%w: %w", errSendStartup, err)
+	}
 	max := c.p.maxMessage()
 	for {
 		t, n, err := readHeader(c.sr, &c.hdr, max)
@@ -308,115 +262,97 @@ func (c *conn) authenticate() error {
 		if err != nil {
 			return fmt.Errorf("read from server during login: %w", err)
 		}
-		switch t {
-		case MsgAuthentication:
-			if len(body) < 4 {
-				return fmt.Errorf("authentication message of %d bytes: %w", len(body), errProtocol)
+		c.mu.Lock()
+		acts := c.m.server(t, body)
+		c.mu.Unlock()
+		if done, err := c.loginActs(acts, t, body); done || err != nil {
+			return err
+		}
+	}
+}
+
+// loginActs carries out the machine's actions on the server's message t
+// (body) during the login, and reports whether the client is logged in.
+func (c *conn) loginActs(acts []action, t MsgType, body []byte) (bool, error) {
+	loggedIn := false
+	for _, a := range acts {
+		var err error
+		switch a.kind {
+		case actForward:
+			_, err = c.cw.Write(appendMsg(nil, t, body))
+		case actClient:
+			_, err = c.cw.Write(a.data)
+		case actServer:
+			if _, err = c.sw.Write(a.data); err == nil {
+				err = c.sw.Flush()
 			}
-			code := binary.BigEndian.Uint32(body)
-			if code == authSASL && c.upTLS {
-				body = stripChannelBinding(body)
-			}
-			c.cw.Write(appendMsg(nil, t, body))
-			if err := c.cw.Flush(); err != nil {
-				return err
-			}
-			switch code {
-			case authCleartextPassword, authMD5Password, authSASL, authSASLContinue, authGSS, authGSSContinue, authSSPI:
-				if err := c.relayAnswer(code); err != nil {
-					return err
-				}
-			}
-		case MsgBackendKeyData:
-			if len(body) < 8 {
-				return fmt.Errorf("BackendKeyData of %d bytes: %w", len(body), errProtocol)
-			}
-			c.upPID = binary.BigEndian.Uint32(body)
-			c.upKey = bytes.Clone(body[4:])
+		case actReadAuth:
+			err = c.relayAnswer()
+		case actRegister:
+			c.upPID, c.upKey = binary.BigEndian.Uint32(a.data), a.data[4:]
 			c.key = c.p.register(c, c.upPID)
 			b, _ := (&pgproto3.BackendKeyData{ProcessID: c.key.pid, SecretKey: binary.BigEndian.AppendUint32(nil, c.key.secret)}).Encode(nil)
-			c.cw.Write(b)
-		case MsgErrorResponse:
-			c.cw.Write(appendMsg(nil, t, body))
-			c.cw.Flush()
-			code, msg := errorFields(body)
-			return fmt.Errorf("server refused the login: %s %s", code, msg)
-		case MsgReadyForQuery:
-			if len(body) != 1 {
-				return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
-			}
-			c.mu.Lock()
-			c.m.status = body[0]
-			c.mu.Unlock()
+			_, err = c.cw.Write(b)
+		case actLoggedIn:
 			// Relaying from before the client learns it is logged in, so
 			// that a Proxy.Close from then on ends the connection with
 			// FATAL 57P01, never in silence.
 			if !c.startRelay() {
-				return errStopping
+				return false, errStopping
 			}
-			c.cw.Write(appendMsg(nil, t, body))
-			return c.cw.Flush()
-		default: // ParameterStatus, NoticeResponse, NegotiateProtocolVersion
-			if t == MsgParameterStatus {
-				c.mu.Lock()
-				c.m.noteParameter(body)
-				c.mu.Unlock()
-			}
-			c.cw.Write(appendMsg(nil, t, body))
+			loggedIn = true
+		case actFail:
+			c.cw.Flush()
+			return false, a.err
+		}
+		if err != nil {
+			return false, err
 		}
 	}
+	if loggedIn {
+		return true, c.cw.Flush()
+	}
+	return false, nil
 }
 
 // relayAnswer relays the client's answer to an authentication request.
 // Before login, a client's message is held to the server's own cap on it,
 // not to the cap after login.
-func (c *conn) relayAnswer(code uint32) error {
+func (c *conn) relayAnswer() error {
+	if err := c.cw.Flush(); err != nil {
+		return err
+	}
 	ct, cn, err := readHeader(c.cr, &c.hdr, MaxAuthMessageSize)
 	if err != nil {
-		return fmt.Errorf("read client's answer to authentication %d: %w", code, err)
-	}
-	if ct != MsgPassword {
-		return fmt.Errorf("client answered authentication with %q: %w", byte(ct), errProtocol)
+		return fmt.Errorf("read client's answer to authentication: %w", err)
 	}
 	cb, err := readBody(c.cr, nil, cn)
 	if err != nil {
 		return err
 	}
-	_, err = c.server.Write(appendMsg(nil, ct, cb))
-	return err
-}
-
-// stripChannelBinding removes SCRAM-SHA-256-PLUS from an AuthenticationSASL
-// body. Channel binding binds the SCRAM exchange to the server's TLS
-// certificate, which the client never sees through the proxy, so a client
-// that chose -PLUS would fail; offered only SCRAM-SHA-256 it does not.
-func stripChannelBinding(body []byte) []byte {
-	var m pgproto3.AuthenticationSASL
-	if err := m.Decode(body); err != nil {
-		return body
-	}
-	kept := m.AuthMechanisms[:0]
-	for _, mech := range m.AuthMechanisms {
-		if mech != "SCRAM-SHA-256-PLUS" {
-			kept = append(kept, mech)
+	c.mu.Lock()
+	acts := c.m.client(clientMsg{t: ct})
+	c.mu.Unlock()
+	for _, a := range acts {
+		if a.kind == actFail {
+			return a.err
 		}
 	}
-	m.AuthMechanisms = kept
-	b, err := m.Encode(nil)
-	if err != nil {
-		return body
+	if _, err := c.sw.Write(appendMsg(nil, ct, cb)); err != nil {
+		return err
 	}
-	return b[headerLen:]
-}
-
-func (c *conn) writeFatalNow(code, msg string) {
-	c.client.Write(errorResponse("FATAL", code, msg))
+	return c.sw.Flush()
 }
 
 // writeClient writes b to the client, flushing when asked.
 func (c *conn) writeClient(b []byte, flush bool) error {
 	c.cwMu.Lock()
 	defer c.cwMu.Unlock()
+	return c.writeClientLocked(b, flush)
+}
+
+// writeClientLocked is writeClient with c.cwMu held.
+func (c *conn) writeClientLocked(b []byte, flush bool) error {
 	if c.cwDone {
 		return net.ErrClosed
 	}
@@ -473,21 +409,19 @@ func (c *conn) serverLoop() error {
 }
 
 // fromServer feeds the machine a ReadyForQuery or ErrorResponse and
-// carries out what it says.
+// carries out what it says. The client's writer is taken before the
+// machine is let go (duty 2): a denial the client's side answers alone,
+// on what the machine knows from this message, follows what this message
+// forwards.
 func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
 	if t == MsgReadyForQuery && len(body) != 1 {
 		return fmt.Errorf("ReadyForQuery of %d bytes: %w", len(body), errProtocol)
 	}
-	if t == MsgErrorResponse {
-		c.srvFatal = fatal(body)
-	}
 	c.mu.Lock()
 	acts := c.m.server(t, body)
-	if c.m.idle() && c.answered != nil {
-		close(c.answered)
-		c.answered = nil
-	}
+	c.cwMu.Lock()
 	c.mu.Unlock()
+	defer c.cwMu.Unlock()
 	for _, a := range acts {
 		var err error
 		switch a.kind {
@@ -496,13 +430,15 @@ func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
 		case actSettle:
 			c.settleResults(a.results)
 		case actClient:
-			err = c.writeClient(a.data, false)
+			err = c.writeClientLocked(a.data, false)
+		case actWake:
+			c.wakeClient()
 		case actForward:
 			if t == MsgReadyForQuery {
 				rfq := [headerLen + 1]byte{hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], body[0]}
-				err = c.writeClient(rfq[:], c.sr.Buffered() == 0)
+				err = c.writeClientLocked(rfq[:], c.sr.Buffered() == 0)
 			} else {
-				err = c.writeClient(appendMsg(nil, t, body), false)
+				err = c.writeClientLocked(appendMsg(nil, t, body), false)
 			}
 		}
 		if err != nil {
@@ -510,6 +446,15 @@ func (c *conn) fromServer(t MsgType, hdr *[headerLen]byte, body []byte) error {
 		}
 	}
 	return nil
+}
+
+// wakeClient carries out an actWake; a wake the client's side no longer
+// waits for is taken by its next wait, which the machine then renews.
+func (c *conn) wakeClient() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 // peekServer feeds the machine a message it reads without taking it off
@@ -522,8 +467,13 @@ func (c *conn) peekServer(t MsgType, n int) {
 		}
 	}
 	c.mu.Lock()
-	c.m.server(t, body) // a forward, done by the caller
+	acts := c.m.server(t, body) // a forward, done by the caller
 	c.mu.Unlock()
+	for _, a := range acts {
+		if a.kind == actWake {
+			c.wakeClient()
+		}
+	}
 }
 
 // streamServer streams a server's message to the client.
@@ -566,8 +516,8 @@ func endTickets(a action) {
 }
 
 // clientLoop relays the client's messages to the server: the ones that run
-// SQL or name prepared statements are decoded, classified and fed to the
-// machine, the rest streamed (or dropped) as it says.
+// SQL or name prepared statements are framed and fed to the machine, the
+// rest streamed (or dropped) as it says.
 func (c *conn) clientLoop() error {
 	max := c.p.maxMessage()
 	for {
@@ -617,46 +567,99 @@ func (c *conn) dropping(t MsgType) bool {
 }
 
 // apply carries out the machine's actions on a client's message of type t
-// and n bytes, in c.buf when read.
+// and n bytes, in c.buf when read, and those of the machine's answers to
+// the questions it ends on (actAsk, actAwait).
 func (c *conn) apply(acts []action, t MsgType, n int, read bool) error {
-	for _, a := range acts {
-		var err error
-		switch a.kind {
-		case actForward:
-			if read {
-				c.send(t, c.buf)
-			} else {
-				err = c.forwardRaw(t, n)
-			}
-		case actDrop:
-			if !read {
-				_, err = c.cr.Discard(n)
-				err = noEOF(err)
-			}
-		case actServer:
-			_, err = c.sw.Write(a.data)
-		case actClient:
-			err = c.writeClient(a.data, true)
-		case actAsk:
-			var buf [2]heldTicket
-			deny, grants := c.admit(a.ask, buf[:0])
-			c.mu.Lock()
-			c.m.nextResult, c.nextResult = c.nextResult, nil
-			next := c.m.answered(deny, grants)
-			c.mu.Unlock()
-			return c.apply(next, t, n, read)
+	var wait *time.Timer // bounds the message's waits for the server, together
+	defer func() {
+		if wait != nil {
+			wait.Stop()
 		}
-		if err != nil {
-			return err
+	}()
+	for len(acts) > 0 {
+		last := acts[len(acts)-1]
+		for _, a := range acts {
+			if err := c.act(a, t, n, read); err != nil {
+				return err
+			}
+		}
+		switch last.kind {
+		case actAsk:
+			acts = c.ask(last.ask)
+		case actAwait:
+			acts = c.await(&wait)
+		default:
+			return nil
 		}
 	}
 	return nil
 }
 
+// act carries out one of apply's actions.
+func (c *conn) act(a action, t MsgType, n int, read bool) error {
+	switch a.kind {
+	case actForward:
+		if read {
+			c.send(t, c.buf)
+			return nil
+		}
+		return c.forwardRaw(t, n)
+	case actDrop:
+		if !read {
+			_, err := c.cr.Discard(n)
+			return noEOF(err)
+		}
+	case actServer:
+		_, err := c.sw.Write(a.data)
+		return err
+	case actClient:
+		return c.writeClient(a.data, true)
+	}
+	return nil
+}
+
+// ask carries out an actAsk: admission's verdict, or the machine's
+// classification first when admission needs it.
+func (c *conn) ask(q admitReq) []action {
+	var buf [2]heldTicket
+	v, ok := c.admit(q, buf[:0])
+	if v.result != nil {
+		c.resultsOn.Store(true)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !ok {
+		return c.m.classified()
+	}
+	return c.m.answered(v)
+}
+
+// await carries out an actAwait: what was sent goes to the server, and
+// the client's side waits for the machine's actWake, or gives up when
+// wait runs out or the connection ends.
+func (c *conn) await(wait **time.Timer) []action {
+	gaveUp := c.sw.Flush() != nil
+	if !gaveUp {
+		if *wait == nil {
+			*wait = time.NewTimer(c.p.waitTimeout())
+		}
+		select {
+		case <-c.wake:
+		case <-(*wait).C:
+			gaveUp = true
+		case <-c.ctx.Done():
+			gaveUp = true
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.resumed(gaveUp)
+}
+
 // decode reads a client's message of type t and n bytes into c.buf, and
-// what it runs or names.
+// frames what the machine needs of it: the text, the names.
 func (c *conn) decode(t MsgType, n int) (clientMsg, error) {
-	msg := clientMsg{t: t, settled: true}
+	msg := clientMsg{t: t}
 	if err := c.readBody(n); err != nil {
 		return msg, err
 	}
@@ -668,12 +671,7 @@ func (c *conn) decode(t MsgType, n int) (clientMsg, error) {
 			return msg, fmt.Errorf("query without terminator: %w", errProtocol)
 		}
 		msg.text = c.buf[:end]
-		msg.cl = c.classifyQuery(msg.text)
-		msg.run, msg.changes = c.toRun(msg.cl)
-	case MsgFunctionCall:
-		if c.governs() {
-			msg.cl, msg.run = functionCallClass, functionCallClass.Statements
-		}
+		msg.byConn = c.governs() && c.decidedByConnection() && len(c.connRule.Charges) == 0
 	case MsgParse:
 		var rest []byte
 		msg.name, rest, ok = cstring(c.buf)
@@ -681,40 +679,24 @@ func (c *conn) decode(t MsgType, n int) (clientMsg, error) {
 		if !ok || end < 0 {
 			return msg, fmt.Errorf("malformed Parse: %w", errProtocol)
 		}
-		if msg.cl = c.classifyParse(rest[:end]); msg.cl != nil {
-			msg.settled = c.settled(msg.name)
-		}
+		msg.text = rest[:end]
 	case MsgBind:
-		return c.decodeBind(msg)
+		var rest []byte
+		msg.name, rest, ok = cstring(c.buf)
+		stmt, _, ok2 := cstring(rest)
+		if !ok || !ok2 {
+			return msg, fmt.Errorf("malformed Bind: %w", errProtocol)
+		}
+		msg.stmt = stmt
 	case MsgExecute:
 		if msg.name, _, ok = cstring(c.buf); !ok {
 			return msg, fmt.Errorf("malformed Execute: %w", errProtocol)
 		}
-		if c.governs() {
-			c.mu.Lock()
-			msg.cl = c.m.portal(msg.name)
-			c.mu.Unlock()
-		}
-		msg.run, msg.changes = c.toRun(msg.cl)
 	case MsgClose:
-		if len(c.buf) > 1 && c.governs() {
+		if len(c.buf) > 1 {
 			msg.kind = c.buf[0]
 			msg.name, _, _ = cstring(c.buf[1:])
-			msg.settled = msg.kind != 'S' || c.settled(msg.name)
 		}
-	}
-	return msg, nil
-}
-
-func (c *conn) decodeBind(msg clientMsg) (clientMsg, error) {
-	portal, rest, ok := cstring(c.buf)
-	stmt, _, ok2 := cstring(rest)
-	if !ok || !ok2 {
-		return msg, fmt.Errorf("malformed Bind: %w", errProtocol)
-	}
-	msg.name, msg.stmt = portal, stmt
-	if c.governs() {
-		msg.settled = c.settled(stmt)
 	}
 	return msg, nil
 }

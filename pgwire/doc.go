@@ -21,26 +21,34 @@
 //   - proxy.go: Proxy.Serve accepts; Close stops it and waits; failures are
 //     counted by kind (Counts); CancelRequest routing by the proxy's own
 //     (pid, key); the upstream dial, plain or TLS.
-//   - conn.go, in order: startup (SSLRequest answered 'N' or with TLS,
-//     GSSENCRequest 'N', CancelRequest served, protocol 3.x, forced to 3.0
-//     upstream); authentication relayed (trust, cleartext, MD5, SCRAM;
-//     SCRAM-SHA-256-PLUS hidden when the upstream leg is TLS);
-//     BackendKeyData's secret replaced (its pid is the server's, so that
-//     pg_backend_pid() and pg_terminate_backend agree with the client);
-//     then two goroutines relay both directions
-//     at once, streaming raw bytes and decoding only Query, Parse, Bind,
-//     Execute, Close, Sync and FunctionCall from the client and
-//     ReadyForQuery and ErrorResponse from the server. conn is the shell
-//     around the machine: it reads, classifies, admits and writes, feeding
-//     the machine what it decodes and carrying out the actions it returns.
+//   - conn.go: the shell around the machine, in order: the startup
+//     packets read (a TLS handshake taken, a CancelRequest served, the
+//     server dialled, plain or TLS, as the machine says); the login
+//     relayed; then two goroutines relay both directions at once,
+//     streaming raw bytes and framing only Query, Parse, Bind, Execute,
+//     Close, Sync and FunctionCall from the client and ReadyForQuery and
+//     ErrorResponse from the server (ParameterStatus, ParseComplete,
+//     CloseComplete and CommandComplete are peeked at). It reads, asks
+//     admission and writes, feeding the machine what it frames and
+//     carrying out the actions it returns. It decides nothing of the
+//     protocol; what the rules say and what admission answers are
+//     govern.go's.
 //   - machine.go: the protocol's logic, as a machine with no I/O, clock or
 //     goroutine (as etcd's raft is): a client's message, a server's
-//     message, admission's answer or the connection's end in; actions out
-//     (forward, drop, send the server or the client a message of the
-//     proxy's, ask admission, end the leases). It holds what the
-//     connection's state is: the ReadyForQuery answers owed, the
-//     transaction's leases, the discard after a denial, the prepared
-//     statements. Its traces are testdata/machine/*.txt (machine_test.go).
+//     message, admission's verdict, the end of a wait or the connection's
+//     end in; actions out (forward, drop, send the server or the client a
+//     message of the proxy's, ask admission, wait for the server, end the
+//     leases). It holds what the connection's state is: the ReadyForQuery
+//     answers owed, the transaction's leases, the discard after a denial,
+//     the prepared statements, the settings text is lexed with. Its
+//     traces are testdata/machine/*.txt (machine_test.go).
+//   - login.go: the machine's first phases. Startup: SSLRequest answered
+//     'N' or with TLS, GSSENCRequest 'N', CancelRequest served, protocol
+//     3.x, forced to 3.0 upstream. Login: authentication relayed (trust,
+//     cleartext, MD5, SCRAM; SCRAM-SHA-256-PLUS hidden when the upstream
+//     leg is TLS); BackendKeyData's secret replaced (its pid is the
+//     server's, so that pg_backend_pid() and pg_terminate_backend agree
+//     with the client); the first ReadyForQuery starts the relay.
 //   - lifecycle.go: how a connection ends, from either side. When the
 //     server's side ends (pg_terminate_backend, a crash, Proxy.Close), the
 //     client gets what the server sent and a FATAL, the transaction's slot
@@ -48,10 +56,10 @@
 //   - govern.go: each statement matched to its rule; the transaction's
 //     leases (one per class) and the statements' charges admitted, when
 //     the machine asks.
-//   - statements.go: what a message runs, as the server will run it: the
-//     connection's prepared statements and portals (followed by the
-//     machine), and the lexing settings the server reports; the shell's
-//     waits for the server to settle them.
+//   - statements.go: what a message runs, as the server will run it (the
+//     machine's resolve): its text classified under the lexing settings
+//     the server reports, the connection's prepared statements and
+//     portals; and when that waits for the server's answers.
 //   - result.go: what statements of rules with result: return, counted
 //     from the server's DataRows (the machine attaches each charge to the
 //     ReadyForQuery its message is owed) and charged as it streams.

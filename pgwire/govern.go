@@ -37,39 +37,6 @@ var byConnection = &sqlclass.Class{}
 // classifies nothing.
 func (c *conn) governs() bool { return c.p.Admitter != nil && c.p.Rules != nil }
 
-// classifyQuery classifies a Query's text; nil for a passthrough proxy.
-// When the rules decide every statement of this connection by the
-// connection alone and charge nothing (say, `sql: any` with a class), the
-// text is not lexed for its lease, which does not depend on it; only
-// whether it writes is read from it, when it is admitted (writes).
-func (c *conn) classifyQuery(sql []byte) *sqlclass.Class {
-	if !c.governs() {
-		return nil
-	}
-	if c.decidedByConnection() && len(c.connRule.Charges) == 0 {
-		return byConnection
-	}
-	return c.classifyText(sql)
-}
-
-// classifyParse classifies a Parse's text whatever the rules say now: they
-// may change before it runs.
-func (c *conn) classifyParse(sql []byte) *sqlclass.Class {
-	if !c.governs() {
-		return nil
-	}
-	return c.classifyText(sql)
-}
-
-// toRun returns what cl runs, and the changes it makes to prepared
-// statements (see running); nothing for a text that is not classified.
-func (c *conn) toRun(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) {
-	if cl == nil || cl == byConnection {
-		return nil, nil
-	}
-	return c.running(cl)
-}
-
 // decidedByConnection reports whether the rules in force decide every
 // statement of this connection without looking at it, keeping the answer
 // for as long as the rules stay the same.
@@ -172,20 +139,29 @@ func (p *plan) asks() []ask {
 }
 
 // admit asks the Admitter about the statements of a message about to be
-// sent (the machine's ask). It returns the leases granted, appended to
-// grants, to forward the message; or the ErrorResponse of the denial, and
-// then nothing was charged and no lease it took is kept.
-func (c *conn) admit(q admitReq, grants []heldTicket) ([]byte, []heldTicket) {
+// sent (the machine's ask). Its verdict holds the leases granted, appended
+// to grants, to forward the message; or the ErrorResponse of the denial,
+// and then nothing was charged and no lease it took is kept. It reports
+// false, and asks nothing, when it needs to know whether a message
+// decided by its connection alone writes: the machine classifies it first.
+func (c *conn) admit(q admitReq, grants []heldTicket) (verdict, bool) {
 	p := &c.planBuf // the client goroutine's own: a plan on the stack would escape
 	*p = plan{}
 	c.plan(p, q)
 	asks := p.asks()
-	write := (len(asks) > 0 || p.readRule.Rule != "") && c.writes(q.cl, q.run, q.text)
+	v := verdict{grants: grants}
+	if len(asks) == 0 && p.readRule.Rule == "" {
+		return v, true
+	}
+	if !q.classified {
+		return v, false
+	}
+	write := c.writes(q.run)
 	if len(asks) == 0 {
 		if write { // nothing to admit, but the lease held was taken for reads
-			return c.checkWrite(p.readRule), grants
+			v.deny, v.wrote = c.checkWrite(p.readRule)
 		}
-		return nil, grants
+		return v, true
 	}
 	if write {
 		for i := range asks {
@@ -201,13 +177,14 @@ func (c *conn) admit(q admitReq, grants []heldTicket) ([]byte, []heldTicket) {
 		}
 	}
 	if asks = c.shadow(asks); len(asks) == 0 {
-		return nil, grants // rules in dry run only: the statements run unadmitted
+		return v, true // rules in dry run only: the statements run unadmitted
 	}
 	if badSubtask != nil {
 		a := asks[0]
-		return c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: badSubtask}, 0), grants
+		v.deny = c.deny(a.d, a.req, &admission.Denial{Cause: admission.CauseBadRequest, Class: a.req.Class, Err: badSubtask}, 0)
+		return v, true
 	}
-	return c.obtain(asks, grants)
+	return c.obtain(asks, v, q.noticeDue), true
 }
 
 // plan fills p with what q's statements need, given the leases the
@@ -237,8 +214,9 @@ func (c *conn) plan(p *plan, q admitReq) {
 	}
 }
 
-// obtain admits asks, all or none, and appends the leases to grants.
-func (c *conn) obtain(asks []ask, grants []heldTicket) ([]byte, []heldTicket) {
+// obtain admits asks, all or none, and appends the leases to v's grants;
+// the transaction gets its NOTICE of a cap when noticeDue.
+func (c *conn) obtain(asks []ask, v verdict, noticeDue bool) verdict {
 	var w waiter
 	defer w.done()
 	var grantBuf [2]granted
@@ -254,36 +232,38 @@ func (c *conn) obtain(asks []ask, grants []heldTicket) ([]byte, []heldTicket) {
 					g.t.End(0, false) // the message never ran
 				}
 			}
-			return den, grants
+			v.deny = den
+			return v
 		}
 		gs = append(gs, granted{a, t, waited})
 	}
 	now := time.Now()
 	for _, g := range gs {
 		if s, ok := g.t.(admission.Settler); ok && g.req.Held {
-			c.resultsOn.Store(true)
-			c.nextResult = &resultCharge{rule: g.d.Rule, res: g.d.Result, subtask: g.req.Subtask, t: s}
+			v.result = &resultCharge{rule: g.d.Rule, res: g.d.Result, subtask: g.req.Subtask, t: s}
 			continue
 		}
 		if g.t != nil {
-			grants = append(grants, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
+			v.grants = append(v.grants, heldTicket{class: g.req.Class, t: g.t, since: now, write: g.req.Write})
 		}
 	}
 	for _, g := range gs {
 		c.admitted(g.d, g.req, g.waited)
 	}
-	c.noticeCaps(asks[0].req.Subtask)
-	return nil, grants
+	if noticeDue {
+		v.noticed = c.noticeCaps(asks[0].req.Subtask)
+	}
+	return v
 }
 
 // checkWrite asks whether a write may go on in the transaction whose
 // lease of d's class was taken for reads (BEGIN; SELECT; UPDATE): a
 // read_only tenant refuses it, as it would have refused the lease for it.
-// Once it may, the transaction's leases count as taken for writes.
-func (c *conn) checkWrite(d classify.Decision) []byte {
+// Once it may, the transaction's leases count as taken for writes (wrote).
+func (c *conn) checkWrite(d classify.Decision) (deny []byte, wrote bool) {
 	wc := c.p.WriteCheck
 	if wc == nil {
-		return nil
+		return nil, false
 	}
 	req := admission.Request{Class: d.Class, Write: true}
 	if c.p.TaskFromApplicationName && checkSubtask(c.appName) == nil {
@@ -293,12 +273,9 @@ func (c *conn) checkWrite(d classify.Decision) []byte {
 	err := wc.CheckWrite(ctx, req)
 	cancel()
 	if err != nil {
-		return c.deny(d, req, admission.Deny(ctx, err, d.Class, 0), 0)
+		return c.deny(d, req, admission.Deny(ctx, err, d.Class, 0), 0), false
 	}
-	c.mu.Lock()
-	c.m.markWrite()
-	c.mu.Unlock()
-	return nil
+	return nil, true
 }
 
 // granted is an ask that was admitted.

@@ -77,7 +77,7 @@ func (c *conn) stop() {
 func (c *conn) serverEnded(err error) {
 	c.mu.Lock()
 	c.serverDone = true
-	clientDone, stopping := c.clientDone, c.stopping
+	clientDone, stopping, saidFatal := c.clientDone, c.stopping, c.m.saidFatal
 	c.mu.Unlock()
 	if clientDone {
 		return // serve is closing both legs
@@ -90,7 +90,7 @@ func (c *conn) serverEnded(err error) {
 	c.client.SetReadDeadline(time.Now().Add(lingerQuiet))
 	c.client.SetWriteDeadline(time.Now().Add(closeGrace))
 	c.cwMu.Lock()
-	if !c.srvFatal && !errors.Is(err, errCut) {
+	if !saidFatal && !errors.Is(err, errCut) {
 		code, msg := serverGone(err, stopping)
 		c.cw.Write(errorResponse("FATAL", code, msg))
 	}

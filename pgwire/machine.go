@@ -8,11 +8,14 @@ import (
 	"github.com/governor-project/governor/classify/sqlclass"
 )
 
-// A connection's protocol logic after login is a machine: decoded messages
-// in, actions out, no I/O, no clock, no goroutine. It decides what each
-// message does to the transaction (which ReadyForQuery ends it, when its
-// leases end), what is asked of admission and what a denial becomes on
-// both legs; conn is the shell that reads, classifies, admits and writes.
+// A connection's protocol logic is a machine: decoded messages in, actions
+// out, no I/O, no clock, no goroutine. It decides what each message runs
+// (classified as the server will lex it, with the prepared statements as
+// the server will have them), what it does to the transaction (which
+// ReadyForQuery ends it, when its leases end), what is asked of admission
+// and what a denial becomes on both legs; and, before that, what the
+// startup and login exchange is answered (login.go). conn is the shell
+// that reads, frames, admits and writes.
 //
 // The shell's duties, in order:
 //
@@ -22,15 +25,23 @@ import (
 //  2. Carry out the actions in the order returned, outside conn.mu where
 //     they block. An actEnd comes before the ReadyForQuery it precedes is
 //     forwarded: a client that starts its next transaction at once, on
-//     any connection, must find the slot free.
+//     any connection, must find the slot free. What the server's side
+//     writes to the client is queued on the client's writer before
+//     conn.mu is released, so that what the client's side writes on a
+//     later action (a denial answered alone) follows it.
 //  3. On actAsk (always the last action), ask admission and feed its
 //     answer (answered) before the next client message. Meanwhile the
 //     server's messages go on being fed; no ReadyForQuery ends the leases
 //     the message asked about counts on.
-//  4. What the client goroutine sends the client (actClient) is flushed at
+//  4. On actAwait (always the last action), flush what went to the server
+//     and wait for an actWake from the server's side, then feed resumed;
+//     or give up after the wait timeout, or when the connection ends, and
+//     feed resumed(true). A message waits so when what it runs depends on
+//     what the server has yet to answer (statements.go).
+//  5. What the client goroutine sends the client (actClient) is flushed at
 //     once; what the server goroutine sends is flushed when the server has
 //     nothing more buffered.
-//  5. When either side ends, feed ended and end what it returns.
+//  6. When either side ends, feed ended and end what it returns.
 
 // actKind is what an action does.
 type actKind uint8
@@ -43,46 +54,94 @@ const (
 	actAsk                    // ask admission about the message (ask); feed the answer to answered
 	actEnd                    // end the transaction's leases (end, overloaded)
 	actSettle                 // charge and settle what messages' results owe (results, result.go)
+	actAwait                  // wait for actWake, then feed resumed (duty 4)
+	actWake                   // wake the client's side from its actAwait
+
+	// Before the relay (login.go).
+	actTLS      // answer the SSLRequest with data ('S') and take the client's TLS handshake
+	actCancel   // serve the CancelRequest data, and end the connection
+	actDial     // connect to the server for a client with params; feed dialed
+	actReadAuth // flush the client's side, read its answer to authentication, feed it
+	actRegister // hand the client a key of the proxy's for the server's BackendKeyData body (data)
+	actLoggedIn // the login is done: the relay starts (unless the proxy is closing)
+	actFail     // the connection fails with err, counted as failure; data, if any, is the client's FATAL
 )
 
 // action is one thing the shell does. The slice of actions, data and ask
 // are read before the next input from the same side; end is the shell's.
 type action struct {
 	kind       actKind
-	data       []byte // actServer, actClient
+	data       []byte // actServer, actClient, and see actKind
 	ask        admitReq
 	end        []heldTicket
 	overloaded bool
 	results    []*resultCharge
+	params     map[string]string // actDial
+	failure    Failure           // actFail
+	err        error             // actFail
 }
 
-// admitReq is what a message asks admission about: its class, the
-// statements it runs, and for a Query its text, from which whether it
-// writes is read when its class is decided by the connection alone.
+// admitReq is what a message asks admission about: its class and the
+// statements it runs. A Query decided by its connection alone
+// (byConnection) is not classified for its lease; when admission needs to
+// know whether it writes, the shell feeds classified, and the ask comes
+// again with run filled and classified set.
 type admitReq struct {
-	cl   *sqlclass.Class
-	run  []sqlclass.Statement
-	text []byte
+	cl         *sqlclass.Class
+	run        []sqlclass.Statement
+	classified bool
+	// noticeDue: the transaction has had no NOTICE of a cap yet
+	// (notice.go).
+	noticeDue bool
 }
 
-// clientMsg is a client's message as the machine needs it. Types the proxy
+// verdict is admission's answer to an ask.
+type verdict struct {
+	deny   []byte       // the ErrorResponse of a denial; nil when admitted
+	grants []heldTicket // the leases granted: all that were asked for
+	// result is the charge of what the message's statements return,
+	// when a rule counts it (result.go).
+	result *resultCharge
+	// wrote: the transaction's leases count as taken for writes from now
+	// on (checkWrite); noticed: the transaction has had its NOTICE.
+	wrote, noticed bool
+}
+
+// clientMsg is a client's message as the shell frames it; types the proxy
 // does not decode carry only t.
 type clientMsg struct {
 	t MsgType
-	// Query, FunctionCall, Execute: what it runs; cl nil when the proxy
-	// governs nothing, or for a Parse whose text is not classified.
+	// Query, Parse: the SQL, in the shell's buffer: it stays there until
+	// the machine is done with the message (the shell reads nothing more
+	// from the client meanwhile).
+	text []byte
+	// Parse: name; Bind: name (the portal) and stmt; Execute: name (the
+	// portal); Close: kind ('S', 'P'; 0 for a Close too short to name
+	// anything) and name.
+	name, stmt string
+	kind       byte
+	// byConn: a Query the rules in force decide by its connection alone,
+	// without a charge, so that its text need not be classified
+	// (byConnection).
+	byConn bool
+	lexed  bool // and it is classified all the same (classified)
+
+	// What the machine works out it runs (resolve). cl is nil when the
+	// proxy governs nothing.
 	cl      *sqlclass.Class
 	run     []sqlclass.Statement
 	changes []nameChange // to the prepared statements, made once admitted
-	text    []byte       // a Query's text
-	// Parse: name; Bind: name (the portal) and stmt; Close: kind ('S',
-	// 'P'; 0 for a Close too short to name anything) and name.
-	name, stmt string
-	kind       byte
-	// settled is false when a change to prepared statements sent in an
-	// earlier batch is still unconfirmed and a name is touched: the machine
-	// then counts what the name holds as unknown.
+	// settled is false when a name is touched while a change to prepared
+	// statements sent in an earlier batch is unconfirmed and the wait for
+	// it was given up: what the name holds is then unknown.
 	settled bool
+	gaveUp  bool // the wait for the server was given up (resumed)
+}
+
+// textClassifier classifies a text as the server lexes it under s; the
+// Proxy's cache, or sqlclass.ClassifyWith in the traces.
+type textClassifier interface {
+	ClassifyBytes(sql []byte, s sqlclass.Settings) *sqlclass.Class
 }
 
 // pending is a ReadyForQuery the server owes the client. deny, when set, is
@@ -94,6 +153,17 @@ type pending struct {
 	results        []*resultCharge // what the message's statements return is charged to (result.go)
 }
 
+// denyMarker is in the text of the statement the proxy sends the server in
+// place of a denied one (see denyStatement); the server's error for it is
+// recognised by this marker and replaced by the denial.
+const denyMarker = "governor-proxy: statement denied"
+
+// denyStatement fails on the server without touching anything: the cast of
+// a constant fails during parse analysis (22P02), which aborts an open
+// transaction, so a later COMMIT rolls back. It needs no function, schema
+// or language, and it names itself in the server's log.
+const denyStatement = "SELECT '" + denyMarker + "'::pg_catalog.int4"
+
 // The messages the proxy sends the server in place of a denied one.
 var (
 	denyQuery, _ = (&pgproto3.Query{String: denyStatement}).Encode(nil)
@@ -102,25 +172,34 @@ var (
 
 // machine is the connection's protocol state.
 type machine struct {
-	governs bool // the proxy classifies and follows prepared statements
+	governs    bool           // the proxy classifies and follows prepared statements
+	classifier textClassifier // when it governs
+	login      loginState     // until the first ReadyForQuery (login.go)
 
 	status   byte      // from the last ReadyForQuery
 	queue    []pending // one per ReadyForQuery the server owes, oldest first
 	inBatch  bool      // extended-protocol messages sent since the last Sync
 	batchRan bool      // an Execute was sent since the last Sync
 	asking   bool      // a message's admission is asked and not answered
+	waiting  bool      // a message waits for the server's answers (actAwait)
+	woken    bool      // and its actWake is out
 	held     clientMsg // that message
+
+	capNoticed bool // the transaction has had its NOTICE of a cap (notice.go)
 
 	discarding  bool   // after a denial in the extended protocol, until Sync
 	pendingDeny []byte // that denial, for the Sync's ReadyForQuery
 
+	// saidFatal: the server's last ErrorResponse was FATAL or PANIC, so
+	// that the client needs no FATAL of the proxy's when the server's
+	// side ends (lifecycle.go).
+	saidFatal bool
+
 	tickets    []heldTicket // the transaction's leases, one per class (govern.go)
 	overloaded bool         // the server reported overload during them
 
-	// Results charged (result.go): nextResult is the charge of the message
-	// being admitted, set by the shell before answered; batchResults those
-	// of the Executes sent since the last Sync.
-	nextResult   *resultCharge
+	// Results charged (result.go): those of the Executes sent since the
+	// last Sync.
 	batchResults []*resultCharge
 
 	// What the statements run (statements.go).
@@ -132,11 +211,16 @@ type machine struct {
 	cacts, sacts []action // the actions returned, per side, reused
 }
 
-func newMachine(governs bool) *machine {
+// newMachine returns the machine of a connection that governs its
+// statements (classified by cl) unless cl is nil, and whose startup may
+// switch to TLS when tlsOffered.
+func newMachine(cl textClassifier, tlsOffered bool) *machine {
 	return &machine{
-		governs: governs,
-		status:  TxIdle,
-		names:   names{stmts: make(map[string]*sqlclass.Class), portals: make(map[string]*sqlclass.Class)},
+		governs:    cl != nil,
+		classifier: cl,
+		login:      loginState{tlsOffered: tlsOffered},
+		status:     TxIdle,
+		names:      names{stmts: make(map[string]*sqlclass.Class), portals: make(map[string]*sqlclass.Class)},
 	}
 }
 
@@ -150,8 +234,21 @@ func (m *machine) drops(t MsgType) bool {
 // client takes a client's message.
 func (m *machine) client(msg clientMsg) []action {
 	m.cacts = m.cacts[:0]
+	if m.login.phase != phaseRelay {
+		return m.loginClient(msg)
+	}
 	if m.drops(msg.t) {
 		return m.cact(action{kind: actDrop})
+	}
+	return m.take(msg)
+}
+
+// take works out what msg runs and acts on it; or holds it until the
+// server has answered what it depends on.
+func (m *machine) take(msg clientMsg) []action {
+	if !m.resolve(&msg) {
+		m.waiting, m.held = true, msg
+		return m.cact(action{kind: actAwait})
 	}
 	switch msg.t {
 	case MsgQuery, MsgFunctionCall:
@@ -189,49 +286,93 @@ func (m *machine) client(msg clientMsg) []action {
 	return m.cact(action{kind: actForward})
 }
 
+// resumed takes the end of an actAwait: the server has answered what the
+// message held waited for, or the shell gave up waiting (gaveUp), and
+// what the server has still not answered counts as unknown.
+func (m *machine) resumed(gaveUp bool) []action {
+	m.cacts = m.cacts[:0]
+	msg := m.held
+	m.held, m.waiting, m.woken = clientMsg{}, false, false
+	msg.gaveUp = msg.gaveUp || gaveUp
+	return m.take(msg)
+}
+
 // ask holds msg for admission. From here until it is sent, a
 // ReadyForQuery for an earlier message must not end the leases it counts
 // on.
 func (m *machine) ask(msg clientMsg) []action {
 	m.asking, m.held = true, msg
-	return m.cact(action{kind: actAsk, ask: admitReq{cl: msg.cl, run: msg.run, text: msg.text}})
+	if m.status == TxIdle {
+		m.capNoticed = false // a new transaction
+	}
+	q := admitReq{cl: msg.cl, run: msg.run, classified: !msg.byConn || msg.lexed, noticeDue: !m.capNoticed}
+	return m.cact(action{kind: actAsk, ask: q})
 }
 
-// answered takes admission's answer to the message held: the leases it
-// granted (all it asked for), or the ErrorResponse of its denial.
-func (m *machine) answered(deny []byte, grants []heldTicket) []action {
-	h, rc := m.held, m.nextResult
-	m.held, m.asking, m.nextResult = clientMsg{}, false, nil
+// classified takes the shell's question about the message asked about,
+// when it was decided by its connection alone: what does it run (does it
+// write)? The ask comes again with the message classified; or the message
+// waits for the server first.
+func (m *machine) classified() []action {
 	m.cacts = m.cacts[:0]
-	if deny == nil {
-		for _, g := range grants {
-			if len(m.tickets) == 0 {
-				m.overloaded = false
-			}
-			m.tickets = append(m.tickets, g)
+	msg := m.held
+	m.held, m.asking = clientMsg{}, false
+	msg.lexed = true
+	return m.take(msg)
+}
+
+// answered takes admission's verdict on the message held.
+func (m *machine) answered(v verdict) []action {
+	h := m.held
+	m.held, m.asking = clientMsg{}, false
+	m.cacts = m.cacts[:0]
+	m.capNoticed = m.capNoticed || v.noticed
+	if v.wrote {
+		for i := range m.tickets {
+			m.tickets[i].write = true
 		}
-		m.commitChanges(h.changes)
-		if h.t == MsgExecute {
-			m.batchRan = true
-			if rc != nil {
-				m.batchResults = append(m.batchResults, rc)
-			}
-		} else {
-			m.expect(nil)
-			if rc != nil {
-				m.queue[len(m.queue)-1].results = []*resultCharge{rc}
-			}
-		}
+	}
+	if v.deny == nil {
+		m.admitted(h, v)
 		return m.cact(action{kind: actForward})
 	}
+	return m.denied(h.t, v.deny)
+}
+
+// admitted follows an admitted message about to be sent: its leases, its
+// changes to prepared statements, its result's charge.
+func (m *machine) admitted(h clientMsg, v verdict) {
+	for _, g := range v.grants {
+		if len(m.tickets) == 0 {
+			m.overloaded = false
+		}
+		m.tickets = append(m.tickets, g)
+	}
+	m.commitChanges(h.changes)
 	if h.t == MsgExecute {
+		m.batchRan = true
+		if v.result != nil {
+			m.batchResults = append(m.batchResults, v.result)
+		}
+		return
+	}
+	m.expect(nil)
+	if v.result != nil {
+		m.queue[len(m.queue)-1].results = []*resultCharge{v.result}
+	}
+}
+
+// denied shows the client a denial of a message of type t, and keeps the
+// server in step.
+func (m *machine) denied(t MsgType, deny []byte) []action {
+	if t == MsgExecute {
 		// The server must fail the batch too, so that it skips to Sync
 		// as the client expects: it gets a Parse that fails.
 		m.discarding, m.pendingDeny = true, deny
 		m.names.parses++
 		return m.cact(action{kind: actServer, data: denyParse})
 	}
-	if len(m.queue) == 0 && m.status == TxIdle && !m.inBatch && len(m.tickets) == 0 {
+	if m.idle() && m.status == TxIdle && !m.inBatch && len(m.tickets) == 0 {
 		// Idle with nothing in flight: the proxy answers alone.
 		return m.cact(action{kind: actClient, data: append(deny, readyForQuery(TxIdle)...)})
 	}
@@ -246,6 +387,21 @@ func (m *machine) answered(deny []byte, grants []heldTicket) []action {
 // other messages are forwarded.
 func (m *machine) server(t MsgType, body []byte) []action {
 	m.sacts = m.sacts[:0]
+	if m.login.phase != phaseRelay {
+		return m.loginServer(t, body)
+	}
+	m.serve(t, body)
+	if m.waiting && !m.woken && m.idle() {
+		// Last: the client's side, woken, may write to the client, after
+		// what this message forwards.
+		m.woken = true
+		m.sacts = append(m.sacts, action{kind: actWake})
+	}
+	return m.sacts
+}
+
+// serve follows a server's message after login.
+func (m *machine) serve(t MsgType, body []byte) {
 	switch t {
 	case MsgReadyForQuery:
 		m.status = body[0]
@@ -259,15 +415,17 @@ func (m *machine) server(t MsgType, body []byte) []action {
 		}
 		m.detach(false)
 	case MsgErrorResponse:
+		m.saidFatal = fatal(body)
 		if d := m.serverError(body); d != nil {
-			return m.sact(action{kind: actClient, data: d})
+			m.sact(action{kind: actClient, data: d})
+			return
 		}
 	case MsgParameterStatus:
 		m.noteParameter(body)
 	case MsgParseComplete, MsgCloseComplete, MsgCommandComplete:
 		m.noteAck(t, body)
 	}
-	return m.sact(action{kind: actForward})
+	m.sact(action{kind: actForward})
 }
 
 // serverError notes an error's SQLSTATE for the leases' report and returns
@@ -349,14 +507,6 @@ func (m *machine) expect(deny []byte) {
 
 // idle reports whether the server owes nothing.
 func (m *machine) idle() bool { return len(m.queue) == 0 }
-
-// markWrite records that the transaction's leases count as taken for
-// writes (checkWrite).
-func (m *machine) markWrite() {
-	for i := range m.tickets {
-		m.tickets[i].write = true
-	}
-}
 
 func (m *machine) cact(a action) []action {
 	m.cacts = append(m.cacts, a)

@@ -25,15 +25,22 @@ import (
 // file is blocks of a directive line, input lines, "----" and the expected
 // output, ended by a blank line; "#" starts a comment between blocks.
 //
-//	new [passthrough]   a fresh machine, governed unless passthrough
+//	new [passthrough] [login] [tls]
+//	                    a fresh machine, governed unless passthrough; logged
+//	                    in unless login, when it starts at the startup
+//	                    packets (an SSLRequest answered with TLS if tls)
 //	trace               each input line, then its actions, indented
 //	state               the machine's state
 //
 // Inputs: client <Message> [args], server <Message> [args],
-// admission granted [class...] [+result], admission denied <SQLSTATE>
-// "<message>", backend gone. Strings are Go-quoted. +result grants the
-// message a result charge (result.go) of a rule "r" counting rows to rows
-// and bytes to bytes; a server DataRow is counted as 10 bytes.
+// admission granted [class...] [+result] [wrote] [noticed], admission
+// denied <SQLSTATE> "<message>", admission classify (the shell asks what
+// a message decided by its connection runs), resumed, gave up (the end of
+// an actAwait), backend gone; and before login: startup <packet> [args],
+// dialed [tls]. Strings are Go-quoted. +result grants the message a result
+// charge (result.go) of a rule "r" counting rows to rows and bytes to
+// bytes; a server DataRow is counted as 10 bytes. A client Query with the
+// word byconn after its text is decided by its connection alone.
 //
 // go test ./pgwire -run TestMachineTraces -rewrite regenerates the
 // expected output.
@@ -153,13 +160,17 @@ func (r *traceRunner) run(t *testing.T, path string, b traceBlock) []string {
 	fields := strings.Fields(b.directive)
 	switch fields[0] {
 	case "new":
-		r.m = newMachine(!slices.Contains(fields[1:], "passthrough"))
+		r.m = newTraceMachine(!slices.Contains(fields[1:], "passthrough"), slices.Contains(fields[1:], "tls"))
+		if !slices.Contains(fields[1:], "login") {
+			r.m.login.phase = phaseRelay
+		}
 		return nil
 	case "state":
 		return []string{r.state()}
 	case "trace":
 		if r.m == nil {
-			r.m = newMachine(true)
+			r.m = newTraceMachine(true, false)
+			r.m.login.phase = phaseRelay
 		}
 		var out []string
 		for _, in := range b.input {
@@ -183,6 +194,12 @@ func (r *traceRunner) step(line string) ([]action, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch line {
+	case "resumed":
+		return r.m.resumed(false), nil
+	case "dialed", "dialed tls":
+		return r.m.dialed(line == "dialed tls"), nil
+	}
 	if len(args) < 2 {
 		return nil, fmt.Errorf("want a side and a message")
 	}
@@ -203,26 +220,91 @@ func (r *traceRunner) step(line string) ([]action, error) {
 		}
 		return r.m.server(t, body), nil
 	case "admission":
-		switch {
-		case args[1] == "granted":
-			var grants []heldTicket
-			for _, class := range args[2:] {
-				if class == "+result" {
-					r.m.nextResult = &resultCharge{rule: "r", res: &classify.Result{Rows: "rows", Bytes: "bytes"}}
-					continue
-				}
-				grants = append(grants, heldTicket{class: class, t: traceTicket{}, since: time.Time{}})
-			}
-			return r.m.answered(nil, grants), nil
-		case args[1] == "denied" && len(args) == 4:
-			return r.m.answered(errorResponse("ERROR", args[2], args[3]), nil), nil
-		}
+		return r.admission(args[1:])
 	case "backend":
 		if args[1] == "gone" {
 			return r.m.ended(), nil
 		}
+	case "gave":
+		if args[1] == "up" {
+			return r.m.resumed(true), nil
+		}
+	case "startup":
+		code, payload, err := startupPacket(args[1], args[2:])
+		if err != nil {
+			return nil, err
+		}
+		return r.m.startup(code, payload), nil
 	}
 	return nil, fmt.Errorf("unknown input")
+}
+
+func (r *traceRunner) admission(args []string) ([]action, error) {
+	switch {
+	case args[0] == "granted":
+		var v verdict
+		for _, class := range args[1:] {
+			switch class {
+			case "+result":
+				v.result = &resultCharge{rule: "r", res: &classify.Result{Rows: "rows", Bytes: "bytes"}}
+			case "wrote":
+				v.wrote = true
+			case "noticed":
+				v.noticed = true
+			default:
+				v.grants = append(v.grants, heldTicket{class: class, t: traceTicket{}, since: time.Time{}})
+			}
+		}
+		return r.m.answered(v), nil
+	case args[0] == "denied" && len(args) == 3:
+		return r.m.answered(verdict{deny: errorResponse("ERROR", args[1], args[2])}), nil
+	case args[0] == "classify":
+		return r.m.classified(), nil
+	}
+	return nil, fmt.Errorf("unknown admission input")
+}
+
+// startupPacket builds a startup packet's code and payload.
+func startupPacket(name string, args []string) (uint32, []byte, error) {
+	switch name {
+	case "SSLRequest":
+		return CodeSSLRequest, nil, nil
+	case "GSSENCRequest":
+		return CodeGSSENCRequest, nil, nil
+	case "CancelRequest":
+		return CodeCancelRequest, []byte{0, 0, 0, 7, 0, 0, 0, 9}, nil
+	case "StartupMessage", "StartupMessage3.2":
+		code := ProtocolVersion3
+		if name == "StartupMessage3.2" {
+			code |= 2
+		}
+		var payload []byte
+		for _, kv := range args {
+			k, v, _ := strings.Cut(kv, "=")
+			payload = append(append(append(append(payload, k...), 0), v...), 0)
+		}
+		return code, append(payload, 0), nil
+	case "Code":
+		n, err := strconv.ParseUint(args[0], 10, 32)
+		return uint32(n), nil, err
+	}
+	return 0, nil, fmt.Errorf("unknown startup packet %q", name)
+}
+
+// newTraceMachine is a machine as the shell makes it, with classification
+// from the text alone.
+func newTraceMachine(governs, tlsOffered bool) *machine {
+	var cl textClassifier
+	if governs {
+		cl = classifyWith{}
+	}
+	return newMachine(cl, tlsOffered)
+}
+
+type classifyWith struct{}
+
+func (classifyWith) ClassifyBytes(sql []byte, s sqlclass.Settings) *sqlclass.Class {
+	return sqlclass.ClassifyWith(string(sql), s)
 }
 
 type traceTicket struct{}
@@ -252,39 +334,24 @@ func traceArgs(line string) ([]string, error) {
 
 // clientMsg builds what the shell feeds the machine for a client's message.
 func (r *traceRunner) clientMsg(name string, args []string) (clientMsg, error) {
-	m := r.m
 	arg := func(i int) string {
 		if i < len(args) {
 			return args[i]
 		}
 		return ""
 	}
-	msg := clientMsg{settled: true}
+	msg := clientMsg{}
 	switch name {
 	case "Query":
-		msg.t, msg.text = MsgQuery, []byte(arg(0))
-		if m.governs {
-			msg.cl = sqlclass.ClassifyWith(arg(0), m.lex)
-			msg.run, msg.changes = m.running(msg.cl)
-		}
+		msg.t, msg.text, msg.byConn = MsgQuery, []byte(arg(0)), arg(1) == "byconn"
 	case "FunctionCall":
 		msg.t = MsgFunctionCall
-		if m.governs {
-			msg.cl, msg.run = functionCallClass, functionCallClass.Statements
-		}
 	case "Parse":
-		msg.t, msg.name = MsgParse, arg(0)
-		if m.governs {
-			msg.cl = sqlclass.ClassifyWith(arg(1), m.lex)
-		}
+		msg.t, msg.name, msg.text = MsgParse, arg(0), []byte(arg(1))
 	case "Bind":
 		msg.t, msg.name, msg.stmt = MsgBind, arg(0), arg(1)
 	case "Execute":
 		msg.t, msg.name = MsgExecute, arg(0)
-		if m.governs {
-			msg.cl = m.portal(arg(0))
-			msg.run, msg.changes = m.running(msg.cl)
-		}
 	case "Close":
 		msg.t, msg.name = MsgClose, arg(1)
 		if a := arg(0); a != "" {
@@ -302,7 +369,7 @@ func (r *traceRunner) clientMsg(name string, args []string) (clientMsg, error) {
 
 var clientTypes = map[string]MsgType{
 	"Sync": MsgSync, "Describe": MsgDescribe, "Flush": MsgFlush, "Terminate": MsgTerminate,
-	"CopyData": MsgCopyData, "CopyDone": MsgCopyDone, "CopyFail": MsgCopyFail,
+	"CopyData": MsgCopyData, "CopyDone": MsgCopyDone, "CopyFail": MsgCopyFail, "Password": MsgPassword,
 }
 
 var serverTypes = map[string]MsgType{
@@ -311,6 +378,7 @@ var serverTypes = map[string]MsgType{
 	"CopyInResponse": MsgCopyInResponse, "CopyOutResponse": MsgCopyOutResponse, "CopyData": MsgCopyData,
 	"CopyDone": MsgCopyDone, "NoticeResponse": MsgNoticeResponse, "NotificationResponse": MsgNotification,
 	"FunctionCallResponse": MsgFunctionCallResult, "ParameterDescription": MsgParameterDescriptor,
+	"NegotiateProtocolVersion": MsgNegotiateProtocol,
 }
 
 // serverMsg builds a server's message: its type and the body the machine
@@ -338,6 +406,22 @@ func serverMsg(name string, args []string) (MsgType, []byte, error) {
 			return 0, nil, fmt.Errorf("ParameterStatus wants a name and a value")
 		}
 		return MsgParameterStatus, []byte(args[0] + "\x00" + args[1] + "\x00"), nil
+	case "Authentication":
+		return authMsg(args)
+	case "BackendKeyData":
+		if len(args) != 2 {
+			return 0, nil, fmt.Errorf("BackendKeyData wants a pid and a key")
+		}
+		pid, err := strconv.ParseUint(args[0], 10, 32)
+		if err != nil {
+			return 0, nil, err
+		}
+		return MsgBackendKeyData, append(binary.BigEndian.AppendUint32(nil, uint32(pid)), args[1]...), nil
+	case "Raw":
+		if len(args) != 2 || len(args[0]) != 1 {
+			return 0, nil, fmt.Errorf("Raw wants a type and a body")
+		}
+		return MsgType(args[0][0]), []byte(args[1]), nil
 	}
 	t, ok := serverTypes[name]
 	if !ok {
@@ -346,8 +430,55 @@ func serverMsg(name string, args []string) (MsgType, []byte, error) {
 	return t, nil, nil
 }
 
+// authMsg builds an Authentication request: its code, and for SASL the
+// mechanisms.
+func authMsg(args []string) (MsgType, []byte, error) {
+	if len(args) < 1 {
+		return 0, nil, fmt.Errorf("Authentication wants a code")
+	}
+	code, err := strconv.ParseUint(args[0], 10, 32)
+	if err != nil {
+		return 0, nil, err
+	}
+	body := binary.BigEndian.AppendUint32(nil, uint32(code))
+	if code == authSASL {
+		for _, mech := range args[1:] {
+			body = append(append(body, mech...), 0)
+		}
+		body = append(body, 0)
+	}
+	return MsgAuthentication, body, nil
+}
+
 func describeAction(a action) string {
 	switch a.kind {
+	case actAwait:
+		return "await the server's answers"
+	case actWake:
+		return "wake the client's side"
+	case actTLS:
+		return fmt.Sprintf("to client: %q, then TLS", a.data)
+	case actCancel:
+		return fmt.Sprintf("serve cancel request %x", a.data)
+	case actDial:
+		var kv []string
+		for k, v := range a.params {
+			kv = append(kv, k+"="+v)
+		}
+		slices.Sort(kv)
+		return "dial the server for " + strings.Join(kv, " ")
+	case actReadAuth:
+		return "read the client's answer"
+	case actRegister:
+		return fmt.Sprintf("register a key for pid %d (server's key %q)", binary.BigEndian.Uint32(a.data), a.data[4:])
+	case actLoggedIn:
+		return "logged in: relay"
+	case actFail:
+		s := fmt.Sprintf("fail (%s): %v", a.failure, a.err)
+		if len(a.data) > 0 {
+			s += "; to client: " + describeMsgs(a.data, true)
+		}
+		return s
 	case actForward:
 		return "forward"
 	case actDrop:
@@ -357,7 +488,17 @@ func describeAction(a action) string {
 	case actClient:
 		return "to client: " + describeMsgs(a.data, true)
 	case actAsk:
-		return "ask admission: " + describeRun(a.ask)
+		s := "ask admission: " + describeRun(a.ask)
+		if a.ask.cl == byConnection {
+			s = "ask admission: by connection"
+			if a.ask.classified {
+				s += ", runs " + describeRun(a.ask)
+			}
+		}
+		if !a.ask.noticeDue {
+			s += " (NOTICE given)"
+		}
+		return s
 	case actSettle:
 		var rs []string
 		for _, rc := range a.results {
@@ -399,6 +540,19 @@ func describeRun(q admitReq) string {
 // describeMsgs renders the messages the machine injects.
 func describeMsgs(b []byte, backend bool) string {
 	var parts []string
+	if len(b) == 1 {
+		return fmt.Sprintf("%q", b)
+	}
+	if !backend && len(b) >= 8 && b[0] == 0 {
+		var sm pgproto3.StartupMessage
+		sm.Decode(b[4:])
+		var kv []string
+		for k, v := range sm.Parameters {
+			kv = append(kv, k+"="+v)
+		}
+		slices.Sort(kv)
+		return fmt.Sprintf("StartupMessage %d.%d %s", sm.ProtocolVersion>>16, sm.ProtocolVersion&0xffff, strings.Join(kv, " "))
+	}
 	for len(b) >= headerLen {
 		t := MsgType(b[0])
 		n := int(binary.BigEndian.Uint32(b[1:]))
@@ -411,6 +565,10 @@ func describeMsgs(b []byte, backend bool) string {
 			parts = append(parts, fmt.Sprintf("ErrorResponse %s %s %q", e.Severity, e.Code, e.Message))
 		case backend && t == MsgReadyForQuery:
 			parts = append(parts, "ReadyForQuery "+string(body))
+		case backend && t == MsgAuthentication:
+			parts = append(parts, describeAuth(body))
+		case backend && t == MsgNegotiateProtocol:
+			parts = append(parts, fmt.Sprintf("NegotiateProtocolVersion 3.%d", binary.BigEndian.Uint32(body)))
 		case !backend && t == MsgQuery:
 			parts = append(parts, fmt.Sprintf("Query %q", strings.TrimRight(string(body), "\x00")))
 		case !backend && t == MsgParse:
@@ -422,6 +580,14 @@ func describeMsgs(b []byte, backend bool) string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+func describeAuth(body []byte) string {
+	var m pgproto3.AuthenticationSASL
+	if err := m.Decode(body); err == nil {
+		return "AuthenticationSASL " + strings.Join(m.AuthMechanisms, " ")
+	}
+	return fmt.Sprintf("Authentication %d", binary.BigEndian.Uint32(body))
 }
 
 // state renders the machine's state in one line.
@@ -440,6 +606,9 @@ func (r *traceRunner) state() string {
 		leases = append(leases, h.class)
 	}
 	s := fmt.Sprintf("status %c; owed [%s]; leases [%s]", m.status, strings.Join(owed, " "), strings.Join(leases, " "))
+	if m.login.phase != phaseRelay {
+		s = fmt.Sprintf("login phase %d; ", m.login.phase) + s
+	}
 	if m.inBatch {
 		s += "; in batch"
 	}
@@ -448,6 +617,12 @@ func (r *traceRunner) state() string {
 	}
 	if m.asking {
 		s += "; asking"
+	}
+	if m.waiting {
+		s += "; waiting for the server"
+	}
+	if m.saidFatal {
+		s += "; the server said FATAL"
 	}
 	s += "; statements [" + describeNames(m.names.stmts) + "]"
 	s += "; portals [" + describeNames(m.names.portals) + "]"
@@ -469,19 +644,28 @@ func describeNames(names map[string]*sqlclass.Class) string {
 	return strings.Join(out, " ")
 }
 
-// queryCycle is a governed Query's trip through the machine: asked
-// about, granted, answered.
-func queryCycle(m *machine, cl *sqlclass.Class, grants []heldTicket) {
+// queryCycle is a Query's trip through the machine: asked about (by its
+// text, classified through the statement cache, or decided by the
+// connection), granted, answered.
+func queryCycle(m *machine, msg clientMsg, grants []heldTicket) {
 	cc, rfq := []byte("SELECT 1\x00"), []byte{TxIdle}
-	msg := clientMsg{t: MsgQuery}
-	if cl != nil {
-		msg.cl, msg.run = cl, cl.Statements
-	}
 	if acts := m.client(msg); acts[0].kind == actAsk {
-		m.answered(nil, grants)
+		m.answered(verdict{grants: grants})
 	}
 	m.server(MsgCommandComplete, cc)
 	m.server(MsgReadyForQuery, rfq)
+}
+
+// loggedInMachine is a machine past login, classifying through a
+// statement cache as the shell's does (nil: governing nothing).
+func loggedInMachine(cache *sqlclass.Cache) *machine {
+	var cl textClassifier
+	if cache != nil {
+		cl = cache
+	}
+	m := newMachine(cl, false)
+	m.login.phase = phaseRelay
+	return m
 }
 
 // The machine is on every statement's path: it allocates nothing there
@@ -489,29 +673,31 @@ func queryCycle(m *machine, cl *sqlclass.Class, grants []heldTicket) {
 // shell when they end.
 func TestMachineQueryAllocs(t *testing.T) {
 	grants := []heldTicket{{class: "db", t: traceTicket{}}}
+	text := []byte("SELECT 1")
 	for _, tc := range []struct {
-		name    string
-		governs bool
-		max     float64
-	}{{"passthrough", false, 0}, {"governed", true, 1}} {
-		m := newMachine(tc.governs)
-		var cl *sqlclass.Class
-		if tc.governs {
-			cl = sqlclass.ClassifyWith("SELECT 1", m.lex)
-		}
-		queryCycle(m, cl, grants) // the buffers' first growth
-		if n := testing.AllocsPerRun(200, func() { queryCycle(m, cl, grants) }); n > tc.max {
+		name  string
+		cache *sqlclass.Cache
+		msg   clientMsg
+		max   float64
+	}{
+		{"passthrough", nil, clientMsg{t: MsgQuery, text: text}, 0},
+		{"governed", sqlclass.NewCache(16), clientMsg{t: MsgQuery, text: text}, 1},
+		{"by connection", sqlclass.NewCache(16), clientMsg{t: MsgQuery, text: text, byConn: true}, 1},
+	} {
+		m := loggedInMachine(tc.cache)
+		queryCycle(m, tc.msg, grants) // the buffers' first growth, the cache's entry
+		if n := testing.AllocsPerRun(200, func() { queryCycle(m, tc.msg, grants) }); n > tc.max {
 			t.Errorf("%s: %v allocations a Query, want at most %v", tc.name, n, tc.max)
 		}
 	}
 }
 
 func BenchmarkMachineQuery(b *testing.B) {
-	m := newMachine(true)
-	cl := sqlclass.ClassifyWith("SELECT 1", m.lex)
+	m := loggedInMachine(sqlclass.NewCache(16))
+	msg := clientMsg{t: MsgQuery, text: []byte("SELECT 1")}
 	grants := []heldTicket{{class: "db", t: traceTicket{}}}
 	b.ReportAllocs()
 	for b.Loop() {
-		queryCycle(m, cl, grants)
+		queryCycle(m, msg, grants)
 	}
 }

@@ -19,33 +19,24 @@ const askTimeout = 2 * time.Second
 // the cap's state, node and use, as Governor-Warning says it over HTTP. A
 // statement outside a transaction block is a transaction of its own. A
 // reading that fails sends nothing: notices inform, they never decide.
-func (c *conn) noticeCaps(subtask string) {
+// The machine says when one is due (admitReq.noticeDue); noticeCaps
+// reports whether it sent one.
+func (c *conn) noticeCaps(subtask string) bool {
 	if c.p.Caps == nil {
-		return
-	}
-	c.mu.Lock()
-	if c.m.status == TxIdle {
-		c.capNoticed = false // a new transaction
-	}
-	done := c.capNoticed
-	c.mu.Unlock()
-	if done {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, askTimeout)
 	defer cancel()
 	rep, err := c.p.Caps.CapStatus(ctx, subtask, false)
 	if err != nil {
-		return
+		return false
 	}
 	worst, ok := rep.Worst(nil, "") // every cap over the subtask: the transaction's statements are not known yet
 	if !ok {
-		return
+		return false
 	}
-	c.mu.Lock()
-	c.capNoticed = true
-	c.mu.Unlock()
 	c.writeClient(noticeResponse("governor: "+capWords(worst)+" ("+worst.Warning()+")"), true)
+	return true
 }
 
 // capWords says a cap's state in words.
@@ -68,17 +59,10 @@ func capWords(c admission.CapState) string {
 
 // writes reports whether a message's statements may write, as a read-only
 // tenant refuses: a statement of a write kind. A Query decided by its
-// connection alone (byConnection) is classified here from its text; with no
-// text at hand, such a message counts as one that may write.
-func (c *conn) writes(cl *sqlclass.Class, run []sqlclass.Statement, text []byte) bool {
-	if cl == byConnection {
-		// Its lease did not need the text, but a read_only tenant's
-		// refusal does: a SELECT must not read as a write.
-		if text == nil {
-			return true
-		}
-		run, _ = c.toRun(c.classifyText(text))
-	}
+// connection alone (byConnection) is asked about classified all the same
+// when this is needed: its lease did not need the text, but a read_only
+// tenant's refusal does, and a SELECT must not read as a write.
+func (c *conn) writes(run []sqlclass.Statement) bool {
 	for i := range run {
 		if classify.WritesSQL(c.statement(&run[i]).Kinds) {
 			return true

@@ -3,7 +3,6 @@ package pgwire
 import (
 	"bytes"
 	"slices"
-	"time"
 
 	"github.com/governor-project/governor/classify/sqlclass"
 )
@@ -35,6 +34,12 @@ import (
 // way; within one batch, after an Execute whose ParameterStatus comes only
 // at the batch's end, a text that lexes differently under any setting is
 // unknown.
+//
+// A message that waits is held by the machine (actAwait) until the
+// server's answer that leaves nothing owed (actWake). The shell bounds the
+// wait by the wait timeout, once per message; once it gives up, what the
+// server has still not answered is unknown: the message's text, or the
+// prepared statement it names.
 
 // names is the connection's view of the server's prepared statements and
 // portals, the machine's.
@@ -85,14 +90,6 @@ type nameChange struct {
 // unknownClass is a text the proxy cannot see into.
 var unknownClass = &sqlclass.Class{Statements: []sqlclass.Statement{sqlclass.Unknown}}
 
-// lexSettings are the server's settings that change lexing, as last
-// reported.
-func (c *conn) lexSettings() sqlclass.Settings {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m.lex
-}
-
 // noteParameter follows a ParameterStatus from the server.
 func (m *machine) noteParameter(body []byte) {
 	name, rest, ok := cstring(body)
@@ -108,25 +105,77 @@ func (m *machine) noteParameter(body []byte) {
 	}
 }
 
-// classifyText classifies a Query's or Parse's text as the server will lex
-// it.
-func (c *conn) classifyText(sql []byte) *sqlclass.Class {
-	if !sqlclass.DependsOnSettings(sql) {
-		return c.p.cache.ClassifyBytes(sql, c.lexSettings())
+// resolve works out what msg runs, as the server will run it: its cl, run
+// and changes, and settled for a message that names a prepared statement.
+// It reports false when that depends on answers the server still owes;
+// once the wait for them was given up (msg.gaveUp), what it would wait for
+// is unknown.
+func (m *machine) resolve(msg *clientMsg) bool {
+	if !m.governs {
+		return true
 	}
-	if !c.settle() {
-		return unknownClass
+	msg.settled = true
+	switch msg.t {
+	case MsgQuery:
+		if msg.byConn && !msg.lexed {
+			msg.cl = byConnection
+			return true
+		}
+		if !m.resolveText(msg) || !m.resolveRun(msg) {
+			return false
+		}
+		if msg.byConn {
+			// Classified only to tell whether it writes; its lease and
+			// charges stay the connection's, and its changes to prepared
+			// statements are not followed.
+			msg.cl, msg.changes = byConnection, nil
+		}
+	case MsgFunctionCall:
+		msg.cl, msg.run = functionCallClass, functionCallClass.Statements
+	case MsgParse:
+		return m.resolveText(msg) && m.resolveName(msg, msg.name)
+	case MsgBind:
+		return m.resolveName(msg, msg.stmt)
+	case MsgExecute:
+		msg.cl = m.portal(msg.name)
+		return m.resolveRun(msg)
+	case MsgClose:
+		if msg.kind == 'S' {
+			return m.resolveName(msg, msg.name)
+		}
 	}
-	set := c.lexSettings()
-	cl := c.p.cache.ClassifyBytes(sql, set)
-	c.mu.Lock()
-	ran := c.m.batchRan
-	c.mu.Unlock()
-	if !ran {
+	return true
+}
+
+// resolveText classifies a Query's or Parse's text as the server will lex
+// it: when its lexing may depend on the settings (it holds a backslash or
+// a non-ASCII byte), only once the server has answered every earlier Query
+// and Sync, so that no change of them is still on its way.
+func (m *machine) resolveText(msg *clientMsg) bool {
+	sql := msg.text
+	switch {
+	case !sqlclass.DependsOnSettings(sql):
+		msg.cl = m.classifier.ClassifyBytes(sql, m.lex)
+	case !m.idle() && !msg.gaveUp:
+		return false
+	case !m.idle():
+		msg.cl = unknownClass
+	default:
+		msg.cl = m.classifySettled(sql)
+	}
+	return true
+}
+
+// classifySettled classifies a text whose lexing depends on the settings,
+// with the server's answers all in: unknown when a statement this batch
+// ran may have changed them, which the server reports only at the batch's
+// end, and the text lexes differently under another setting.
+func (m *machine) classifySettled(sql []byte) *sqlclass.Class {
+	set := m.lex
+	cl := m.classifier.ClassifyBytes(sql, set)
+	if !m.batchRan {
 		return cl
 	}
-	// A statement this batch ran may have changed the settings; the server
-	// reports that only at the batch's end.
 	others := []sqlclass.Settings{{BackslashEscapes: !set.BackslashEscapes, Encoding: set.Encoding}}
 	if bytes.ContainsFunc(sql, func(r rune) bool { return r >= 0x80 }) {
 		for _, e := range []sqlclass.Encoding{sqlclass.ASCIISafe, sqlclass.EncodingSJIS, sqlclass.EncodingDoubleByte,
@@ -161,56 +210,24 @@ func sameClass(a, b *sqlclass.Class) bool {
 	return true
 }
 
-// settle waits until the server has answered every Query, FunctionCall and
-// Sync sent so far, so that what it reported on the way (ParameterStatus,
-// confirmations, errors) is known. It gives up after the wait timeout, or
-// when the connection ends, and then reports false.
-func (c *conn) settle() bool {
-	c.mu.Lock()
-	idle := c.m.idle()
-	c.mu.Unlock()
-	if idle {
+// changesInFlight reports whether a change to prepared statements sent in
+// an earlier batch is not confirmed yet: a message that touches prepared
+// statements waits for the server to answer that batch first.
+func (m *machine) changesInFlight() bool {
+	u := m.names.undo
+	return len(u) > 0 && u[0].batch < m.batches
+}
+
+// resolveName settles a message that touches the prepared statement name
+// (changesInFlight); the unnamed one needs no wait. Given up, the message
+// is unsettled: what name holds counts as unknown.
+func (m *machine) resolveName(msg *clientMsg, name string) bool {
+	if name == "" || !m.changesInFlight() {
 		return true
 	}
-	if err := c.sw.Flush(); err != nil {
-		return false
-	}
-	timer := time.NewTimer(c.p.waitTimeout())
-	defer timer.Stop()
-	for {
-		c.mu.Lock()
-		if c.m.idle() {
-			c.mu.Unlock()
-			return true
-		}
-		if c.answered == nil {
-			c.answered = make(chan struct{})
-		}
-		ch := c.answered
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-timer.C:
-			return false
-		case <-c.ctx.Done():
-			return false
-		}
-	}
+	msg.settled = false
+	return msg.gaveUp
 }
-
-// settleNames settles the connection when a change sent in an earlier batch
-// is not confirmed yet; a message that touches prepared statements calls it
-// first.
-func (c *conn) settleNames() bool {
-	c.mu.Lock()
-	early := len(c.m.names.undo) > 0 && c.m.names.undo[0].batch < c.m.batches
-	c.mu.Unlock()
-	return !early || c.settle()
-}
-
-// settled settles the connection before a message that touches the
-// prepared statement name (settleNames); the unnamed one needs no wait.
-func (c *conn) settled(name string) bool { return name == "" || c.settleNames() }
 
 // parse follows a Parse of text classified as cl into the statement name;
 // unsettled, what it holds is unknown.
@@ -275,21 +292,21 @@ func (m *machine) portal(name string) *sqlclass.Class {
 	return unknownClass
 }
 
-// running returns the statements of cl as they will run: an EXECUTE as the
-// statement it executes, given the prepared statements as the statements
-// before it leave them. It also returns the changes cl's statements make,
-// to apply (commitChanges) once they are admitted. A text with neither is
-// returned as it is.
-func (c *conn) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) {
-	if plain(cl) {
-		return cl.Statements, nil
+// resolveRun works out what msg.cl runs and changes (running), once the
+// prepared statements it may touch are settled (changesInFlight). Given
+// up, a text that runs or changes prepared statements runs as unknown.
+func (m *machine) resolveRun(msg *clientMsg) bool {
+	switch {
+	case plain(msg.cl):
+		msg.run = msg.cl.Statements
+	case !m.changesInFlight():
+		msg.run, msg.changes = m.running(msg.cl)
+	case msg.gaveUp:
+		msg.run = unknownClass.Statements
+	default:
+		return false
 	}
-	if !c.settleNames() {
-		return unknownClass.Statements, nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m.running(cl)
+	return true
 }
 
 // plain reports whether cl neither runs nor changes prepared statements.
@@ -302,11 +319,11 @@ func plain(cl *sqlclass.Class) bool {
 	return true
 }
 
-// running is conn.running once the prepared statements are settled.
+// running returns the statements of cl as they will run: an EXECUTE as the
+// statement it executes, given the prepared statements as the statements
+// before it leave them. It also returns the changes cl's statements make,
+// to apply (commitChanges) once they are admitted.
 func (m *machine) running(cl *sqlclass.Class) ([]sqlclass.Statement, []nameChange) {
-	if plain(cl) {
-		return cl.Statements, nil
-	}
 	var changes []nameChange
 	lookup := func(name string) *sqlclass.Statement {
 		var p *sqlclass.Class

@@ -500,3 +500,47 @@ func TestPsqlRoutes(t *testing.T) {
 		t.Fatalf("%d rows, want 1:\n%s", n, out)
 	}
 }
+
+// What waits for the server's answers is read as the server will run it
+// once they are in. With the quota spent, a statement that only reads,
+// pipelined behind a SET that changes how its text lexes or behind a
+// Parse the server refuses, is let through: read before the answers (or
+// given up as unknown) it would be charged, and refused. The wait ends
+// when the answers are in, not at the wait timeout (a minute here, past
+// raw's deadline).
+func TestWaitsForTheServer(t *testing.T) {
+	pgPort(t)
+	srv := governord(t, 10)
+	publicTable(t, "ledger_wait")
+	addr := ruledProxy(t, srv, governor.Spec{Name: "waits", Quotas: map[string]int64{"db_writes": 1}}, ledgerRules,
+		func(p *pgwire.Proxy) { p.WaitTimeout = time.Minute })
+	ctx := context.Background()
+	const ins = "INSERT INTO ledger_wait VALUES (1)"
+	c := connect(t, superDSN(addr))
+	exec1(t, c, ins)
+	wantCode(t, "a second insert", execAll(ctx, c, ins), "53400")
+
+	t.Run("a setting changed just before", func(t *testing.T) {
+		nc, fe := bareLogin(t, addr)
+		// With standard_conforming_strings off, the quote holds the rest
+		// of the text: one SELECT of a string, no INSERT.
+		codes := raw(t, nc, fe, 2, &pgproto3.Query{String: "SET standard_conforming_strings = off"},
+			&pgproto3.Query{String: `SELECT 'x\' FROM ledger_wait; ` + ins + ` --'`})
+		if len(codes) != 0 {
+			t.Errorf("a SELECT pipelined behind the SET: errors %v, want none", codes)
+		}
+	})
+	t.Run("a Parse refused just before", func(t *testing.T) {
+		nc, fe := bareLogin(t, addr)
+		raw(t, nc, fe, 1, &pgproto3.Parse{Name: "w1", Query: "SELECT 1"}, &pgproto3.Sync{})
+		codes := raw(t, nc, fe, 2,
+			&pgproto3.Parse{Name: "w1", Query: ins}, &pgproto3.Sync{},
+			&pgproto3.Bind{PreparedStatement: "w1"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		if len(codes) != 1 || codes[0] != "42P05" {
+			t.Errorf("w1 run behind its refused Parse: errors %v, want [42P05]", codes)
+		}
+	})
+	if n := countRows(t, "ledger_wait"); n != 1 {
+		t.Fatalf("%d rows reached the table; the quota is 1", n)
+	}
+}
