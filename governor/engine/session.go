@@ -205,6 +205,17 @@ func (e *Engine) target(s *session, id NodeID) (*node, error) {
 	return n, nil
 }
 
+// sessionTarget resolves, for a call at now by session sid about node id,
+// the node inside the session's scope: what a call that reads one node
+// does first.
+func (e *Engine) sessionTarget(sid SessionID, id NodeID, now int64) (*node, error) {
+	s, err := e.session(sid, now)
+	if err != nil {
+		return nil, err
+	}
+	return e.target(s, id)
+}
+
 // editable resolves a node s may edit: inside its scope, and not the scope
 // node itself, so a tenant can re-divide its budget but not raise its own.
 func (e *Engine) editable(s *session, id NodeID) (*node, error) {
