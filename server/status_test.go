@@ -76,4 +76,15 @@ func TestEnumsAsTheAPICarriesThem(t *testing.T) {
 			t.Errorf("leaseReason(%d) = %v, want %v", r, got, want)
 		}
 	}
+	notices := map[engine.NoticeKind]governorpb.Notice_Kind{
+		engine.NoticeContended: governorpb.Notice_KIND_CONTENDED, engine.NoticeUncontended: governorpb.Notice_KIND_UNCONTENDED,
+		engine.NoticeRecall: governorpb.Notice_KIND_RECALL, engine.NoticeEnded: governorpb.Notice_KIND_ENDED,
+		engine.NoticeKind(0): governorpb.Notice_KIND_UNSPECIFIED,
+	}
+	for k, want := range notices {
+		n := toNotice(engine.Notice{Kind: k, Node: 7, Class: "db", Resource: "calls"})
+		if n.GetKind() != want || n.GetNodeId() != 7 || n.GetClass() != "db" || n.GetResource() != "calls" {
+			t.Errorf("toNotice(kind %d) = %v, want kind %v on node 7, db, calls", k, n, want)
+		}
+	}
 }
