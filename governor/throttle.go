@@ -8,6 +8,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/governor-project/governor/internal/retry"
 )
 
 // governord refuses a call it cannot let in yet (its tenant's calls in
@@ -59,14 +61,5 @@ func throttleWait(d time.Duration) time.Duration {
 // sleep waits d. It returns ctx's error if ctx ends first, or
 // ErrSessionLost if stop closes.
 func sleep(ctx context.Context, stop <-chan struct{}, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-stop:
-		return ErrSessionLost
-	}
+	return retry.SleepUnless(ctx, d, stop, ErrSessionLost)
 }

@@ -199,18 +199,16 @@ func (s *Server) Watch(_ *governorpb.WatchRequest, stream governorpb.Governor_Wa
 }
 
 func toNotice(n engine.Notice) *governorpb.Notice {
-	kind := governorpb.Notice_KIND_UNSPECIFIED
-	switch n.Kind {
-	case engine.NoticeContended:
-		kind = governorpb.Notice_KIND_CONTENDED
-	case engine.NoticeUncontended:
-		kind = governorpb.Notice_KIND_UNCONTENDED
-	case engine.NoticeRecall:
-		kind = governorpb.Notice_KIND_RECALL
-	case engine.NoticeEnded:
-		kind = governorpb.Notice_KIND_ENDED
-	}
-	return &governorpb.Notice{Kind: kind, NodeId: int64(n.Node), Class: n.Class, Resource: n.Resource}
+	return &governorpb.Notice{Kind: noticeKinds[n.Kind], NodeId: int64(n.Node), Class: n.Class, Resource: n.Resource}
+}
+
+// noticeKinds is the engine's notice kinds as the API carries them; a kind
+// missing is KIND_UNSPECIFIED.
+var noticeKinds = map[engine.NoticeKind]governorpb.Notice_Kind{
+	engine.NoticeContended:   governorpb.Notice_KIND_CONTENDED,
+	engine.NoticeUncontended: governorpb.Notice_KIND_UNCONTENDED,
+	engine.NoticeRecall:      governorpb.Notice_KIND_RECALL,
+	engine.NoticeEnded:       governorpb.Notice_KIND_ENDED,
 }
 
 // notices hands the engine's notices to the sessions' Watch streams. It is

@@ -58,26 +58,32 @@ func engineStatus(err error) error {
 	case errors.As(err, &bound):
 		return withDetail(codes.ResourceExhausted, err, &governorpb.BoundReached{Tenant: bound.Tenant, Bound: bound.Bound,
 			Limit: int64(bound.Limit), Name: bound.Name})
-	case errors.Is(err, engine.ErrBound):
-		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, engine.ErrUnauthenticated), errors.Is(err, engine.ErrSessionExpired):
-		return status.Error(codes.Unauthenticated, err.Error())
-	case errors.Is(err, engine.ErrPermission):
-		return status.Error(codes.PermissionDenied, err.Error())
-	case errors.Is(err, engine.ErrNotFound):
-		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, engine.ErrExists):
-		return status.Error(codes.AlreadyExists, err.Error())
-	case errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrRequestIDReused):
-		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, engine.ErrRecalling): // only when the server gave up waiting for the recall
-		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	for _, c := range sentinelCodes {
+		if errors.Is(err, c.err) {
+			return status.Error(c.code, err.Error())
+		}
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// sentinelCodes are the codes of the errors that carry no detail, tried in
+// this order once no detail applies; anything else is Internal.
+var sentinelCodes = []struct {
+	err  error
+	code codes.Code
+}{
+	{engine.ErrBound, codes.ResourceExhausted},
+	{engine.ErrUnauthenticated, codes.Unauthenticated},
+	{engine.ErrSessionExpired, codes.Unauthenticated},
+	{engine.ErrPermission, codes.PermissionDenied},
+	{engine.ErrNotFound, codes.NotFound},
+	{engine.ErrExists, codes.AlreadyExists},
+	{engine.ErrInvalid, codes.InvalidArgument},
+	{engine.ErrRequestIDReused, codes.InvalidArgument},
+	{engine.ErrRecalling, codes.Aborted}, // only when the server gave up waiting for the recall
+	{context.Canceled, codes.Canceled},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
 }
 
 func withDetail(code codes.Code, err error, detail protoadapt.MessageV1) error {
@@ -88,40 +94,35 @@ func withDetail(code codes.Code, err error, detail protoadapt.MessageV1) error {
 	return st.Err()
 }
 
-func nodeState(s engine.State) governorpb.NodeState {
-	switch s {
-	case engine.Open:
-		return governorpb.NodeState_NODE_STATE_OPEN
-	case engine.Closed:
-		return governorpb.NodeState_NODE_STATE_CLOSED
-	case engine.Cancelled:
-		return governorpb.NodeState_NODE_STATE_CANCELLED
-	case engine.Expired:
-		return governorpb.NodeState_NODE_STATE_EXPIRED
+// The engine's enums as the API carries them. A value missing from a table
+// is the API's zero, UNSPECIFIED; a kind missing from nodeKinds is a
+// subtask, as every node below a task is.
+var (
+	nodeStates = map[engine.State]governorpb.NodeState{
+		engine.Open:      governorpb.NodeState_NODE_STATE_OPEN,
+		engine.Closed:    governorpb.NodeState_NODE_STATE_CLOSED,
+		engine.Cancelled: governorpb.NodeState_NODE_STATE_CANCELLED,
+		engine.Expired:   governorpb.NodeState_NODE_STATE_EXPIRED,
 	}
-	return governorpb.NodeState_NODE_STATE_UNSPECIFIED
-}
+	nodeKinds = map[engine.Kind]governorpb.NodeKind{
+		engine.KindRoot:   governorpb.NodeKind_NODE_KIND_ROOT,
+		engine.KindTenant: governorpb.NodeKind_NODE_KIND_TENANT,
+		engine.KindTask:   governorpb.NodeKind_NODE_KIND_TASK,
+	}
+	leaseReasons = map[engine.EndReason]governorpb.LeaseEndReason{
+		engine.EndReleased: governorpb.LeaseEndReason_LEASE_END_REASON_RELEASED,
+		engine.EndExpired:  governorpb.LeaseEndReason_LEASE_END_REASON_EXPIRED,
+		engine.EndRevoked:  governorpb.LeaseEndReason_LEASE_END_REASON_REVOKED,
+	}
+)
+
+func nodeState(s engine.State) governorpb.NodeState { return nodeStates[s] }
 
 func nodeKind(k engine.Kind) governorpb.NodeKind {
-	switch k {
-	case engine.KindRoot:
-		return governorpb.NodeKind_NODE_KIND_ROOT
-	case engine.KindTenant:
-		return governorpb.NodeKind_NODE_KIND_TENANT
-	case engine.KindTask:
-		return governorpb.NodeKind_NODE_KIND_TASK
+	if v, ok := nodeKinds[k]; ok {
+		return v
 	}
 	return governorpb.NodeKind_NODE_KIND_SUBTASK
 }
 
-func leaseReason(r engine.EndReason) governorpb.LeaseEndReason {
-	switch r {
-	case engine.EndReleased:
-		return governorpb.LeaseEndReason_LEASE_END_REASON_RELEASED
-	case engine.EndExpired:
-		return governorpb.LeaseEndReason_LEASE_END_REASON_EXPIRED
-	case engine.EndRevoked:
-		return governorpb.LeaseEndReason_LEASE_END_REASON_REVOKED
-	}
-	return governorpb.LeaseEndReason_LEASE_END_REASON_UNSPECIFIED
-}
+func leaseReason(r engine.EndReason) governorpb.LeaseEndReason { return leaseReasons[r] }

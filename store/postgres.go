@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -17,13 +18,19 @@ import (
 // first (add search_path=NAME to the DSN to keep several logs in one
 // database).
 type Postgres struct {
-	pool  *pgxpool.Pool
-	cfg   *pgxpool.Config // for the connections of an Elector and a Listener (leader.go)
-	epoch atomic.Uint64   // the epoch Appends are fenced by; 0: not fenced (leader.go)
+	sqlStore // what SQLite does alike (sqlstore.go); its epoch fences Appends
+	pool     *pgxpool.Pool
+	cfg      *pgxpool.Config // for the connections of an Elector and a Listener (leader.go)
 	// notified is when (unix nanoseconds) a fenced Append last notified the
 	// followers: at most one notification per NotifyGap (leader.go).
 	notified atomic.Int64
-	closed   atomic.Bool
+}
+
+// postgresDialect is PostgreSQL's part in the shared statements.
+var postgresDialect = sqlDialect{
+	snapshotHead: "SELECT seq, last_seq, epoch FROM governor_snapshot WHERE id = 1",
+	forUpdate:    " FOR UPDATE",
+	emptyBlob:    "''::bytea",
 }
 
 // postgresMaxConns: one for the writer, one for a Load or an operator call
@@ -80,7 +87,7 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres: %w", err)
 	}
-	p := &Postgres{pool: pool, cfg: cfg.Copy()}
+	p := &Postgres{sqlStore: sqlStore{conn: postgresConn{postgresQuerier{pool}, pool}, dialect: postgresDialect}, pool: pool, cfg: cfg.Copy()}
 	if err := p.init(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("store: postgres: create tables: %w", err)
@@ -99,52 +106,69 @@ func (p *Postgres) init(ctx context.Context) error {
 	})
 }
 
-// Load implements Store.
-func (p *Postgres) Load(ctx context.Context, fn LoadFuncs) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: load: %w", ErrClosed)
+// postgresConn is the pool as the shared statements want it.
+type postgresConn struct {
+	postgresQuerier
+	pool *pgxpool.Pool
+}
+
+func (c postgresConn) begin(ctx context.Context, readOnly bool) (sqlTx, error) {
+	opts := pgx.TxOptions{}
+	if readOnly {
+		// Repeatable read: one view of the database for the whole
+		// transaction.
+		opts = pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
 	}
-	// Repeatable read: the snapshot, the sessions and the records are one
-	// view even if an Append or a SaveSnapshot commits in between.
-	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := c.pool.BeginTx(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("store: load: %w", err)
+		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	return loadSQL(postgresReader{ctx, tx}, fn)
+	return postgresTx{postgresQuerier{tx}, tx}, nil
 }
 
-// postgresReader is a read transaction as loadSQL wants it.
-type postgresReader struct {
-	ctx context.Context
-	tx  pgx.Tx
+// postgresTx is a transaction as the shared statements want it.
+type postgresTx struct {
+	postgresQuerier
+	tx pgx.Tx
 }
 
-func (r postgresReader) queryRow(query string, args ...any) scanner {
-	return r.tx.QueryRow(r.ctx, query, args...)
+func (t postgresTx) commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+
+func (t postgresTx) rollback(ctx context.Context) { t.tx.Rollback(context.WithoutCancel(ctx)) }
+
+// postgresQuerier runs the shared statements on a pool or in a transaction.
+type postgresQuerier struct {
+	q interface {
+		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	}
 }
 
-func (r postgresReader) query(query string, args ...any) (cursor, func(), error) {
-	rows, err := r.tx.Query(r.ctx, query, args...)
+func (p postgresQuerier) queryRow(ctx context.Context, query string, args ...any) scanner {
+	return p.q.QueryRow(ctx, query, args...)
+}
+
+func (p postgresQuerier) query(ctx context.Context, query string, args ...any) (cursor, func(), error) {
+	rows, err := p.q.Query(ctx, query, args...)
 	if err != nil {
 		return nil, nil, err
 	}
 	return rows, rows.Close, nil
 }
 
+func (p postgresQuerier) exec(ctx context.Context, query string, args ...any) error {
+	_, err := p.q.Exec(ctx, query, args...)
+	return err
+}
+
 // Append implements Store in one statement: one round trip whatever the
 // batch size.
 func (p *Postgres) Append(ctx context.Context, recs []Record) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: append: %w", ErrClosed)
-	}
-	if len(recs) == 0 {
-		return nil
-	}
-	first := recs[0].Seq
-	if err := checkContiguous(recs); err != nil {
+	if err := p.checkAppendable(recs); err != nil || len(recs) == 0 {
 		return err
 	}
+	first := recs[0].Seq
 	seqs := make([]int64, len(recs))
 	datas := make([][]byte, len(recs))
 	for i, r := range recs {
@@ -280,70 +304,13 @@ func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) er
 	return nil
 }
 
-// WriteSnapshotPart implements Store.
-func (p *Postgres) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: write snapshot part: %w", ErrClosed)
-	}
-	return p.inTx(ctx, "write snapshot part", func(tx pgx.Tx) error {
-		if err := p.checkSnapshotTx(ctx, tx, seq, ""); err != nil {
-			return err
-		}
-		if off == 0 { // an earlier try at the same seq
-			if _, err := tx.Exec(ctx, "DELETE FROM governor_snapshot_parts WHERE seq = $1", int64(seq)); err != nil {
-				return err
-			}
-		}
-		var have int64
-		if err := tx.QueryRow(ctx, "SELECT coalesce(sum(length(data)), 0) FROM governor_snapshot_parts WHERE seq = $1",
-			int64(seq)).Scan(&have); err != nil {
-			return err
-		}
-		if have != off {
-			return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, have, ErrSnapshotSeq)
-		}
-		if part == nil {
-			part = []byte{}
-		}
-		_, err := tx.Exec(ctx, "INSERT INTO governor_snapshot_parts (seq, off, data) VALUES ($1, $2, $3)", int64(seq), off, part)
-		return err
-	})
-}
-
-// FinishSnapshot implements Store.
-func (p *Postgres) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: finish snapshot: %w", ErrClosed)
-	}
-	return p.inTx(ctx, "finish snapshot", func(tx pgx.Tx) error {
-		// FOR UPDATE, as Append's statement locks the row: the check and the
-		// change are one step against Appends.
-		if err := p.checkSnapshotTx(ctx, tx, seq, " FOR UPDATE"); err != nil {
-			return err
-		}
-		var have, parts int64
-		if err := tx.QueryRow(ctx, "SELECT coalesce(sum(length(data)), 0), count(*) FROM governor_snapshot_parts WHERE seq = $1",
-			int64(seq)).Scan(&have, &parts); err != nil {
-			return err
-		}
-		if have != size || parts == 0 {
-			return fmt.Errorf("the snapshot at seq %d has %d bytes in %d parts, not %d: %w", seq, have, parts, size, ErrSnapshotSeq)
-		}
-		// data holds no snapshot, so that a governord older than parts
-		// fails on the table rather than start without its state.
-		_, err := tx.Exec(ctx, "UPDATE governor_snapshot SET seq = $1, parts = $2, data = $3 WHERE id = 1",
-			int64(seq), parts, snapshotMarker)
-		return err
-	})
-}
-
 // Tidy implements Store. One call deletes up to postgresTidyRecords covered
 // records and postgresTidyParts parts.
 func (p *Postgres) Tidy(ctx context.Context) (more bool, err error) {
 	if p.closed.Load() {
 		return false, fmt.Errorf("store: tidy: %w", ErrClosed)
 	}
-	err = p.inTx(ctx, "tidy", func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		var snapSeq int64
 		if err := tx.QueryRow(ctx, "SELECT seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq); err != nil {
 			return err
@@ -370,7 +337,10 @@ func (p *Postgres) Tidy(ctx context.Context) (more bool, err error) {
 		}
 		return br.Close()
 	})
-	return more, err
+	if err != nil {
+		return false, fmt.Errorf("store: tidy: %w", err)
+	}
+	return more, nil
 }
 
 // How much one Tidy does.
@@ -378,38 +348,6 @@ const (
 	postgresTidyRecords = 4096
 	postgresTidyParts   = 4
 )
-
-// inTx runs f in a transaction and commits it.
-func (p *Postgres) inTx(ctx context.Context, what string, f func(pgx.Tx) error) error {
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("store: %s: %w", what, err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := f(tx); err != nil {
-		if errors.Is(err, ErrSnapshotSeq) {
-			return err
-		}
-		return fmt.Errorf("store: %s: %w", what, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: %s: commit: %w", what, err)
-	}
-	return nil
-}
-
-// checkSnapshotTx checks seq as a new snapshot's, inside tx; lock is "" or
-// " FOR UPDATE".
-func (p *Postgres) checkSnapshotTx(ctx context.Context, tx pgx.Tx, seq uint64, lock string) error {
-	var snapSeq, last, stored int64
-	if err := tx.QueryRow(ctx, "SELECT seq, last_seq, epoch FROM governor_snapshot WHERE id = 1"+lock).Scan(&snapSeq, &last, &stored); err != nil {
-		return err
-	}
-	if epoch := p.epoch.Load(); epoch != 0 && uint64(stored) != epoch {
-		return fmt.Errorf("snapshot at seq %d by epoch %d, the store's is %d: %w", seq, epoch, stored, ErrDeposed)
-	}
-	return checkSnapshot(seq, uint64(snapSeq), uint64(last))
-}
 
 // Close implements Store.
 func (p *Postgres) Close() error {

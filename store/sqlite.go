@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync/atomic"
 
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" database/sql driver
 )
@@ -22,9 +21,18 @@ import (
 // to the file system, and the WAL, checkpointed automatically every 1,000
 // pages, is cut back to sqliteWALLimit after each checkpoint.
 type SQLite struct {
+	sqlStore    // what PostgreSQL does alike (sqlstore.go)
 	db          *sql.DB
-	closed      atomic.Bool
 	incremental bool // auto_vacuum is INCREMENTAL: Tidy gives free pages back
+}
+
+// sqliteDialect is SQLite's part in the shared statements. The newest seq
+// is in governor_head, and nothing fences a SQLite file's writes. The
+// snapshot's seq is stored before its blob, so reading it does not read
+// the blob.
+var sqliteDialect = sqlDialect{
+	snapshotHead: "SELECT s.seq, h.last_seq, 0 FROM governor_snapshot s, governor_head h WHERE s.id = 1 AND h.id = 1",
+	emptyBlob:    "x''",
 }
 
 // sqliteBusyTimeoutMS is how long a statement waits for a lock held by
@@ -122,7 +130,7 @@ func OpenSQLite(path string) (*SQLite, error) {
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
 
-	s := &SQLite{db: db}
+	s := &SQLite{sqlStore: sqlStore{conn: sqliteConn{sqliteQuerier{db}, db}, dialect: sqliteDialect}, db: db}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: sqlite: open %s: %w", path, err)
@@ -207,51 +215,66 @@ func (s *SQLite) convertAutoVacuum(ctx context.Context) {
 	_, _ = s.db.ExecContext(ctx, "VACUUM") // best effort, as said above
 }
 
-// Load implements Store.
-func (s *SQLite) Load(ctx context.Context, fn LoadFuncs) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: load: %w", ErrClosed)
-	}
-	// One transaction, so the snapshot, the sessions and the records are one
-	// view.
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+// sqliteConn is the database as the shared statements want it.
+type sqliteConn struct {
+	sqliteQuerier
+	db *sql.DB
+}
+
+func (c sqliteConn) begin(ctx context.Context, readOnly bool) (sqlTx, error) {
+	// A write transaction is BEGIN IMMEDIATE (_txlock): it holds the write
+	// lock from its start.
+	tx, err := c.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
 	if err != nil {
-		return fmt.Errorf("store: load: %w", err)
+		return nil, err
 	}
-	defer tx.Rollback()
-	return loadSQL(sqliteReader{ctx, tx}, fn)
+	return sqliteTx{sqliteQuerier{tx}, tx}, nil
 }
 
-// sqliteReader is a read transaction as loadSQL wants it.
-type sqliteReader struct {
-	ctx context.Context
-	tx  *sql.Tx
+// sqliteTx is a transaction as the shared statements want it.
+type sqliteTx struct {
+	sqliteQuerier
+	tx *sql.Tx
 }
 
-func (r sqliteReader) queryRow(query string, args ...any) scanner {
-	return r.tx.QueryRowContext(r.ctx, query, args...)
+func (t sqliteTx) commit(context.Context) error { return t.tx.Commit() }
+
+func (t sqliteTx) rollback(context.Context) { t.tx.Rollback() }
+
+// sqliteQuerier runs the shared statements on the database or in a
+// transaction; their $N placeholders are read as ?N, the same in SQLite's
+// syntax.
+type sqliteQuerier struct {
+	q interface {
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	}
 }
 
-func (r sqliteReader) query(query string, args ...any) (cursor, func(), error) {
-	rows, err := r.tx.QueryContext(r.ctx, query, args...)
+func (s sqliteQuerier) queryRow(ctx context.Context, query string, args ...any) scanner {
+	return s.q.QueryRowContext(ctx, sqliteParams(query), args...)
+}
+
+func (s sqliteQuerier) query(ctx context.Context, query string, args ...any) (cursor, func(), error) {
+	rows, err := s.q.QueryContext(ctx, sqliteParams(query), args...)
 	if err != nil {
 		return nil, nil, err
 	}
 	return rows, func() { rows.Close() }, nil
 }
 
+func (s sqliteQuerier) exec(ctx context.Context, query string, args ...any) error {
+	_, err := s.q.ExecContext(ctx, sqliteParams(query), args...)
+	return err
+}
+
 // Append implements Store.
 func (s *SQLite) Append(ctx context.Context, recs []Record) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: append: %w", ErrClosed)
-	}
-	if len(recs) == 0 {
-		return nil
-	}
-	first := recs[0].Seq
-	if err := checkContiguous(recs); err != nil {
+	if err := s.checkAppendable(recs); err != nil || len(recs) == 0 {
 		return err
 	}
+	first := recs[0].Seq
 
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -380,42 +403,31 @@ func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	if s.closed.Load() {
 		return fmt.Errorf("store: save snapshot: %w", ErrClosed)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	err := s.inTx(ctx, "save snapshot", func(tx sqlTx) error {
+		if err := s.checkSnapshotTx(ctx, tx, seq, true); err != nil {
+			return err
+		}
+		// coalesce: the driver binds an empty blob as NULL, which would
+		// mean "no snapshot".
+		if err := tx.exec(ctx, "UPDATE governor_snapshot SET seq = ?, parts = 0, data = coalesce(?, x'') WHERE id = 1", int64(seq), data); err != nil {
+			return err
+		}
+		if err := tx.exec(ctx, "DELETE FROM governor_snapshot_parts"); err != nil {
+			return err
+		}
+		if err := tx.exec(ctx, "DELETE FROM governor_events WHERE seq <= ?", int64(seq)); err != nil {
+			return err
+		}
+		// Give the pages just freed back to the file system: the file
+		// shrinks to what the log holds now. In the same transaction, so a
+		// failure leaves the store as it was.
+		if err := tx.exec(ctx, "PRAGMA incremental_vacuum"); err != nil {
+			return fmt.Errorf("incremental vacuum: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	defer tx.Rollback()
-
-	var snapSeq, last int64
-	// seq is stored before the blob, so reading it does not read the blob.
-	if err := tx.QueryRowContext(ctx,
-		"SELECT s.seq, h.last_seq FROM governor_snapshot s, governor_head h WHERE s.id = 1 AND h.id = 1").Scan(&snapSeq, &last); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	if err := checkSnapshot(seq, uint64(snapSeq), uint64(last)); err != nil {
 		return err
-	}
-	if data == nil {
-		data = []byte{} // NULL would mean "no snapshot"
-	}
-	// coalesce: the driver binds an empty blob as NULL.
-	if _, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, parts = 0, data = coalesce(?, x'') WHERE id = 1", int64(seq), data); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_snapshot_parts"); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, "DELETE FROM governor_events WHERE seq <= ?", int64(seq)); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	// Give the pages just freed back to the file system: the file shrinks
-	// to what the log holds now. In the same transaction, so a failure
-	// leaves the store as it was.
-	if _, err := tx.ExecContext(ctx, "PRAGMA incremental_vacuum"); err != nil {
-		return fmt.Errorf("store: save snapshot: incremental vacuum: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: save snapshot: commit: %w", err)
 	}
 	// Copy the WAL into the file now, which also cuts the file to its new
 	// size, rather than at the next automatic checkpoint. PASSIVE never
@@ -425,62 +437,6 @@ func (s *SQLite) SaveSnapshot(ctx context.Context, seq uint64, data []byte) erro
 	return nil
 }
 
-// snapshotMarker is governor_snapshot.data while the snapshot is in parts:
-// not a snapshot, so that a governord older than parts, which reads only
-// data, fails on the file rather than start without its state.
-var snapshotMarker = []byte{0}
-
-// WriteSnapshotPart implements Store.
-func (s *SQLite) WriteSnapshotPart(ctx context.Context, seq uint64, off int64, part []byte) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: write snapshot part: %w", ErrClosed)
-	}
-	return s.inTx(ctx, "write snapshot part", func(tx *sql.Tx) error {
-		if err := s.checkSnapshotTx(ctx, tx, seq); err != nil {
-			return err
-		}
-		if off == 0 { // an earlier try at the same seq
-			if _, err := tx.ExecContext(ctx, "DELETE FROM governor_snapshot_parts WHERE seq = ?", int64(seq)); err != nil {
-				return err
-			}
-		}
-		var have int64
-		if err := tx.QueryRowContext(ctx, "SELECT coalesce(sum(length(data)), 0) FROM governor_snapshot_parts WHERE seq = ?",
-			int64(seq)).Scan(&have); err != nil {
-			return err
-		}
-		if have != off {
-			return fmt.Errorf("part at %d of the snapshot at seq %d, which has %d bytes: %w", off, seq, have, ErrSnapshotSeq)
-		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO governor_snapshot_parts (seq, off, data) VALUES (?, ?, coalesce(?, x''))",
-			int64(seq), off, part)
-		return err
-	})
-}
-
-// FinishSnapshot implements Store.
-func (s *SQLite) FinishSnapshot(ctx context.Context, seq uint64, size int64) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: finish snapshot: %w", ErrClosed)
-	}
-	return s.inTx(ctx, "finish snapshot", func(tx *sql.Tx) error {
-		if err := s.checkSnapshotTx(ctx, tx, seq); err != nil {
-			return err
-		}
-		var have, parts int64
-		if err := tx.QueryRowContext(ctx, "SELECT coalesce(sum(length(data)), 0), count(*) FROM governor_snapshot_parts WHERE seq = ?",
-			int64(seq)).Scan(&have, &parts); err != nil {
-			return err
-		}
-		if have != size || parts == 0 {
-			return fmt.Errorf("the snapshot at seq %d has %d bytes in %d parts, not %d: %w", seq, have, parts, size, ErrSnapshotSeq)
-		}
-		_, err := tx.ExecContext(ctx, "UPDATE governor_snapshot SET seq = ?, parts = ?, data = ? WHERE id = 1",
-			int64(seq), parts, snapshotMarker)
-		return err
-	})
-}
-
 // Tidy implements Store. One call deletes up to sqliteTidyRecords covered
 // records and sqliteTidyParts parts, and gives up to sqliteTidyPages free
 // pages back: a few milliseconds.
@@ -488,31 +444,31 @@ func (s *SQLite) Tidy(ctx context.Context) (more bool, err error) {
 	if s.closed.Load() {
 		return false, fmt.Errorf("store: tidy: %w", ErrClosed)
 	}
-	err = s.inTx(ctx, "tidy", func(tx *sql.Tx) error {
+	err = s.inTx(ctx, "tidy", func(tx sqlTx) error {
 		var snapSeq int64
-		if err := tx.QueryRowContext(ctx, "SELECT seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq); err != nil {
+		if err := tx.queryRow(ctx, "SELECT seq FROM governor_snapshot WHERE id = 1").Scan(&snapSeq); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM governor_events
+		if err := tx.exec(ctx, `DELETE FROM governor_events
 			WHERE seq <= min(?, (SELECT min(seq) FROM governor_events) + ?)`, snapSeq, sqliteTidyRecords-1); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM governor_snapshot_parts WHERE rowid IN
+		if err := tx.exec(ctx, `DELETE FROM governor_snapshot_parts WHERE rowid IN
 			(SELECT rowid FROM governor_snapshot_parts WHERE seq <> ? LIMIT ?)`, snapSeq, sqliteTidyParts); err != nil {
 			return err
 		}
 		if s.incremental {
-			if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", sqliteTidyPages)); err != nil {
+			if err := tx.exec(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", sqliteTidyPages)); err != nil {
 				return fmt.Errorf("incremental vacuum: %w", err)
 			}
 		}
 		var free int64
 		if s.incremental {
-			if err := tx.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free); err != nil {
+			if err := tx.queryRow(ctx, "PRAGMA freelist_count").Scan(&free); err != nil {
 				return err
 			}
 		}
-		return tx.QueryRowContext(ctx, `SELECT ? > 0
+		return tx.queryRow(ctx, `SELECT ? > 0
 			OR EXISTS (SELECT 1 FROM governor_events WHERE seq <= ?)
 			OR EXISTS (SELECT 1 FROM governor_snapshot_parts WHERE seq <> ?)`, free, snapSeq, snapSeq).Scan(&more)
 	})
@@ -529,35 +485,6 @@ const (
 	sqliteTidyParts   = 4
 	sqliteTidyPages   = 256
 )
-
-// inTx runs f in a transaction and commits it.
-func (s *SQLite) inTx(ctx context.Context, what string, f func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("store: %s: %w", what, err)
-	}
-	defer tx.Rollback()
-	if err := f(tx); err != nil {
-		if errors.Is(err, ErrSnapshotSeq) {
-			return err
-		}
-		return fmt.Errorf("store: %s: %w", what, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: %s: commit: %w", what, err)
-	}
-	return nil
-}
-
-// checkSnapshotTx checks seq as a new snapshot's, inside tx.
-func (s *SQLite) checkSnapshotTx(ctx context.Context, tx *sql.Tx, seq uint64) error {
-	var snapSeq, last int64
-	if err := tx.QueryRowContext(ctx,
-		"SELECT s.seq, h.last_seq FROM governor_snapshot s, governor_head h WHERE s.id = 1 AND h.id = 1").Scan(&snapSeq, &last); err != nil {
-		return err
-	}
-	return checkSnapshot(seq, uint64(snapSeq), uint64(last))
-}
 
 // Close implements Store.
 func (s *SQLite) Close() error {

@@ -14,11 +14,15 @@
 //	memory.go    Memory: in process, for tests and benchmarks, with failure injection
 //	sqlite.go    SQLite: the embedded default (pure Go, WAL, synchronous=FULL)
 //	postgres.go  Postgres: pgx, one transaction per Append
+//	leader.go    PostgreSQL's leader election, fenced Appends and the standbys' tail
+//	sqlstore.go  what SQLite and Postgres share, written once: Load, snapshots in parts,
+//	             the usage and rollup reads; their dialects' differences as data
 //	log.go       Log: group commit (Emit under the engine lock, WaitDurable before the reply),
 //	             and snapshots saved a part at a time between commits
 //	usage.go     usage records (Record.Usage): aggregates merged in the same transaction
 //	             as their records, read and trimmed through UsageReader; Memory's table
-//	usage_sql.go the usage table in SQLite and PostgreSQL
+//	usage_sql.go the usage and rollup tables in SQLite and PostgreSQL, and their writes
+//	rollup.go    usage rollups: a closed hour's, day's or month's totals; Memory's
 //
 // Token hashes are kept out of the records on purpose. The log is history
 // that is kept, copied and read long after a session ends; the sessions
@@ -274,129 +278,4 @@ func checkSnapshot(seq, snapSeq, last uint64) error {
 // gapError reports an Append that does not continue the stored log.
 func gapError(first, last uint64) error {
 	return fmt.Errorf("store: append: first seq %d, want %d: %w", first, last+1, ErrOutOfSequence)
-}
-
-// The reads of Load; both SQL stores share the schema. $1 is the snapshot's
-// seq (SQLite reads $1 as its first parameter too).
-const (
-	loadSnapshotSQL = "SELECT seq, data, data IS NOT NULL, parts FROM governor_snapshot WHERE id = 1"
-	loadPartsSQL    = "SELECT off, data FROM governor_snapshot_parts WHERE seq = $1 ORDER BY off"
-	loadSessionsSQL = "SELECT id, token_hash FROM governor_sessions ORDER BY id"
-	loadRecordsSQL  = "SELECT seq, data FROM governor_events WHERE seq > $1 ORDER BY seq"
-)
-
-// scanner is a row of either SQL driver; cursor is a result set of either.
-type scanner interface{ Scan(dest ...any) error }
-
-type cursor interface {
-	scanner
-	Next() bool
-	Err() error
-}
-
-// sqlReader is a read transaction of either SQL driver.
-type sqlReader interface {
-	queryRow(query string, args ...any) scanner
-	query(query string, args ...any) (cursor, func(), error)
-}
-
-// loadSQL is Load for the SQL stores, once the read transaction is open.
-// Sessions and records are streamed, not gathered first.
-func loadSQL(tx sqlReader, fn LoadFuncs) error {
-	var snapSeq, parts int64
-	var snap []byte
-	var hasSnap bool
-	if err := tx.queryRow(loadSnapshotSQL).Scan(&snapSeq, &snap, &hasSnap, &parts); err != nil {
-		return fmt.Errorf("store: load snapshot: %w", err)
-	}
-	if parts > 0 && fn.Snapshot != nil {
-		var err error
-		if snap, err = loadParts(tx, snapSeq, parts); err != nil {
-			return fmt.Errorf("store: load snapshot: %w", err)
-		}
-	}
-	if hasSnap && fn.Snapshot != nil {
-		if snap == nil { // a zero-length blob may scan as nil
-			snap = []byte{}
-		}
-		if err := fn.Snapshot(uint64(snapSeq), snap); err != nil {
-			return fmt.Errorf("store: load snapshot: %w", err)
-		}
-	}
-	if fn.Session != nil {
-		err := eachRow(tx, loadSessionsSQL, nil, func(c cursor) error {
-			var id int64
-			var hash string
-			if err := c.Scan(&id, &hash); err != nil {
-				return err
-			}
-			if err := fn.Session(Session{ID: uint64(id), TokenHash: hash}); err != nil {
-				return fmt.Errorf("session %d: %w", id, err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("store: load sessions: %w", err)
-		}
-	}
-	if fn.Record == nil {
-		return nil
-	}
-	err := eachRow(tx, loadRecordsSQL, []any{snapSeq}, func(c cursor) error {
-		var seq int64
-		var data []byte
-		if err := c.Scan(&seq, &data); err != nil {
-			return err
-		}
-		if err := fn.Record(Record{Seq: uint64(seq), Data: data}); err != nil {
-			return fmt.Errorf("record %d: %w", seq, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("store: load records: %w", err)
-	}
-	return nil
-}
-
-// loadParts reads the parts of the snapshot at seq, of which there are n,
-// and checks that they follow on from one another.
-func loadParts(tx sqlReader, seq, n int64) ([]byte, error) {
-	var snap []byte
-	var count int64
-	err := eachRow(tx, loadPartsSQL, []any{seq}, func(c cursor) error {
-		var off int64
-		var part []byte
-		if err := c.Scan(&off, &part); err != nil {
-			return err
-		}
-		if off != int64(len(snap)) {
-			return fmt.Errorf("part at %d of the snapshot at seq %d, after %d bytes: %w", off, seq, len(snap), ErrCorruptSnapshot)
-		}
-		snap = append(snap, part...)
-		count++
-		return nil
-	})
-	if err == nil && count != n {
-		err = fmt.Errorf("the snapshot at seq %d has %d parts, not %d: %w", seq, count, n, ErrCorruptSnapshot)
-	}
-	if snap == nil {
-		snap = []byte{}
-	}
-	return snap, err
-}
-
-// eachRow runs query and calls row for each row it returns.
-func eachRow(tx sqlReader, query string, args []any, row func(cursor) error) error {
-	rows, closeRows, err := tx.query(query, args...)
-	if err != nil {
-		return err
-	}
-	defer closeRows()
-	for rows.Next() {
-		if err := row(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }

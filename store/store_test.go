@@ -637,6 +637,21 @@ func testSnapshotInParts(t *testing.T, open func() store.Store) {
 	st = open()
 	defer st.Close()
 	wantLog(t, st, true, 14, "", 15, 14)
+
+	// A nil part is an empty one, not a missing one.
+	mustAppend(t, st, recs(15, 15))
+	for _, p := range []struct {
+		off  int64
+		part []byte
+	}{{0, []byte("fifteen")}, {7, nil}} {
+		if err := st.WriteSnapshotPart(ctx, 15, p.off, p.part); err != nil {
+			t.Fatalf("WriteSnapshotPart(15, %d, %q): %v", p.off, p.part, err)
+		}
+	}
+	if err := st.FinishSnapshot(ctx, 15, 7); err != nil {
+		t.Fatal(err)
+	}
+	wantLog(t, st, true, 15, "fifteen", 16, 15)
 }
 
 // Parts out of place, a finish of the wrong size and a seq out of range are

@@ -112,42 +112,6 @@ func (s *SQLite) AddUsage(ctx context.Context, rows []UsageRow) error {
 	return nil
 }
 
-// Usage implements UsageReader.
-func (s *SQLite) Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("store: usage: %w", ErrClosed)
-	}
-	rows, err := s.db.QueryContext(ctx, sqliteParams(usageSelect), from, to, carryKind)
-	if err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	defer rows.Close()
-	return scanUsage(rows)
-}
-
-// OldestUsage implements UsageReader.
-func (s *SQLite) OldestUsage(ctx context.Context) (int64, bool, error) {
-	if s.closed.Load() {
-		return 0, false, fmt.Errorf("store: usage: %w", ErrClosed)
-	}
-	var m sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, usageOldest).Scan(&m); err != nil {
-		return 0, false, fmt.Errorf("store: usage: %w", err)
-	}
-	return m.Int64, m.Valid, nil
-}
-
-// TrimUsage implements UsageReader.
-func (s *SQLite) TrimUsage(ctx context.Context, before int64, carryKind string) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: trim usage: %w", ErrClosed)
-	}
-	if _, err := s.db.ExecContext(ctx, sqliteParams(usageTrim), before, carryKind); err != nil {
-		return fmt.Errorf("store: trim usage: %w", err)
-	}
-	return nil
-}
-
 // postgresUsageCTE is the part of Append's statement that merges rows into
 // the usage table, gated like the rest on the move of last_seq, with its
 // arrays appended to args. The merge mode is a column, so that ON CONFLICT
@@ -192,68 +156,6 @@ func (p *Postgres) AddUsage(ctx context.Context, rows []UsageRow) error {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
-}
-
-// Usage implements UsageReader.
-func (p *Postgres) Usage(ctx context.Context, from, to int64, carryKind string) ([]UsageRow, error) {
-	if p.closed.Load() {
-		return nil, fmt.Errorf("store: usage: %w", ErrClosed)
-	}
-	rows, err := p.pool.Query(ctx, usageSelect, from, to, carryKind)
-	if err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	defer rows.Close()
-	return scanUsage(rows)
-}
-
-// OldestUsage implements UsageReader.
-func (p *Postgres) OldestUsage(ctx context.Context) (int64, bool, error) {
-	if p.closed.Load() {
-		return 0, false, fmt.Errorf("store: usage: %w", ErrClosed)
-	}
-	var m *int64
-	if err := p.pool.QueryRow(ctx, usageOldest).Scan(&m); err != nil {
-		return 0, false, fmt.Errorf("store: usage: %w", err)
-	}
-	if m == nil {
-		return 0, false, nil
-	}
-	return *m, true, nil
-}
-
-// TrimUsage implements UsageReader.
-func (p *Postgres) TrimUsage(ctx context.Context, before int64, carryKind string) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: trim usage: %w", ErrClosed)
-	}
-	if _, err := p.pool.Exec(ctx, usageTrim, before, carryKind); err != nil {
-		return fmt.Errorf("store: trim usage: %w", err)
-	}
-	return nil
-}
-
-// usageRowsIn is what database/sql's and pgx's result rows share.
-type usageRowsIn interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}
-
-// scanUsage reads usageSelect's rows, in either driver.
-func scanUsage(rows usageRowsIn) ([]UsageRow, error) {
-	var out []UsageRow
-	for rows.Next() {
-		var r UsageRow
-		if err := rows.Scan(&r.Tenant, &r.Task, &r.Minute, &r.Kind, &r.Name, &r.TenantName, &r.TaskName, &r.Amount); err != nil {
-			return nil, fmt.Errorf("store: usage: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	return out, nil
 }
 
 // The rollups' table (rollup.go): each bucket's rows, and a row of kind ”
@@ -330,43 +232,6 @@ func (s *SQLite) PutRollup(ctx context.Context, unit string, start, upto int64, 
 	return nil
 }
 
-// Rollups implements RollupStore.
-func (s *SQLite) Rollups(ctx context.Context, unit string, from, to int64) ([]RollupRow, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
-	}
-	rows, err := s.db.QueryContext(ctx, sqliteParams(rollupSelect), unit, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	defer rows.Close()
-	return scanRollups(rows)
-}
-
-// RolledUp implements RollupStore.
-func (s *SQLite) RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
-	}
-	rows, err := s.db.QueryContext(ctx, sqliteParams(rollupStarts), unit, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	defer rows.Close()
-	return scanStarts(rows)
-}
-
-// TrimRollups implements RollupStore.
-func (s *SQLite) TrimRollups(ctx context.Context, unit string, before int64) error {
-	if s.closed.Load() {
-		return fmt.Errorf("store: trim rollups: %w", ErrClosed)
-	}
-	if _, err := s.db.ExecContext(ctx, sqliteParams(rollupTrim), unit, before); err != nil {
-		return fmt.Errorf("store: trim rollups: %w", err)
-	}
-	return nil
-}
-
 // PutRollup implements RollupStore.
 func (p *Postgres) PutRollup(ctx context.Context, unit string, start, upto int64, rows []RollupRow) error {
 	if err := checkRollup(unit, start, rows); err != nil {
@@ -396,73 +261,4 @@ SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[], $6::text[],
 		return fmt.Errorf("store: put rollup: %w", err)
 	}
 	return nil
-}
-
-// Rollups implements RollupStore.
-func (p *Postgres) Rollups(ctx context.Context, unit string, from, to int64) ([]RollupRow, error) {
-	if p.closed.Load() {
-		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
-	}
-	rows, err := p.pool.Query(ctx, rollupSelect, unit, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	defer rows.Close()
-	return scanRollups(rows)
-}
-
-// RolledUp implements RollupStore.
-func (p *Postgres) RolledUp(ctx context.Context, unit string, from, to int64) ([]Rolled, error) {
-	if p.closed.Load() {
-		return nil, fmt.Errorf("store: rollups: %w", ErrClosed)
-	}
-	rows, err := p.pool.Query(ctx, rollupStarts, unit, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	defer rows.Close()
-	return scanStarts(rows)
-}
-
-// TrimRollups implements RollupStore.
-func (p *Postgres) TrimRollups(ctx context.Context, unit string, before int64) error {
-	if p.closed.Load() {
-		return fmt.Errorf("store: trim rollups: %w", ErrClosed)
-	}
-	if _, err := p.pool.Exec(ctx, rollupTrim, unit, before); err != nil {
-		return fmt.Errorf("store: trim rollups: %w", err)
-	}
-	return nil
-}
-
-// scanRollups reads rollupSelect's rows, in either driver.
-func scanRollups(rows usageRowsIn) ([]RollupRow, error) {
-	var out []RollupRow
-	for rows.Next() {
-		var r RollupRow
-		if err := rows.Scan(&r.Unit, &r.Start, &r.Tenant, &r.Task, &r.Kind, &r.Name, &r.TenantName, &r.TaskName, &r.Amount); err != nil {
-			return nil, fmt.Errorf("store: rollups: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	return out, nil
-}
-
-// scanStarts reads rollupStarts' rows, in either driver.
-func scanStarts(rows usageRowsIn) ([]Rolled, error) {
-	var out []Rolled
-	for rows.Next() {
-		var r Rolled
-		if err := rows.Scan(&r.Start, &r.Upto); err != nil {
-			return nil, fmt.Errorf("store: rollups: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: rollups: %w", err)
-	}
-	return out, nil
 }

@@ -63,6 +63,10 @@ func TestClassify(t *testing.T) {
 		{"insert into t values (1) on conflict (id) do update set v = excluded.v", "insert+update[t]"},
 		{"insert into t values (1) on conflict do nothing", "insert[t]"},
 		{"UPDATE ONLY accounts a SET x = 1 FROM branches b WHERE a.b = b.id", "update[accounts,branches]"},
+		// A qualified name cut off by a token no name takes, which the
+		// server refuses: INTO records what it read, UPDATE nothing.
+		{"INSERT INTO s.* VALUES (1)", "insert[s]"},
+		{"UPDATE s.* SET x = 1", "update"},
 		{"DELETE FROM t USING u WHERE t.id = u.id", "delete[t,u]"},
 		{"MERGE INTO target t USING source s ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v", "merge[target,source]"},
 		{"WITH moved AS (DELETE FROM a RETURNING *) INSERT INTO b SELECT * FROM moved", "insert+delete[a,b]"},

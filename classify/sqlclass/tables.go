@@ -119,77 +119,71 @@ func (c *classifier) readStep(r *reader, t token) bool {
 	switch r.mode {
 	case rList:
 		return c.listStep(r, t)
-	case rInto:
-		switch r.state {
-		case nsSkip:
-			switch {
-			case t.is(kwTemporary) || t.is(kwTemp) || t.is(kwUnlogged) || t.is(kwTable):
-			case t.isName():
-				r.name.start(t)
-				r.state = nsName
-			default:
-				r.mode = rOff
-			}
-		case nsName:
-			if t.kind == tokDot {
-				r.state = nsDot
-				return true
-			}
-			c.addName(r)
-			r.mode = rOff
-		case nsDot:
-			if t.isIdent() {
-				r.name.add(t)
-				r.state = nsName
-				return true
-			}
-			c.addName(r)
-			r.mode = rOff
-		}
-	case rUpdate:
-		switch r.state {
-		case nsSkip:
-			switch {
-			case t.is(kwOnly):
-			case t.isName():
-				r.name.start(t)
-				r.state = nsName
-			default:
-				r.mode = rOff
-			}
-		case nsName:
-			if t.kind == tokDot {
-				r.state = nsDot
-				return true
-			}
-			r.state = nsAfter
-			return false
-		case nsDot:
-			if t.isIdent() {
-				r.name.add(t)
-				r.state = nsName
-				return true
-			}
-			r.mode = rOff
-		case nsAfter:
-			// UPDATE [ONLY] name [*] [[AS] alias] SET; not FOR UPDATE, ON
-			// UPDATE, DO UPDATE SET, THEN UPDATE SET.
-			switch {
-			case t.is(kwSet):
-				c.addName(r)
-				r.mode = rOff
-			case t.kind == tokOp && !r.op && !r.as && !r.alias:
-				r.op = true
-			case t.is(kwAs) && !r.as && !r.alias:
-				r.as = true
-			case !r.alias:
-				r.alias = true
-			default:
-				r.mode = rOff
-			}
-		}
+	case rInto, rUpdate:
+		return c.targetStep(r, t)
 	}
 	return true
+}
+
+// targetStep feeds t to an INTO or UPDATE reader: the words it skips, then
+// one qualified name, which INTO records where it ends and UPDATE once
+// its SET comes (updateStep).
+func (c *classifier) targetStep(r *reader, t token) bool {
+	into := r.mode == rInto
+	switch r.state {
+	case nsSkip:
+		switch {
+		case into && (t.is(kwTemporary) || t.is(kwTemp) || t.is(kwUnlogged) || t.is(kwTable)):
+		case !into && t.is(kwOnly):
+		case t.isName():
+			r.name.start(t)
+			r.state = nsName
+		default:
+			r.mode = rOff
+		}
+	case nsName:
+		if t.kind == tokDot {
+			r.state = nsDot
+			return true
+		}
+		if !into {
+			r.state = nsAfter
+			return false
+		}
+		c.addName(r)
+		r.mode = rOff
+	case nsDot:
+		if t.isIdent() {
+			r.name.add(t)
+			r.state = nsName
+			return true
+		}
+		if into {
+			c.addName(r)
+		}
+		r.mode = rOff
+	case nsAfter:
+		c.updateStep(r, t)
+	}
+	return true
+}
+
+// updateStep reads UPDATE [ONLY] name [*] [[AS] alias] SET from after the
+// name; not FOR UPDATE, ON UPDATE, DO UPDATE SET, THEN UPDATE SET.
+func (c *classifier) updateStep(r *reader, t token) {
+	switch {
+	case t.is(kwSet):
+		c.addName(r)
+		r.mode = rOff
+	case t.kind == tokOp && !r.op && !r.as && !r.alias:
+		r.op = true
+	case t.is(kwAs) && !r.as && !r.alias:
+		r.as = true
+	case !r.alias:
+		r.alias = true
+	default:
+		r.mode = rOff
+	}
 }
 
 func (c *classifier) listStep(r *reader, t token) bool {

@@ -28,11 +28,7 @@ func (e *Engine) DryRun(sid SessionID, r AcquireRequest, shadow bool) (DryRun, e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.tick()
-	s, err := e.session(sid, now)
-	if err != nil {
-		return DryRun{}, err
-	}
-	charges, err := normalizeCharges(r.Charges)
+	s, charges, err := e.sessionCharges(sid, r.Charges, now)
 	if err != nil {
 		return DryRun{}, err
 	}
@@ -53,11 +49,7 @@ func (e *Engine) Shadow(sid SessionID, r AcquireRequest, requestID string) (DryR
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.tick()
-	s, err := e.session(sid, now)
-	if err != nil {
-		return DryRun{}, err
-	}
-	charges, err := normalizeCharges(r.Charges)
+	s, charges, err := e.sessionCharges(sid, r.Charges, now)
 	if err != nil {
 		return DryRun{}, err
 	}

@@ -28,11 +28,7 @@ func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (Lease
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.tick()
-	s, err := e.session(sid, now)
-	if err != nil {
-		return 0, err
-	}
-	charges, err := normalizeCharges(r.Charges)
+	s, charges, err := e.sessionCharges(sid, r.Charges, now)
 	if err != nil {
 		return 0, err
 	}

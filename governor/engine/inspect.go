@@ -63,11 +63,7 @@ func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.tick()
-	s, err := e.session(sid, now)
-	if err != nil {
-		return Inspection{}, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, now)
 	if err != nil {
 		return Inspection{}, err
 	}
@@ -121,11 +117,7 @@ const DefaultSubtreeLimit = 20000
 func (e *Engine) Subtree(sid SessionID, id NodeID, limit int) (nodes []NodeView, waiting map[NodeID]int, more bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return nil, nil, false, err
-	}
-	top, err := e.target(s, id)
+	top, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return nil, nil, false, err
 	}

@@ -370,11 +370,7 @@ func (n *node) sortedOverrides() []Override {
 func (e *Engine) CapsHistory(sid SessionID, id NodeID) ([]CapsChange, []Override, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return nil, nil, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return nil, nil, err
 	}

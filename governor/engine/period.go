@@ -202,21 +202,7 @@ func childPeriods(parent *node, sp *NodeSpec) map[string]Period {
 
 // mergePeriods is base with edit applied; the zero Period removes one.
 func mergePeriods(base, edit map[string]Period) map[string]Period {
-	out := maps.Clone(base)
-	for k, p := range edit {
-		if p.IsZero() {
-			delete(out, k)
-			continue
-		}
-		if out == nil {
-			out = make(map[string]Period)
-		}
-		out[k] = p
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
+	return mergeMap(base, edit, Period.IsZero)
 }
 
 // checkPeriods refuses an edit whose periods name a resource that has no
@@ -465,11 +451,7 @@ type PeriodStatus struct {
 func (e *Engine) PeriodStatus(sid SessionID, id NodeID) ([]PeriodStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return nil, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return nil, err
 	}

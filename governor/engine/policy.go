@@ -259,11 +259,7 @@ func (e *Engine) ShadowStatus(sid SessionID, id NodeID) ([]CapStatus, error) {
 func (e *Engine) status(sid SessionID, id NodeID, shadow bool) ([]CapStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return nil, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return nil, err
 	}

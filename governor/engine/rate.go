@@ -375,11 +375,7 @@ func (e *Engine) RateStatus(sid SessionID, id NodeID) ([]RateStatus, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.tick()
-	s, err := e.session(sid, now)
-	if err != nil {
-		return nil, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, now)
 	if err != nil {
 		return nil, err
 	}
@@ -414,21 +410,7 @@ func validRateSets(rates, defRates map[string]Rate) error {
 
 // mergeRates is base with edit applied; NoCap removes a rate.
 func mergeRates(base, edit map[string]Rate) map[string]Rate {
-	out := maps.Clone(base)
-	for k, r := range edit {
-		if r.Units == NoCap {
-			delete(out, k)
-			continue
-		}
-		if out == nil {
-			out = make(map[string]Rate)
-		}
-		out[k] = r
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
+	return mergeMap(base, edit, func(r Rate) bool { return r.Units == NoCap })
 }
 
 // fingerprintRates adds rates to a request's fingerprint, only when some

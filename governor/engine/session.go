@@ -205,6 +205,32 @@ func (e *Engine) target(s *session, id NodeID) (*node, error) {
 	return n, nil
 }
 
+// sessionTarget resolves, for a call at now by session sid about node id,
+// the node inside the session's scope: what a call that reads one node
+// does first.
+func (e *Engine) sessionTarget(sid SessionID, id NodeID, now int64) (*node, error) {
+	s, err := e.session(sid, now)
+	if err != nil {
+		return nil, err
+	}
+	return e.target(s, id)
+}
+
+// sessionCharges resolves, for a call at now by session sid, the session
+// and the request's charges normalized: what a call that decides a request
+// does first.
+func (e *Engine) sessionCharges(sid SessionID, charges map[string]int64, now int64) (*session, []Charge, error) {
+	s, err := e.session(sid, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	norm, err := normalizeCharges(charges)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, norm, nil
+}
+
 // editable resolves a node s may edit: inside its scope, and not the scope
 // node itself, so a tenant can re-divide its budget but not raise its own.
 func (e *Engine) editable(s *session, id NodeID) (*node, error) {

@@ -309,28 +309,31 @@ func (gs *gauges) setCaps(m map[string]int64) {
 	}
 }
 
-// setCap sets or, for NoCap, removes one cap, allocating the map on demand.
-func setCap(m map[string]int64, key string, v int64) map[string]int64 {
-	if v == NoCap {
-		delete(m, key)
-		if len(m) == 0 {
-			return nil
-		}
-		return m
-	}
-	if m == nil {
-		m = make(map[string]int64)
-	}
-	m[key] = v
-	return m
-}
-
-func mergeCaps(base, edit map[string]int64) map[string]int64 {
+// mergeMap is base with edit applied, in a new map: an entry of edit that
+// removes (NoCap, the zero Period) deletes its key, any other sets it. It
+// is nil when nothing is left, so that an edit that removes every entry
+// leaves the node as one that never had any.
+func mergeMap[V any](base, edit map[string]V, removes func(V) bool) map[string]V {
 	out := maps.Clone(base)
 	for k, v := range edit {
-		out = setCap(out, k, v)
+		if removes(v) {
+			delete(out, k)
+			continue
+		}
+		if out == nil {
+			out = make(map[string]V)
+		}
+		out[k] = v
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
+}
+
+// mergeCaps is base with edit applied; NoCap removes a cap.
+func mergeCaps(base, edit map[string]int64) map[string]int64 {
+	return mergeMap(base, edit, func(v int64) bool { return v == NoCap })
 }
 
 func (n *node) applyCaps(c *CapsEdit, e *Engine, at int64, wins map[string]Window) {
@@ -643,11 +646,7 @@ func (p *node) adopt(n *node) {
 func (e *Engine) Get(sid SessionID, id NodeID) (NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return NodeView{}, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return NodeView{}, err
 	}
@@ -659,11 +658,7 @@ func (e *Engine) Get(sid SessionID, id NodeID) (NodeView, error) {
 func (e *Engine) Children(sid SessionID, id, after NodeID, limit int) ([]NodeView, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.session(sid, e.tick())
-	if err != nil {
-		return nil, err
-	}
-	n, err := e.target(s, id)
+	n, err := e.sessionTarget(sid, id, e.tick())
 	if err != nil {
 		return nil, err
 	}

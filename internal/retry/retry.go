@@ -1,10 +1,12 @@
 // Package retry holds what the SDK and the proxy share when they retry a call
-// to governord: a request id, so a retry is recognised, and a jittered
-// exponential backoff, so retries spread out. It may import only the
-// standard library.
+// to governord: a request id, so a retry is recognised, a jittered
+// exponential backoff, so retries spread out, and the wait itself, which
+// ends early with the caller's context. It may import only the standard
+// library.
 package retry
 
 import (
+	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"math/rand/v2"
@@ -35,4 +37,24 @@ func Backoff(base, ceiling time.Duration, n int) time.Duration {
 		d = base << n
 	}
 	return Jitter(d)
+}
+
+// Sleep waits d. It returns ctx's error if ctx ends first.
+func Sleep(ctx context.Context, d time.Duration) error {
+	return SleepUnless(ctx, d, nil, nil)
+}
+
+// SleepUnless waits d as Sleep does, and returns stopped if stop closes
+// first. A nil stop never closes.
+func SleepUnless(ctx context.Context, d time.Duration, stop <-chan struct{}, stopped error) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return stopped
+	}
 }

@@ -1,6 +1,8 @@
 package retry
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -37,5 +39,25 @@ func TestBackoff(t *testing.T) {
 				t.Fatalf("Backoff(%v, %v, %d) = %v, want in [%v, %v]", c.base, c.ceiling, c.n, d, c.want/2, c.want)
 			}
 		}
+	}
+}
+
+func TestSleep(t *testing.T) {
+	stopped := errors.New("stopped")
+	if err := Sleep(context.Background(), time.Nanosecond); err != nil {
+		t.Fatalf("Sleep(1ns) = %v, want nil", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sleep with an ended ctx = %v, want context.Canceled", err)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if err := SleepUnless(context.Background(), time.Hour, stop, stopped); err != stopped {
+		t.Fatalf("SleepUnless with a closed stop = %v, want %v", err, stopped)
+	}
+	if err := SleepUnless(context.Background(), time.Nanosecond, nil, stopped); err != nil {
+		t.Fatalf("SleepUnless(1ns) with a nil stop = %v, want nil", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/governor-project/governor/governor"
+	"github.com/governor-project/governor/internal/retry"
 	"github.com/governor-project/governor/proxy/admission"
 )
 
@@ -62,14 +63,7 @@ func (p *pacer) wait(ctx context.Context, d time.Duration) error {
 	if p.sleep != nil {
 		return p.sleep(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return retry.Sleep(ctx, d)
 }
 
 // admit runs try, which admits r, pacing it while a rate refuses it.

@@ -281,15 +281,22 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 		n.untake(resources, r.Charges)
 		return nil, err
 	}
+	return n.granted(r, slot, resources), nil
+}
+
+// granted is r's ticket once it holds slot (nil: none) and has taken its
+// charges from the reservations of resources: held until it settles
+// (r.Held), or spent now.
+func (n *node) granted(r admission.Request, slot ticket, resources []string) admission.Ticket {
 	var t admission.Ticket
-	if slot != nil {
+	if slot != nil { // a nil slot must be a nil Ticket, not a Ticket holding a nil
 		t = slot
 	}
 	if r.Held {
-		return n.held(t, r.Charges, false), nil
+		return n.held(t, r.Charges, false)
 	}
 	n.spend(resources, r.Charges)
-	return t, nil
+	return t
 }
 
 // writable refuses r, once it has taken what it needs (slot, if any), when
@@ -377,15 +384,7 @@ func (s *session) tryAdmitOn(n *node, r admission.Request) (admission.Ticket, bo
 		n.untake(resources, r.Charges)
 		return nil, false // Admit refuses it, and counts the refusal
 	}
-	var t admission.Ticket
-	if slot != nil {
-		t = slot
-	}
-	if r.Held {
-		return n.held(t, r.Charges, false), true
-	}
-	n.spend(resources, r.Charges)
-	return t, true
+	return n.granted(r, slot, resources), true
 }
 
 // holdings lists n's pools and reservations as they are now.
