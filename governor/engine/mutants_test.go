@@ -144,6 +144,17 @@ var mutants = []mutant{
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",
 		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
+	// Waiting for a rate (ratewait.go).
+	{"a rate queue's turn passes on while the root's bucket refills", "ratewait.go",
+		"\t\tcase fitShared:\n\t\t\treturn nil, true\n", "\t\tcase fitShared:\n\t\t\treturn nil, false\n", `I30 rate waiters|TestFairQueueRateWeights`},
+	{"a newcomer takes the tokens rate waiters wait for", "lease.go",
+		"if err := n.checkRatesAhead(charges, now, e.aheadOf()); err != nil {", "if err := n.checkRatesAhead(charges, now, nil); err != nil {", `I30 rate waiters|want a rate refusal`},
+	{"DueIn does not wake for a rate waiter", "engine.go",
+		"\tnext = e.nextRateDue(next)\n", "", `I30 rate waiters: DueIn`},
+	{"a call's tick grants a rate waiter a nanosecond late", "period.go",
+		"if e.rateWaiting > 0 && now >= e.rateDue {", "if e.rateWaiting > 0 && now > e.rateDue {", `I30 rate waiters`},
+	{"rate waiters served without weights", "ratewait.go",
+		"\ttq.deficit--\n", "\ttq.deficit = 0\n", `I30 rate waiters|TestFairQueueRateWeights`},
 	// Slices of rates (slice.go).
 	{"a slice's carve rounded down, below its rate in a bucket of another period", "slice.go",
 		"c := mulDiv(units, b.Per, per, true)", "c := max(1, mulDiv(units, b.Per, per, false))", `I29 slices`},

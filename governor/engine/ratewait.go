@@ -176,8 +176,11 @@ func (e *Engine) dispatchRate(q *classQueue, now int64) int64 {
 			return due // the ring stays where it is while the buckets refill
 		}
 		tq, w := q.nextBy(func(tq *tenantQueue) (*waiter, bool) { return tq.firstRateFit(now) })
-		if w == nil {
+		if w == nil && tq != nil {
 			return tq.holdsUntil(now) // the tenant in turn waits for the root's tokens
+		}
+		if w == nil {
+			return due // cannot be: the one that fits would be picked
 		}
 		if !e.stillGrantable(w, now) {
 			continue
