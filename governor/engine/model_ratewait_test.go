@@ -252,7 +252,15 @@ func (d *rwDriver) step() {
 	case k < 15:
 		per := d.m.root.rate.Per / max(1, d.m.root.rate.Units)
 		steps := []int64{0, 1, per - 1, per, per + 1, rng.Int64N(3*per + 1)}
-		f.clock.Advance(time.Duration(steps[rng.IntN(len(steps))]))
+		step := steps[rng.IntN(len(steps))]
+		if due, ok := f.e.DueIn(); ok && due < time.Minute && rng.IntN(2) == 0 {
+			step = int64(due) // land on the instant a waiter fits
+		}
+		f.clock.Advance(time.Duration(step))
+		if rng.IntN(2) == 0 {
+			d.charge(tn, rng.IntN(2) == 0) // its own tick dispatches first
+			break
+		}
 		f.e.Reap()
 		d.expect(m.dispatch(f.now()), "Reap")
 	case k < 17:
