@@ -195,3 +195,32 @@ func TestRateWaiterEnds(t *testing.T) {
 		t.Fatal("a rate waiter with a class was not granted when its slot came back")
 	}
 }
+
+// TestRateWaiterFailsWithItsNode: a rate waiter fails when its node ends,
+// when its tenant is suspended, and when its quota is lowered past its
+// charge while it waits (with the quota's denial, at its turn).
+func TestRateWaiterFailsWithItsNode(t *testing.T) {
+	f := rateFixture(t)
+	f.consume(f.sA, f.job, "calls", 1)
+	onJob := f.waitCall(f.job, "")
+	if _, err := f.e.EndNode(f.sA, f.job, Closed, ""); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-onJob.C; !errors.Is(o.Err, ErrTaskEnded) {
+		t.Fatalf("a rate waiter on an ended node got %+v", o)
+	}
+	onOther := f.waitCall(f.otherJob, "")
+	if _, err := f.e.SetTenantState(System, f.other, Suspended, "test", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-onOther.C; !errors.Is(o.Err, ErrTenantState) {
+		t.Fatalf("a suspended tenant's rate waiter got %+v", o)
+	}
+	spent := f.waitCall(f.job2, "")
+	f.setCaps(f.job2, CapsEdit{Quotas: map[string]int64{"calls": 0}})
+	f.clock.Advance(time.Second)
+	f.e.Reap()
+	if o := <-spent.C; !errors.Is(o.Err, ErrQuotaExhausted) {
+		t.Fatalf("a rate waiter whose quota was lowered past it while it waited got %+v", o)
+	}
+}
