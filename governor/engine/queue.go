@@ -250,7 +250,7 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			e.failWaiter(w, e.refused(w.session, err)) // a quota was spent, or reserved, while it waited
 			continue
 		}
-		if err := w.node.checkRates(w.charges, now); err != nil {
+		if err := w.node.checkRatesAhead(w.charges, now, e.aheadOf()); err != nil {
 			if e.waitForRate(w, err) {
 				continue // it waits on in its rate's queue (ratewait.go)
 			}
