@@ -52,6 +52,12 @@
 // is held that nobody knows of. When governord was reachable the call
 // returns once that is done; otherwise it goes on in the background.
 //
+// A rate that refuses a charge is a *RateLimitedError carrying the wait,
+// at once; Retry waits it out. A charge made with WaitForRate waits for
+// the rate at governord instead, until its context ends: governord grants
+// waiting charges in weighted round robin across tenants, so that a
+// contended rate is shared by weight rather than by who retries first.
+//
 // # Imports
 //
 // This package may import only the standard library, gRPC, protobuf,

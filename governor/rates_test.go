@@ -178,3 +178,44 @@ func TestSliceOfARate(t *testing.T) {
 		}
 	}
 }
+
+// WaitForRate: a charge a rate refuses waits for it at governord, and is
+// granted when its token is there; without it the same charge is a
+// *RateLimitedError at once; a wait that ctx's deadline cuts short fails
+// with ctx's error and charges nothing.
+func TestChargeWaitForRate(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{})
+	if _, err := c.Raw().SetCaps(ctx, &governorpb.SetCapsRequest{NodeId: task.ID(), Rates: map[string]*governorpb.Rate{
+		"calls": {Units: 1, Per: durationpb.New(200 * time.Millisecond)}}}); err != nil {
+		t.Fatal(err)
+	}
+	one := map[string]int64{"calls": 1}
+	if _, err := task.ChargeAndAcquire(ctx, "", one); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := task.ChargeAndAcquire(ctx, "", one); !errors.Is(err, governor.ErrRateLimited) {
+		t.Fatalf("a charge over the rate without WaitForRate: %v; want ErrRateLimited", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, err := task.ChargeAndAcquire(short, "", one, governor.WaitForRate())
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a wait cut short by its deadline: %v; want context.DeadlineExceeded", err)
+	}
+	start := time.Now()
+	if _, err := task.ChargeAndAcquire(ctx, "", one, governor.WaitForRate()); err != nil {
+		t.Fatalf("a charge waiting for the rate: %v", err)
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Fatalf("granted after %v; the bucket needed most of 200ms", waited)
+	}
+	// The wait cut short took nothing: the next token is 200ms away, not 400ms.
+	start = time.Now()
+	if _, err := task.ChargeAndAcquire(ctx, "", one, governor.WaitForRate()); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > 350*time.Millisecond {
+		t.Fatalf("the next charge waited %v; a wait cut short took a token", waited)
+	}
+}

@@ -229,22 +229,41 @@ func (t *Task) Acquire(ctx context.Context, class string) (*Lease, error) {
 // in one all-or-nothing step: it waits like Acquire, and the charges apply at
 // the instant the lease is granted. A quota already spent fails at once. A
 // lease granted as ctx ended is given back, charges included, as Acquire
-// does. With an empty class it only charges and returns a nil lease.
-func (t *Task) ChargeAndAcquire(ctx context.Context, class string, charges map[string]int64) (*Lease, error) {
-	return t.chargeAndAcquire(ctx, class, charges, false)
+// does. With an empty class it only charges and returns a nil lease. A
+// rate that refuses the charges fails it with a *RateLimitedError at once
+// (governor.Retry waits and calls again), unless WaitForRate is given.
+func (t *Task) ChargeAndAcquire(ctx context.Context, class string, charges map[string]int64, opts ...ChargeOption) (*Lease, error) {
+	return t.chargeAndAcquire(ctx, class, charges, false, opts)
 }
 
 // ChargeAndAcquireWrite is ChargeAndAcquire for work classified as a
 // write, which a read_only tenant refuses (a *TenantStateError).
-func (t *Task) ChargeAndAcquireWrite(ctx context.Context, class string, charges map[string]int64) (*Lease, error) {
-	return t.chargeAndAcquire(ctx, class, charges, true)
+func (t *Task) ChargeAndAcquireWrite(ctx context.Context, class string, charges map[string]int64, opts ...ChargeOption) (*Lease, error) {
+	return t.chargeAndAcquire(ctx, class, charges, true, opts)
 }
 
-func (t *Task) chargeAndAcquire(ctx context.Context, class string, charges map[string]int64, write bool) (*Lease, error) {
+// ChargeOption changes how ChargeAndAcquire asks.
+type ChargeOption func(*governorpb.ChargeAndAcquireRequest)
+
+// WaitForRate makes a charge that a rate refuses wait for the rate at
+// governord rather than fail: it is queued with the other rate waiters
+// and granted when the buckets hold its charges, tenants taking turns by
+// weight, so that a contended rate is shared by weight rather than by
+// who retries first. It waits until ctx ends, which then fails it with
+// ctx's error: give ctx a deadline. A charge without a class granted as
+// ctx ends stands (a charge is never undone).
+func WaitForRate() ChargeOption {
+	return func(r *governorpb.ChargeAndAcquireRequest) { r.WaitForRate = true }
+}
+
+func (t *Task) chargeAndAcquire(ctx context.Context, class string, charges map[string]int64, write bool, opts []ChargeOption) (*Lease, error) {
 	if err := t.alive(); err != nil {
 		return nil, err
 	}
 	req := &governorpb.ChargeAndAcquireRequest{NodeId: t.id, Class: class, Charges: maps.Clone(charges), Write: write}
+	for _, o := range opts {
+		o(req)
+	}
 	var resp *governorpb.ChargeAndAcquireResponse
 	err := t.c.grant(ctx, "ChargeAndAcquire", func(ctx context.Context, id string) error {
 		req.RequestId = id
@@ -253,7 +272,7 @@ func (t *Task) chargeAndAcquire(ctx context.Context, class string, charges map[s
 		return err
 	}, func(ctx context.Context, id string) error {
 		_, err := t.c.rpc.ChargeAndAcquire(ctx, &governorpb.ChargeAndAcquireRequest{RequestId: id, NodeId: t.id,
-			Class: class, Charges: req.GetCharges(), Abandon: true, Write: write})
+			Class: class, Charges: req.GetCharges(), Abandon: true, Write: write, WaitForRate: req.GetWaitForRate()})
 		return err
 	})
 	if err != nil {

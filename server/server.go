@@ -682,7 +682,8 @@ func (s *Server) reapWhenDue(ctx context.Context) {
 	}
 }
 
-// sessionOpened wakes the reaper to time the new session's expiry.
+// sessionOpened wakes the reaper to time the new session's expiry, or
+// anything else newly due (engine.DueIn), such as a rate waiter's grant.
 func (s *Server) sessionOpened() {
 	select {
 	case s.newSession <- struct{}{}:

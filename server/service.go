@@ -414,7 +414,7 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 		return nil, err
 	}
 	r := engine.AcquireRequest{Node: engine.NodeID(req.GetNodeId()), Class: req.GetClass(),
-		Charges: req.GetCharges(), RequestID: req.GetRequestId(), Write: req.GetWrite()}
+		Charges: req.GetCharges(), RequestID: req.GetRequestId(), Write: req.GetWrite(), WaitRate: req.GetWaitForRate()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, bool, error) {
 			id, err := s.eng.GiveBack(sid, r, 0)
@@ -472,6 +472,9 @@ func (s *Server) acquireOnce(ctx context.Context, sid engine.SessionID, r engine
 		return g, err
 	}
 	leaveAdmission(ctx) // a held-up acquire keeps no one else's call out
+	if r.WaitRate {
+		s.sessionOpened() // the reaper wakes to time the instant its tokens are there
+	}
 	s.metrics.waiting(1)
 	defer s.metrics.waiting(-1)
 	began := time.Now()

@@ -1934,8 +1934,8 @@ type ChargeAndAcquireRequest struct {
 	// The node to charge and hold the lease on (with all its ancestors).
 	// Required; 0 is INVALID_ARGUMENT.
 	NodeId int64 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The lease class. Empty means charge only: no lease is taken and the call
-	// does not wait.
+	// The lease class. Empty means charge only: no lease is taken, and the
+	// call does not wait unless wait_for_rate is set.
 	Class string `protobuf:"bytes,3,opt,name=class,proto3" json:"class,omitempty"`
 	// Amounts to charge by resource name, in each resource's units. Each
 	// amount is from 1 to 2^53 (MaxAmount). May be empty (then it is a plain Acquire),
@@ -1949,7 +1949,16 @@ type ChargeAndAcquireRequest struct {
 	// charging twice. See the service comment.
 	Abandon bool `protobuf:"varint,5,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	// Marks the work as a write, which a read_only tenant refuses.
-	Write         bool `protobuf:"varint,6,opt,name=write,proto3" json:"write,omitempty"`
+	Write bool `protobuf:"varint,6,opt,name=write,proto3" json:"write,omitempty"`
+	// When a rate refuses the charges (and nothing else does), wait for it
+	// rather than being refused with RESOURCE_EXHAUSTED and a retry delay:
+	// the call is queued with the other rate waiters and granted, in
+	// weighted round robin across tenants, when the buckets hold its
+	// charges, or fails with DEADLINE_EXCEEDED when the call's deadline
+	// passes first (set one). A charge that arrives while others wait for a
+	// rate leaves them the tokens they wait for, waiting or not. A charge
+	// without a class granted as the call's deadline passes stands.
+	WaitForRate   bool `protobuf:"varint,7,opt,name=wait_for_rate,json=waitForRate,proto3" json:"wait_for_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2022,6 +2031,13 @@ func (x *ChargeAndAcquireRequest) GetAbandon() bool {
 func (x *ChargeAndAcquireRequest) GetWrite() bool {
 	if x != nil {
 		return x.Write
+	}
+	return false
+}
+
+func (x *ChargeAndAcquireRequest) GetWaitForRate() bool {
+	if x != nil {
+		return x.WaitForRate
 	}
 	return false
 }
@@ -6306,7 +6322,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x03R\x06nodeId\x12\x14\n" +
-	"\x05class\x18\x03 \x01(\tR\x05class\"\xa0\x02\n" +
+	"\x05class\x18\x03 \x01(\tR\x05class\"\xc4\x02\n" +
 	"\x17ChargeAndAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +
@@ -6314,7 +6330,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12K\n" +
 	"\acharges\x18\x04 \x03(\v21.governor.v1.ChargeAndAcquireRequest.ChargesEntryR\acharges\x12\x18\n" +
 	"\aabandon\x18\x05 \x01(\bR\aabandon\x12\x14\n" +
-	"\x05write\x18\x06 \x01(\bR\x05write\x1a:\n" +
+	"\x05write\x18\x06 \x01(\bR\x05write\x12\"\n" +
+	"\rwait_for_rate\x18\a \x01(\bR\vwaitForRate\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"D\n" +

@@ -116,7 +116,7 @@ func (e *Engine) dryRun(s *session, now int64, r AcquireRequest, charges []Charg
 		return DryRun{Err: ErrRecalling}, n, nil
 	}
 	if !shadow { // a shadow rule's ledger counts no rate
-		if err := n.checkRates(charges, now); errors.Is(err, ErrInvalid) {
+		if err := n.checkRatesAhead(charges, now, e.aheadOf()); errors.Is(err, ErrInvalid) {
 			return DryRun{}, nil, err
 		} else if err != nil {
 			return DryRun{Err: err}, n, nil

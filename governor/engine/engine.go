@@ -167,7 +167,15 @@ type Engine struct {
 
 	dispatching   bool
 	dispatchAgain bool
-	replaying     bool // Apply is running: tell nobody anything
+
+	// Rate waiters (ratewait.go), not state either: the queues by
+	// resource, how many wait in them, and when one may fit next (0:
+	// decide at the next tick).
+	rateQueues      map[string]*classQueue
+	rateWaiting     int
+	rateDue         int64
+	rateDispatching bool
+	replaying       bool // Apply is running: tell nobody anything
 }
 
 type discard struct{}
@@ -177,24 +185,25 @@ func (discard) Emit(Event) {}
 // New returns an engine holding only the root.
 func New(cfg Config) (*Engine, error) {
 	e := &Engine{
-		clock:     cfg.Clock,
-		sink:      cfg.Sink,
-		notifier:  cfg.Notifier,
-		nextNode:  RootID + 1,
-		nextLease: 1,
-		nodes:     make(map[NodeID]*node),
-		sessions:  make(map[SessionID]*session),
-		byToken:   make(map[string]*session),
-		leases:    make(map[LeaseID]*lease),
-		tombs:     make(map[LeaseID]tombstone),
-		blocks:    make(map[string]map[LeaseID]*lease),
-		reserved:  make(map[string]map[*reservation]struct{}),
-		slices:    make(map[uint64]*slice),
-		queues:    make(map[string]*classQueue),
-		adaptive:  make(map[string]*controller),
-		soonest:   math.MaxInt64,
-		nextReset: math.MaxInt64,
-		loc:       cfg.Location,
+		clock:      cfg.Clock,
+		sink:       cfg.Sink,
+		notifier:   cfg.Notifier,
+		nextNode:   RootID + 1,
+		nextLease:  1,
+		nodes:      make(map[NodeID]*node),
+		sessions:   make(map[SessionID]*session),
+		byToken:    make(map[string]*session),
+		leases:     make(map[LeaseID]*lease),
+		tombs:      make(map[LeaseID]tombstone),
+		blocks:     make(map[string]map[LeaseID]*lease),
+		reserved:   make(map[string]map[*reservation]struct{}),
+		slices:     make(map[uint64]*slice),
+		queues:     make(map[string]*classQueue),
+		rateQueues: make(map[string]*classQueue),
+		adaptive:   make(map[string]*controller),
+		soonest:    math.MaxInt64,
+		nextReset:  math.MaxInt64,
+		loc:        cfg.Location,
 
 		retention:    cfg.Retention,
 		bounds:       cfg.Bounds,
@@ -333,6 +342,8 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	}
 	e.purgeTombstones(now)
 	e.endDueSlices(now)
+	e.rateChanged() // an ended slice refills its buckets faster
+	e.dispatchRates(now)
 	e.revertOverrides(now)
 	e.reclaim(now)
 	e.compactDeadlines()
@@ -343,8 +354,9 @@ func (e *Engine) Reap() (sessions, nodes int) {
 	return sessions, nodes
 }
 
-// DueIn is how long until Reap next has something to end: the soonest
-// session expiry or node deadline the engine knows of. It may come early (a
+// DueIn is how long until Reap next has something to do: the soonest
+// session expiry, node deadline, period reset, slice's end or instant a
+// rate waiter may fit (ratewait.go) the engine knows of. It may come early (a
 // heartbeat has since moved a session on), never late, so a server that
 // reaps then ends a dead worker's session when its TTL is up rather than up
 // to a reap interval later. ok is false when nothing is due.
@@ -358,6 +370,7 @@ func (e *Engine) DueIn() (d time.Duration, ok bool) {
 	next = e.nextRevert(next)
 	next = min(next, e.nextReset)
 	next = e.nextSliceEnd(next)
+	next = e.nextRateDue(next)
 	if next == math.MaxInt64 {
 		return 0, false
 	}

@@ -77,7 +77,7 @@ func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error
 				Granted: l.granted, Count: l.count, Block: l.block})
 		}
 	}
-	for _, q := range e.queues {
+	e.eachQueue(func(q *classQueue) { // rate waiters too (ratewait.go)
 		for _, tq := range q.byNode {
 			for _, w := range tq.waiters {
 				if !w.done && w.node.within(n) {
@@ -86,7 +86,7 @@ func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error
 				}
 			}
 		}
-	}
+	})
 	for _, ss := range e.sessions {
 		if ss.scope.within(n) && !ss.expired(now) {
 			out.Sessions = append(out.Sessions, SessionInfo{ID: ss.id, Scope: ss.scope.id, TTL: ss.ttl,
@@ -142,7 +142,7 @@ func (e *Engine) Subtree(sid SessionID, id NodeID, limit int) (nodes []NodeView,
 		}
 	}
 	waiting = make(map[NodeID]int)
-	for _, q := range e.queues {
+	e.eachQueue(func(q *classQueue) {
 		for _, tq := range q.byNode {
 			for _, w := range tq.waiters {
 				if !w.done && w.node.within(top) {
@@ -150,6 +150,6 @@ func (e *Engine) Subtree(sid SessionID, id NodeID, limit int) (nodes []NodeView,
 				}
 			}
 		}
-	}
+	})
 	return nodes, waiting, more, nil
 }

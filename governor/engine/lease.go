@@ -40,6 +40,12 @@ type AcquireRequest struct {
 	// Write marks work classified as a write, which a read_only tenant
 	// refuses (tenantstate.go).
 	Write bool
+	// WaitRate queues the request when a rate refuses its charges (and
+	// nothing else does), rather than refusing it: it is granted in
+	// weighted round robin with the other tenants' rate waiters once the
+	// buckets hold its charges (ratewait.go). It is not part of the
+	// request's fingerprint: waiting changes when it is decided, not what.
+	WaitRate bool
 }
 
 // fingerprint tells a retry of r (with its normalized charges) from
@@ -75,8 +81,9 @@ type Wait struct {
 
 // Acquire charges r.Charges and takes a lease of r.Class on r.Node. When the
 // lease fits now it returns the grant. When a limit on the chain is full it
-// queues the request and returns a *Wait. A quota that would be exceeded is
-// a *Denial at once, and nothing is queued or charged.
+// queues the request and returns a *Wait; so it does, with r.WaitRate, when
+// a rate refuses the charges. A quota that would be exceeded is a *Denial
+// at once, and nothing is queued or charged.
 func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -122,20 +129,15 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 	if err := n.checkAll(charges); err != nil {
 		return Grant{}, nil, e.refused(s, err)
 	}
-	if err := n.checkRates(charges, now); err != nil {
-		return Grant{}, nil, err
-	}
-	if r.Class == "" {
-		e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
-			RequestID: r.RequestID, Fingerprint: fp, Warnings: n.warnings(charges, "", 0), Write: r.Write})
-		return Grant{Node: n.id}, nil, nil
-	}
 	// w stays on the stack when granted at once: only a queued waiter is
 	// allocated (by enqueue), so the uncontended path does not pay for it.
 	w := waiter{session: s, node: n, class: r.Class, charges: charges, requestID: r.RequestID,
-		fingerprint: fp, priority: n.priority, write: r.Write}
-	if n.fits(r.Class) {
-		return e.grant(&w, now), nil, nil
+		fingerprint: fp, priority: n.priority, write: r.Write, waitRate: r.WaitRate}
+	if err := n.checkRatesAhead(charges, now, e.aheadOf()); err != nil {
+		return e.queueForRate(w, err, now)
+	}
+	if r.Class == "" || n.fits(r.Class) {
+		return e.grantNow(&w, now), nil, nil
 	}
 	if err := e.checkNewWaiter(n.tenant); err != nil {
 		return Grant{}, nil, err
@@ -147,7 +149,8 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 
 // CancelWait withdraws a queued Acquire. If it was granted in the meantime,
 // the lease is given straight back and the slot goes to the next waiter, so
-// no lease is leaked.
+// no lease is leaked. A charge without a lease granted in the meantime
+// stands, as a charge is never undone (GiveBack).
 func (e *Engine) CancelWait(wt *Wait) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -155,6 +158,7 @@ func (e *Engine) CancelWait(wt *Wait) {
 	if !w.done {
 		e.removeWaiter(w)
 		w.done = true
+		e.dispatchRatesAfter() // it may have held a rate queue's turn
 		return
 	}
 	if l := e.leases[w.granted]; l != nil {

@@ -353,6 +353,9 @@ func (e *Engine) tick() int64 {
 	if now >= e.nextReset {
 		e.resetDue(now)
 	}
+	if e.rateWaiting > 0 && now >= e.rateDue {
+		e.dispatchRates(now) // time refilled the buckets rate waiters wait for
+	}
 	return now
 }
 

@@ -15,7 +15,9 @@ type waiter struct {
 	requestID   string
 	fingerprint uint64
 	priority    int64
-	write       bool // a write, which a read_only tenant refuses
+	write       bool   // a write, which a read_only tenant refuses
+	waitRate    bool   // waits for a rate rather than being refused (ratewait.go)
+	rate        string // the resource whose rate queue holds it; "" in its class's queue
 	arrival     uint64
 	mark        int64 // its tenant queue's grants when it queued (the aging guard, minimum.go)
 	since       int64 // when it queued (not state: for Inspect)
@@ -55,8 +57,8 @@ func (n *node) fits(class string) bool {
 	return true
 }
 
-// enqueue queues a copy of w, the one place a waiter is allocated, and
-// returns it.
+// enqueue queues a copy of w in its class's queue, the one place a waiter
+// is allocated, and returns it.
 func (e *Engine) enqueue(wv waiter) *waiter {
 	w := &wv
 	w.ch = make(chan Outcome, 1)
@@ -64,9 +66,19 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 	w.arrival = e.arrival
 	q := e.queues[w.class]
 	if q == nil {
-		q = &classQueue{byNode: make(map[*node]*tenantQueue)}
+		q = newQueue()
 		e.queues[w.class] = q
 	}
+	q.add(w)
+	e.contention(w.class, q)
+	return w
+}
+
+func newQueue() *classQueue { return &classQueue{byNode: make(map[*node]*tenantQueue)} }
+
+// add files w in its tenant's queue, by priority then arrival, and counts
+// it against its tenant and its session.
+func (q *classQueue) add(w *waiter) {
 	tq := q.byNode[w.node.tenant]
 	if tq == nil {
 		tq = &tenantQueue{tenant: w.node.tenant}
@@ -82,12 +94,18 @@ func (e *Engine) enqueue(wv waiter) *waiter {
 	q.waiting++
 	w.node.tenant.waiting++
 	w.session.waiters = append(w.session.waiters, w)
-	e.contention(w.class, q)
-	return w
+}
+
+// queueOf is the queue that holds w: its rate's or its class's.
+func (e *Engine) queueOf(w *waiter) *classQueue {
+	if w.rate != "" {
+		return e.rateQueues[w.rate]
+	}
+	return e.queues[w.class]
 }
 
 func (e *Engine) removeWaiter(w *waiter) {
-	q := e.queues[w.class]
+	q := e.queueOf(w)
 	tq := q.byNode[w.node.tenant]
 	if i := slices.Index(tq.waiters, w); i >= 0 {
 		tq.waiters = slices.Delete(tq.waiters, i, i+1)
@@ -96,6 +114,11 @@ func (e *Engine) removeWaiter(w *waiter) {
 	}
 	if i := slices.Index(w.session.waiters, w); i >= 0 {
 		w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
+	}
+	if w.rate != "" {
+		e.rateWaiting--
+		e.rateDue = 0 // it may have held the turn
+		return        // a rate queue is no lease class: no block holder hears of it
 	}
 	e.contention(w.class, q)
 }
@@ -131,13 +154,21 @@ func (tq *tenantQueue) firstFit(class string) *waiter {
 // tenant whose turn it is. A tenant none of whose waiters fits forfeits the
 // rest of its turn, and the turn passes on (work conserving).
 func (q *classQueue) next(class string) (*tenantQueue, *waiter) {
+	return q.nextBy(func(tq *tenantQueue) (*waiter, bool) { return tq.firstFit(class), false })
+}
+
+// nextBy is next over any queue: pick is a tenant's waiter that may be
+// granted now, or nil and hold when the tenant keeps its turn without one
+// (a rate queue's waiter waiting for tokens the whole ring shares: the
+// turn must not pass on while they refill, or weights would not count).
+func (q *classQueue) nextBy(pick func(*tenantQueue) (w *waiter, hold bool)) (*tenantQueue, *waiter) {
 	for range len(q.ring) {
 		tq := q.ring[q.cursor]
 		if tq.deficit <= 0 {
 			tq.deficit = tq.tenant.weight // a new turn
 		}
 		if len(tq.waiters) > 0 {
-			if w := tq.firstFit(class); w != nil {
+			if w, hold := pick(tq); w != nil || hold {
 				return tq, w
 			}
 		}
@@ -151,6 +182,7 @@ func (q *classQueue) next(class string) (*tenantQueue, *waiter) {
 // nodes (a deadline found on the way), which frees other classes, so a
 // nested request to dispatch is remembered and served by the outermost call.
 func (e *Engine) dispatch(class string) {
+	defer e.dispatchRatesAfter()
 	q := e.queues[class]
 	if q == nil || q.waiting == 0 {
 		return
@@ -169,6 +201,7 @@ func (e *Engine) dispatch(class string) {
 
 // dispatchAll dispatches every class until nothing more fits.
 func (e *Engine) dispatchAll() {
+	defer e.dispatchRatesAfter()
 	if e.dispatching {
 		e.dispatchAgain = true
 		return
@@ -217,7 +250,10 @@ func (e *Engine) dispatchClass(class string, q *classQueue) {
 			e.failWaiter(w, e.refused(w.session, err)) // a quota was spent, or reserved, while it waited
 			continue
 		}
-		if err := w.node.checkRates(w.charges, now); err != nil {
+		if err := w.node.checkRatesAhead(w.charges, now, e.aheadOf()); err != nil {
+			if e.waitForRate(w, err) {
+				continue // it waits on in its rate's queue (ratewait.go)
+			}
 			e.failWaiter(w, err) // a rate was drawn down while it waited
 			continue
 		}

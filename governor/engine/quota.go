@@ -46,7 +46,7 @@ func (e *Engine) Consume(sid SessionID, id NodeID, resource string, amount int64
 	if err := n.check(resource, amount); err != nil {
 		return e.refused(s, err)
 	}
-	if err := n.checkRate(resource, amount, now); err != nil {
+	if err := n.checkRateAhead(resource, amount, now, e.aheadOf()); err != nil {
 		return err
 	}
 	e.emit(Event{Kind: EvConsumed, At: now, Session: s.id, Node: n.id, Resource: resource, Amount: amount,

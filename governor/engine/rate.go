@@ -227,6 +227,14 @@ func (e *RateError) Is(target error) bool { return target == ErrRateLimited }
 // is ErrInvalid, not a wait. Otherwise it returns the *RateError of the
 // bucket that takes longest to hold amount.
 func (n *node) checkRate(r string, amount, now int64) error {
+	return n.checkRateAhead(r, amount, now, nil)
+}
+
+// checkRateAhead is checkRate for a charge that must leave in each bucket
+// what the rate waiters below it ask (ahead, nil when none wait;
+// ratewait.go): its RetryAfter is then how long until the bucket holds
+// theirs and its own.
+func (n *node) checkRateAhead(r string, amount, now int64, ahead func(*node, string) int64) error {
 	var worst *node
 	var wait, level int64
 	for a := n; a != nil; a = a.parent {
@@ -238,11 +246,15 @@ func (n *node) checkRate(r string, amount, now int64) error {
 			return invalid("a charge of %d %s can never fit the rate on %q: %d per %v holds at most %d",
 				amount, r, a.name, b.Units, time.Duration(b.Per), b.size())
 		}
+		need := amount
+		if ahead != nil {
+			need = saturatingAdd(amount, ahead(a, r))
+		}
 		lv, acc := b.at(now)
-		if lv >= amount {
+		if lv >= need {
 			continue
 		}
-		if w := b.wait(amount, lv, acc); worst == nil || w > wait {
+		if w := b.wait(need, lv, acc); worst == nil || w > wait {
 			worst, wait, level = a, w, lv
 		}
 	}
@@ -256,9 +268,14 @@ func (n *node) checkRate(r string, amount, now int64) error {
 // checkRates is checkRate for several charges made together (each names
 // another resource), answering the longest wait.
 func (n *node) checkRates(charges []Charge, now int64) error {
+	return n.checkRatesAhead(charges, now, nil)
+}
+
+// checkRatesAhead is checkRateAhead for several charges made together.
+func (n *node) checkRatesAhead(charges []Charge, now int64, ahead func(*node, string) int64) error {
 	var worst *RateError
 	for _, c := range charges {
-		err := n.checkRate(c.Resource, c.Amount, now)
+		err := n.checkRateAhead(c.Resource, c.Amount, now, ahead)
 		var re *RateError
 		if !errors.As(err, &re) {
 			if err != nil {
@@ -447,9 +464,9 @@ func (n *node) rated(r string) bool {
 // unspent do not go back, since the time they stood for has passed. A
 // reservation that is not exact never meets a rate: a rated resource is
 // not delegated (reserveWant).
-func (n *node) reserveRate(r ReserveRequest, grant, now int64) (int64, error) {
+func (n *node) reserveRate(r ReserveRequest, grant, now int64, ahead func(*node, string) int64) (int64, error) {
 	if r.Exact {
-		return grant, n.checkRate(r.Resource, grant, now)
+		return grant, n.checkRateAhead(r.Resource, grant, now, ahead)
 	}
 	return grant, nil
 }

@@ -220,10 +220,10 @@ func (e *Engine) forget(n *node) {
 
 // dropTenantQueues removes a reclaimed tenant's (empty) queues.
 func (e *Engine) dropTenantQueues(t *node) {
-	for _, q := range e.queues {
+	e.eachQueue(func(q *classQueue) {
 		tq := q.byNode[t]
 		if tq == nil {
-			continue
+			return
 		}
 		delete(q.byNode, t)
 		i := slices.Index(q.ring, tq)
@@ -236,7 +236,7 @@ func (e *Engine) dropTenantQueues(t *node) {
 		if q.cursor >= len(q.ring) {
 			q.cursor = 0
 		}
-	}
+	})
 }
 
 // notFound is the error for a node id the engine does not hold.

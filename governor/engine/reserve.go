@@ -194,7 +194,7 @@ func (e *Engine) reserveWant(s *session, n *node, r ReserveRequest, now int64) (
 		return 0, false, nil, e.refused(s, err)
 	}
 	if sg == nil {
-		grant, err = n.reserveRate(r, grant, now)
+		grant, err = n.reserveRate(r, grant, now, e.aheadOf())
 	}
 	return grant, rated, sg, err
 }

@@ -154,12 +154,8 @@ func (e *Engine) SetTenantState(sid SessionID, id NodeID, st TenantState, reason
 
 // failRefusedWaiters fails t's queued acquires that its state now refuses.
 func (e *Engine) failRefusedWaiters(t *node) {
-	for _, class := range e.sortedQueues() {
-		tq := e.queues[class].byNode[t]
-		if tq == nil {
-			continue
-		}
-		for _, w := range slices.Clone(tq.waiters) {
+	for _, q := range e.tenantQueues(t) {
+		for _, w := range slices.Clone(q.waiters) {
 			if err := w.node.admits(w.write, false); err != nil {
 				e.failWaiter(w, err)
 			}

@@ -755,7 +755,7 @@ func (e *Engine) noticeReservationsEnded(n *node) {
 // queue, and hands freed slots on. Failing a waiter emits nothing, so the
 // order does not matter.
 func (e *Engine) afterEnd() {
-	for _, q := range e.queues {
+	e.eachQueue(func(q *classQueue) {
 		for _, tq := range q.ring {
 			kept := tq.waiters[:0]
 			for _, w := range tq.waiters {
@@ -768,13 +768,16 @@ func (e *Engine) afterEnd() {
 				if i := slices.Index(w.session.waiters, w); i >= 0 {
 					w.session.waiters = slices.Delete(w.session.waiters, i, i+1)
 				}
+				if w.rate != "" {
+					e.rateWaiting--
+				}
 				w.done = true
 				w.ch <- Outcome{Err: w.node.ended()}
 			}
 			clear(tq.waiters[len(kept):])
 			tq.waiters = kept
 		}
-	}
+	})
 	for _, class := range e.sortedQueues() {
 		e.contention(class, e.queues[class])
 	}
@@ -857,11 +860,11 @@ func (e *Engine) setCaps(sid SessionID, id NodeID, edit CapsEdit, a Audit, reque
 	e.recallUnder(n, "", "")
 	if edit.Weight != nil {
 		// A turn in progress ends at the new weight.
-		for _, q := range e.queues {
+		e.eachQueue(func(q *classQueue) {
 			if tq := q.byNode[n]; tq != nil {
 				tq.deficit = min(tq.deficit, n.weight)
 			}
-		}
+		})
 	}
 	e.dispatchAll()
 	return n.view(), nil

@@ -276,9 +276,9 @@ func (a *Admitter) Admit(ctx context.Context, r admission.Request) (admission.Ti
 	}
 	var t admission.Ticket
 	var node int64
-	err = a.pace.admit(ctx, r, func() error {
+	err = a.pace.admit(ctx, r, func(waitRate bool) error {
 		var err error
-		t, node, err = s.admit(ctx, r)
+		t, node, err = s.admit(ctx, r, waitRate)
 		return err
 	})
 	if err != nil {

@@ -13,8 +13,10 @@ import (
 )
 
 // admitDirect admits work with delegation off: one ChargeAndAcquire, and a
-// Release when the work ends (or, for held charges, admitHeld).
-func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.Ticket, error) {
+// Release when the work ends (or, for held charges, admitHeld). With
+// waitRate the ChargeAndAcquire waits at governord for a rate that refuses
+// it, within ctx (pace.go).
+func (n *node) admitDirect(ctx context.Context, r admission.Request, waitRate bool) (admission.Ticket, error) {
 	if r.Spent {
 		for _, res := range slices.Sorted(maps.Keys(r.Charges)) {
 			n.consumeUpTo(ctx, res, r.Charges[res])
@@ -28,7 +30,11 @@ func (n *node) admitDirect(ctx context.Context, r admission.Request) (admission.
 	if r.Write { // a read-only tenant refuses it (tenant states)
 		acquire = n.t.ChargeAndAcquireWrite
 	}
-	l, err := acquire(ctx, r.Class, r.Charges)
+	var opts []governor.ChargeOption
+	if waitRate {
+		opts = append(opts, governor.WaitForRate())
+	}
+	l, err := acquire(ctx, r.Class, r.Charges, opts...)
 	if err != nil {
 		return nil, counted(err)
 	}

@@ -17,13 +17,18 @@ import (
 // its wait timeout (the deadline of its ctx), rather than refused at once:
 // a client that does not retry sees a slower answer, not a 429. Within the
 // sidecar, work waiting on the same subtask and resource is served in
-// arrival order: only the oldest (the head) asks governord again, once the
-// refusal's RetryAfter has passed, and the rest wait behind it, so that
-// none starves while newer work gets through. Work is refused for rate
-// (with the wait it would need as Retry-After) at once when that wait
-// cannot fit in what is left of its wait timeout, and when its wait
-// timeout passes in the queue. A cancelled waiter (its client gone) leaves
-// the queue. A rule with on_rate: deny (Request.DenyRate) is not paced.
+// arrival order: only the oldest (the head) asks governord again, and the
+// rest wait behind it, so that none starves while newer work gets through.
+// The head asks with the charge waiting for the rate at governord, within
+// what is left of its wait timeout, so that governord grants the rate's
+// tokens to the tenants' heads in weighted round robin (rather than to
+// whichever sidecar retries first); a governord that refuses it anyway is
+// asked again once the refusal's RetryAfter has passed. Work is refused
+// for rate (with the wait it would need as Retry-After) at once when that
+// wait cannot fit in what is left of its wait timeout, and when its wait
+// timeout passes in the queue. A cancelled waiter (its client gone)
+// leaves the queue. A rule with on_rate: deny (Request.DenyRate) is not
+// paced.
 
 // paceKey names a queue: work on one subtask ("" is the task) waiting for
 // room in the rates of one resource.
@@ -66,17 +71,18 @@ func (p *pacer) wait(ctx context.Context, d time.Duration) error {
 	return retry.Sleep(ctx, d)
 }
 
-// admit runs try, which admits r, pacing it while a rate refuses it.
-// Work that arrives while a queue of its subtask and a resource it charges
-// is waiting joins that queue without trying, so as not to pass it.
-func (p *pacer) admit(ctx context.Context, r admission.Request, try func() error) error {
+// admit runs try, which admits r (waiting at governord for a rate that
+// refuses it when asked to), pacing it while a rate refuses it. Work that
+// arrives while a queue of its subtask and a resource it charges is
+// waiting joins that queue without trying, so as not to pass it.
+func (p *pacer) admit(ctx context.Context, r admission.Request, try func(waitRate bool) error) error {
 	if r.DenyRate || r.Spent || len(r.Charges) == 0 {
-		return try()
+		return try(false)
 	}
 	key, queued := p.queued(r)
 	var first *governor.RateLimitedError
 	if !queued {
-		err := try()
+		err := try(false)
 		if !errors.As(err, &first) {
 			return err
 		}
@@ -194,10 +200,12 @@ func (p *pacer) fits(ctx context.Context, d time.Duration) bool {
 	return !ok || deadline.Sub(p.clock()) >= d
 }
 
-// paced waits for w's turn, then, as the head, asks again each time the
-// rate's last refusal says there is room, until it is admitted, refused
-// for something else, or ctx cannot wait for the rate any longer.
-func (p *pacer) paced(ctx context.Context, key paceKey, w *paceWaiter, try func() error) error {
+// paced waits for w's turn, then, as the head, asks with the charge
+// waiting for the rate at governord, until it is admitted, refused for
+// something else, or ctx cannot wait for the rate any longer. A refusal
+// for rate all the same (a governord that does not wait) is waited out
+// here, and asked again.
+func (p *pacer) paced(ctx context.Context, key paceKey, w *paceWaiter, try func(waitRate bool) error) error {
 	defer p.leave(key, w)
 	select {
 	case <-w.turn:
@@ -205,21 +213,21 @@ func (p *pacer) paced(ctx context.Context, key paceKey, w *paceWaiter, try func(
 		return p.gaveUp(ctx, key, w)
 	}
 	for {
-		est := p.refusalFor(key, w)
-		if !p.fits(ctx, est.RetryAfter) {
+		if est := p.refusalFor(key, w); !p.fits(ctx, est.RetryAfter) {
 			return est
 		}
-		if est.RetryAfter > 0 {
-			if err := p.wait(ctx, est.RetryAfter); err != nil {
-				return p.gaveUp(ctx, key, w)
-			}
-		}
-		err := try()
+		err := try(true)
 		var rl *governor.RateLimitedError
 		if !errors.As(err, &rl) {
+			if err != nil && ctx.Err() != nil {
+				return p.gaveUp(ctx, key, w) // the wait at governord ran out
+			}
 			return err
 		}
 		p.refused(key, rl)
+		if err := p.wait(ctx, rl.RetryAfter); err != nil {
+			return p.gaveUp(ctx, key, w)
+		}
 	}
 }
 

@@ -61,8 +61,8 @@ func (f *fakeRate) sleep(ctx context.Context, d time.Duration) error {
 }
 
 // try is an admission of who against the rate.
-func (f *fakeRate) try(who string) func() error {
-	return func() error {
+func (f *fakeRate) try(who string) func(bool) error {
+	return func(bool) error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.tries[who]++
@@ -209,18 +209,18 @@ func TestPacingDenyRefusesAtOnce(t *testing.T) {
 // waiter whose client goes away gets context.Canceled.
 func TestPacingWaitTimeoutInQueue(t *testing.T) {
 	f, p := newFakeRate(t)
-	p.now = nil            // the wall clock, so that real deadlines pass
-	held := func() error { // the head's rate stays 10ms from room until woken
+	p.now = nil                // the wall clock, so that real deadlines pass
+	held := func(bool) error { // the head's rate stays 10ms from room until woken
 		return &governor.RateLimitedError{Resource: "calls", Units: 1, Per: 10 * time.Millisecond, Amount: 1, RetryAfter: 10 * time.Millisecond}
 	}
 	woken := false
 	head := make(chan error, 1)
 	go func() {
-		head <- p.admit(context.Background(), calls, func() error {
+		head <- p.admit(context.Background(), calls, func(bool) error {
 			if woken {
 				return nil
 			}
-			return held()
+			return held(false)
 		})
 	}()
 	<-f.sleeps

@@ -210,8 +210,10 @@ func (n *node) alive() error {
 func (n *node) ended(why error) { n.end(why) }
 
 // admit charges r's charges and takes a slot of its class on its node,
-// and says which node that is (0 when it is not known).
-func (s *session) admit(ctx context.Context, r admission.Request) (admission.Ticket, int64, error) {
+// and says which node that is (0 when it is not known). With waitRate, a
+// charge made at governord waits there for a rate that refuses it
+// (pace.go).
+func (s *session) admit(ctx context.Context, r admission.Request, waitRate bool) (admission.Ticket, int64, error) {
 	if err := s.client.Err(); err != nil {
 		return nil, s.task.t.ID(), err
 	}
@@ -219,7 +221,7 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 	if err != nil {
 		return nil, s.task.t.ID(), err // the subtask could not be had: counted on the task
 	}
-	t, err := s.admitOn(ctx, n, r)
+	t, err := s.admitOn(ctx, n, r, waitRate)
 	if t == nil {
 		n.unuse() // a ticket unuses its node when its work ends
 	}
@@ -227,9 +229,9 @@ func (s *session) admit(ctx context.Context, r admission.Request) (admission.Tic
 }
 
 // admitOn is admit on node n, found.
-func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (admission.Ticket, error) {
+func (s *session) admitOn(ctx context.Context, n *node, r admission.Request, waitRate bool) (admission.Ticket, error) {
 	if !s.a.cfg.Delegate {
-		return n.admitDirect(ctx, r)
+		return n.admitDirect(ctx, r, waitRate)
 	}
 	resources := slices.Sorted(maps.Keys(r.Charges))
 	if r.Spent {
@@ -253,14 +255,14 @@ func (s *session) admitOn(ctx context.Context, n *node, r admission.Request) (ad
 			for _, res := range resources {
 				n.reservation(res).settleNow(ctx, true)
 			}
-			return n.admitDirect(ctx, r)
+			return n.admitDirect(ctx, r, waitRate)
 		}
 		if errors.Is(err, errRated) {
 			// A rate binds the resource, so governord delegates none of
 			// it: the request is charged there, with its slot, as with
 			// delegation off, and the rate decides it exactly.
 			n.untake(resources[:i], r.Charges)
-			t, err := n.admitDirect(ctx, r)
+			t, err := n.admitDirect(ctx, r, waitRate)
 			return t, n.sliceRetry(err, r.Charges)
 		}
 		if err != nil {

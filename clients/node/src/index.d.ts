@@ -79,7 +79,7 @@ export declare class Task {
   readonly name: string;
   consume(resource: string, amount?: Int64): Promise<void>;
   acquire(cls: string, options?: { signal?: AbortSignal }): Promise<Lease>;
-  chargeAndAcquire(cls: string, charges: Record<string, Int64>, options?: { signal?: AbortSignal }): Promise<Lease | null>;
+  chargeAndAcquire(cls: string, charges: Record<string, Int64>, options?: { signal?: AbortSignal; waitForRate?: boolean }): Promise<Lease | null>;
   newTask(spec?: TaskSpec): Promise<Task>;
   close(): Promise<void>;
   cancel(): Promise<void>;

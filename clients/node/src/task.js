@@ -126,12 +126,19 @@ export class Task {
   /**
    * chargeAndAcquire charges quotas and takes a lease of cls in one step: the
    * charges apply when the lease is granted, or not at all. With cls empty it
-   * only charges and resolves to null.
+   * only charges and resolves to null. A rate that refuses the charges
+   * rejects with rateLimited at once, unless options.waitForRate: then the
+   * charge waits for the rate at governord (tenants taking turns by weight)
+   * until options.signal aborts.
    */
   async chargeAndAcquire(cls, charges, options = {}) {
     if (typeof cls !== 'string') throw invalid('chargeAndAcquire', 'class must be a string');
+    if (options.waitForRate !== undefined && typeof options.waitForRate !== 'boolean') {
+      throw invalid('chargeAndAcquire', 'waitForRate must be a boolean');
+    }
     const res = await this._run('chargeAndAcquire', 'ChargeAndAcquire',
-      { nodeId: this.id, class: cls, charges: caps('chargeAndAcquire', 'charges', charges) }, { signal: options.signal });
+      { nodeId: this.id, class: cls, charges: caps('chargeAndAcquire', 'charges', charges), waitForRate: options.waitForRate === true },
+      { signal: options.signal });
     return res.lease ? new Lease(this._session, res.lease) : null;
   }
 

@@ -81,6 +81,25 @@ describe('codes', () => {
     await task.close();
   });
 
+  test('waitForRate: a charge a rate refuses waits for it; an aborted wait charges nothing', async () => {
+    const task = await session.newTask({ name: 'waits' });
+    await session.rpc('SetCaps', { nodeId: task.id, rates: { calls: { units: 1, per: { seconds: 0, nanos: 200_000_000 } } } });
+    assert.equal(await task.chargeAndAcquire('', { calls: 1 }), null);
+    await assert.rejects(task.chargeAndAcquire('', { calls: 1 }), isError(Code.RESOURCE_EXHAUSTED, { rateLimited: true }));
+    await assert.rejects(task.chargeAndAcquire('', { calls: 1 }, { waitForRate: 'yes' }), /waitForRate must be a boolean/);
+    const ac = new AbortController();
+    const gaveUp = task.chargeAndAcquire('', { calls: 1 }, { waitForRate: true, signal: ac.signal });
+    setTimeout(() => ac.abort(new Error('caller went away')), 20);
+    await assert.rejects(gaveUp, (err) => err instanceof GovernorError && err.code === Code.CANCELLED);
+    const start = performance.now();
+    assert.equal(await task.chargeAndAcquire('', { calls: 1 }, { waitForRate: true }), null);
+    const waited = performance.now() - start;
+    assert.ok(waited >= 100 && waited < 350, `granted after ${waited} ms; the next token was under 200 ms away`);
+    const node = await session.rpc('GetNode', { nodeId: task.id });
+    assert.equal(node.used.calls, '2');
+    await task.close();
+  });
+
   test('FAILED_PRECONDITION: the task ended, with the node that ended', async () => {
     const task = await session.newTask({ name: 'ended' });
     await session.rpc('CloseNode', { nodeId: task.id }); // behind the Task's back: governord must say it
