@@ -35,12 +35,10 @@ func serveNetHTTP(args []string, stdout, stderr io.Writer) int {
 	if flagSet("serve-nethttp", stderr).Parse(args) != nil {
 		return 2
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(stderr, err)
+	ln, ok := listenAnnounced(stdout, stderr)
+	if !ok {
 		return 1
 	}
-	fmt.Fprintln(stdout, ln.Addr())
 	return serveUntilKilled(ln, netHTTPFloor(), stderr)
 }
 
@@ -69,12 +67,10 @@ func serveFastHTTP(args []string, stdout, stderr io.Writer) int {
 	if flagSet("serve-fasthttp", stderr).Parse(args) != nil {
 		return 2
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(stderr, err)
+	ln, ok := listenAnnounced(stdout, stderr)
+	if !ok {
 		return 1
 	}
-	fmt.Fprintln(stdout, ln.Addr())
 	if err := fastHTTPFloor().Serve(ln); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -124,12 +120,10 @@ func serveRelay(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "govbench serve-relay:", err)
 		return 2
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(stderr, err)
+	ln, ok := listenAnnounced(stdout, stderr)
+	if !ok {
 		return 1
 	}
-	fmt.Fprintln(stdout, ln.Addr())
 	if err := serveRelayOn(ln, *upstream, relay); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

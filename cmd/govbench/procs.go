@@ -321,13 +321,24 @@ func serveGoproxy(args []string, stdout, stderr io.Writer) int {
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0)
 	gp.Tr = &http.Transport{Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256}
+	ln, ok := listenAnnounced(stdout, stderr)
+	if !ok {
+		return 1
+	}
+	return serveUntilKilled(ln, gp, stderr)
+}
+
+// listenAnnounced listens on a port of loopback chosen by the system and
+// prints its address on stdout, which is how the benchmark that started
+// this process learns where it serves.
+func listenAnnounced(stdout, stderr io.Writer) (net.Listener, bool) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(stderr, err)
-		return 1
+		return nil, false
 	}
 	fmt.Fprintln(stdout, ln.Addr())
-	return serveUntilKilled(ln, gp, stderr)
+	return ln, true
 }
 
 func serveUntilKilled(ln net.Listener, h http.Handler, stderr io.Writer) int {
