@@ -222,18 +222,12 @@ func (e *RateError) Error() string {
 // Is makes errors.Is(e, ErrRateLimited) true.
 func (e *RateError) Is(target error) bool { return target == ErrRateLimited }
 
-// checkRate returns nil when amount of r fits in every bucket of r on n's
-// chain at now. A charge larger than some bucket's size can never fit: it
-// is ErrInvalid, not a wait. Otherwise it returns the *RateError of the
-// bucket that takes longest to hold amount.
-func (n *node) checkRate(r string, amount, now int64) error {
-	return n.checkRateAhead(r, amount, now, nil)
-}
-
-// checkRateAhead is checkRate for a charge that must leave in each bucket
-// what the rate waiters below it ask (ahead, nil when none wait;
-// ratewait.go): its RetryAfter is then how long until the bucket holds
-// theirs and its own.
+// checkRateAhead returns nil when amount of r fits in every bucket of r on
+// n's chain at now, leaving in each what the rate waiters below it ask
+// (ahead, nil when none wait; ratewait.go). A charge larger than some
+// bucket's size can never fit: it is ErrInvalid, not a wait. Otherwise it
+// returns the *RateError of the bucket that takes longest to hold the
+// waiters' charges and its own.
 func (n *node) checkRateAhead(r string, amount, now int64, ahead func(*node, string) int64) error {
 	var worst *node
 	var wait, level int64
