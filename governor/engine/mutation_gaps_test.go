@@ -1124,3 +1124,25 @@ func TestNewNodesDefaultPeriodsFollowItsDefaultQuotas(t *testing.T) {
 		t.Errorf("default period with no default quota: %v, want invalid", err)
 	}
 }
+
+// A gap the run of December 5 over slice.go found: mulDiv's quotient at
+// exactly 2^64 (the high word of x·y equal to d) is past MaxInt64 and must
+// saturate, not reach bits.Div64, which panics there.
+func TestMulDivSaturatesAtTheQuotientsEnd(t *testing.T) {
+	for _, c := range []struct {
+		x, y, d int64
+		ceil    bool
+		want    int64
+	}{
+		{1 << 62, 8, 2, false, math.MaxInt64}, // x·y = 2^65, hi = 2 = d
+		{1 << 62, 8, 2, true, math.MaxInt64},
+		{1 << 62, 8, 3, false, math.MaxInt64}, // hi = 2 < d, quotient still past MaxInt64
+		{1 << 62, 2, 1 << 62, false, 2},
+		{7, 3, 2, false, 10},
+		{7, 3, 2, true, 11},
+	} {
+		if got := mulDiv(c.x, c.y, c.d, c.ceil); got != c.want {
+			t.Errorf("mulDiv(%d, %d, %d, %v) = %d, want %d", c.x, c.y, c.d, c.ceil, got, c.want)
+		}
+	}
+}
