@@ -24,10 +24,18 @@ type driver struct {
 	sessions []engine.SessionID
 	scopes   map[engine.SessionID]engine.NodeID
 	leases   []leaseOf
-	tokens   int
+	// rateWaits are acquires waiting for tenant0's rate of calls, some
+	// granted already, whose callers have not taken the outcome yet.
+	rateWaits []rateWait
+	tokens    int
 	// stretch multiplies the time that passes between calls (1 when 0):
 	// a history of days rather than of an hour.
 	stretch int64
+}
+
+type rateWait struct {
+	s engine.SessionID
+	w *engine.Wait
 }
 
 type leaseOf struct {
@@ -43,8 +51,12 @@ var (
 func newDriver(t *testing.T, rng *rand.Rand, e *engine.Engine, clock *fakeClock) *driver {
 	d := &driver{t: t, rng: rng, e: e, clock: clock, scopes: map[engine.SessionID]engine.NodeID{}}
 	for i := range 2 {
-		v, err := e.CreateNode(engine.System, engine.RootID, engine.NodeSpec{Name: fmt.Sprintf("tenant%d", i),
-			Quotas: map[string]int64{"tokens": 5000}, Limits: map[string]int64{"db": 6, "llm": 4}}, "")
+		spec := engine.NodeSpec{Name: fmt.Sprintf("tenant%d", i),
+			Quotas: map[string]int64{"tokens": 5000}, Limits: map[string]int64{"db": 6, "llm": 4}}
+		if i == 0 { // rate waits, and their grants given up at the instant
+			spec.Rates = map[string]engine.Rate{"calls": {Units: 20, Per: int64(time.Minute)}}
+		}
+		v, err := e.CreateNode(engine.System, engine.RootID, spec, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +76,8 @@ func (d *driver) ok(err error) {
 		return
 	}
 	for _, expected := range []error{engine.ErrNotFound, engine.ErrTaskEnded, engine.ErrSessionExpired, engine.ErrUnauthenticated,
-		engine.ErrLeaseExpired, engine.ErrLeaseRevoked, engine.ErrPermission, engine.ErrRecalling, engine.ErrBound, engine.ErrInvalid} {
+		engine.ErrLeaseExpired, engine.ErrLeaseRevoked, engine.ErrPermission, engine.ErrRecalling, engine.ErrBound, engine.ErrInvalid,
+		engine.ErrRateLimited} {
 		if errors.Is(err, expected) {
 			return
 		}
@@ -114,9 +127,18 @@ func (d *driver) step() {
 			if rng.IntN(2) == 0 {
 				req.Charges = map[string]int64{resources[rng.IntN(2)]: int64(1 + rng.IntN(20))}
 			}
+			if rng.IntN(2) == 0 {
+				req.WaitRate = true
+				req.Node, req.Charges = d.tenants[0], map[string]int64{"calls": int64(4 + rng.IntN(17))}
+				if rng.IntN(2) == 0 {
+					req.Class = ""
+				}
+			}
 			g, w, err := e.Acquire(s, req)
 			d.ok(err)
 			switch {
+			case w != nil && req.WaitRate:
+				d.rateWaits = append(d.rateWaits, rateWait{s, w})
 			case w != nil:
 				e.CancelWait(w)
 			case err == nil && g.Lease != 0:
@@ -182,6 +204,8 @@ func (d *driver) step() {
 				engine.CapsEdit{Limits: map[string]int64{"db": int64(rng.IntN(4))}}, "")
 			d.ok(err)
 		}
+	case op < 88:
+		d.endRateWait()
 	default: // time passes: within a minute mostly, sometimes across several
 		step := time.Duration(rng.Int64N(int64(20 * time.Second)))
 		if rng.IntN(10) == 0 {
@@ -196,4 +220,24 @@ func (d *driver) step() {
 		}
 		e.Reap()
 	}
+}
+
+// endRateWait ends a rate wait: its caller takes the grant when it has
+// come, or gives up, perhaps at the instant of the grant (undone whole).
+func (d *driver) endRateWait() {
+	if len(d.rateWaits) == 0 {
+		return
+	}
+	i := d.rng.IntN(len(d.rateWaits))
+	rw := d.rateWaits[i]
+	d.rateWaits = append(d.rateWaits[:i], d.rateWaits[i+1:]...)
+	if len(rw.w.C) > 0 && d.rng.IntN(2) == 0 {
+		o := <-rw.w.C
+		d.ok(o.Err)
+		if o.Err == nil && o.Grant.Lease != 0 {
+			d.leases = append(d.leases, leaseOf{rw.s, o.Grant.Lease})
+		}
+		return
+	}
+	d.e.CancelWait(rw.w)
 }

@@ -275,8 +275,12 @@ func (f *Fold) Add(ev engine.Event) {
 	case engine.EvConsumed:
 		f.add(ev.Node, minute, Spend, ev.Resource, ev.Amount)
 	case engine.EvCharged:
+		sign := int64(1)
+		if ev.GivenBack { // a charge its caller gave up at the instant of its grant
+			sign = -1
+		}
 		for _, c := range ev.Charges {
-			f.add(ev.Node, minute, Spend, c.Resource, c.Amount)
+			f.add(ev.Node, minute, Spend, c.Resource, sign*c.Amount)
 		}
 	case engine.EvLeaseGranted:
 		for _, c := range ev.Charges {

@@ -125,7 +125,12 @@ type Event struct {
 	Forget string `json:"forget,omitempty"`
 	// GivenBack marks the EvLeaseReleased of a grant whose caller gave up at
 	// the instant it arrived: the grant is undone whole, its Charges too.
-	GivenBack bool `json:"gb,omitempty"`
+	// On an EvCharged it undoes a charge granted without a lease (a rate
+	// waiter's, ratewait.go) that its caller gave up at that instant, made
+	// at ChargedAt: what it spent in a window that has reset since stays
+	// spent there.
+	GivenBack bool  `json:"gb,omitempty"`
+	ChargedAt int64 `json:"cat,omitempty"`
 
 	// Warnings are the soft and warn_only caps this charge or grant went
 	// past without being refused (policy.go): what the log keeps of every
@@ -247,10 +252,35 @@ func (e *Engine) applyCharged(ev *Event) error {
 	if n == nil {
 		return fmt.Errorf("%w: charge on node %d", ErrCorrupt, ev.Node)
 	}
+	if ev.GivenBack {
+		return e.applyChargeGivenBack(n, ev)
+	}
 	for _, c := range ev.Charges {
 		n.charge(c.Resource, c.Amount)
 	}
 	n.takeRates(ev.Charges, ev.At, 1)
+	return nil
+}
+
+// applyChargeGivenBack undoes ev's charges on n, made at ev.ChargedAt,
+// and forgets the request that made them.
+func (e *Engine) applyChargeGivenBack(n *node, ev *Event) error {
+	if len(ev.Charges) == 0 || ev.ChargedAt > ev.At {
+		return fmt.Errorf("%w: charges given back on node %d", ErrCorrupt, ev.Node)
+	}
+	for _, c := range ev.Charges {
+		if c.Amount <= 0 {
+			return fmt.Errorf("%w: %d %s given back on node %d", ErrCorrupt, c.Amount, c.Resource, ev.Node)
+		}
+	}
+	for _, c := range ev.Charges {
+		n.unchargePeriods(c.Resource, c.Amount, ev.ChargedAt)
+		n.charge(c.Resource, -c.Amount)
+	}
+	n.takeRates(ev.Charges, ev.At, -1)
+	if s := e.sessions[ev.Session]; s != nil && ev.Forget != "" {
+		s.requests.forget(ev.Forget)
+	}
 	return nil
 }
 

@@ -148,9 +148,10 @@ func (e *Engine) Acquire(sid SessionID, r AcquireRequest) (Grant, *Wait, error) 
 }
 
 // CancelWait withdraws a queued Acquire. If it was granted in the meantime,
-// the lease is given straight back and the slot goes to the next waiter, so
-// no lease is leaked. A charge without a lease granted in the meantime
-// stands, as a charge is never undone (GiveBack).
+// the grant is undone whole: the lease is given straight back and the slot
+// goes to the next waiter, so no lease is leaked, and its charges are
+// refunded; so are those of a charge granted without a lease (a rate
+// waiter's). The caller never saw the grant.
 func (e *Engine) CancelWait(wt *Wait) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -159,6 +160,10 @@ func (e *Engine) CancelWait(wt *Wait) {
 		e.removeWaiter(w)
 		w.done = true
 		e.dispatchRatesAfter() // it may have held a rate queue's turn
+		return
+	}
+	if w.charged {
+		e.giveBackCharge(w)
 		return
 	}
 	if l := e.leases[w.granted]; l != nil {

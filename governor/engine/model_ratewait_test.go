@@ -24,6 +24,7 @@ type rwWaiter struct {
 	tenant int
 	amount int64
 	wait   *Wait
+	sess   SessionID // the session it waits in
 }
 
 type rwModel struct {
@@ -68,6 +69,11 @@ type rwGrant struct {
 	tenant int
 	amount int64
 	failed bool
+	// givenBack is the undo of a grant its caller gave up at the instant
+	// it arrived (CancelWait); x is the waiter granted, nil for a charge
+	// that did not wait.
+	givenBack bool
+	x         *rwWaiter
 }
 
 // dispatch grants in weighted round robin at now while anyone fits.
@@ -102,7 +108,7 @@ func (m *rwModel) turn(now int64) (rwGrant, bool) {
 			if m.fits(x, now) {
 				m.fifo[t] = slices.Delete(m.fifo[t], i, i+1)
 				if m.tooBig(t, x.amount) {
-					return rwGrant{t, x.amount, true}, true // fails; the turn stays
+					return rwGrant{tenant: t, amount: x.amount, failed: true}, true // fails; the turn stays
 				}
 				m.root.take(x.amount, now)
 				if m.own[t] != nil {
@@ -111,7 +117,7 @@ func (m *rwModel) turn(now int64) (rwGrant, bool) {
 				if m.left[t]--; m.left[t] <= 0 {
 					m.cursor = (m.cursor + 1) % len(m.ring)
 				}
-				return rwGrant{t, x.amount, false}, true
+				return rwGrant{tenant: t, amount: x.amount, x: x}, true
 			}
 			if m.shared(x, now) {
 				return rwGrant{}, false
@@ -199,6 +205,10 @@ type rwDriver struct {
 	sess    []SessionID
 	seen    int // events checked
 	grants  int
+	// arrived are the waiters granted whose callers have not taken the
+	// grant: a cancel of one is a caller giving up at that instant.
+	arrived []*rwWaiter
+	undone  int // grants given back so
 }
 
 func runRateWaitSeed(t *testing.T, seed uint64, ops int) {
@@ -235,8 +245,9 @@ func runRateWaitSeed(t *testing.T, seed uint64, ops int) {
 			return
 		}
 	}
-	if ops >= 500 && d.grants == 0 {
-		t.Errorf("seed %d: no rate waiter was granted in %d operations", seed, ops)
+	if ops >= 500 && (d.grants == 0 || d.undone == 0) {
+		t.Errorf("seed %d: %d rate waiters granted and %d given back at their grant in %d operations; the run needs both",
+			seed, d.grants, d.undone, ops)
 	}
 	d.checkReplay(seed)
 }
@@ -263,8 +274,10 @@ func (d *rwDriver) step() {
 		}
 		f.e.Reap()
 		d.expect(m.dispatch(f.now()), "Reap")
-	case k < 17:
+	case k < 16:
 		d.cancel(tn)
+	case k < 17:
+		d.giveUpAtGrant()
 	case k < 18:
 		// The call's own tick dispatches first, the edit's end again.
 		pre := m.dispatch(f.now())
@@ -338,7 +351,7 @@ func (d *rwDriver) charge(tn int, wait bool) {
 		}
 		d.expect(pre, what)
 	default:
-		x := &rwWaiter{tenant: tn, amount: amount}
+		x := &rwWaiter{tenant: tn, amount: amount, sess: d.sess[tn]}
 		m.queue(x)
 		after := m.dispatch(now)
 		mine := slices.IndexFunc(m.fifo[tn], func(y *rwWaiter) bool { return y == x }) < 0
@@ -368,7 +381,8 @@ func (d *rwDriver) cancel(tn int) {
 }
 
 // expect checks the events since the last check against the model's
-// grants, in order, and hands each granted waiter its outcome.
+// grants and give-backs, in order, and notes the waiters granted, whose
+// outcomes wait for their callers.
 func (d *rwDriver) expect(want []rwGrant, what string) {
 	var got []rwGrant
 	for _, ev := range d.f.rec.events[d.seen:] {
@@ -376,20 +390,60 @@ func (d *rwDriver) expect(want []rwGrant, what string) {
 			continue
 		}
 		tn := slices.Index(d.nodes, ev.Node)
-		got = append(got, rwGrant{tenant: tn, amount: ev.Charges[0].Amount})
+		got = append(got, rwGrant{tenant: tn, amount: ev.Charges[0].Amount, givenBack: ev.GivenBack})
 	}
 	d.seen = len(d.f.rec.events)
 	var granted []rwGrant
 	for _, g := range want {
-		if !g.failed {
-			granted = append(granted, g)
+		if g.failed {
+			continue
+		}
+		if g.x != nil && g.x.wait != nil {
+			d.arrived = append(d.arrived, g.x)
+		}
+		g.x = nil
+		granted = append(granted, g)
+		if !g.givenBack {
+			d.grants++
 		}
 	}
 	if !reflect.DeepEqual(got, granted) && !(len(got) == 0 && len(granted) == 0) {
-		d.t.Fatalf("I30 rate waiters: after %s the engine charged (tenant, amount) %v; the model grants %v (weights %v)",
+		d.t.Fatalf("I30 rate waiters: after %s the engine charged (tenant, amount, given back) %v; the model %v (weights %v)",
 			what, got, granted, d.m.weights)
 	}
-	d.grants += len(granted)
+}
+
+// giveUpAtGrant cancels the wait of a waiter whose grant arrived, as a
+// caller whose deadline passes just then does, or takes the grant: the
+// charge is undone whole, its tokens back in every bucket, unless its
+// session ended meanwhile; the waiters they let fit are granted.
+func (d *rwDriver) giveUpAtGrant() {
+	if len(d.arrived) == 0 {
+		return
+	}
+	i := d.rng.IntN(len(d.arrived))
+	x := d.arrived[i]
+	d.arrived = slices.Delete(d.arrived, i, i+1)
+	if d.rng.IntN(3) == 0 { // the caller takes it
+		if o := <-x.wait.C; o.Err != nil {
+			d.t.Fatalf("a granted waiter's outcome: %+v", o)
+		}
+		return
+	}
+	m, now := d.m, d.f.now()
+	want := m.dispatch(now) // the call's own tick first
+	d.f.e.CancelWait(x.wait)
+	if d.sess[x.tenant] == x.sess {
+		m.root.take(-x.amount, now)
+		if b := m.own[x.tenant]; b != nil {
+			b.take(-x.amount, now)
+		}
+		want = append(want, rwGrant{tenant: x.tenant, amount: x.amount, givenBack: true})
+		d.undone++
+	}
+	d.expect(append(want, m.dispatch(now)...), "a cancel at the instant of a grant")
+	d.f.e.CancelWait(x.wait) // twice: nothing more
+	d.expect(nil, "a second cancel at the instant of a grant")
 }
 
 // checkDue: DueIn never later than the soonest instant a waiter fits,

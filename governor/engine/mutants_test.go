@@ -153,6 +153,8 @@ var mutants = []mutant{
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",
 		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
 	// Waiting for a rate (ratewait.go).
+	{"a charge given up at its grant keeps its tokens", "event.go",
+		"\tn.takeRates(ev.Charges, ev.At, -1)\n\tif s := e.sessions[ev.Session]", "\tif s := e.sessions[ev.Session]", `I30 rate waiters`},
 	{"a rate queue's turn passes on while the root's bucket refills", "ratewait.go",
 		"\t\tcase fitShared:\n\t\t\treturn nil, true\n", "\t\tcase fitShared:\n\t\t\treturn nil, false\n", `I30 rate waiters|TestFairQueueRateWeights`},
 	{"a newcomer takes the tokens rate waiters wait for", "lease.go",

@@ -25,6 +25,10 @@ type waiter struct {
 
 	done    bool
 	granted LeaseID
+	// charged marks a waiter granted its charges without a lease (a rate
+	// waiter), at chargedAt: CancelWait undoes them (ratewait.go).
+	charged   bool
+	chargedAt int64
 }
 
 // classQueue is the wait queue of one lease class: one FIFO-by-priority queue

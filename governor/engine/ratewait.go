@@ -188,6 +188,7 @@ func (e *Engine) dispatchRate(q *classQueue, now int64) int64 {
 		e.removeWaiter(w)
 		g := e.grantNow(w, now)
 		w.done, w.granted = true, g.Lease
+		w.charged, w.chargedAt = g.Lease == 0, now
 		w.ch <- Outcome{Grant: g}
 		q.served(tq)
 	}
@@ -253,6 +254,22 @@ func (e *Engine) grantNow(w *waiter, now int64) Grant {
 	e.emit(Event{Kind: EvCharged, At: now, Session: w.session.id, Node: w.node.id, Charges: w.charges,
 		RequestID: w.requestID, Fingerprint: w.fingerprint, Warnings: w.node.warnings(w.charges, "", 0), Write: w.write})
 	return Grant{Node: w.node.id}
+}
+
+// giveBackCharge undoes the charges of w, granted without a lease, whose
+// caller gave up at the instant of the grant: they are refunded (from the
+// window they were made in, and to the buckets), and the request id is
+// forgotten, so that a retry is decided afresh. A charge whose session or
+// node has gone since stands, as a lease ended meanwhile does.
+func (e *Engine) giveBackCharge(w *waiter) {
+	w.charged = false // a second CancelWait finds nothing
+	now := e.tick()
+	if e.sessions[w.session.id] != w.session || e.nodes[w.node.id] != w.node {
+		return
+	}
+	e.emit(Event{Kind: EvCharged, At: now, Session: w.session.id, Node: w.node.id, Charges: w.charges,
+		Forget: w.requestID, GivenBack: true, ChargedAt: w.chargedAt})
+	e.dispatchRatesAfter()
 }
 
 // aheadOf is what the rate waiters on or below a ask of r: what a charge

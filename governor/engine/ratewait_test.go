@@ -224,3 +224,93 @@ func TestRateWaiterFailsWithItsNode(t *testing.T) {
 		t.Fatalf("a rate waiter whose quota was lowered past it while it waited got %+v", o)
 	}
 }
+
+// TestRateWaiterGivenUpAtItsGrant: a waiting charge without a lease
+// granted just as its caller gives up is undone whole: its quota and
+// tokens come back, its request id is forgotten (a retry is decided
+// afresh), and replay agrees. Spent in a window that has reset since, it
+// stays spent there; with its session gone, it stands.
+func TestRateWaiterGivenUpAtItsGrant(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 59, 0, time.UTC))
+	f.sA = f.open(f.acme, longTTL)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(10, 1)},
+		Quotas: map[string]int64{"calls": 100}, QuotaPeriods: map[string]Period{"calls": {Every: int64(time.Minute)}}})
+	f.consume(f.sA, f.job, "calls", 1) // the bucket is empty
+	req := AcquireRequest{Node: f.job, Charges: map[string]int64{"calls": 1}, WaitRate: true, RequestID: "r1"}
+	_, w, err := f.e.Acquire(f.sA, req)
+	if err != nil || w == nil {
+		t.Fatalf("a waiting charge: %v, %v", w, err)
+	}
+	f.clock.Advance(100 * time.Millisecond)
+	f.e.Reap() // granted: the outcome waits for a caller who gives up now
+	if v := f.node(f.job); v.Used["calls"] != 2 {
+		t.Fatalf("granted: used %d, want 2", v.Used["calls"])
+	}
+	f.e.CancelWait(w)
+	last := f.rec.events[len(f.rec.events)-1]
+	if last.Kind != EvCharged || !last.GivenBack || last.ChargedAt != f.now() || last.Forget != "r1" {
+		t.Fatalf("the give-back is %+v", last)
+	}
+	if v := f.node(f.job); v.Used["calls"] != 1 {
+		t.Fatalf("given back: used %d, want 1", v.Used["calls"])
+	}
+	if lv := f.rates(f.job)[0].Level; lv != 1 {
+		t.Fatalf("given back: the bucket holds %d, want its token back", lv)
+	}
+	f.e.CancelWait(w) // twice: nothing more
+	if f.rec.events[len(f.rec.events)-1].Seq != last.Seq {
+		t.Fatal("a second CancelWait gave back again")
+	}
+	f.checkRebuilds(t)
+	// The retry is decided afresh: it takes the token back.
+	if g, w, err := f.e.Acquire(f.sA, req); err != nil || w != nil || g.Node != f.job {
+		t.Fatalf("the retry: %+v, %v, %v", g, w, err)
+	}
+	if v := f.node(f.job); v.Used["calls"] != 2 {
+		t.Fatalf("the retry: used %d, want 2", v.Used["calls"])
+	}
+
+	// Granted in one window, given up in the next: the new window's spend
+	// is not lowered.
+	f.clock.Advance(100 * time.Millisecond)
+	req.RequestID = "r2"
+	f.consume(f.sA, f.job, "calls", 1)
+	if _, w, err = f.e.Acquire(f.sA, req); err != nil || w == nil {
+		t.Fatalf("a second waiting charge: %v, %v", w, err)
+	}
+	f.clock.Advance(100 * time.Millisecond)
+	f.e.Reap()
+	if !answeredLater(w) {
+		t.Fatal("the second waiter was not granted")
+	}
+	f.clock.Advance(700 * time.Millisecond) // to 00:01:00.1: a new window
+	f.consume(f.sA, f.job2, "calls", 1)
+	f.e.CancelWait(w)
+	if st := f.periods(f.acme); st[0].Spent != 1 {
+		t.Fatalf("the window spent %d after a give-back of the last window's charge, want 1", st[0].Spent)
+	}
+	f.checkRebuilds(t)
+
+	// Its session closed meanwhile: the charge stands.
+	f.clock.Advance(time.Second)
+	sid := f.open(f.acme, longTTL)
+	f.consume(sid, f.job, "calls", 1)
+	_, w, err = f.e.Acquire(sid, AcquireRequest{Node: f.job, Charges: map[string]int64{"calls": 1}, WaitRate: true})
+	if err != nil || w == nil {
+		t.Fatalf("a third waiting charge: %v, %v", w, err)
+	}
+	f.clock.Advance(100 * time.Millisecond)
+	f.e.Reap()
+	used := f.node(f.job).Used["calls"]
+	if err := f.e.CloseSession(sid); err != nil {
+		t.Fatal(err)
+	}
+	seq := f.e.Seq()
+	f.e.CancelWait(w)
+	if f.e.Seq() != seq || f.node(f.job).Used["calls"] != used {
+		t.Fatal("a charge whose session ended was given back")
+	}
+}
+
+// answeredLater reports whether w's outcome is there, without taking it.
+func answeredLater(w *Wait) bool { return len(w.C) > 0 }
