@@ -268,11 +268,33 @@ func (m *model) rateWorst(id NodeID, r string, amount, now int64) (node NodeID, 
 		if b.full() < amount {
 			return 0, 0, true
 		}
-		if w := b.wait(amount, b.at(now)); w > wait {
+		if w := m.bucketWait(b, amount, now); w > wait {
 			node, wait = a, w
 		}
 	}
 	return node, wait, false
+}
+
+// bucketWait is how long from now until b holds amount, with nothing
+// taken from it and no slice renewed: the model's slices end at their
+// terms (one past its term at now), each crediting the refill up to then
+// under its carve and then giving back its share of the refill and the
+// room. While carves remain, amount must fit the room they leave; after
+// the last, the wait is wait's.
+func (m *model) bucketWait(b *mBucket, amount, now int64) int64 {
+	sim := &mBucket{rate: b.rate, content: b.at(now), stamp: now, carves: maps.Clone(b.carves)}
+	for t := now; ; {
+		maps.DeleteFunc(sim.carves, func(id uint64, _ [2]int64) bool { return m.slices[id].until <= t })
+		next := int64(math.MaxInt64)
+		for id := range sim.carves {
+			next = min(next, m.slices[id].until)
+		}
+		w := sim.wait(amount, sim.content)
+		if next == math.MaxInt64 || (sim.size().Cmp(new(big.Rat).SetInt64(amount)) >= 0 && t+w <= next && w <= math.MaxInt64-t) {
+			return saturatingAdd(t-now, w)
+		}
+		sim.content, sim.stamp, t = sim.at(next), next, next
+	}
 }
 
 // rateRefusal is how charges on id are refused for rate at now, as

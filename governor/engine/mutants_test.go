@@ -148,6 +148,8 @@ var mutants = []mutant{
 		"\tn.takeRate(ev.Resource, ev.Amount, ev.At)\n", "", `I26 rates|node \d+ rate .*: engine holds`},
 	{"a rated resource reserved to a session", "reserve.go",
 		"if !r.Exact && n.rated(r.Resource) {", "if false && n.rated(r.Resource) {", `I26 rates`},
+	{"a wait that ignores the slices' terms", "rate.go",
+		"if w := b.waitFor(need, now, lv, acc); worst", "if w := b.wait(need, lv, acc); worst", `I27 .*retry after`},
 	{"a snapshot drops the credit toward the next unit", "rate.go",
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",

@@ -81,9 +81,10 @@ type bucket struct {
 	carvedSize int64
 }
 
-// carve is what one slice takes of a bucket: Units of its refill per its
-// Per, and Burst of its size.
-type carve struct{ units, burst int64 }
+// carve is what one slice takes of a bucket: units of its refill per its
+// Per, and burst of its size, until its slice's term ends (unless renewed;
+// the slice's until, kept here so that a wait can count it).
+type carve struct{ units, burst, until int64 }
 
 // refill is the units per Per the bucket refills at, less its slices'.
 func (b *bucket) refill() int64 { return max(0, b.Units-b.carved) }
@@ -162,6 +163,42 @@ func (b *bucket) wait(amount, level, acc int64) int64 {
 	return int64(q)
 }
 
+// waitFor is how long from now, when the bucket holds lv units and acc
+// credit (at), until it holds amount, when
+// nothing takes from it and no slice is renewed: each slice's carve ends
+// at its term (one already past ends now, at the next reap), crediting the
+// refill up to then under it, and then gives back its share of the refill
+// and of the room, as uncarve does. While carves remain, amount must fit
+// the room they leave; after the last, the wait is wait's (which, for what
+// rate waiters ask on top, counts past the size). At most math.MaxInt64.
+func (b *bucket) waitFor(amount, now, lv, acc int64) int64 {
+	if len(b.carves) == 0 {
+		return b.wait(amount, lv, acc)
+	}
+	sim := bucket{Rate: b.Rate, level: lv, acc: acc, stamp: now}
+	for t := now; ; {
+		sim.carved, sim.carvedSize = 0, 0
+		next := int64(math.MaxInt64)
+		for _, c := range b.carves {
+			if c.until > t {
+				sim.carved += c.units
+				sim.carvedSize += c.burst
+				next = min(next, c.until)
+			}
+		}
+		if sim.level >= amount {
+			return t - now
+		}
+		if next == math.MaxInt64 || amount <= sim.room() {
+			if w := sim.wait(amount, sim.level, sim.acc); next == math.MaxInt64 || w <= next-t {
+				return min(t-now, math.MaxInt64-w) + w
+			}
+		}
+		sim.level, sim.acc = sim.at(next)
+		sim.stamp, t = next, next
+	}
+}
+
 // take refills to now and takes amount out; the caller has checked that
 // it fits. A give-back puts units back (negative amount), never past the
 // bucket's size.
@@ -202,7 +239,8 @@ func (b *bucket) view() BucketView {
 
 // RateError is a charge refused for a rate: the bucket of Resource on
 // Node holds Level units and the charge asked Amount; it will hold enough
-// RetryAfter from the refusal, when nothing else takes from it. It matches
+// RetryAfter from the refusal, when nothing else takes from it and no slice
+// of it is renewed (bucket.waitFor). It matches
 // ErrRateLimited.
 type RateError struct {
 	Resource   string
@@ -248,7 +286,7 @@ func (n *node) checkRateAhead(r string, amount, now int64, ahead func(*node, str
 		if lv >= need {
 			continue
 		}
-		if w := b.wait(need, lv, acc); worst == nil || w > wait {
+		if w := b.waitFor(need, now, lv, acc); worst == nil || w > wait {
 			worst, wait, level = a, w, lv
 		}
 	}
@@ -357,7 +395,7 @@ func (n *node) restoreRates(v map[string]BucketView) error {
 			if c.Units < 1 || c.Burst < 1 || c.Units > math.MaxInt64-b.carved || c.Burst > math.MaxInt64-b.carvedSize || b.carves[c.Slice] != (carve{}) {
 				return fmt.Errorf("%w: snapshot node %d has a bad carve of slice %d on %s", ErrCorrupt, n.id, c.Slice, k)
 			}
-			b.addCarve(c.Slice, carve{c.Units, c.Burst})
+			b.addCarve(c.Slice, carve{units: c.Units, burst: c.Burst}) // until: restoreSlices
 		}
 		if b.level > b.room() {
 			return fmt.Errorf("%w: snapshot node %d holds %d %s, more than its slices leave", ErrCorrupt, n.id, b.level, k)
@@ -375,7 +413,8 @@ type RateStatus struct {
 	Rate     Rate
 	Size     int64 // the bucket's size (Burst, or Units when Burst is 0)
 	Level    int64 // units in the bucket now
-	// Full is how long until the bucket is full again, 0 when it is.
+	// Full is how long until the bucket is full again, 0 when it is: its
+	// slices' carves end at their terms first (bucket.waitFor).
 	Full time.Duration
 }
 
@@ -405,7 +444,7 @@ func (n *node) appendRateStatus(out []RateStatus, now int64) []RateStatus {
 		lv, acc := b.at(now)
 		st := RateStatus{Node: n.id, NodeName: n.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv}
 		if lv < b.size() {
-			st.Full = time.Duration(b.wait(b.size(), lv, acc))
+			st.Full = time.Duration(b.waitFor(b.size(), now, lv, acc))
 		}
 		out = append(out, st)
 	}

@@ -206,6 +206,12 @@ func (e *Engine) applySlice(s *session, n *node, ev *Event) error {
 			return fmt.Errorf("%w: renewal of slice %d of %s on node %d not held", ErrCorrupt, g.ID, ev.Resource, n.id)
 		}
 		sl.until = max(sl.until, g.Until)
+		sl.eachBucket(func(b *bucket) {
+			if c, ok := b.carves[sl.id]; ok {
+				c.until = sl.until
+				b.carves[sl.id] = c
+			}
+		})
 		return nil
 	}
 	if s.slices[key] != nil || e.slices[ev.Seq] != nil {
@@ -223,7 +229,7 @@ func (e *Engine) applySlice(s *session, n *node, ev *Event) error {
 			return fmt.Errorf("%w: slice carves %d of %s on node %d holding %d", ErrCorrupt, g.Rate.Burst, ev.Resource, c.Node, b.level)
 		}
 		b.level -= g.Rate.Burst
-		b.addCarve(ev.Seq, carve{c.Units, g.Rate.Burst})
+		b.addCarve(ev.Seq, carve{units: c.Units, burst: g.Rate.Burst, until: g.Until})
 	}
 	e.addSlice(&slice{id: ev.Seq, session: s, node: n, resource: ev.Resource, rate: g.Rate, until: g.Until})
 	return nil
@@ -239,13 +245,18 @@ func (e *Engine) addSlice(sl *slice) {
 	sl.node.pins++
 }
 
-// endSlice ends sl at at: every bucket it carved refills whole again.
-func (e *Engine) endSlice(sl *slice, at int64) {
+// eachBucket calls f with every bucket of sl's resource on its chain.
+func (sl *slice) eachBucket(f func(*bucket)) {
 	for a := sl.node; a != nil; a = a.parent {
 		if b := a.rates[sl.resource]; b != nil {
-			b.uncarve(sl.id, at)
+			f(b)
 		}
 	}
+}
+
+// endSlice ends sl at at: every bucket it carved refills whole again.
+func (e *Engine) endSlice(sl *slice, at int64) {
+	sl.eachBucket(func(b *bucket) { b.uncarve(sl.id, at) })
 	delete(sl.session.slices, resKey{sl.node.id, sl.resource})
 	delete(e.slices, sl.id)
 	sl.node.pins--
@@ -309,8 +320,8 @@ func (s *session) sliceSnapshots() []SliceSnapshot {
 }
 
 // restoreSlices attaches the snapshot's slices to their sessions and
-// nodes, and checks that every carve of a bucket is a live slice's, of its
-// resource, below the bucket's node.
+// nodes, checks that every carve of a bucket is a live slice's, of its
+// resource, below the bucket's node, and gives each carve its slice's term.
 func restoreSlices(snap Snapshot, sessions map[SessionID]*session, nodes map[NodeID]*node) (map[uint64]*slice, error) {
 	all := make(map[uint64]*slice)
 	for _, ss := range snap.Sessions {
@@ -333,9 +344,13 @@ func restoreSlices(snap Snapshot, sessions map[SessionID]*session, nodes map[Nod
 	for _, n := range nodes {
 		for r, b := range n.rates {
 			for id := range b.carves {
-				if sl := all[id]; sl == nil || sl.resource != r || !sl.node.within(n) {
+				sl := all[id]
+				if sl == nil || sl.resource != r || !sl.node.within(n) {
 					return nil, fmt.Errorf("%w: snapshot node %d carves %s for slice %d, which is not below it", ErrCorrupt, n.id, r, id)
 				}
+				c := b.carves[id]
+				c.until = sl.until
+				b.carves[id] = c
 			}
 		}
 	}

@@ -269,3 +269,35 @@ func TestSliceFleetBound(t *testing.T) {
 	}
 	t.Logf("admitted %d from slices, %d per request", local, direct)
 }
+
+// TestSliceWaitCountsItsTerm: a charge that only fits once a slice's carve
+// ends is told to retry when it does fit: at the slice's term, when the
+// reaper ends it, plus the refill at the whole rate from then; not at the
+// carved refill, which the carved room could never hold. A bucket's
+// "full in" counts the term the same way.
+func TestSliceWaitCountsItsTerm(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(100, 0)}})
+	res := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 10})
+	if res.Slice == nil || res.Slice.Rate.Units != 25 || res.Slice.Rate.Burst != 25 {
+		t.Fatalf("reserve: %+v; want a slice of 25/s holding 25", res.Slice)
+	}
+	f.consume(f.sA, f.job2, "calls", 75) // the room the slice leaves, emptied
+	// 90 fits the size (100), not the room (75): the term ends in 4s, with
+	// 75 there by then; 15 more at 100/s take 150ms.
+	for _, way := range []string{wayLive, wayRestore, wayReplay} { // the term is state
+		rateErr(t, f.rebuild(t, way).Consume(f.sA, f.job, "calls", 90, ""), f.acme, SliceTerm+150*time.Millisecond)
+	}
+	if st := f.rates(f.acme); st[0].Full != SliceTerm+250*time.Millisecond {
+		t.Fatalf("acme is full in %v; want the term and 250ms", st[0].Full)
+	}
+	f.clock.Advance(SliceTerm)
+	f.e.Reap() // as DueIn asks: the term ends
+	if len(f.e.slices) != 0 {
+		t.Fatal("the slice outlived its term")
+	}
+	f.clock.Advance(150*time.Millisecond - 1)
+	rateErr(t, f.e.Consume(f.sA, f.job, "calls", 90, ""), f.acme, 1)
+	f.clock.Advance(1)
+	f.consume(f.sA, f.job, "calls", 90)
+}
