@@ -75,7 +75,7 @@ func (s *Server) Inspect(ctx context.Context, req *governorpb.InspectRequest) (*
 			out.Leases = append(out.Leases, li)
 		}
 		for _, w := range in.Waiters {
-			pw := &governorpb.WaiterInfo{NodeId: int64(w.Node), Class: w.Class, SessionId: int64(w.Session), Priority: w.Priority}
+			pw := &governorpb.WaiterInfo{NodeId: int64(w.Node), Class: w.Class, SessionId: int64(w.Session), Priority: w.Priority, Rate: w.Rate}
 			if w.Since != 0 {
 				pw.Since = timestamppb.New(time.Unix(0, w.Since))
 			}

@@ -156,6 +156,7 @@ type treeCollector struct{ m *metrics }
 
 var (
 	descQueue    = prometheus.NewDesc("governor_queue_depth", "Acquires waiting in the fair queue, by class.", []string{"class"}, nil)
+	descRateQ    = prometheus.NewDesc("governor_rate_queue_depth", "Charges waiting for a rate at governord (wait_for_rate, as the sidecar paces), by tenant and the resource whose rate holds them.", []string{"tenant", "resource"}, nil)
 	descHeld     = prometheus.NewDesc("governor_pool_held", "Leases held, by tenant (\"\" is the root, which counts everyone) and class.", []string{"tenant", "class"}, nil)
 	descLimit    = prometheus.NewDesc("governor_pool_limit", "Concurrency limits, by tenant (\"\" is the root) and class.", []string{"tenant", "class"}, nil)
 	descUsed     = prometheus.NewDesc("governor_spend_total", "Quota spent so far, by tenant (\"\" is the root) and resource.", []string{"tenant", "resource"}, nil)
@@ -172,7 +173,7 @@ var (
 )
 
 func (treeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descRateLeft, descRateSize, descRatePerS, descSessions, descLeases, descNodes, descSeq} {
+	for _, d := range []*prometheus.Desc{descQueue, descRateQ, descHeld, descLimit, descUsed, descQuota, descReserved, descBlocks, descRateLeft, descRateSize, descRatePerS, descSessions, descLeases, descNodes, descSeq} {
 		ch <- d
 	}
 }
@@ -185,6 +186,9 @@ func (c treeCollector) Collect(ch chan<- prometheus.Metric) {
 	st := s.eng.Stats()
 	for class, n := range st.Waiting {
 		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(n), class)
+	}
+	for k, n := range st.WaitingRate {
+		ch <- prometheus.MustNewConstMetric(descRateQ, prometheus.GaugeValue, float64(n), k.Tenant, k.Resource)
 	}
 	emit := func(tenant string, v engine.NodeView) {
 		for class, n := range v.Held {

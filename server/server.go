@@ -52,7 +52,7 @@ type Server struct {
 
 	notices     notices       // the engine's notices, to the Watch streams
 	settlements signal        // fires when reservations are settled (delegation.go)
-	newSession  chan struct{} // tells the reaper a session may now expire first
+	newSession  chan struct{} // tells the reaper something may now fall due first (wakeReaper)
 
 	grpc    *grpc.Server
 	certs   *tlsreload.Reloader // the certificate in force; nil without TLS
@@ -192,7 +192,7 @@ func (s *Server) recover(ctx context.Context) error {
 	for _, t := range s.cfg.Tenants {
 		tenantBounds[t.Name] = t.Bounds
 	}
-	engCfg := engine.Config{Clock: s.cfg.Clock, Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices,
+	engCfg := engine.Config{Clock: s.cfg.Clock, Adaptive: s.cfg.Adaptive, Sink: s, Notifier: &s.notices, Wake: s.wakeReaper,
 		Retention: s.cfg.NodeRetention, Bounds: s.cfg.Bounds, TenantBounds: tenantBounds, Near: s.cfg.Near,
 		Location: s.cfg.Location}
 	eng, err := engine.New(engCfg)
@@ -663,7 +663,8 @@ func (s *Server) reapWhenDue(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-s.newSession:
-			// The new session may expire before the timer fires.
+			// The new session, or a new rate waiter, may be due before the
+			// timer fires.
 			if d, ok := s.eng.DueIn(); ok && time.Now().Add(d).Before(next) {
 				next = time.Now().Add(d)
 				t.Reset(d)
@@ -682,9 +683,9 @@ func (s *Server) reapWhenDue(ctx context.Context) {
 	}
 }
 
-// sessionOpened wakes the reaper to time the new session's expiry, or
-// anything else newly due (engine.DueIn), such as a rate waiter's grant.
-func (s *Server) sessionOpened() {
+// wakeReaper wakes the reaper to time what is newly due (engine.DueIn): a
+// new session's expiry, or a rate waiter's grant (engine.Config.Wake).
+func (s *Server) wakeReaper() {
 	select {
 	case s.newSession <- struct{}{}:
 	default: // a wake-up is already pending

@@ -238,7 +238,7 @@ func (s *Server) OpenSession(ctx context.Context, req *governorpb.OpenSessionReq
 	if _, err := s.eng.OpenSession(scope, hashToken(token), ttl); err != nil {
 		return nil, toStatus(err)
 	}
-	s.sessionOpened()
+	s.wakeReaper()
 	if err := s.durable(ctx); err != nil {
 		return nil, toStatus(err)
 	}
@@ -472,9 +472,6 @@ func (s *Server) acquireOnce(ctx context.Context, sid engine.SessionID, r engine
 		return g, err
 	}
 	leaveAdmission(ctx) // a held-up acquire keeps no one else's call out
-	if r.WaitRate {
-		s.sessionOpened() // the reaper wakes to time the instant its tokens are there
-	}
 	s.metrics.waiting(1)
 	defer s.metrics.waiting(-1)
 	began := time.Now()

@@ -4851,8 +4851,11 @@ type WaiterInfo struct {
 	Class     string                 `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
 	SessionId int64                  `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// When it queued (unset for a waiter queued before the last restart).
-	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
-	Priority      int64                  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	Since    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Priority int64                  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The resource whose rate it waits for (wait_for_rate); empty for an
+	// acquire waiting for a slot of its class.
+	Rate          string `protobuf:"bytes,6,opt,name=rate,proto3" json:"rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4920,6 +4923,13 @@ func (x *WaiterInfo) GetPriority() int64 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *WaiterInfo) GetRate() string {
+	if x != nil {
+		return x.Rate
+	}
+	return ""
 }
 
 type SessionInfo struct {
@@ -6648,7 +6658,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x06in_use\x18\t \x01(\x03R\x05inUse\x12<\n" +
 	"\fin_use_since\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"inUseSince\"\xa8\x01\n" +
+	"inUseSince\"\xbc\x01\n" +
 	"\n" +
 	"WaiterInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x14\n" +
@@ -6656,7 +6666,8 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x03 \x01(\x03R\tsessionId\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
-	"\bpriority\x18\x05 \x01(\x03R\bpriority\"\xc9\x01\n" +
+	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x12\n" +
+	"\x04rate\x18\x06 \x01(\tR\x04rate\"\xc9\x01\n" +
 	"\vSessionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\"\n" +
 	"\rscope_node_id\x18\x02 \x01(\x03R\vscopeNodeId\x12+\n" +

@@ -42,7 +42,7 @@ func has(doc doctorDoc, check, level string, parts ...string) bool {
 		}
 		all := true
 		for _, p := range parts {
-			all = all && strings.Contains(f.Subject+" "+f.Problem, p)
+			all = all && strings.Contains(f.Subject+" "+f.Problem+" fix: "+f.Fix, p)
 		}
 		if all {
 			return true
@@ -83,6 +83,11 @@ func TestDoctorTree(t *testing.T) {
 	parent := mk(2, "parent", map[string]int64{"tokens": 10}, nil)
 	mk(parent, "child", map[string]int64{"tokens": 50}, nil)
 	pool := mk(2, "pool", nil, map[string]int64{"db": 1})
+	metered, err := admin.CreateNode(ctx, &governorpb.CreateNodeRequest{ParentId: 2, Spec: &governorpb.NodeSpec{Name: "metered",
+		Rates: map[string]*governorpb.Rate{"calls": {Units: 1, Per: durationpb.New(time.Hour)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	tenant, err := governor.Dial(ctx, governor.WithAddr(srv.Addr()), governor.WithAPIKey(govtest.TenantKey))
 	if err != nil {
@@ -99,17 +104,23 @@ func TestDoctorTree(t *testing.T) {
 	waitCtx, cancelWait := context.WithCancel(ctx)
 	defer cancelWait()
 	go trpc.Acquire(waitCtx, &governorpb.AcquireRequest{NodeId: pool, Class: "db"}) //nolint:errcheck // it waits until cancelled
+	// A charge waiting for a rate: the bucket's one call is spent.
+	if _, err := trpc.Consume(ctx, &governorpb.ConsumeRequest{NodeId: metered.GetId(), Resource: "calls", Amount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	go trpc.ChargeAndAcquire(waitCtx, &governorpb.ChargeAndAcquireRequest{NodeId: metered.GetId(), //nolint:errcheck // it waits until cancelled
+		Charges: map[string]int64{"calls": 1}, WaitForRate: true})
 	// A session that opened and never heartbeats.
 	if _, err := admin.OpenSession(ctx, &governorpb.OpenSessionRequest{ApiKey: govtest.TenantKey, Ttl: durationpb.New(4 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	opened := time.Now()
-	for { // the waiter is queued: governord says so
+	for { // the waiters are queued: governord says so
 		in, err := admin.Inspect(ctx, &governorpb.InspectRequest{NodeId: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if in.GetWaiterCount() == 1 {
+		if in.GetWaiterCount() == 2 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // polling governord's answer
@@ -129,7 +140,9 @@ func TestDoctorTree(t *testing.T) {
 		{"caps", "warn", []string{"payments/zero", "quota tokens is 0: it admits nothing"}},
 		{"quota", "warn", []string{"payments", "quota tokens is 95/100 used (95%)"}},
 		{"leases", "warn", []string{"payments/pool", "of db held by session"}},
-		{"waiters", "warn", []string{"payments/pool", "an acquire of db by session", "longer than wait_timeout 1ms"}},
+		{"waiters", "warn", []string{"payments/pool", "an acquire of db by session", "longer than wait_timeout 1ms", "fix: the pool is full"}},
+		{"waiters", "warn", []string{"payments/metered", "a charge by session", "waiting for the rate of calls", "longer than wait_timeout 1ms",
+			"fix: the rate binds: raise the rate of calls"}},
 		{"heartbeats", "warn", []string{"(payments)", "last heartbeat"}},
 		{"clock", "ok", nil},
 		{"connectivity", "ok", nil},

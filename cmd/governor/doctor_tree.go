@@ -177,9 +177,7 @@ func checkInspection(in *governorpb.Inspection, w *treeWalk, o doctorOptions) []
 			continue
 		}
 		if waited := now.Sub(wt.GetSince().AsTime()); waited > o.waitTimeout {
-			out = append(out, finding{Check: "waiters", Level: levelWarn, Subject: name(wt.GetNodeId()),
-				Problem: fmt.Sprintf("an acquire of %s by session %d has waited %v (longer than wait_timeout %v)", wt.GetClass(), wt.GetSessionId(), waited.Round(time.Millisecond), o.waitTimeout),
-				Fix:     "the pool is full: raise the limit on the way (governor caps get " + name(wt.GetNodeId()) + " names the tightest), or find who holds it"})
+			out = append(out, waiterFinding(wt, waited, o.waitTimeout, name))
 		}
 	}
 	if len(out) == 0 {
@@ -187,6 +185,25 @@ func checkInspection(in *governorpb.Inspection, w *treeWalk, o doctorOptions) []
 			in.GetLeaseCount(), held.Text(), in.GetSessionCount(), in.GetWaiterCount())})
 	}
 	return append(out, fullPools(in, w)...)
+}
+
+// waiterFinding is a waiter that has waited longer than wait_timeout: for
+// a slot of its class, or for a rate (wait_for_rate).
+func waiterFinding(wt *governorpb.WaiterInfo, waited, waitTimeout time.Duration, name func(int64) string) finding {
+	f := finding{Check: "waiters", Level: levelWarn, Subject: name(wt.GetNodeId())}
+	how := fmt.Sprintf("has waited %v (longer than wait_timeout %v)", waited.Round(time.Millisecond), waitTimeout)
+	if r := wt.GetRate(); r != "" {
+		what := "a charge"
+		if wt.GetClass() != "" {
+			what = "an acquire of " + wt.GetClass()
+		}
+		f.Problem = fmt.Sprintf("%s by session %d waiting for the rate of %s %s", what, wt.GetSessionId(), r, how)
+		f.Fix = "the rate binds: raise the rate of " + r + " on the way (governor caps get " + name(wt.GetNodeId()) + " shows each rate and its fill), or find who spends it"
+		return f
+	}
+	f.Problem = fmt.Sprintf("an acquire of %s by session %d %s", wt.GetClass(), wt.GetSessionId(), how)
+	f.Fix = "the pool is full: raise the limit on the way (governor caps get " + name(wt.GetNodeId()) + " names the tightest), or find who holds it"
+	return f
 }
 
 // leaseFinding finds work stuck in l: a lease held longer than leaseAge, or

@@ -22,7 +22,9 @@
 //     correctness.
 //     Reap also closes the windows of quotas with a period (period.go) that
 //     are due; DueIn says when the next one is, so a caller that reaps then
-//     logs each reset at its boundary even when no call comes.
+//     logs each reset at its boundary even when no call comes. When
+//     something may fall due sooner than DueIn last said (a charge starts
+//     waiting for a rate), the engine calls Config.Wake: read DueIn again.
 //  5. An Acquire that cannot be granted at once returns a *Wait. Receive its
 //     outcome, or call CancelWait; a grant that races a cancel is given back.
 //

@@ -88,6 +88,13 @@ type Config struct {
 	Clock    Clock    // nil means WallClock
 	Sink     Sink     // nil discards events
 	Notifier Notifier // nil tells nobody about changes to delegated budgets
+	// Wake, when set, is called when something may fall due sooner than
+	// DueIn last said: a charge starts waiting for a rate, queued as it
+	// arrives or moved there at its turn in a lease queue (ratewait.go),
+	// which a call that releases a slot may do. The caller's timer should
+	// read DueIn again. It is called with the engine's lock held, so it
+	// must return at once and never call back into the engine.
+	Wake     func()
 	Adaptive []Adaptive
 	// Retention is how long an ended node is kept, answering as ended,
 	// before Reap reclaims it (reclaim.go). Zero means DefaultRetention.
@@ -112,6 +119,7 @@ type Engine struct {
 	clock    Clock
 	sink     Sink
 	notifier Notifier
+	wake     func()
 
 	seq         uint64
 	nextNode    NodeID
@@ -188,6 +196,7 @@ func New(cfg Config) (*Engine, error) {
 		clock:      cfg.Clock,
 		sink:       cfg.Sink,
 		notifier:   cfg.Notifier,
+		wake:       cfg.Wake,
 		nextNode:   RootID + 1,
 		nextLease:  1,
 		nodes:      make(map[NodeID]*node),

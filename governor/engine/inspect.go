@@ -30,6 +30,9 @@ type WaiterInfo struct {
 	Session  SessionID
 	Since    int64 // when it queued, unix nanoseconds; 0 if not known
 	Priority int64
+	// Rate is the resource whose rate it waits for (ratewait.go), "" for
+	// an acquire waiting for a slot of Class.
+	Rate string
 }
 
 // SessionInfo is an open session and its heartbeats.
@@ -82,7 +85,7 @@ func (e *Engine) Inspect(sid SessionID, id NodeID, limit int) (Inspection, error
 			for _, w := range tq.waiters {
 				if !w.done && w.node.within(n) {
 					out.Waiters = append(out.Waiters, WaiterInfo{Node: w.node.id, Class: w.class, Session: w.session.id,
-						Since: w.since, Priority: w.priority})
+						Since: w.since, Priority: w.priority, Rate: w.rate})
 				}
 			}
 		}

@@ -114,6 +114,9 @@ func (e *Engine) addRateWaiter(w *waiter) {
 	q.add(w)
 	e.rateWaiting++
 	e.rateDue = 0 // decide it at the next tick
+	if e.wake != nil {
+		e.wake() // the caller's reaper may sleep past its instant
+	}
 }
 
 // waitForRate moves a lease waiter that asked to wait for a rate, and

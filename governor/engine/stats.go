@@ -7,6 +7,10 @@ type Stats struct {
 	Root    NodeView
 	Tenants []NodeView
 	Waiting map[string]int // queued acquires by class
+	// WaitingRate is the charges queued for a rate (ratewait.go), by the
+	// tenant they are charged in and the resource whose rate holds them:
+	// apart from Waiting, which counts acquires waiting for a slot.
+	WaitingRate map[TenantResource]int
 	// Delegated is the slots held in blocks, by class (also in Held).
 	Delegated map[string]int64
 	Leases    int
@@ -18,6 +22,9 @@ type Stats struct {
 	// the engine's clock (each names its node).
 	Rates []RateStatus
 }
+
+// TenantResource names a resource of a tenant, by the tenant's name.
+type TenantResource struct{ Tenant, Resource string }
 
 // Stats returns the root, the tenants and the queue depths.
 func (e *Engine) Stats() Stats {
@@ -33,6 +40,14 @@ func (e *Engine) Stats() Stats {
 	}
 	for class, q := range e.queues {
 		st.Waiting[class] = q.waiting
+	}
+	st.WaitingRate = make(map[TenantResource]int)
+	for r, q := range e.rateQueues {
+		for _, tq := range q.ring {
+			if len(tq.waiters) > 0 {
+				st.WaitingRate[TenantResource{tq.tenant.name, r}] += len(tq.waiters)
+			}
+		}
 	}
 	st.Delegated = make(map[string]int64, len(e.blocks))
 	for class, blocks := range e.blocks {
