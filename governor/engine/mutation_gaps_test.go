@@ -1146,3 +1146,142 @@ func TestMulDivSaturatesAtTheQuotientsEnd(t *testing.T) {
 		}
 	}
 }
+
+// Gaps the run of December 5 over period.go's last 50 mutants found.
+
+// A replayed period reset that does not match the state (no such node, a
+// resource with no quota or no period, no window, an amount other than
+// what the window spent) is corrupt, refused without a panic or a change.
+func TestApplyCorruptPeriodResetIsRefused(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	f.sA = f.open(f.acme, longTTL)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"q": 10, "plain": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}}})
+	f.consume(f.sA, f.job, "q", 3)
+	next := Window{Start: time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC).UnixNano(), End: time.Date(2026, 1, 1, 0, 2, 0, 0, time.UTC).UnixNano()}
+	good := Event{Kind: EvPeriodReset, Node: f.acme, Resource: "q", Amount: 3, Windows: map[string]Window{"q": next}}
+	for name, edit := range map[string]func(*Event){
+		"on no node":                func(ev *Event) { ev.Node = noSuch },
+		"of a resource no quota":    func(ev *Event) { ev.Resource, ev.Windows = "none", map[string]Window{"none": next} },
+		"of a quota with no period": func(ev *Event) { ev.Resource, ev.Windows = "plain", map[string]Window{"plain": next} },
+		"with no window":            func(ev *Event) { ev.Windows = nil },
+		"of another amount":         func(ev *Event) { ev.Amount = 2 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			ev := good
+			edit(&ev)
+			ev.Seq, ev.At = e.Seq()+1, next.Start
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(ev) }), ErrCorrupt)
+		})
+	}
+	e := f.rebuild(t, wayReplay)
+	good.Seq, good.At = e.Seq()+1, next.Start
+	if err := e.Apply(good); err != nil {
+		t.Errorf("the reset as it is due: %v", err)
+	}
+}
+
+// A grant made at the very instant its window opens (the reset is logged
+// first) and given back in that window refunds that window: it was spent
+// there, not in the window before.
+func TestGrantAtItsWindowsStartGivenBackRefundsThatWindow(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	f.sA = f.open(f.acme, longTTL)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}}})
+	f.consume(f.sA, f.job, "q", 5) // the window before: the new one's base
+	f.setClock(time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC))
+	req := AcquireRequest{Node: f.job, Charges: map[string]int64{"q": 4}, Class: "c", RequestID: "r1"}
+	if _, _, err := f.e.Acquire(f.sA, req); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.periods(f.acme); st[0].Start != f.now() || st[0].Spent != 4 {
+		t.Fatalf("the window %+v; want it opened now with the grant's 4 spent", st[0])
+	}
+	f.clock.Advance(time.Second)
+	if id, err := f.e.GiveBack(f.sA, req, 0); err != nil || id == 0 {
+		t.Fatalf("give-back: %d %v", id, err)
+	}
+	if st := f.periods(f.acme); st[0].Spent != 0 {
+		t.Fatalf("the window spent %d after its grant was given back; want 0", st[0].Spent)
+	}
+}
+
+// A snapshot whose quota windows do not match its caps and usage is
+// corrupt: refused, never restored.
+func TestRestoreRefusesCorruptPeriods(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	f.sA = f.open(f.acme, longTTL)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}}})
+	f.consume(f.sA, f.job, "q", 3)
+	f.consume(f.sA, f.job, "u", 1) // used, never capped
+	snap := f.e.Snapshot()
+	i := slices.IndexFunc(snap.Nodes, func(v NodeView) bool { return v.ID == f.acme })
+	qw := snap.Nodes[i].Periods["q"]
+	for name, edit := range map[string]func(map[string]QuotaWindow){
+		"on no quota":         func(m map[string]QuotaWindow) { m["none"] = qw },
+		"on an uncapped one":  func(m map[string]QuotaWindow) { m["u"] = qw },
+		"of a bad period":     func(m map[string]QuotaWindow) { w := qw; w.Period.Every = -1; m["q"] = w },
+		"of a negative base":  func(m map[string]QuotaWindow) { w := qw; w.Base = -1; m["q"] = w },
+		"of a base past used": func(m map[string]QuotaWindow) { w := qw; w.Base = 4; m["q"] = w },
+		"of an empty window":  func(m map[string]QuotaWindow) { w := qw; w.End = w.Start; m["q"] = w },
+		"ending as it starts": func(m map[string]QuotaWindow) { w := qw; w.End = w.Start - 1; m["q"] = w },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := cloneSnapshot(t, snap)
+			edit(bad.Nodes[i].Periods)
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantErr(t, e.Restore(bad), ErrCorrupt)
+		})
+	}
+}
+
+// A request id reused with other periods is refused as a reuse, for a node
+// made and for a cap edit: the periods are in the request's fingerprint.
+func TestRequestIDReusedWithOtherPeriods(t *testing.T) {
+	f := newFixture(t)
+	spec := NodeSpec{Name: "n", Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}}}
+	if _, err := f.e.CreateNode(f.sA, f.acme, spec, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	spec.QuotaPeriods = map[string]Period{"q": {Every: int64(time.Hour)}}
+	_, err := f.e.CreateNode(f.sA, f.acme, spec, "n1")
+	wantErr(t, err, ErrRequestIDReused)
+	edit := CapsEdit{Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Unit: PeriodDay}}}
+	if _, err := f.e.SetCaps(f.sA, f.job, edit, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	edit.QuotaPeriods = map[string]Period{"q": {Unit: PeriodMonth}}
+	_, err = f.e.SetCaps(f.sA, f.job, edit, "c1")
+	wantErr(t, err, ErrRequestIDReused)
+}
+
+// Fingerprints are stored with the events and snapshots that remember a
+// request id, so they must not change from one build to the next: a retry
+// after an upgrade would be refused as a reuse. These are the values of
+// December 2026.
+func TestFingerprintsAreStable(t *testing.T) {
+	day, minute := Period{Unit: PeriodDay}, Period{Every: int64(time.Minute)}
+	spec := NodeSpec{Name: "n", Quotas: map[string]int64{"q": 10}, Limits: map[string]int64{"db": 2}, Weight: 3, Priority: 1,
+		Rates: map[string]Rate{"calls": {Units: 5, Per: int64(time.Second), Burst: 2}}, DefaultRates: map[string]Rate{"calls": {Units: 1, Per: int64(time.Second)}},
+		QuotaPeriods: map[string]Period{"q": day}, DefaultQuotaPeriods: map[string]Period{"q": minute}}
+	w := int64(2)
+	edit := CapsEdit{Quotas: map[string]int64{"q": 10}, Weight: &w, QuotaModes: map[string]CapMode{"q": {Mode: ModeSoft, Burst: 1}},
+		Minimums: map[string]Minimum{"db": {Min: 1}}, Rates: spec.Rates, DefaultRates: spec.DefaultRates,
+		QuotaPeriods: spec.QuotaPeriods, DefaultQuotaPeriods: spec.DefaultQuotaPeriods}
+	for _, c := range []struct {
+		what      string
+		got, want uint64
+	}{
+		{"a plain spec", fingerprintSpec(opCreate, 7, &NodeSpec{Name: "n", Quotas: map[string]int64{"q": 10}}), 0xe66c88269df3d704},
+		{"a spec with rates and periods", fingerprintSpec(opCreate, 7, &spec), 0x6e1489e96ca7c7da},
+		{"a plain edit", fingerprintCaps(7, &CapsEdit{Quotas: map[string]int64{"q": 10}}), 0xaee7638bec89ab45},
+		{"an edit with every part", fingerprintCaps(7, &edit), 0x9d54a57f54528ae9},
+	} {
+		if c.got != c.want {
+			t.Errorf("the fingerprint of %s is %#x, was %#x", c.what, c.got, c.want)
+		}
+	}
+}
