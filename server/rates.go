@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -96,7 +97,7 @@ func toRateStatus(st []engine.RateStatus) []*governorpb.RateStatus {
 	var out []*governorpb.RateStatus
 	for _, r := range st {
 		ps := &governorpb.RateStatus{NodeId: int64(r.Node), NodeName: r.NodeName, Name: r.Name, Rate: toRate(r.Rate),
-			Size: r.Size, Level: r.Level}
+			Size: r.Size, Level: r.Level, Slices: int32(min(r.Slices, math.MaxInt32)), Lent: r.Lent, LentUnits: r.LentUnits}
 		if r.Full > 0 {
 			ps.FullIn = durationpb.New(r.Full)
 		}

@@ -5648,8 +5648,15 @@ type RateStatus struct {
 	Size int64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
 	// Units in the bucket now: what a charge may take at once.
 	Level int64 `protobuf:"varint,6,opt,name=level,proto3" json:"level,omitempty"`
-	// How long until the bucket is full again; unset when it is.
-	FullIn        *durationpb.Duration `protobuf:"bytes,7,opt,name=full_in,json=fullIn,proto3" json:"full_in,omitempty"`
+	// How long until the bucket is full again; unset when it is. Live
+	// slices lent to sidecars end at their terms first (unless renewed).
+	FullIn *durationpb.Duration `protobuf:"bytes,7,opt,name=full_in,json=fullIn,proto3" json:"full_in,omitempty"`
+	// How many live slices of the rate its sidecars hold (delegated rates):
+	// lent units of the size and lent_units of the refill per rate.per are
+	// theirs until their terms end, and the bucket holds and refills the rest.
+	Slices        int32 `protobuf:"varint,8,opt,name=slices,proto3" json:"slices,omitempty"`
+	Lent          int64 `protobuf:"varint,9,opt,name=lent,proto3" json:"lent,omitempty"`
+	LentUnits     int64 `protobuf:"varint,10,opt,name=lent_units,json=lentUnits,proto3" json:"lent_units,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5731,6 +5738,27 @@ func (x *RateStatus) GetFullIn() *durationpb.Duration {
 		return x.FullIn
 	}
 	return nil
+}
+
+func (x *RateStatus) GetSlices() int32 {
+	if x != nil {
+		return x.Slices
+	}
+	return 0
+}
+
+func (x *RateStatus) GetLent() int64 {
+	if x != nil {
+		return x.Lent
+	}
+	return 0
+}
+
+func (x *RateStatus) GetLentUnits() int64 {
+	if x != nil {
+		return x.LentUnits
+	}
+	return 0
 }
 
 type SetTenantStateRequest struct {
@@ -6727,7 +6755,7 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x0fCapStatusReport\x12*\n" +
 	"\x04caps\x18\x01 \x03(\v2\x16.governor.v1.CapStatusR\x04caps\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12-\n" +
-	"\x05rates\x18\x03 \x03(\v2\x17.governor.v1.RateStatusR\x05rates\"\xdb\x01\n" +
+	"\x05rates\x18\x03 \x03(\v2\x17.governor.v1.RateStatusR\x05rates\"\xa6\x02\n" +
 	"\n" +
 	"RateStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x03R\x06nodeId\x12\x1b\n" +
@@ -6736,7 +6764,12 @@ const file_api_governorpb_governor_proto_rawDesc = "" +
 	"\x04rate\x18\x04 \x01(\v2\x11.governor.v1.RateR\x04rate\x12\x12\n" +
 	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x14\n" +
 	"\x05level\x18\x06 \x01(\x03R\x05level\x122\n" +
-	"\afull_in\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06fullIn\"\x95\x01\n" +
+	"\afull_in\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06fullIn\x12\x16\n" +
+	"\x06slices\x18\b \x01(\x05R\x06slices\x12\x12\n" +
+	"\x04lent\x18\t \x01(\x03R\x04lent\x12\x1d\n" +
+	"\n" +
+	"lent_units\x18\n" +
+	" \x01(\x03R\tlentUnits\"\x95\x01\n" +
 	"\x15SetTenantStateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x17\n" +

@@ -640,6 +640,9 @@ func (m *Model) rateText(node int64) string {
 		if d := r.GetFullIn().AsDuration(); d > 0 {
 			s += ", full in " + shortDuration(d)
 		}
+		if r.GetSlices() > 0 {
+			s += fmt.Sprintf(", %d lent", r.GetLent())
+		}
 		s += ")"
 		if r.GetNodeId() != node {
 			s += " on " + r.GetNodeName()

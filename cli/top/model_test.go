@@ -194,8 +194,8 @@ func TestDetailShowsRates(t *testing.T) {
 		{NodeId: sel, NodeName: "task-0", Name: "calls", Rate: &governorpb.Rate{Units: 2, Per: durationpb.New(time.Hour)},
 			Size: 3, Level: 1, FullIn: durationpb.New(40 * time.Minute)},
 		{NodeId: 2, NodeName: "payments", Name: "requests", Rate: &governorpb.Rate{Units: 100, Per: durationpb.New(time.Second)},
-			Size: 100, Level: 100}}})
-	want := "rates (left/burst): calls 1/3 (2/h, full in 40m00s)  requests 100/100 (100/s) on payments"
+			Size: 100, Level: 60, FullIn: durationpb.New(4 * time.Second), Slices: 2, Lent: 40, LentUnits: 40}}})
+	want := "rates (left/burst): calls 1/3 (2/h, full in 40m00s)  requests 60/100 (100/s, full in 4s, 40 lent) on payments"
 	if !strings.Contains(v, want) {
 		t.Errorf("view lacks %q:\n%s", want, v)
 	}

@@ -277,13 +277,30 @@ type periodLine struct {
 }
 
 // rateLine is one of a node's rates: Rate ("100/s") with a bucket of Size,
-// which holds Level units now and is full again in FullIn.
+// which holds Level units now and is full again in FullIn. Slices live
+// slices lent to sidecars hold Lent units of the size and LentRate of the
+// refill until their terms end.
 type rateLine struct {
-	Name   string        `json:"name"`
-	Rate   string        `json:"rate"`
-	Size   int64         `json:"size"`
-	Level  int64         `json:"level"`
-	FullIn time.Duration `json:"full_in_ns,omitempty"`
+	Name     string        `json:"name"`
+	Rate     string        `json:"rate"`
+	Size     int64         `json:"size"`
+	Level    int64         `json:"level"`
+	FullIn   time.Duration `json:"full_in_ns,omitempty"`
+	Slices   int32         `json:"slices,omitempty"`
+	Lent     int64         `json:"lent,omitempty"`
+	LentRate string        `json:"lent_rate,omitempty"`
+}
+
+// lentText says what a rate's slices hold, "" when none lives.
+func lentText(slices int32, lent int64, lentRate string) string {
+	if slices == 0 {
+		return ""
+	}
+	plural := "s"
+	if slices == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("%d and %s lent to %d slice%s", lent, lentRate, slices, plural)
 }
 
 // tenantState is a tenant's state, and which tenant it is.
@@ -408,8 +425,13 @@ func ratesOf(ctx context.Context, rpc governorpb.GovernorClient, n *governorpb.N
 	}
 	for _, r := range rep.GetRates() {
 		if r.GetNodeId() == n.GetId() {
-			v.Rates = append(v.Rates, rateLine{Name: r.GetName(), Rate: governorpb.FormatRate(r.GetRate().GetUnits(),
-				r.GetRate().GetPer().AsDuration()), Size: r.GetSize(), Level: r.GetLevel(), FullIn: r.GetFullIn().AsDuration()})
+			line := rateLine{Name: r.GetName(), Rate: governorpb.FormatRate(r.GetRate().GetUnits(),
+				r.GetRate().GetPer().AsDuration()), Size: r.GetSize(), Level: r.GetLevel(), FullIn: r.GetFullIn().AsDuration()}
+			if r.GetSlices() > 0 {
+				line.Slices, line.Lent = r.GetSlices(), r.GetLent()
+				line.LentRate = governorpb.FormatRate(r.GetLentUnits(), r.GetRate().GetPer().AsDuration())
+			}
+			v.Rates = append(v.Rates, line)
 		}
 	}
 	return nil
@@ -457,6 +479,9 @@ func printCapsView(out io.Writer, v capView, n *governorpb.Node, chain []*govern
 			full := "full"
 			if r.FullIn > 0 {
 				full = "full in " + r.FullIn.Round(time.Millisecond).String()
+			}
+			if lent := lentText(r.Slices, r.Lent, r.LentRate); lent != "" {
+				full += ", " + lent
 			}
 			fmt.Fprintf(tw, "  %s\t%d/%d\t%s\t%s\n", r.Name, r.Level, r.Size, r.Rate, full)
 		}

@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/governor-project/governor/api/governorpb"
 	"github.com/governor-project/governor/internal/govtest"
@@ -65,5 +69,37 @@ func TestCapsSetAndGetARate(t *testing.T) {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("caps history lacks %q: exit %d:\n%s%s", want, code, out, errOut)
 		}
+	}
+}
+
+// While a sidecar holds a slice of a rate, caps get says what the slice
+// holds (units of the size and of the refill lent), and counts the
+// slice's term in "full in": the bucket cannot fill before the term ends.
+func TestCapsGetSaysWhatSlicesHold(t *testing.T) {
+	srv := govtest.Start(t, nil)
+	t.Setenv("GOVERNOR_ADDR", srv.Addr())
+	t.Setenv("GOVERNOR_API_KEY", govtest.AdminKey)
+	ctx := context.Background()
+	admin := adminRPC(t, srv.Addr())
+	task, err := admin.FindOrCreateNode(ctx, &governorpb.FindOrCreateNodeRequest{ParentId: 2,
+		Spec: &governorpb.NodeSpec{Name: "crawl", Rates: map[string]*governorpb.Rate{"calls": {Units: 100, Per: durationpb.New(time.Second)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := admin.Reserve(ctx, &governorpb.ReserveRequest{NodeId: task.GetNode().GetId(), Resource: "calls", Want: 10})
+	if err != nil || res.GetSliceId() == 0 {
+		t.Fatalf("reserve: %v, %v; want a slice of the rate", res, err)
+	}
+	code, out, errOut := cli(t, "caps", "get", "payments/crawl")
+	if code != 0 || !regexp.MustCompile(`calls  75/100  100/s  full in [34]\.\d+s, 25 and 25/s lent to 1 slice\n`).MatchString(out) {
+		t.Fatalf("caps get: exit %d: %s%s", code, out, errOut)
+	}
+	code, out, _ = cli(t, "caps", "get", "-json", "payments/crawl")
+	var got struct {
+		Rates []rateLine
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got.Rates) != 1 ||
+		got.Rates[0].Slices != 1 || got.Rates[0].Lent != 25 || got.Rates[0].LentRate != "25/s" || got.Rates[0].FullIn < 3*time.Second {
+		t.Fatalf("caps get -json: %v %+v\n%s", err, got, out)
 	}
 }

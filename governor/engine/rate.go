@@ -416,6 +416,12 @@ type RateStatus struct {
 	// Full is how long until the bucket is full again, 0 when it is: its
 	// slices' carves end at their terms first (bucket.waitFor).
 	Full time.Duration
+	// Slices is how many live slices carve the bucket (slice.go): Lent
+	// units of its size and LentUnits of its refill per Per are theirs,
+	// spent by their holders from local buckets until their terms end.
+	Slices    int
+	Lent      int64
+	LentUnits int64
 }
 
 // RateStatus lists the rates on id's chain, from id up to the root, each
@@ -442,7 +448,8 @@ func (n *node) appendRateStatus(out []RateStatus, now int64) []RateStatus {
 	for _, k := range slices.Sorted(maps.Keys(n.rates)) {
 		b := n.rates[k]
 		lv, acc := b.at(now)
-		st := RateStatus{Node: n.id, NodeName: n.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv}
+		st := RateStatus{Node: n.id, NodeName: n.name, Name: k, Rate: b.Rate, Size: b.size(), Level: lv,
+			Slices: len(b.carves), Lent: b.carvedSize, LentUnits: b.carved}
 		if lv < b.size() {
 			st.Full = time.Duration(b.waitFor(b.size(), now, lv, acc))
 		}
