@@ -144,6 +144,9 @@ func TestDeposedLeaderCannotAppendOrRenew(t *testing.T) {
 	if err := a.st.WriteSnapshotPart(ctx, 3, 0, []byte("x")); !errors.Is(err, store.ErrDeposed) {
 		t.Fatalf("the deposed leader's snapshot part: %v, want ErrDeposed", err)
 	}
+	if err := a.st.SaveSnapshot(ctx, 3, []byte("x")); !errors.Is(err, store.ErrDeposed) {
+		t.Fatalf("the deposed leader's whole snapshot: %v, want ErrDeposed", err)
+	}
 	var seqs []uint64
 	if err := b.st.Load(ctx, store.LoadFuncs{Record: func(r store.Record) error {
 		seqs = append(seqs, r.Seq)

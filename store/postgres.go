@@ -270,38 +270,26 @@ func (p *Postgres) AddSessions(ctx context.Context, rows []Session) error {
 	return nil
 }
 
-// SaveSnapshot implements Store.
+// SaveSnapshot implements Store. Like the parts' writes, it is fenced by
+// the epoch: a deposed leader's snapshot is refused (ErrDeposed), so that
+// it cannot drop events the new leader's log holds past it.
 func (p *Postgres) SaveSnapshot(ctx context.Context, seq uint64, data []byte) error {
 	if p.closed.Load() {
 		return fmt.Errorf("store: save snapshot: %w", ErrClosed)
 	}
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-
-	var snapSeq, last int64
-	if err := tx.QueryRow(ctx, "SELECT seq, last_seq FROM governor_snapshot WHERE id = 1 FOR UPDATE").Scan(&snapSeq, &last); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	if err := checkSnapshot(seq, uint64(snapSeq), uint64(last)); err != nil {
-		return err
-	}
 	if data == nil {
 		data = []byte{} // NULL would mean "no snapshot"
 	}
-	var b pgx.Batch
-	b.Queue("UPDATE governor_snapshot SET seq = $1, data = $2, parts = 0 WHERE id = 1", int64(seq), data)
-	b.Queue("DELETE FROM governor_events WHERE seq <= $1", int64(seq))
-	b.Queue("DELETE FROM governor_snapshot_parts")
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-		return fmt.Errorf("store: save snapshot: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: save snapshot: commit: %w", err)
-	}
-	return nil
+	return p.inTx(ctx, "save snapshot", func(tx sqlTx) error {
+		if err := p.checkSnapshotTx(ctx, tx, seq, true); err != nil {
+			return err
+		}
+		var b pgx.Batch
+		b.Queue("UPDATE governor_snapshot SET seq = $1, data = $2, parts = 0 WHERE id = 1", int64(seq), data)
+		b.Queue("DELETE FROM governor_events WHERE seq <= $1", int64(seq))
+		b.Queue("DELETE FROM governor_snapshot_parts")
+		return tx.(postgresTx).tx.SendBatch(ctx, &b).Close()
+	})
 }
 
 // Tidy implements Store. One call deletes up to postgresTidyRecords covered
