@@ -347,3 +347,42 @@ func TestRetryWithoutTaskDoesNotRun(t *testing.T) {
 		t.Fatalf("Retry = %v, ran = %v; want ErrNoTask and fn not called", err, ran)
 	}
 }
+
+// WithRetryResource draws retries from another quota, and WithRetryIf
+// returns at once an error it does not deem worth a retry.
+func TestRetryResourceAndRetryIf(t *testing.T) {
+	c := dialReal(t)
+	ctx, task := newTask(t, t.Context(), c, governor.Spec{Quotas: map[string]int64{"retry": 10, "db_retry": 2}})
+	attempts := 0
+	err := governor.Retry(ctx, func(context.Context) error { attempts++; return errors.New("x") },
+		governor.WithRetryResource("db_retry"), governor.WithBackoff(time.Millisecond, time.Millisecond))
+	if attempts != 3 || !errors.Is(err, governor.ErrQuotaExhausted) {
+		t.Fatalf("%d attempts, %v; want 3 (one free, two from db_retry) and the denial", attempts, err)
+	}
+	permanent := errors.New("bad request")
+	attempts = 0
+	err = governor.Retry(ctx, func(context.Context) error { attempts++; return permanent },
+		governor.WithRetryIf(func(err error) bool { return !errors.Is(err, permanent) }))
+	if attempts != 1 || !errors.Is(err, permanent) {
+		t.Fatalf("%d attempts, %v; want 1 and the permanent error", attempts, err)
+	}
+	n, err := c.Raw().GetNode(ctx, &governorpb.GetNodeRequest{NodeId: task.ID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.GetUsed()["db_retry"] != 2 || n.GetUsed()["retry"] != 0 {
+		t.Fatalf("used %v; want db_retry 2 and no retry", n.GetUsed())
+	}
+}
+
+// TenantRefusalError reads a refusal's detail as the SDK's error: nil for
+// none, else naming the tenant, its state and what was refused.
+func TestTenantRefusalError(t *testing.T) {
+	if err := governor.TenantRefusalError(nil); err != nil {
+		t.Fatalf("no detail: %v", err)
+	}
+	err := governor.TenantRefusalError(&governorpb.TenantRefusal{Tenant: "payments", State: "suspended", Reason: "incident 42", Refused: "new work"})
+	if !errors.Is(err, governor.ErrTenantState) || err.Tenant != "payments" || err.State != "suspended" || err.Reason != "incident 42" || err.Refused != "new work" {
+		t.Fatalf("TenantRefusalError = %+v", err)
+	}
+}

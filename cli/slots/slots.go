@@ -16,15 +16,6 @@ import (
 // Reported reports whether l is a block whose holder reported its use.
 func Reported(l *governorpb.LeaseInfo) bool { return l.GetBlock() && l.GetUseReported() != nil }
 
-// InUse is how many of l's slots hold work: its one slot for a lease, as
-// reported for a block, and 0 for a block whose use is not reported.
-func InUse(l *governorpb.LeaseInfo) int64 {
-	if !l.GetBlock() {
-		return 1
-	}
-	return l.GetInUse()
-}
-
 // Idle is how many of a reported block's slots hold no work.
 func Idle(l *governorpb.LeaseInfo) int64 {
 	if !Reported(l) {
