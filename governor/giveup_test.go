@@ -173,8 +173,8 @@ func (a *answerLost) intercept(ctx context.Context, method string, req, reply an
 }
 
 // A grant whose answer the caller's end made it miss is given back before
-// the call returns: the lease with its charges, a block's new slots, a
-// reservation's new units.
+// the call returns: the lease with its charges, a charge without a lease,
+// a block's new slots, a reservation's new units.
 func TestGrantWhoseAnswerWasLostIsGivenBack(t *testing.T) {
 	srv := govtest.Start(t, func(c *serverconfig.Config) {
 		c.Root.Limits = map[string]int64{"db": 4}
@@ -193,6 +193,10 @@ func TestGrantWhoseAnswerWasLostIsGivenBack(t *testing.T) {
 			_, err := task.ChargeAndAcquire(ctx, "db", map[string]int64{"tokens": 5})
 			return err
 		}, func(n *governorpb.Node) int64 { return n.Held["db"] + n.Used["tokens"] }},
+		{governorpb.Governor_ChargeAndAcquire_FullMethodName, func(ctx context.Context, task *governor.Task) error {
+			_, err := task.ChargeAndAcquire(ctx, "", map[string]int64{"tokens": 5}) // a charge without a lease
+			return err
+		}, func(n *governorpb.Node) int64 { return n.Used["tokens"] }},
 		{governorpb.Governor_ResizeBlock_FullMethodName, func(ctx context.Context, task *governor.Task) error {
 			_, err := task.ResizeBlock(ctx, "db", 3, 0)
 			return err

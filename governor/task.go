@@ -250,8 +250,8 @@ type ChargeOption func(*governorpb.ChargeAndAcquireRequest)
 // and granted when the buckets hold its charges, tenants taking turns by
 // weight, so that a contended rate is shared by weight rather than by
 // who retries first. It waits until ctx ends, which then fails it with
-// ctx's error: give ctx a deadline. A charge without a class granted as
-// ctx ends stands (a charge is never undone).
+// ctx's error: give ctx a deadline. A grant that comes as ctx ends is
+// undone whole, a charge without a class included (governord refunds it).
 func WaitForRate() ChargeOption {
 	return func(r *governorpb.ChargeAndAcquireRequest) { r.WaitForRate = true }
 }

@@ -100,6 +100,11 @@ func grantCases() []grantCase {
 				Charges: map[string]int64{"tokens": 5}, Abandon: abandon})
 			return err
 		}, left: func(n *governorpb.Node) int64 { return n.Held["db"] + n.Used["tokens"] }},
+		{name: "a charge without a lease", call: func(ctx context.Context, c *client, task int64, id string, abandon bool) error {
+			_, err := c.ChargeAndAcquire(ctx, &governorpb.ChargeAndAcquireRequest{RequestId: id, NodeId: task,
+				Charges: map[string]int64{"tokens": 5}, Abandon: abandon})
+			return err
+		}, left: func(n *governorpb.Node) int64 { return n.Used["tokens"] }},
 		{name: "ResizeBlock", call: func(ctx context.Context, c *client, task int64, id string, abandon bool) error {
 			_, err := c.ResizeBlock(ctx, &governorpb.ResizeBlockRequest{RequestId: id, NodeId: task, Class: "db", Want: 3, Abandon: abandon})
 			return err

@@ -417,8 +417,12 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 		Charges: req.GetCharges(), RequestID: req.GetRequestId(), Write: req.GetWrite(), WaitRate: req.GetWaitForRate()}
 	if req.GetAbandon() {
 		return abandon(s, ctx, r.RequestID, func(sid engine.SessionID) (*governorpb.ChargeAndAcquireResponse, bool, error) {
-			id, err := s.eng.GiveBack(sid, r, 0)
 			resp := &governorpb.ChargeAndAcquireResponse{}
+			if r.Class == "" { // a charge without a lease
+				given, err := s.eng.GiveBackCharged(sid, r)
+				return resp, given, err
+			}
+			id, err := s.eng.GiveBack(sid, r, 0)
 			if id != 0 {
 				resp.Lease = &governorpb.Lease{Id: int64(id), NodeId: int64(r.Node), Class: r.Class}
 			}
@@ -438,11 +442,19 @@ func (s *Server) ChargeAndAcquire(ctx context.Context, req *governorpb.ChargeAnd
 	})
 }
 
-// leaseGiveBack is what gives g back, whole, if its caller is gone; nil
-// for a charge without a lease, which is never refunded.
+// leaseGiveBack is what gives g back, whole, if its caller is gone: its
+// lease and charges, or the charges of a grant without a lease, which its
+// request id names (nil without one: nothing can name the charge).
 func (s *Server) leaseGiveBack(sid engine.SessionID, r engine.AcquireRequest, g engine.Grant) func() {
-	if g.Lease == 0 {
+	if g.Lease == 0 && r.RequestID == "" {
 		return nil
+	}
+	if g.Lease == 0 {
+		return func() {
+			if _, err := s.eng.GiveBackCharged(sid, r); err != nil {
+				s.log.Warn("a charge whose caller went away was not given back; it stands", "request_id", r.RequestID, "err", err)
+			}
+		}
 	}
 	return func() {
 		if _, err := s.eng.GiveBack(sid, r, g.Lease); err != nil {

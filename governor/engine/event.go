@@ -313,6 +313,9 @@ func (e *Engine) remember(ev *Event) {
 		if ev.Kind == EvBlockResized || ev.Kind == EvReserved || ev.Block {
 			r.amount = ev.Amount // what a block or reservation request granted
 		}
+		if ev.Kind == EvCharged {
+			r.chargedAt = ev.At // a charge without a lease (GiveBackCharged)
+		}
 		s.requests.add(ev.RequestID, r)
 	}
 }

@@ -20,8 +20,7 @@ import "slices"
 // charges are refunded, and r's request id is forgotten, so that a retry is
 // decided afresh. It returns the lease given back, or 0 when r holds none
 // (never granted, a charge only, already given back or ended). A charge
-// without a lease is never undone: quota is never refunded, and the
-// request id keeps a retry from charging twice. r's charges must be those
+// without a lease is GiveBackCharged's. r's charges must be those
 // the lease was granted with: a give-back naming others is refused as
 // invalid, since it would refund what the lease never charged.
 func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (LeaseID, error) {
@@ -53,6 +52,41 @@ func (e *Engine) GiveBack(sid SessionID, r AcquireRequest, lease LeaseID) (Lease
 		Charges: l.charges, GivenBack: true})
 	e.dispatch(l.class)
 	return l.id, nil
+}
+
+// GiveBackCharged undoes, whole, the charges r made without a lease (an
+// Acquire with no class), as CancelWait undoes a rate waiter's: they are
+// refunded to every node on the chain (from the window they were spent
+// in: what a window that has reset since spent stays spent there) and to
+// every bucket, and r's request id is forgotten, so that a retry is
+// decided afresh. It names the charge by r's request id, which the
+// session remembers with the charge's time, and r's charges must be the
+// request's. It reports whether it gave anything back: nothing for a
+// request not remembered (never granted, given back already, among the
+// oldest forgotten), one that took a lease (GiveBack), one whose node has
+// been reclaimed, or one remembered by an older governord, which did not
+// keep the time.
+func (e *Engine) GiveBackCharged(sid SessionID, r AcquireRequest) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.tick()
+	s, charges, err := e.sessionCharges(sid, r.Charges, now)
+	if err != nil {
+		return false, err
+	}
+	if r.RequestID == "" {
+		return false, invalid("a charge is given back by the request id that made it")
+	}
+	res, ok, err := s.requests.lookup(r.RequestID, r.fingerprint(charges))
+	if err != nil || !ok || res.lease != 0 || res.chargedAt == 0 || len(charges) == 0 {
+		return false, err
+	}
+	n := e.nodes[res.node]
+	if n == nil {
+		return false, nil
+	}
+	e.undoCharge(s, n, charges, r.RequestID, res.chargedAt, now)
+	return true, nil
 }
 
 // GiveBackBlock takes back the slots r added to the session's block, as

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // Grants given back because their callers never learned of them
@@ -201,4 +202,75 @@ func unchangedUnless(t *testing.T, e *Engine, allowed bool, call func() error) e
 		return call()
 	}
 	return unchanged(t, e, call)
+}
+
+// A charge without a lease whose caller never learned of it is undone
+// whole by its request id: quota back on the chain, tokens back in the
+// buckets, the id forgotten so that a retry charges once; once only, the
+// same after a restore or a replay; and a charge of a window that has
+// reset since is not refunded to the new window.
+func TestGiveBackChargedUndoesAChargeWhole(t *testing.T) {
+	f := newPeriodFixture(t, nil, time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	f.sA = f.open(f.acme, longTTL)
+	f.setCaps(f.acme, CapsEdit{Quotas: map[string]int64{"q": 10}, QuotaPeriods: map[string]Period{"q": {Every: int64(time.Minute)}},
+		Rates: map[string]Rate{"q": {Units: 10, Per: int64(time.Hour)}}})
+	req := AcquireRequest{Node: f.job, Charges: map[string]int64{"q": 4}, RequestID: "c-1"}
+	if _, w, err := f.e.Acquire(f.sA, req); err != nil || w != nil {
+		t.Fatalf("the charge: %v, %v", w, err)
+	}
+	noID := req
+	noID.RequestID = ""
+	_, err := f.e.GiveBackCharged(f.sA, noID)
+	wantErr(t, err, ErrInvalid)
+	other := req
+	other.Charges = map[string]int64{"q": 3}
+	_, err = f.e.GiveBackCharged(f.sA, other)
+	wantErr(t, err, ErrRequestIDReused)
+	if given, err := f.e.GiveBackCharged(f.open(f.acme, longTTL), req); err != nil || given {
+		t.Fatalf("another session's give-back: %v, %v; want nothing", given, err)
+	}
+
+	for _, way := range []string{wayRestore, wayReplay} { // the charge's time is state
+		e := f.rebuild(t, way)
+		if given, err := e.GiveBackCharged(f.sA, req); err != nil || !given {
+			t.Fatalf("%s: %v, %v; want the charge given back", way, given, err)
+		}
+	}
+	if given, err := f.e.GiveBackCharged(f.sA, req); err != nil || !given {
+		t.Fatalf("GiveBackCharged: %v, %v", given, err)
+	}
+	if v := f.node(f.acme); v.Used["q"] != 0 || f.rates(f.acme)[0].Level != 10 {
+		t.Fatalf("after the give-back: used %d, %d tokens; want none used and the bucket full", v.Used["q"], f.rates(f.acme)[0].Level)
+	}
+	if given, err := f.e.GiveBackCharged(f.sA, req); err != nil || given {
+		t.Fatalf("a second give-back: %v, %v; want nothing", given, err)
+	}
+	f.checkRebuilds(t)
+	if _, _, err := f.e.Acquire(f.sA, req); err != nil { // decided afresh: charged again
+		t.Fatal(err)
+	}
+	if v := f.node(f.acme); v.Used["q"] != 4 {
+		t.Fatalf("the retry: used %d, want 4", v.Used["q"])
+	}
+
+	// Given back in the next window: the new window keeps what it spent.
+	f.clock.Advance(time.Minute)
+	f.consume(f.sA, f.job2, "q", 2)
+	if given, err := f.e.GiveBackCharged(f.sA, req); err != nil || !given {
+		t.Fatalf("the give-back in the next window: %v, %v", given, err)
+	}
+	if st := f.periods(f.acme); st[0].Spent != 2 {
+		t.Fatalf("the new window spent %d after a give-back of the last one's charge; want 2", st[0].Spent)
+	}
+	f.checkRebuilds(t)
+
+	// A request that took a lease is GiveBack's.
+	f.setCaps(f.job, CapsEdit{Limits: map[string]int64{"db": 1}})
+	lease := AcquireRequest{Node: f.job, Class: "db", Charges: map[string]int64{"q": 1}, RequestID: "l-1"}
+	if _, _, err := f.e.Acquire(f.sA, lease); err != nil {
+		t.Fatal(err)
+	}
+	if given, err := f.e.GiveBackCharged(f.sA, lease); err != nil || given {
+		t.Fatalf("GiveBackCharged of a lease's request: %v, %v; want nothing", given, err)
+	}
 }

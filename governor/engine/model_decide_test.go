@@ -97,6 +97,16 @@ type modelDecide struct {
 	tombs    map[LeaseID]mTomb
 	requests map[SessionID][]string // remembered request ids, oldest first
 	touched  map[SessionID]bool     // sessions whose memory changed this step
+	// charged are the charges without a lease each session's requests
+	// made, by request id: what GiveBackCharged may undo.
+	charged map[SessionID]map[string]mCharged
+}
+
+// mCharged is a charge without a lease a request made: on node, at at.
+type mCharged struct {
+	node    NodeID
+	charges []Charge
+	at      int64
 }
 
 type mController struct {
@@ -118,6 +128,7 @@ func (m *model) decideInit() {
 	m.tombs = map[LeaseID]mTomb{}
 	m.requests = map[SessionID][]string{}
 	m.touched = map[SessionID]bool{}
+	m.charged = map[SessionID]map[string]mCharged{}
 }
 
 // tenantOf is the depth-1 ancestor of id, or the root for the root.
@@ -392,6 +403,7 @@ func (m *model) decideEvent(ev Event, l modelLease) {
 	case EvSessionEnded:
 		m.dropWaiters(func(w *mWaiter) bool { return w.session == ev.Session })
 		delete(m.requests, ev.Session)
+		delete(m.charged, ev.Session)
 		m.touched[ev.Session] = true
 	case EvNodeEnded:
 		m.dropWaiters(func(w *mWaiter) bool { return m.state[w.node] != Open })
@@ -418,7 +430,7 @@ func (m *model) tomb(id LeaseID, l modelLease, reason EndReason, at int64) {
 // rememberRequest keeps each session's request memory as SPEC.md says: the
 // ids its events carry, the last 1,024, minus those given back.
 func (m *model) rememberRequest(ev Event) {
-	if ev.Kind == EvLeaseReleased && ev.Forget != "" {
+	if (ev.Kind == EvLeaseReleased || ev.Kind == EvCharged) && ev.Forget != "" {
 		m.requests[ev.Session] = slices.DeleteFunc(m.requests[ev.Session], func(id string) bool { return id == ev.Forget })
 		m.touched[ev.Session] = true
 	}
@@ -435,6 +447,15 @@ func (m *model) rememberRequest(ev Event) {
 		ids = slices.Delete(ids, 0, len(ids)-specRequestMemory)
 	}
 	m.requests[ev.Session] = ids
+}
+
+// GivesBackCharge reports whether the model says GiveBackCharged by sid
+// of request id undoes a charge: sid remembers id, which charged without
+// a lease, on a node not reclaimed since.
+func (m *model) GivesBackCharge(sid SessionID, id string) bool {
+	c, ok := m.charged[sid][id]
+	_, kept := m.state[c.node]
+	return ok && m.Remembers(sid, id) && kept
 }
 
 // Remembers reports whether the model says session sid still remembers id.

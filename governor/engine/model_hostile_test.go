@@ -117,9 +117,13 @@ func (m *model) unlessClamped(id NodeID, what string, engine, recount map[string
 		return recount
 	}
 	out := maps.Clone(recount)
-	for k, v := range engine {
-		if m.rootClamped[what+"/"+k] && v <= recount[k] {
+	for k, rc := range recount {
+		// A count clamped to 0 is no key in the engine's map at all.
+		if v := engine[k]; m.rootClamped[what+"/"+k] && v <= rc {
 			out[k] = v
+			if v == 0 {
+				delete(out, k)
+			}
 		}
 	}
 	return out

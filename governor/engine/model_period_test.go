@@ -72,6 +72,21 @@ func mWindowOf(p Period, t int64, loc *time.Location) Window {
 	return w
 }
 
+// unchargeWindows is a give-back of charges made at granted on id: it
+// lowers the spend of the window they were in, not of one opened since.
+func (m *model) unchargeWindows(id NodeID, charges []Charge, granted int64) {
+	for _, c := range charges {
+		for _, a := range m.chain(id) {
+			if w := m.periods[a][c.Resource]; w != nil && granted < w.win.Start {
+				w.base = max(0, w.base-c.Amount)
+				if w.period.IsZero() && w.base == 0 { // a removed period with nothing left to count
+					delete(m.periods[a], c.Resource)
+				}
+			}
+		}
+	}
+}
+
 // spent is what counts against id's quota of r: used less base.
 func (m *model) spent(id NodeID, r string) int64 {
 	if w := m.periods[id][r]; w != nil {
@@ -112,20 +127,12 @@ func (m *model) periodEvent(ev Event) {
 	case EvCapsSet, EvCapsReverted:
 		m.periodCaps(ev)
 	case EvLeaseReleased:
-		l, ok := m.leases[ev.Lease]
-		if !ok || !ev.GivenBack {
-			return
+		if l, ok := m.leases[ev.Lease]; ok && ev.GivenBack {
+			m.unchargeWindows(l.node, ev.Charges, l.granted)
 		}
-		// A give-back lowers the spend of the window its grant was in.
-		for _, c := range ev.Charges {
-			for _, a := range m.chain(l.node) {
-				if w := m.periods[a][c.Resource]; w != nil && l.granted < w.win.Start {
-					w.base = max(0, w.base-c.Amount)
-					if w.period.IsZero() && w.base == 0 { // a removed period with nothing left to count
-						delete(m.periods[a], c.Resource)
-					}
-				}
-			}
+	case EvCharged:
+		if ev.GivenBack { // checked against the request's charge (model_test.go)
+			m.unchargeWindows(ev.Node, ev.Charges, ev.ChargedAt)
 		}
 	case EvNodesReclaimed:
 		for _, root := range ev.Nodes {

@@ -75,6 +75,9 @@ func (m *model) checkWarnings(ev Event) {
 	case EvConsumed:
 		charges = []Charge{{ev.Resource, ev.Amount}}
 	case EvCharged:
+		if ev.GivenBack {
+			return // a give-back warns of nothing
+		}
 		charges = ev.Charges
 	case EvLeaseGranted:
 		charges, class, slots = ev.Charges, ev.Resource, 1
@@ -141,6 +144,9 @@ func (m *model) checkTenantState(ev Event) {
 	node, write, task := ev.Node, ev.Write, false
 	switch ev.Kind {
 	case EvConsumed, EvCharged, EvLeaseGranted, EvShadowCharged:
+		if ev.GivenBack {
+			return // undoing a charge starts no work
+		}
 	case EvBlockResized:
 		l, ok := m.leases[ev.Lease]
 		if !ok || ev.Amount <= 0 {

@@ -183,6 +183,10 @@ func (m *model) rateEvent(ev Event) {
 	case EvConsumed:
 		m.takeRate(ev, ev.Node, ev.Resource, ev.Amount)
 	case EvCharged, EvLeaseGranted:
+		if ev.GivenBack { // a charge without a lease undone (EvCharged)
+			m.giveRatesBack(ev.Node, ev.Charges, ev.At)
+			break
+		}
 		for _, c := range ev.Charges {
 			m.takeRate(ev, ev.Node, c.Resource, c.Amount)
 		}
@@ -196,13 +200,7 @@ func (m *model) rateEvent(ev Event) {
 		m.slicesEnded(ev)
 	case EvLeaseReleased:
 		if l, ok := m.leases[ev.Lease]; ok && ev.GivenBack {
-			for _, c := range ev.Charges {
-				for _, a := range m.chain(l.node) {
-					if b := m.rates[a][c.Resource]; b != nil {
-						b.take(-c.Amount, ev.At)
-					}
-				}
-			}
+			m.giveRatesBack(l.node, ev.Charges, ev.At)
 		}
 	case EvNodesReclaimed:
 		for _, root := range ev.Nodes {
@@ -318,6 +316,18 @@ func (m *model) rateRefusal(id NodeID, charges map[string]int64, now int64) stri
 		return ""
 	}
 	return fmt.Sprintf("rate limited %d of %s at n%d, retry after %v", charges[worst], worst, node, time.Duration(wait))
+}
+
+// giveRatesBack puts charges given back whole into every bucket on id's
+// chain, never past what it may hold.
+func (m *model) giveRatesBack(id NodeID, charges []Charge, at int64) {
+	for _, c := range charges {
+		for _, a := range m.chain(id) {
+			if b := m.rates[a][c.Resource]; b != nil {
+				b.take(-c.Amount, at)
+			}
+		}
+	}
 }
 
 // checkRates compares the engine's buckets with the model's: the same

@@ -291,9 +291,19 @@ func (m *model) applyEvent(ev Event) {
 		m.checkOpen(ev, ev.Node)
 		m.charge(ev, ev.Node, ev.Resource, ev.Amount)
 	case EvCharged:
+		if ev.GivenBack {
+			m.chargeGivenBack(ev)
+			break
+		}
 		m.checkOpen(ev, ev.Node)
 		for _, c := range ev.Charges {
 			m.charge(ev, ev.Node, c.Resource, c.Amount)
+		}
+		if ev.RequestID != "" {
+			if m.charged[ev.Session] == nil {
+				m.charged[ev.Session] = map[string]mCharged{}
+			}
+			m.charged[ev.Session][ev.RequestID] = mCharged{node: ev.Node, charges: ev.Charges, at: ev.At}
 		}
 	case EvShadowCharged:
 		m.checkOpen(ev, ev.Node)
@@ -477,6 +487,23 @@ func (m *model) charge(ev Event, id NodeID, r string, amount int64) {
 				ev.Seq, amount, r, id, a, m.spent(a, r), m.reserved[a][r], q)
 		}
 		m.count(m.used, "used", a, r, amount)
+	}
+}
+
+// chargeGivenBack checks that ev undoes a charge without a lease that its
+// session remembers, exactly (its node, charges and time), and refunds it.
+func (m *model) chargeGivenBack(ev Event) {
+	c, ok := m.charged[ev.Session][ev.Forget]
+	if !ok || !m.Remembers(ev.Session, ev.Forget) || c.node != ev.Node || c.at != ev.ChargedAt || fmt.Sprint(c.charges) != fmt.Sprint(ev.Charges) {
+		m.failf("event %d gives back %v on node %d charged at %d for request %q; the session's request made %+v (known %v, remembered %v)",
+			ev.Seq, ev.Charges, ev.Node, ev.ChargedAt, ev.Forget, c, ok, m.Remembers(ev.Session, ev.Forget))
+		return
+	}
+	delete(m.charged[ev.Session], ev.Forget)
+	for _, ch := range ev.Charges {
+		for _, a := range m.chain(ev.Node) {
+			m.count(m.used, "used", a, ch.Resource, -ch.Amount)
+		}
 	}
 }
 

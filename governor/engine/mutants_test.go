@@ -154,6 +154,8 @@ var mutants = []mutant{
 		"level: bv.Level, acc: bv.Acc, stamp: bv.Stamp}", "level: bv.Level, stamp: bv.Stamp}", `replay from (mid-run|final) snapshot|I26 rates`},
 	{"a refill that wraps past 2^64 unit-ns", "rate.go",
 		"\tif hi >= per { // at least 2^64 units: full\n\t\treturn size, 0\n\t}\n", "\thi %= per\n", `I26 rates|node \d+ rate .*: engine holds|I27`},
+	{"a charge given back as if made now", "giveback.go",
+		"e.undoCharge(s, n, charges, r.RequestID, res.chargedAt, now)", "e.undoCharge(s, n, charges, r.RequestID, now, now)", `gives back .* charged at`},
 	// Waiting for a rate (ratewait.go).
 	{"a charge given up at its grant keeps its tokens", "event.go",
 		"\tn.takeRates(ev.Charges, ev.At, -1)\n\tif s := e.sessions[ev.Session]", "\tif s := e.sessions[ev.Session]", `I30 rate waiters`},

@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -111,27 +113,29 @@ func (w *world) checkCounters() {
 
 // reserveInvalid says whether the model refuses req by session sid as
 // invalid: a count below zero or nothing asked, an exact reservation that
-// settles, a settlement of more than the session holds, an exact one that
-// would overflow, or a top-up where a counter can hold nothing more.
-func (w *world) reserveInvalid(sid SessionID, req ReserveRequest) bool {
+// settles, a settlement of more than the session holds, or an exact one
+// that would overflow; and whether it overflows: a top-up where a counter
+// can hold nothing more, which must be refused unless it reserves nothing
+// (a rated resource with no slice to come).
+func (w *world) reserveInvalid(sid SessionID, req ReserveRequest) (invalid, overflows bool) {
 	m := w.m
 	switch have := m.reservations[modelRes{sid, req.Node, req.Resource}]; {
 	case req.Spent < 0 || req.Return < 0 || req.Want < 0,
 		req.Spent == 0 && req.Return == 0 && req.Want == 0,
 		req.Exact && (req.Spent != 0 || req.Return != 0),
 		req.Spent > have || req.Return > have-req.Spent:
-		return true
+		return true, false
 	case req.Want == 0:
-		return false
+		return false, false
 	case req.Exact:
-		return m.quotaOverflows(req.Node, req.Resource, req.Want, false)
+		return m.quotaOverflows(req.Node, req.Resource, req.Want, false), false
 	}
 	for _, a := range m.chain(req.Node) {
 		if !m.rootSaturates(a, false, req.Resource) && m.used[a][req.Resource]+m.reserved[a][req.Resource]-req.Return >= math.MaxInt64 {
-			return true
+			return false, true // a top-up with no room for one unit
 		}
 	}
-	return false
+	return false, false
 }
 
 // blockInvalid says whether the model refuses req by session sid as
@@ -202,13 +206,56 @@ func (w *world) giveBackOp() {
 	got, err := w.e.GiveBack(sid, AcquireRequest{Node: ml.node, Class: ml.class, Charges: charges}, id)
 	what := fmt.Sprintf("give back s%d l%d %v (honest %v) -> l%d", sid, id, charges, honest, got)
 	w.expect(what, before, err, ErrInvalid)
-	w.checkHostile(what, err, !honest)
+	// A lease its node's end took on the way has nothing to give back,
+	// whatever the charges named.
+	_, live := w.m.leases[id]
+	w.checkHostile(what, err, !honest && (live || err != nil))
 	// An honest give-back ends the lease, unless its session or node ended
 	// it on the way; any other gives back nothing.
-	if _, live := w.m.leases[id]; (got != 0 && (live || !honest)) || (got == 0 && honest && live) {
+	if (got != 0 && (live || !honest)) || (got == 0 && honest && live) {
 		w.fail("%s: %v, and the model holds lease %d live: %v", what, err, id, live)
 	}
 	if got != 0 {
 		delete(w.held, id)
+	}
+}
+
+// chargeReq is a charge without a lease a session was granted.
+type chargeReq struct {
+	sid SessionID
+	req AcquireRequest
+}
+
+// giveBackChargedOp is, now and then, a session giving back a charge it
+// was granted without a lease, as a server does for a caller that went
+// away or abandons the request (Engine.GiveBackCharged, by request id):
+// undone whole when the model says the session remembers the request and
+// its node is kept, else nothing; and with other charges, a reuse of the
+// request id. It draws from hrng, in every seed.
+func (w *world) giveBackChargedOp() {
+	if w.hrng.Intn(30) != 0 || len(w.charges) == 0 {
+		return
+	}
+	i := w.hrng.Intn(len(w.charges))
+	c := w.charges[i]
+	req := c.req
+	honest := w.hrng.Intn(3) != 0
+	if !honest {
+		req.Charges = maps.Clone(req.Charges)
+		for r, a := range req.Charges {
+			req.Charges[r] = otherAmount(a)
+		}
+	}
+	want := honest && w.m.GivesBackCharge(c.sid, req.RequestID)
+	before := w.e.Seq()
+	given, err := w.e.GiveBackCharged(c.sid, req)
+	what := fmt.Sprintf("give back the charge of s%d %q %v (honest %v) -> %v", c.sid, req.RequestID, req.Charges, honest, given)
+	w.expect(what, before, err, ErrInvalid, ErrRequestIDReused)
+	if err == nil && given != want {
+		w.fail("%s: the model says %v", what, want)
+	}
+	if given {
+		w.tally.chargesGivenBack++
+		w.charges = slices.Delete(w.charges, i, i+1)
 	}
 }

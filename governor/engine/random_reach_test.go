@@ -41,6 +41,9 @@ type coverage struct {
 	// cancelledAtGrant counts waits given up after their grant arrived and
 	// before their caller took it (the race CancelWait undoes).
 	cancelledAtGrant int
+	// chargesGivenBack counts charges without a lease undone whole by
+	// GiveBackCharged.
+	chargesGivenBack int
 }
 
 // reached sums the coverage of the histories of one run.
@@ -90,6 +93,7 @@ func (r *reached) add(w *world) {
 	r.sum.slicesGivenBack += c.slicesGivenBack
 	r.sum.slicesTermed += c.slicesTermed
 	r.sum.cancelledAtGrant += c.cancelledAtGrant
+	r.sum.chargesGivenBack += c.chargesGivenBack
 	r.seeds++
 }
 
@@ -123,6 +127,7 @@ func (r *reached) check(t *testing.T) {
 		{"a slice of a rate given back", r.sum.slicesGivenBack},
 		{"a slice of a rate ended at its term", r.sum.slicesTermed},
 		{"a wait given up at the instant of its grant", r.sum.cancelledAtGrant},
+		{"a charge without a lease given back whole", r.sum.chargesGivenBack},
 	} {
 		if c.n == 0 {
 			t.Errorf("none of %d histories reached %s: the driver no longer drives what its checks check", r.seeds, c.what)

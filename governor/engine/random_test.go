@@ -59,6 +59,7 @@ func TestRandomized(t *testing.T) {
 				w.policyOp()
 				w.shadowOp()
 				w.giveBackOp()
+				w.giveBackChargedOp()
 				w.deepOp()
 				w.agingOp()
 				w.dryRunOp()
@@ -146,6 +147,9 @@ type world struct {
 	nodes    []NodeID
 	gone     []NodeID // reclaimed
 	held     map[LeaseID]SessionID
+	// charges are the charges without a lease granted, by session, for
+	// GiveBackCharged (random_hostile_test.go).
+	charges  []chargeReq
 	waits    []*pending
 	requests []doneRequest
 	nextReq  int
@@ -1064,6 +1068,8 @@ func (w *world) acquireOp(sid SessionID, before uint64) {
 	}
 	if g.Lease != 0 {
 		w.held[g.Lease] = sid
+	} else {
+		w.charges = append(w.charges, chargeReq{sid, AcquireRequest{Node: n, Charges: charges, RequestID: rid, Write: write}})
 	}
 	w.remember(sid, rid, fmt.Sprint(g.Lease), func(id string, differ bool) (string, error) {
 		c := class
@@ -1189,13 +1195,17 @@ func (w *world) reserveOp(sid SessionID, before uint64) {
 func (w *world) reserve(sid SessionID, req ReserveRequest, before uint64) {
 	e := w.e
 	k := modelRes{sid, req.Node, req.Resource}
-	invalid := w.reserveInvalid(sid, req)
+	invalid, overflows := w.reserveInvalid(sid, req)
 	held := w.e.sessions[sid] != nil && w.e.sessions[sid].slices[resKey{req.Node, req.Resource}] != nil
 	expect := w.m.expectedSlice(req.Node, req.Resource, w.clock.Now().UnixNano())
 	res, err := e.Reserve(sid, req)
 	what := fmt.Sprintf("reserve s%d %+v: %+v", sid, req, res)
 	w.expect(what, before, err, ErrQuotaExhausted, ErrTaskEnded, ErrRecalling, ErrBound, ErrInvalid, ErrRateLimited)
-	w.checkHostile(what, err, invalid)
+	// A top-up of a rated resource with no slice to come reserves nothing,
+	// so a want that would overflow a counter is no fault (checkRated
+	// checks the slice decision).
+	nothing := err == nil && res.Rated && res.Slice == nil && res.Granted == 0
+	w.checkHostile(what, err, invalid || overflows && !nothing)
 	w.checkBoundRefusal(what, err, req.Node, []string{req.Resource}, nil, false)
 	asked := int64(1) // a top-up is refused only when not one unit fits
 	if req.Exact {

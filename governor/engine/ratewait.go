@@ -270,9 +270,15 @@ func (e *Engine) giveBackCharge(w *waiter) {
 	if e.sessions[w.session.id] != w.session || e.nodes[w.node.id] != w.node {
 		return
 	}
-	e.emit(Event{Kind: EvCharged, At: now, Session: w.session.id, Node: w.node.id, Charges: w.charges,
-		Forget: w.requestID, GivenBack: true, ChargedAt: w.chargedAt})
-	e.dispatchRatesAfter()
+	e.undoCharge(w.session, w.node, w.charges, w.requestID, w.chargedAt, now)
+}
+
+// undoCharge refunds charges made on n at chargedAt, a grant without a
+// lease that its caller never learned of, and makes s forget requestID.
+func (e *Engine) undoCharge(s *session, n *node, charges []Charge, requestID string, chargedAt, now int64) {
+	e.emit(Event{Kind: EvCharged, At: now, Session: s.id, Node: n.id, Charges: charges,
+		Forget: requestID, GivenBack: true, ChargedAt: chargedAt})
+	e.dispatchRatesAfter() // the tokens given back may let a rate waiter fit
 }
 
 // aheadOf is what the rate waiters on or below a ask of r: what a charge

@@ -250,6 +250,10 @@ type requestResult struct {
 	node        NodeID
 	lease       LeaseID
 	amount      int64 // what a block or reservation request granted
+	// chargedAt is when a request without a lease charged (its
+	// EvCharged), so that GiveBackCharged refunds the window it spent in;
+	// 0 when it took a lease, or was remembered before this was kept.
+	chargedAt int64
 }
 
 // requestMemory holds a session's last RequestMemory request ids.

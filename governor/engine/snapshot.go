@@ -53,6 +53,9 @@ type RequestSnapshot struct {
 	Node        NodeID  `json:",omitempty"`
 	Lease       LeaseID `json:",omitempty"`
 	Amount      int64   `json:",omitempty"`
+	// ChargedAt is when a request without a lease charged (0 for one
+	// that took a lease, or written by an older governord).
+	ChargedAt int64 `json:",omitempty"`
 }
 
 // LeaseSnapshot is a live lease.
@@ -147,7 +150,8 @@ func (e *Engine) SnapshotPausing(pause func()) Snapshot {
 		ss := SessionSnapshot{ID: s.id, Scope: s.scope.id, Token: s.token, TTL: s.ttl}
 		for _, id := range s.requests.ids() {
 			r := s.requests.byID[id]
-			ss.Requests = append(ss.Requests, RequestSnapshot{ID: id, Fingerprint: r.fingerprint, Node: r.node, Lease: r.lease, Amount: r.amount})
+			ss.Requests = append(ss.Requests, RequestSnapshot{ID: id, Fingerprint: r.fingerprint, Node: r.node, Lease: r.lease, Amount: r.amount,
+				ChargedAt: r.chargedAt})
 		}
 		for _, res := range s.sortedReservations() {
 			ss.Reservations = append(ss.Reservations, ReservationSnapshot{Node: res.node.id, Resource: res.resource, Amount: res.amount})
@@ -337,7 +341,8 @@ func restoreSessions(snap Snapshot, nodes map[NodeID]*node, now int64) (map[Sess
 		s := &session{id: ss.ID, scope: scope, token: ss.Token, ttl: ss.TTL, expires: expiry(now, ss.TTL),
 			leases: make(map[LeaseID]*lease)}
 		for _, r := range ss.Requests {
-			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount})
+			s.requests.add(r.ID, requestResult{fingerprint: r.Fingerprint, node: r.Node, lease: r.Lease, amount: r.Amount,
+				chargedAt: r.ChargedAt})
 		}
 		for _, rs := range ss.Reservations {
 			n := nodes[rs.Node]
