@@ -183,6 +183,7 @@ type Engine struct {
 	rateWaiting     int
 	rateDue         int64
 	rateDispatching bool
+	rateAgain       bool // a nested dispatchRates asked the outer one to go round again
 	replaying       bool // Apply is running: tell nobody anything
 }
 

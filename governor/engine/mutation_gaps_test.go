@@ -1285,3 +1285,107 @@ func TestFingerprintsAreStable(t *testing.T) {
 		}
 	}
 }
+
+// Gaps the run of December 5 over ratewait.go found.
+
+// A rate waiter whose quota was spent while it waited (here: lowered to
+// what is used) fails with the denial, as a tenant's session sees it:
+// the largest consumer of a shared node above its scope, another
+// tenant's, is named only as another tenant.
+func TestRateWaiterDeniedAtItsTurnSeesOnlyItsScope(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Rates: map[string]Rate{"calls": perSecond(10, 3)}, Quotas: map[string]int64{"calls": 100}})
+	f.consume(f.sB, f.otherJob, "calls", 2)
+	f.consume(f.sA, f.job, "calls", 1) // the bucket is empty
+	w := f.waitCall(f.job, "")
+	if w == nil {
+		t.Fatal("the charge did not wait")
+	}
+	f.setCaps(RootID, CapsEdit{Quotas: map[string]int64{"calls": 3}}) // spent while it waits
+	f.clock.Advance(100 * time.Millisecond)
+	f.e.Reap()
+	var o Outcome
+	select {
+	case o = <-w.C:
+	default:
+		t.Fatal("the waiter was neither granted nor failed at its turn")
+	}
+	var d *Denial
+	if !errors.As(o.Err, &d) || d.Node != RootID {
+		t.Fatalf("the waiter got %+v; want the root's denial", o)
+	}
+	if d.Largest != (Consumer{Name: OtherTenant}) {
+		t.Fatalf("the denial names %+v as its largest consumer to a session scoped to acme; want %q only", d.Largest, OtherTenant)
+	}
+}
+
+// A rate waiter whose resource is new to its tenant, when the tenant's
+// bound on resource names filled up while it waited, fails with the bound
+// at its turn rather than take a name past it.
+func TestRateWaiterMeetsABoundFilledWhileItWaits(t *testing.T) {
+	f := newRetentionFixture(t, func(c *Config) { c.TenantBounds = map[string]Bounds{"acme": {Resources: 2}} })
+	f.setCaps(RootID, CapsEdit{Rates: map[string]Rate{"calls": perSecond(10, 1)}})
+	f.consume(f.sA, f.job, "a", 1)
+	other := f.open(RootID, longTTL)
+	otherTenant := f.create(System, RootID, NodeSpec{Name: "other"})
+	f.consume(other, otherTenant, "calls", 1) // the bucket is empty
+	_, w, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job, Charges: map[string]int64{"calls": 1}, WaitRate: true})
+	if err != nil || w == nil {
+		t.Fatalf("a waiting charge of a second name: %v, %v", w, err)
+	}
+	f.consume(f.sA, f.job, "b", 1) // the second name, while it waits
+	f.clock.Advance(100 * time.Millisecond)
+	f.e.Reap()
+	var o Outcome
+	select {
+	case o = <-w.C:
+	default:
+		t.Fatal("the waiter was neither granted nor failed at its turn")
+	}
+	var be *BoundError
+	if !errors.As(o.Err, &be) || be.Bound != BoundResources {
+		t.Fatalf("the waiter got %+v; want max_resources", o)
+	}
+	if v := f.node(f.acme); len(v.Used) != 2 {
+		t.Fatalf("acme uses %v: more names than its bound", v.Used)
+	}
+}
+
+// A rate waiter held up only by a slot, in one rate's queue, is granted in
+// the same dispatch in which a waiter of another rate's queue, found with
+// its session expired, ends that session and so frees the slot: the
+// dispatch goes round again rather than wait for the next reap.
+func TestRateDispatchGoesRoundAgainWhenASessionEndsInIt(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Rates: map[string]Rate{"a": perSecond(10, 1), "b": perSecond(10, 1)}})
+	f.setCaps(f.job, CapsEdit{Limits: map[string]int64{"db": 1}})
+	short := f.open(f.acme, time.Second)
+	if _, _, err := f.e.Acquire(short, AcquireRequest{Node: f.job, Class: "db"}); err != nil {
+		t.Fatal(err) // the slot, held by the session that will expire
+	}
+	f.consume(f.sA, f.job, "a", 1)
+	f.consume(f.sA, f.job, "b", 1)
+	_, x, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job, Class: "db", Charges: map[string]int64{"a": 1}, WaitRate: true})
+	if err != nil || x == nil {
+		t.Fatalf("the waiter for a and the slot: %v, %v", x, err)
+	}
+	_, y, err := f.e.Acquire(short, AcquireRequest{Node: f.job2, Charges: map[string]int64{"b": 1}, WaitRate: true})
+	if err != nil || y == nil {
+		t.Fatalf("the waiter for b: %v, %v", y, err)
+	}
+	f.clock.Advance(2 * time.Second)                   // the short session has expired, unreaped
+	if _, err := f.e.Get(System, f.acme); err != nil { // its tick dispatches the rate queues
+		t.Fatal(err)
+	}
+	if o := <-y.C; !errors.Is(o.Err, ErrSessionExpired) && !errors.Is(o.Err, ErrUnauthenticated) {
+		t.Fatalf("the expired session's waiter got %+v", o)
+	}
+	select {
+	case o := <-x.C:
+		if o.Err != nil || o.Grant.Lease == 0 {
+			t.Fatalf("the waiter for a and the slot got %+v", o)
+		}
+	default:
+		t.Fatal("the waiter for a and the slot was not granted when the expired session's end freed the slot")
+	}
+}

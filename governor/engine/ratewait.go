@@ -156,18 +156,30 @@ func (e *Engine) queueForRate(w waiter, err error, now int64) (Grant, *Wait, err
 
 // dispatchRates grants rate waiters in turn while they fit, queue by
 // queue in resource order, and notes when one may fit next. A nested
-// call (a grant that ends a node) is left to the outer one, which goes on.
+// call (a waiter found with its session expired, whose end frees slots
+// and so dispatches) is left to the outer one, which goes round the
+// queues again: a queue it has passed may hold a waiter that now fits.
 func (e *Engine) dispatchRates(now int64) {
-	if e.rateWaiting == 0 || e.rateDispatching {
+	if e.rateWaiting == 0 {
+		return
+	}
+	if e.rateDispatching {
+		e.rateAgain = true
 		return
 	}
 	e.rateDispatching = true
 	defer func() { e.rateDispatching = false }()
-	due := int64(math.MaxInt64)
-	for _, r := range slices.Sorted(maps.Keys(e.rateQueues)) {
-		due = min(due, e.dispatchRate(e.rateQueues[r], now))
+	for {
+		e.rateAgain = false
+		due := int64(math.MaxInt64)
+		for _, r := range slices.Sorted(maps.Keys(e.rateQueues)) {
+			due = min(due, e.dispatchRate(e.rateQueues[r], now))
+		}
+		if !e.rateAgain {
+			e.rateDue = due
+			return
+		}
 	}
-	e.rateDue = due
 }
 
 // dispatchRate grants q's waiters in weighted round robin while any fits,
