@@ -1389,3 +1389,42 @@ func TestRateDispatchGoesRoundAgainWhenASessionEndsInIt(t *testing.T) {
 		t.Fatal("the waiter for a and the slot was not granted when the expired session's end freed the slot")
 	}
 }
+
+// The rate queues are dispatched after the outermost dispatch of leases,
+// not inside a nested one: a slot freed on the way (a waiter's session
+// found expired, its leases ended) goes to the lease queue's waiter, as
+// it would with no rate waiter, and a rate waiter held up only by that
+// slot waits for the next.
+func TestRateQueuesAfterTheOutermostLeaseDispatch(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(RootID, CapsEdit{Rates: map[string]Rate{"a": perSecond(10, 1)}})
+	f.setCaps(f.job, CapsEdit{Limits: map[string]int64{"db": 1, "http": 1}})
+	db := f.acquire(f.sA, f.job, "db")
+	short := f.open(f.acme, time.Second)
+	f.acquire(short, f.job, "http")
+	expiring := f.enqueue(short, f.job, "db") // found expired at its turn
+	f.consume(f.sA, f.job, "a", 1)
+	_, rated, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job, Class: "http", Charges: map[string]int64{"a": 1}, WaitRate: true})
+	if err != nil || rated == nil {
+		t.Fatalf("the rate waiter: %v, %v", rated, err)
+	}
+	leased := f.enqueue(f.sA, f.job, "http")
+	f.clock.Advance(2 * time.Second) // the short session has expired; a's token is there
+	f.release(f.sA, db)
+	if o := <-expiring.C; o.Err == nil {
+		t.Fatalf("the expired session's waiter got %+v", o)
+	}
+	select {
+	case o := <-leased.C:
+		if o.Err != nil {
+			t.Fatalf("the lease waiter got %+v", o)
+		}
+	default:
+		t.Fatal("the lease waiter did not get the slot the expired session freed")
+	}
+	select {
+	case o := <-rated.C:
+		t.Fatalf("the rate waiter got %+v, inside the lease dispatch", o)
+	default:
+	}
+}
