@@ -1428,3 +1428,85 @@ func TestRateQueuesAfterTheOutermostLeaseDispatch(t *testing.T) {
 	default:
 	}
 }
+
+// Gaps the run of December 5 over slice.go found.
+
+// A slice renews while its buckets are carved at most half: at exactly
+// half of the refill and of the size (a rate lowered under a live slice
+// can bring them there), it is renewed.
+func TestSliceRenewsCarvedAtExactlyHalf(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}})
+	res := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
+	if res.Slice == nil || res.Slice.Rate.Units != 10 || res.Slice.Rate.Burst != 10 {
+		t.Fatalf("the slice %+v; want 10/s, burst 10", res.Slice)
+	}
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(20, 0)}}) // carved 10 of 20, 10 of 20
+	f.clock.Advance(time.Second)
+	res = f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
+	if res.Slice == nil || res.Slice.Left != SliceTerm {
+		t.Fatalf("a top-up with the buckets carved at exactly half: %+v slice %+v; want the slice renewed", res, res.Slice)
+	}
+}
+
+// A replayed slice with a bad rate (one that does not validate, a removed
+// one, no burst) is corrupt, refused without a change.
+func TestApplyCorruptSliceIsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}})
+	f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
+	last := len(f.rec.events) - 1
+	ev := f.rec.events[last]
+	if ev.Kind != EvReserved || ev.Slice == nil {
+		t.Fatalf("the last event %+v is no slice's", ev)
+	}
+	for name, r := range map[string]Rate{
+		"of no units":    {Units: 0, Per: int64(time.Second), Burst: 1},
+		"a removed rate": {Units: NoCap},
+		"with no burst":  {Units: 10, Per: int64(time.Second)},
+		"with no period": {Units: 10, Burst: 10},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before []Event
+			jsonCopy(t, f.rec.events[:last], &before)
+			if err := e.Apply(before...); err != nil {
+				t.Fatal(err)
+			}
+			bad := ev
+			g := *ev.Slice
+			g.Rate = r
+			bad.Slice = &g
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(bad) }), ErrCorrupt)
+		})
+	}
+	// A renewal of a slice the session does not hold, of another, or one
+	// that carves again, is corrupt too.
+	id := ev.Seq
+	for name, g := range map[string]SliceGrant{
+		"a renewal of a slice not held": {ID: id, Rate: ev.Slice.Rate, Until: ev.Slice.Until},
+		"a renewal of another slice":    {ID: id + 1, Rate: ev.Slice.Rate, Until: ev.Slice.Until},
+		"a renewal that carves":         {ID: id, Rate: ev.Slice.Rate, Until: ev.Slice.Until, Carves: ev.Slice.Carves},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			upTo := last + 1 // with the slice
+			if name == "a renewal of a slice not held" {
+				upTo = last
+			}
+			var before []Event
+			jsonCopy(t, f.rec.events[:upTo], &before)
+			if err := e.Apply(before...); err != nil {
+				t.Fatal(err)
+			}
+			renew := Event{Seq: e.Seq() + 1, Kind: EvReserved, At: ev.At, Session: ev.Session, Node: ev.Node, Resource: ev.Resource, Amount: 1, Slice: &g}
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(renew) }), ErrCorrupt)
+		})
+	}
+}

@@ -319,13 +319,18 @@ func (e *Engine) applyReserved(ev *Event) error {
 	if settled > s.reservedOn(n.id, ev.Resource) {
 		return fmt.Errorf("%w: session %d settles %d units of %s on node %d, more than it holds", ErrCorrupt, ev.Session, settled, ev.Resource, ev.Node)
 	}
+	if ev.Slice != nil {
+		if err := e.checkSlice(s, n, ev); err != nil {
+			return err // before anything of ev applies
+		}
+	}
 	for a := n; a != nil; a = a.parent {
 		a.quota.at(ev.Resource).shift(ev.Spent, ev.Amount-settled, a.isRoot())
 	}
 	if ev.Slice == nil {
 		n.takeRate(ev.Resource, ev.Amount, ev.At)
-	} else if err := e.applySlice(s, n, ev); err != nil {
-		return err
+	} else {
+		e.applySlice(s, n, ev)
 	}
 	if res == nil {
 		if ev.Amount == 0 {

@@ -194,17 +194,44 @@ func (s *session) sliceView(node NodeID, r string, now int64) *Slice {
 	return &Slice{ID: sl.id, Rate: sl.rate, Until: sl.until, Left: time.Duration(max(0, sl.until-now))}
 }
 
-// applySlice grants or renews the slice of ev (an EvReserved) on n.
-func (e *Engine) applySlice(s *session, n *node, ev *Event) error {
+// checkSlice refuses the slice of ev (an EvReserved) on n when it is
+// corrupt, before anything of ev applies: a bad rate, a renewal of a slice
+// not held, a second slice, or a carve of no bucket on the chain, of one
+// bucket twice, or of more than a bucket holds.
+func (e *Engine) checkSlice(s *session, n *node, ev *Event) error {
 	g, key := ev.Slice, resKey{n.id, ev.Resource}
 	if err := g.Rate.validate("slice"); err != nil || g.Rate.Units == NoCap || g.Rate.Burst < 1 {
 		return fmt.Errorf("%w: slice of %s on node %d: bad rate %+v", ErrCorrupt, ev.Resource, n.id, g.Rate)
 	}
 	if g.ID != 0 {
-		sl := s.slices[key]
-		if sl == nil || sl.id != g.ID || len(g.Carves) != 0 {
+		if sl := s.slices[key]; sl == nil || sl.id != g.ID || len(g.Carves) != 0 {
 			return fmt.Errorf("%w: renewal of slice %d of %s on node %d not held", ErrCorrupt, g.ID, ev.Resource, n.id)
 		}
+		return nil
+	}
+	if s.slices[key] != nil || e.slices[ev.Seq] != nil {
+		return fmt.Errorf("%w: session %d holds a slice of %s on node %d already", ErrCorrupt, s.id, ev.Resource, n.id)
+	}
+	for i, c := range g.Carves {
+		a := e.nodes[c.Node]
+		if a == nil || !n.within(a) || a.rates[ev.Resource] == nil || c.Units < 1 ||
+			slices.ContainsFunc(g.Carves[:i], func(d SliceCarve) bool { return d.Node == c.Node }) {
+			return fmt.Errorf("%w: slice carves %s on node %d", ErrCorrupt, ev.Resource, c.Node)
+		}
+		b := a.rates[ev.Resource]
+		if lv, _ := b.at(ev.At); lv < g.Rate.Burst || b.carved > math.MaxInt64-c.Units {
+			return fmt.Errorf("%w: slice carves %d of %s on node %d holding %d", ErrCorrupt, g.Rate.Burst, ev.Resource, c.Node, lv)
+		}
+	}
+	return nil
+}
+
+// applySlice grants or renews the slice of ev (an EvReserved) on n, which
+// checkSlice has found sound.
+func (e *Engine) applySlice(s *session, n *node, ev *Event) {
+	g, key := ev.Slice, resKey{n.id, ev.Resource}
+	if g.ID != 0 {
+		sl := s.slices[key]
 		sl.until = max(sl.until, g.Until)
 		sl.eachBucket(func(b *bucket) {
 			if c, ok := b.carves[sl.id]; ok {
@@ -212,27 +239,16 @@ func (e *Engine) applySlice(s *session, n *node, ev *Event) error {
 				b.carves[sl.id] = c
 			}
 		})
-		return nil
-	}
-	if s.slices[key] != nil || e.slices[ev.Seq] != nil {
-		return fmt.Errorf("%w: session %d holds a slice of %s on node %d already", ErrCorrupt, s.id, ev.Resource, n.id)
+		return
 	}
 	for _, c := range g.Carves {
-		a := e.nodes[c.Node]
-		if a == nil || !n.within(a) || a.rates[ev.Resource] == nil || c.Units < 1 {
-			return fmt.Errorf("%w: slice carves %s on node %d", ErrCorrupt, ev.Resource, c.Node)
-		}
-		b := a.rates[ev.Resource]
+		b := e.nodes[c.Node].rates[ev.Resource]
 		b.level, b.acc = b.at(ev.At)
 		b.stamp = max(b.stamp, ev.At)
-		if b.level < g.Rate.Burst || b.carved > math.MaxInt64-c.Units {
-			return fmt.Errorf("%w: slice carves %d of %s on node %d holding %d", ErrCorrupt, g.Rate.Burst, ev.Resource, c.Node, b.level)
-		}
 		b.level -= g.Rate.Burst
 		b.addCarve(ev.Seq, carve{units: c.Units, burst: g.Rate.Burst, until: g.Until})
 	}
 	e.addSlice(&slice{id: ev.Seq, session: s, node: n, resource: ev.Resource, rate: g.Rate, until: g.Until})
-	return nil
 }
 
 func (e *Engine) addSlice(sl *slice) {
