@@ -1454,6 +1454,8 @@ func TestSliceRenewsCarvedAtExactlyHalf(t *testing.T) {
 func TestApplyCorruptSliceIsRefused(t *testing.T) {
 	f := newFixture(t)
 	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}})
+	f.setCaps(f.other, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}}) // a bucket off the chain
+	sA2 := f.open(f.acme, longTTL)
 	f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
 	last := len(f.rec.events) - 1
 	ev := f.rec.events[last]
@@ -1483,6 +1485,49 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 			wantErr(t, unchanged(t, e, func() error { return e.Apply(bad) }), ErrCorrupt)
 		})
 	}
+	// A carve of no node, of a node off the chain or with no bucket, of
+	// nothing, of one bucket twice, or a burst past what the bucket holds.
+	acme := ev.Slice.Carves[0]
+	for name, g := range map[string]SliceGrant{
+		"a carve of no node":     {Carves: []SliceCarve{{Node: noSuch, Units: 1}}},
+		"a carve off the chain":  {Carves: []SliceCarve{{Node: f.other, Units: 1}}},
+		"a carve of no bucket":   {Carves: []SliceCarve{{Node: f.job, Units: 1}}},
+		"a carve of nothing":     {Carves: []SliceCarve{{Node: acme.Node, Units: 0}}},
+		"a bucket carved twice":  {Carves: []SliceCarve{acme, acme}},
+		"a burst past the level": {Rate: Rate{Units: 10, Per: int64(time.Second), Burst: 41}, Carves: []SliceCarve{acme}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before []Event
+			jsonCopy(t, f.rec.events[:last], &before)
+			if err := e.Apply(before...); err != nil {
+				t.Fatal(err)
+			}
+			if g.Rate == (Rate{}) {
+				g.Rate = ev.Slice.Rate
+			}
+			g.Until = ev.Slice.Until
+			bad := ev
+			bad.Slice = &g
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(bad) }), ErrCorrupt)
+		})
+	}
+	// A second session's slice whose carve would take the bucket's carved
+	// refill past MaxInt64.
+	t.Run("carves past MaxInt64", func(t *testing.T) {
+		e := f.rebuild(t, wayReplay)
+		g := SliceGrant{Rate: Rate{Units: 1, Per: int64(time.Second), Burst: 1}, Until: ev.Slice.Until,
+			Carves: []SliceCarve{{Node: acme.Node, Units: math.MaxInt64}}}
+		over := Event{Seq: e.Seq() + 1, Kind: EvReserved, At: ev.At, Session: sA2, Node: f.job2, Resource: "calls", Amount: 1, Slice: &g}
+		wantErr(t, unchanged(t, e, func() error { return e.Apply(over) }), ErrCorrupt)
+		g.Carves[0].Units = math.MaxInt64 - ev.Slice.Carves[0].Units // to exactly MaxInt64: it fits
+		if err := e.Apply(over); err != nil {
+			t.Errorf("a carve to exactly MaxInt64: %v", err)
+		}
+	})
 	// A renewal of a slice the session does not hold, of another, or one
 	// that carves again, is corrupt too.
 	id := ev.Seq
