@@ -1528,6 +1528,43 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 			t.Errorf("a carve to exactly MaxInt64: %v", err)
 		}
 	})
+	// A second slice where the session holds one, and a slice whose burst
+	// is all the bucket holds (that one applies).
+	t.Run("a second slice", func(t *testing.T) {
+		e := f.rebuild(t, wayReplay)
+		again := ev
+		again.Seq = e.Seq() + 1
+		wantErr(t, unchanged(t, e, func() error { return e.Apply(again) }), ErrCorrupt)
+	})
+	t.Run("a burst of all the level", func(t *testing.T) {
+		e, err := New(Config{Clock: f.clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var before []Event
+		jsonCopy(t, f.rec.events[:last], &before)
+		if err := e.Apply(before...); err != nil {
+			t.Fatal(err)
+		}
+		g := *ev.Slice
+		g.Rate.Burst = 40 // what acme's bucket holds
+		all := ev
+		all.Slice = &g
+		if err := e.Apply(all); err != nil {
+			t.Errorf("a slice whose burst is the bucket's level: %v", err)
+		}
+	})
+	// The end of a slice not held, by a session not open.
+	for name, end := range map[string]Event{
+		"the end of a slice not held": {Session: sA2, Node: f.job2, Resource: "calls"},
+		"the end by no session":       {Session: noSuch, Node: f.job, Resource: "calls"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := f.rebuild(t, wayReplay)
+			end.Seq, end.At, end.Kind = e.Seq()+1, ev.At, EvSliceEnded
+			wantErr(t, unchanged(t, e, func() error { return e.Apply(end) }), ErrCorrupt)
+		})
+	}
 	// A renewal of a slice the session does not hold, of another, or one
 	// that carves again, is corrupt too.
 	id := ev.Seq
@@ -1552,6 +1589,64 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 			}
 			renew := Event{Seq: e.Seq() + 1, Kind: EvReserved, At: ev.At, Session: ev.Session, Node: ev.Node, Resource: ev.Resource, Amount: 1, Slice: &g}
 			wantErr(t, unchanged(t, e, func() error { return e.Apply(renew) }), ErrCorrupt)
+		})
+	}
+}
+
+// A snapshot's slices are restored only when each is sound: on a node,
+// with an id of an event the snapshot holds (the last one's included),
+// one slice per id and per session, node and resource, and a good rate.
+func TestRestoreRefusesCorruptSlices(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}})
+	f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
+	snap := f.e.Snapshot()
+	i := slices.IndexFunc(snap.Sessions, func(ss SessionSnapshot) bool { return len(ss.Slices) > 0 })
+	if i < 0 || snap.Sessions[i].Slices[0].ID != snap.Seq {
+		t.Fatalf("the snapshot's slices %+v at seq %d; want one granted by its last event", snap.Sessions, snap.Seq)
+	}
+	if e, _ := New(Config{Clock: f.clock}); e.Restore(cloneSnapshot(t, snap)) != nil {
+		t.Fatal("a snapshot taken at a slice's grant does not restore")
+	}
+	// renumber gives the slice, and the buckets' carves of it, another id:
+	// only the slice's own checks can then find it wrong.
+	renumber := func(to uint64) func(*Snapshot, *SliceSnapshot, *SessionSnapshot) {
+		return func(sn *Snapshot, v *SliceSnapshot, _ *SessionSnapshot) {
+			for j := range sn.Nodes {
+				if b, ok := sn.Nodes[j].Rates["calls"]; ok {
+					for k := range b.Carves {
+						if b.Carves[k].Slice == v.ID {
+							b.Carves[k].Slice = to
+						}
+					}
+				}
+			}
+			v.ID = to
+		}
+	}
+	for name, spoil := range map[string]func(*Snapshot, *SliceSnapshot, *SessionSnapshot){
+		"on no node":    func(_ *Snapshot, v *SliceSnapshot, _ *SessionSnapshot) { v.Node = noSuch },
+		"of id 0":       renumber(0),
+		"of a later id": renumber(snap.Seq + 1),
+		"twice":         func(_ *Snapshot, v *SliceSnapshot, ss *SessionSnapshot) { ss.Slices = append(ss.Slices, *v) },
+		"twice on one key": func(_ *Snapshot, v *SliceSnapshot, ss *SessionSnapshot) {
+			w := *v
+			w.ID--
+			ss.Slices = append(ss.Slices, w)
+		},
+		"of a bad rate":     func(_ *Snapshot, v *SliceSnapshot, _ *SessionSnapshot) { v.Rate.Per = 0 },
+		"of a removed rate": func(_ *Snapshot, v *SliceSnapshot, _ *SessionSnapshot) { v.Rate = Rate{Units: NoCap} },
+		"of no burst":       func(_ *Snapshot, v *SliceSnapshot, _ *SessionSnapshot) { v.Rate.Burst = 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := cloneSnapshot(t, snap)
+			ss := &bad.Sessions[i]
+			spoil(&bad, &ss.Slices[0], ss)
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantErr(t, e.Restore(bad), ErrCorrupt)
 		})
 	}
 }
