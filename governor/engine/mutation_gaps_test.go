@@ -1650,3 +1650,42 @@ func TestRestoreRefusesCorruptSlices(t *testing.T) {
 		})
 	}
 }
+
+// A slice of the smallest burst, 1, restores; a bucket's carve by a live
+// slice of another resource, or by one not below the bucket's node, is
+// corrupt.
+func TestRestoreSliceCarvesAndBursts(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(4, 0), "x": perSecond(4, 0)}})
+	f.setCaps(f.other, CapsEdit{Rates: map[string]Rate{"calls": perSecond(4, 0)}})
+	res := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 1})
+	if res.Slice == nil || res.Slice.Rate.Burst != 1 {
+		t.Fatalf("the slice %+v; want a burst of 1", res.Slice)
+	}
+	snap := f.e.Snapshot()
+	if e, _ := New(Config{Clock: f.clock}); e.Restore(cloneSnapshot(t, snap)) != nil {
+		t.Fatal("a snapshot with a slice of burst 1 does not restore")
+	}
+	carve := BucketCarve{Slice: res.Slice.ID, Units: 1, Burst: 1}
+	for name, at := range map[string]struct {
+		node NodeID
+		res  string
+	}{
+		"a carve of another resource":        {f.acme, "x"},
+		"a carve not above the slice's node": {f.other, "calls"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := cloneSnapshot(t, snap)
+			j := slices.IndexFunc(bad.Nodes, func(v NodeView) bool { return v.ID == at.node })
+			b := bad.Nodes[j].Rates[at.res]
+			b.Carves = append(b.Carves, carve)
+			b.Level = min(b.Level, 3) // what the carve leaves: only the carve is wrong
+			bad.Nodes[j].Rates[at.res] = b
+			e, err := New(Config{Clock: f.clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantErr(t, e.Restore(bad), ErrCorrupt)
+		})
+	}
+}
