@@ -1689,3 +1689,36 @@ func TestRestoreSliceCarvesAndBursts(t *testing.T) {
 		})
 	}
 }
+
+// Gaps the run of December 5 over rate.go found.
+
+// A bucket's refill past 2^64 unit-nanoseconds is full: at exactly 2^64
+// (the high word equal to a period of 1 ns) too, where bits.Div64 would
+// panic.
+func TestBucketFullAtExactly2To64UnitNanoseconds(t *testing.T) {
+	b := bucket{Rate: Rate{Units: 1 << 62, Per: 1, Burst: 1 << 62}}
+	if lv, acc := b.at(4); lv != 1<<62 || acc != 0 { // 4 ns × 2^62 units/ns = 2^64
+		t.Fatalf("at 2^64 unit-ns the bucket holds %d (+%d); want full", lv, acc)
+	}
+}
+
+// A charge of exactly what a carved bucket may hold waits for the carved
+// refill to bring it there, not for the carve's term.
+func TestWaitForExactlyTheCarvedRoom(t *testing.T) {
+	const now = int64(1_000_000_000)
+	b := bucket{Rate: perSecond(10, 100), stamp: now}
+	b.addCarve(1, carve{units: 5, burst: 50, until: now + int64(20*time.Second)})
+	if w := b.waitFor(50, now, 0, 0); w != int64(10*time.Second) {
+		t.Fatalf("a charge of the room, 50, at the carved 5/s: wait %v; want 10s", time.Duration(w))
+	}
+}
+
+// A give-back that fills a bucket exactly leaves no credit in it (a full
+// bucket keeps none).
+func TestGiveBackToExactlyFullKeepsNoCredit(t *testing.T) {
+	b := bucket{Rate: perSecond(10, 20), level: 10, acc: int64(time.Second) / 2}
+	b.take(-10, 0)
+	if v := b.view(); v.Level != 20 || v.Acc != 0 {
+		t.Fatalf("after a give-back to full: %+v; want 20 and no credit", v)
+	}
+}
