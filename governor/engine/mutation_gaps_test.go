@@ -1722,3 +1722,16 @@ func TestGiveBackToExactlyFullKeepsNoCredit(t *testing.T) {
 		t.Fatalf("after a give-back to full: %+v; want 20 and no credit", v)
 	}
 }
+
+// Charges of several resources refused for rate with the same wait name
+// the first resource by name.
+func TestRateRefusalOnATieNamesTheFirstResource(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.job, CapsEdit{Rates: map[string]Rate{"a": perSecond(10, 1), "b": perSecond(10, 1)}})
+	f.consume(f.sA, f.job, "a", 1)
+	f.consume(f.sA, f.job, "b", 1)
+	_, _, err := f.e.Acquire(f.sA, AcquireRequest{Node: f.job, Charges: map[string]int64{"b": 1, "a": 1}})
+	if re := rateErr(t, err, f.job, 100*time.Millisecond); re.Resource != "a" {
+		t.Fatalf("a tie of a and b names %s; want a", re.Resource)
+	}
+}
