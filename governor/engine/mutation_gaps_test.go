@@ -1735,3 +1735,66 @@ func TestRateRefusalOnATieNamesTheFirstResource(t *testing.T) {
 		t.Fatalf("a tie of a and b names %s; want a", re.Resource)
 	}
 }
+
+// A snapshot's buckets restore only when sound: a rate that validates, not
+// a removed one, a level within [0, size], credit within [0, Per), carves
+// of at least a unit and a unit of burst, not past MaxInt64 in sum, each
+// slice's once; the edges (empty, full, the last nanosecond of credit)
+// restore.
+func TestRestoreRefusesCorruptBuckets(t *testing.T) {
+	f := newFixture(t)
+	f.setCaps(f.acme, CapsEdit{Rates: map[string]Rate{"calls": perSecond(40, 0)}})
+	res := f.reserve(f.sA, ReserveRequest{Node: f.job, Resource: "calls", Want: 5})
+	res2 := f.reserve(f.open(f.acme, longTTL), ReserveRequest{Node: f.job2, Resource: "calls", Want: 5})
+	if res.Slice == nil || res2.Slice == nil {
+		t.Fatal("no two slices to carve the bucket")
+	}
+	snap := f.e.Snapshot()
+	i := slices.IndexFunc(snap.Nodes, func(v NodeView) bool { return v.ID == f.acme })
+	if v := snap.Nodes[i].Rates["calls"]; len(v.Carves) != 2 || v.Level != 40-v.Carves[0].Burst-v.Carves[1].Burst {
+		t.Fatalf("the bucket %+v; want two carves, full to its room", v)
+	}
+	restore := func(spoil func(*BucketView)) error {
+		bad := cloneSnapshot(t, snap)
+		b := bad.Nodes[i].Rates["calls"]
+		spoil(&b)
+		bad.Nodes[i].Rates["calls"] = b
+		e, err := New(Config{Clock: f.clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Restore(bad)
+	}
+	for name, spoil := range map[string]func(*BucketView){
+		"a bad rate":            func(b *BucketView) { b.Burst = -1 },
+		"a removed rate":        func(b *BucketView) { b.Rate = Rate{Units: NoCap} },
+		"a level below 0":       func(b *BucketView) { b.Level = -1 },
+		"a level past the size": func(b *BucketView) { b.Level = 41 },
+		"credit below 0":        func(b *BucketView) { b.Acc = -1 },
+		"a unit of credit":      func(b *BucketView) { b.Acc = b.Per },
+		"a carve of no units":   func(b *BucketView) { b.Carves[0].Units = 0 },
+		"a carve of no burst":   func(b *BucketView) { b.Carves[0].Burst = 0 },
+		"carves past MaxInt64":  func(b *BucketView) { b.Carves[1].Units = math.MaxInt64 },
+		"bursts past MaxInt64":  func(b *BucketView) { b.Carves[1].Burst = math.MaxInt64 },
+		"bursts past MaxInt64 on an empty bucket": func(b *BucketView) {
+			b.Carves[1].Burst, b.Level = math.MaxInt64, 0 // what the carves leave, were the sum to wrap
+		},
+		"a slice's carve twice": func(b *BucketView) { b.Carves = append(b.Carves, b.Carves[0]) },
+		"a level past its room": func(b *BucketView) { b.Level = 40 },
+	} {
+		t.Run(name, func(t *testing.T) { wantErr(t, restore(spoil), ErrCorrupt) })
+	}
+	for name, edge := range map[string]func(*BucketView){
+		"as taken, full to its room": func(*BucketView) {},
+		"carved to exactly MaxInt64": func(b *BucketView) { b.Carves[1].Units = math.MaxInt64 - b.Carves[0].Units },
+		"bursts to exactly MaxInt64": func(b *BucketView) {
+			b.Carves[1].Burst, b.Level = math.MaxInt64-b.Carves[0].Burst, 0
+		},
+		"empty":                         func(b *BucketView) { b.Level = 0 },
+		"the last nanosecond of credit": func(b *BucketView) { b.Level, b.Acc = 0, b.Per-1 },
+	} {
+		if err := restore(edge); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
