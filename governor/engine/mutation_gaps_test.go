@@ -733,11 +733,7 @@ func TestRestoreRefusesEachCorruption(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			snap := cloneSnapshot(t, good)
 			mutate(&snap)
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantErr(t, e.Restore(snap), ErrCorrupt)
+			f.restoreRefused(t, snap)
 		})
 	}
 }
@@ -1038,11 +1034,7 @@ func TestRestoreRefusesACorruptAudit(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			snap := cloneSnapshot(t, good)
 			mutate(&snap)
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantErr(t, e.Restore(snap), ErrCorrupt)
+			f.restoreRefused(t, snap)
 		})
 	}
 	e, _ := New(Config{Clock: f.clock})
@@ -1229,11 +1221,7 @@ func TestRestoreRefusesCorruptPeriods(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			bad := cloneSnapshot(t, snap)
 			edit(bad.Nodes[i].Periods)
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantErr(t, e.Restore(bad), ErrCorrupt)
+			f.restoreRefused(t, bad)
 		})
 	}
 }
@@ -1302,14 +1290,7 @@ func TestRateWaiterDeniedAtItsTurnSeesOnlyItsScope(t *testing.T) {
 		t.Fatal("the charge did not wait")
 	}
 	f.setCaps(RootID, CapsEdit{Quotas: map[string]int64{"calls": 3}}) // spent while it waits
-	f.clock.Advance(100 * time.Millisecond)
-	f.e.Reap()
-	var o Outcome
-	select {
-	case o = <-w.C:
-	default:
-		t.Fatal("the waiter was neither granted nor failed at its turn")
-	}
+	o := f.turnAfter(t, w, 100*time.Millisecond)
 	var d *Denial
 	if !errors.As(o.Err, &d) || d.Node != RootID {
 		t.Fatalf("the waiter got %+v; want the root's denial", o)
@@ -1334,14 +1315,7 @@ func TestRateWaiterMeetsABoundFilledWhileItWaits(t *testing.T) {
 		t.Fatalf("a waiting charge of a second name: %v, %v", w, err)
 	}
 	f.consume(f.sA, f.job, "b", 1) // the second name, while it waits
-	f.clock.Advance(100 * time.Millisecond)
-	f.e.Reap()
-	var o Outcome
-	select {
-	case o = <-w.C:
-	default:
-		t.Fatal("the waiter was neither granted nor failed at its turn")
-	}
+	o := f.turnAfter(t, w, 100*time.Millisecond)
 	var be *BoundError
 	if !errors.As(o.Err, &be) || be.Bound != BoundResources {
 		t.Fatalf("the waiter got %+v; want max_resources", o)
@@ -1469,15 +1443,7 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 		"with no period": {Units: 10, Burst: 10},
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var before []Event
-			jsonCopy(t, f.rec.events[:last], &before)
-			if err := e.Apply(before...); err != nil {
-				t.Fatal(err)
-			}
+			e := f.replayedUpTo(t, last)
 			bad := ev
 			g := *ev.Slice
 			g.Rate = r
@@ -1497,15 +1463,7 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 		"a burst past the level": {Rate: Rate{Units: 10, Per: int64(time.Second), Burst: 41}, Carves: []SliceCarve{acme}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var before []Event
-			jsonCopy(t, f.rec.events[:last], &before)
-			if err := e.Apply(before...); err != nil {
-				t.Fatal(err)
-			}
+			e := f.replayedUpTo(t, last)
 			if g.Rate == (Rate{}) {
 				g.Rate = ev.Slice.Rate
 			}
@@ -1537,15 +1495,7 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 		wantErr(t, unchanged(t, e, func() error { return e.Apply(again) }), ErrCorrupt)
 	})
 	t.Run("a burst of all the level", func(t *testing.T) {
-		e, err := New(Config{Clock: f.clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var before []Event
-		jsonCopy(t, f.rec.events[:last], &before)
-		if err := e.Apply(before...); err != nil {
-			t.Fatal(err)
-		}
+		e := f.replayedUpTo(t, last)
 		g := *ev.Slice
 		g.Rate.Burst = 40 // what acme's bucket holds
 		all := ev
@@ -1574,19 +1524,11 @@ func TestApplyCorruptSliceIsRefused(t *testing.T) {
 		"a renewal that carves":         {ID: id, Rate: ev.Slice.Rate, Until: ev.Slice.Until, Carves: ev.Slice.Carves},
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
 			upTo := last + 1 // with the slice
 			if name == "a renewal of a slice not held" {
 				upTo = last
 			}
-			var before []Event
-			jsonCopy(t, f.rec.events[:upTo], &before)
-			if err := e.Apply(before...); err != nil {
-				t.Fatal(err)
-			}
+			e := f.replayedUpTo(t, upTo)
 			renew := Event{Seq: e.Seq() + 1, Kind: EvReserved, At: ev.At, Session: ev.Session, Node: ev.Node, Resource: ev.Resource, Amount: 1, Slice: &g}
 			wantErr(t, unchanged(t, e, func() error { return e.Apply(renew) }), ErrCorrupt)
 		})
@@ -1642,11 +1584,7 @@ func TestRestoreRefusesCorruptSlices(t *testing.T) {
 			bad := cloneSnapshot(t, snap)
 			ss := &bad.Sessions[i]
 			spoil(&bad, &ss.Slices[0], ss)
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantErr(t, e.Restore(bad), ErrCorrupt)
+			f.restoreRefused(t, bad)
 		})
 	}
 }
@@ -1681,11 +1619,7 @@ func TestRestoreSliceCarvesAndBursts(t *testing.T) {
 			b.Carves = append(b.Carves, carve)
 			b.Level = min(b.Level, 3) // what the carve leaves: only the carve is wrong
 			bad.Nodes[j].Rates[at.res] = b
-			e, err := New(Config{Clock: f.clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantErr(t, e.Restore(bad), ErrCorrupt)
+			f.restoreRefused(t, bad)
 		})
 	}
 }
@@ -1796,5 +1730,45 @@ func TestRestoreRefusesCorruptBuckets(t *testing.T) {
 		if err := restore(edge); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// restoreRefused fails t unless a fresh engine refuses snap as corrupt.
+func (f *fixture) restoreRefused(t *testing.T, snap Snapshot) {
+	t.Helper()
+	e, err := New(Config{Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, e.Restore(snap), ErrCorrupt)
+}
+
+// replayedUpTo is a fresh engine with the first n events recorded applied.
+func (f *fixture) replayedUpTo(t *testing.T, n int) *Engine {
+	t.Helper()
+	e, err := New(Config{Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []Event
+	jsonCopy(t, f.rec.events[:n], &events)
+	if err := e.Apply(events...); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// turnAfter advances the clock by d and reaps, and returns the outcome w
+// must have by then, at its turn.
+func (f *fixture) turnAfter(t *testing.T, w *Wait, d time.Duration) Outcome {
+	t.Helper()
+	f.clock.Advance(d)
+	f.e.Reap()
+	select {
+	case o := <-w.C:
+		return o
+	default:
+		t.Fatal("the waiter was neither granted nor failed at its turn")
+		return Outcome{}
 	}
 }
