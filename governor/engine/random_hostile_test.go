@@ -207,9 +207,10 @@ func (w *world) giveBackOp() {
 	what := fmt.Sprintf("give back s%d l%d %v (honest %v) -> l%d", sid, id, charges, honest, got)
 	w.expect(what, before, err, ErrInvalid)
 	// A lease its node's end took on the way has nothing to give back,
-	// whatever the charges named.
+	// whatever the charges named: only a call that gave a lease back, or
+	// found it live, must have refused other charges.
 	_, live := w.m.leases[id]
-	w.checkHostile(what, err, !honest && (live || err != nil))
+	w.checkHostile(what, err, !honest && (got != 0 || live || err != nil))
 	// An honest give-back ends the lease, unless its session or node ended
 	// it on the way; any other gives back nothing.
 	if (got != 0 && (live || !honest)) || (got == 0 && honest && live) {
